@@ -1,0 +1,40 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from helpers import write_tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+STORIES_DIR = ROOT.parent / "shared" / "models" / "stories260K"
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path):
+    """A seeded tiny Llama folder (GQA, untied head, byte-level tokenizer, ChatML)."""
+    path = tmp_path / "tiny"
+    write_tiny_model(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """The default SmolLM2 model, pulled on first use (real-model tests run in CI)."""
+    from tinypaged.pull import DEFAULT_MODEL_DIR, pull
+
+    pull(DEFAULT_MODEL_DIR)
+    return DEFAULT_MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_dir):
+    from tinypaged import LLM
+
+    return LLM(smollm2_dir)
+
+
+@pytest.fixture
+def stories_dir():
+    if not os.path.isdir(STORIES_DIR):
+        pytest.skip("../shared/models/stories260K is not present")
+    return STORIES_DIR

@@ -1,0 +1,104 @@
+"""Test helpers: tiny random models and a byte-level tokenizer, written to disk
+with the real safetensors / tokenizers writers."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from safetensors import TensorSpec, serialize_file
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from tinypaged.model.config import ModelConfig
+from tinypaged.model.weights import expected_shapes
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a tiny test model.<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he")]
+
+
+def tiny_config_dict(arch: str = "LlamaForCausalLM", **overrides) -> dict:
+    cfg = {
+        "architectures": [arch], "vocab_size": 262, "hidden_size": 32,
+        "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "tie_word_embeddings": False, "bos_token_id": 0,
+        "eos_token_id": 2, "hidden_act": "silu",
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def random_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Weights of every expected tensor; norms near 1, matrices scaled like an init."""
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in expected_shapes(cfg).items():
+        if name.endswith("norm.weight"):
+            weights[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        elif name.endswith(".bias"):
+            weights[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            weights[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+    return weights
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), rounding to nearest even."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def write_safetensors(path: str, tensors: dict[str, np.ndarray], dtype: str = "F32") -> dict:
+    """Write tensors as F32, F16 or BF16; return what a reader should get back (float32)."""
+    arrays, expected = {}, {}
+    for name, t in tensors.items():
+        if dtype == "F32":
+            arr = np.ascontiguousarray(t, dtype=np.float32)
+            expected[name] = arr
+        elif dtype == "F16":
+            arr = np.ascontiguousarray(t, dtype=np.float16)
+            expected[name] = arr.astype(np.float32)
+        else:
+            arr = to_bf16_bits(t)
+            expected[name] = (arr.astype(np.uint32) << 16).view(np.float32)
+        arrays[name] = arr
+    names = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+    specs = {name: TensorSpec(dtype=names[dtype], shape=list(a.shape), data_ptr=a.ctypes.data,
+                              data_len=a.nbytes) for name, a in arrays.items()}
+    serialize_file(specs, path, metadata={"format": "pt"})
+    return expected
+
+
+def byte_level_tokenizer() -> Tokenizer:
+    """A 256-byte + 3-merge + 3-special-token byte-level BPE (GPT-2 style), 262 ids."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab_list = SPECIAL_TOKENS + alphabet + ["".join(m) for m in MERGES]
+    vocab = {tok: i for i, tok in enumerate(vocab_list)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=MERGES))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    return tok
+
+
+def write_tiny_model(model_dir: str, seed: int = 0, dtype: str = "F32",
+                     arch: str = "LlamaForCausalLM", **overrides) -> dict[str, np.ndarray]:
+    """A complete tiny model folder; returns the weights as the loader should see them."""
+    os.makedirs(model_dir, exist_ok=True)
+    cfg_dict = tiny_config_dict(arch, **overrides)
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(cfg_dict, f)
+    cfg = ModelConfig.from_dict(cfg_dict)
+    expected = write_safetensors(os.path.join(model_dir, "model.safetensors"),
+                                 random_weights(cfg, seed), dtype)
+    byte_level_tokenizer().save(os.path.join(model_dir, "tokenizer.json"))
+    with open(os.path.join(model_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": "<|im_end|>", "chat_template": CHATML_TEMPLATE}, f)
+    return expected

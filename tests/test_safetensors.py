@@ -1,0 +1,91 @@
+import json
+import os
+
+import numpy as np
+import pytest
+
+from helpers import random_weights, tiny_config_dict, write_safetensors, write_tiny_model
+from tinypaged.model.config import ModelConfig
+from tinypaged.model.safetensors_io import read_safetensors
+from tinypaged.model.weights import load_model, load_weights
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
+def test_single_file_round_trip(tmp_path, dtype):
+    expected = write_tiny_model(str(tmp_path), seed=1, dtype=dtype)
+    cfg, weights = load_model(tmp_path)
+    assert set(expected) <= set(weights)
+    for name, want in expected.items():
+        assert weights[name].dtype == np.float32
+        np.testing.assert_array_equal(weights[name], want, err_msg=name)
+
+
+def test_dtypes_widen_within_their_precision(tmp_path):
+    x = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
+    for dtype, rtol in [("F32", 0), ("F16", 2 ** -11), ("BF16", 2 ** -8)]:
+        write_safetensors(str(tmp_path / "t.safetensors"), {"x": x}, dtype)
+        np.testing.assert_allclose(read_safetensors(tmp_path / "t.safetensors")["x"], x,
+                                   rtol=rtol, atol=1e-30)
+
+
+def test_tied_embeddings_share_the_embedding_matrix(tmp_path):
+    write_tiny_model(str(tmp_path), tie_word_embeddings=True)
+    cfg, weights = load_model(tmp_path)
+    assert weights["lm_head.weight"] is weights["model.embed_tokens.weight"]
+
+
+def test_sharded_folder_with_index(tmp_path):
+    cfg = ModelConfig.from_dict(tiny_config_dict())
+    weights = random_weights(cfg, seed=3)
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[::2],
+              "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for shard, shard_names in shards.items():
+        write_safetensors(str(tmp_path / shard), {n: weights[n] for n in shard_names}, "BF16")
+        weight_map.update({n: shard for n in shard_names})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    loaded = load_weights(tmp_path, cfg)
+    for name in names:
+        np.testing.assert_allclose(loaded[name], weights[name], rtol=2 ** -8, atol=1e-30)
+
+
+def test_missing_tensor_is_named(tmp_path):
+    cfg = ModelConfig.from_dict(tiny_config_dict())
+    weights = random_weights(cfg)
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    write_safetensors(str(tmp_path / "model.safetensors"), weights)
+    with pytest.raises(ValueError, match="'model.layers.1.mlp.up_proj.weight' is missing"):
+        load_weights(tmp_path, cfg)
+
+
+def test_misshapen_tensor_is_named_with_both_shapes(tmp_path):
+    cfg = ModelConfig.from_dict(tiny_config_dict())
+    weights = random_weights(cfg)
+    weights["model.layers.0.self_attn.k_proj.weight"] = np.zeros((8, 32), np.float32)
+    write_safetensors(str(tmp_path / "model.safetensors"), weights)
+    with pytest.raises(ValueError, match=r"k_proj.weight' has shape \[8, 32\], expected \[16, 32\]"):
+        load_weights(tmp_path, cfg)
+
+
+def test_truncated_and_corrupt_files(tmp_path):
+    path = tmp_path / "model.safetensors"
+    write_safetensors(str(path), {"x": np.ones((64, 64), np.float32)})
+    data = path.read_bytes()
+    path.write_bytes(data[:-100])
+    with pytest.raises(ValueError, match="truncated"):
+        read_safetensors(path)
+    path.write_bytes(data[:20])
+    with pytest.raises(ValueError, match="header"):
+        read_safetensors(path)
+    path.write_bytes(b"")
+    with pytest.raises(ValueError, match="truncated"):
+        read_safetensors(path)
+
+
+def test_folder_without_weights(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(tiny_config_dict()))
+    with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+        load_model(tmp_path)
+    with pytest.raises(FileNotFoundError, match="model folder not found"):
+        load_model(os.path.join(tmp_path, "nope"))

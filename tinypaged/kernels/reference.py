@@ -1,0 +1,62 @@
+"""NumPy reference ops: the executable spec every backend's kernels are tested against.
+
+Each op computes in the dtype of its inputs (float32, or float64 for oracles).
+Shapes: T tokens, H hidden size, n_heads / n_kv query and KV heads, D head_dim.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x (T, H) * rsqrt(mean(x^2) + eps) * weight (H,)."""
+    variance = np.mean(x * x, axis=-1, keepdims=True)  # (T, 1)
+    return x / np.sqrt(variance + eps) * weight.astype(x.dtype)
+
+
+def rope_cos_sin(positions: np.ndarray, head_dim: int, theta: float,
+                 dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin tables (T, D) for the rotate-half RoPE form (HF Llama)."""
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (D/2,)
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # (T, D/2)
+    angles = np.concatenate([angles, angles], axis=-1)  # (T, D)
+    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x (T, heads, D) rotated: x * cos + rotate_half(x) * sin, rotate_half = [-x2, x1]."""
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up, elementwise (the SwiGLU MLP's middle)."""
+    return gate / (1.0 + np.exp(-gate)) * up
+
+
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                     q_positions: np.ndarray) -> np.ndarray:
+    """Softmax attention with GQA over a contiguous cache.
+
+    q (T, n_heads, D) at absolute positions q_positions (T,); k, v (S, n_kv, D)
+    hold positions 0..S-1. Query t sees keys 0..q_positions[t]. Returns (T, n_heads, D).
+    """
+    n_tokens, n_heads, head_dim = q.shape
+    n_kv = k.shape[1]
+    group = n_heads // n_kv  # query heads per KV head
+    qg = q.reshape(n_tokens, n_kv, group, head_dim)  # head h uses KV head h // group
+    scores = np.einsum("tkgd,skd->kgts", qg, k) / np.sqrt(head_dim).astype(q.dtype)  # (n_kv, group, T, S)
+    visible = np.arange(k.shape[0])[None, :] <= np.asarray(q_positions)[:, None]  # (T, S)
+    scores = np.where(visible, scores, -np.inf)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = np.einsum("kgts,skd->tkgd", probs, v)  # (T, n_kv, group, D)
+    return out.reshape(n_tokens, n_heads, head_dim)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax of logits (..., V), computed stably."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))

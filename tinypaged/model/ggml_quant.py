@@ -1,0 +1,73 @@
+"""GGML tensor types: sizes and dequantisation to float32 (NumPy, vectorised).
+
+Quantised types pack the last (fastest) axis in blocks of 32 values:
+    Q8_0: f16 d, i8 q[32]                      x = d * q
+    Q4_0: f16 d, u8 qs[16]                     x = d * (q - 8)
+    Q4_1: f16 d, f16 m, u8 qs[16]              x = d * q + m
+In Q4_x, byte j holds value j in its low nibble and value j + 16 in its high one.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+F32, F16, Q4_0, Q4_1, Q8_0, BF16 = 0, 1, 2, 3, 8, 30
+
+GGML_TYPE_NAMES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
+    10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K",
+    16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S",
+    22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64",
+    29: "IQ1_M", 30: "BF16",
+}
+
+QK = 32  # values per quantisation block
+# type -> (values per block, bytes per block)
+BLOCK_LAYOUT = {F32: (1, 4), F16: (1, 2), BF16: (1, 2),
+                Q8_0: (QK, 2 + QK), Q4_0: (QK, 2 + QK // 2), Q4_1: (QK, 4 + QK // 2)}
+SUPPORTED = ", ".join(GGML_TYPE_NAMES[t] for t in BLOCK_LAYOUT)
+
+
+def _check_supported(ggml_type: int, name: str) -> None:
+    if ggml_type not in BLOCK_LAYOUT:
+        type_name = GGML_TYPE_NAMES.get(ggml_type, f"unknown type {ggml_type}")
+        raise ValueError(f"tensor {name!r} uses quantisation type {type_name}, "
+                         f"which is not supported (supported: {SUPPORTED})")
+
+
+def tensor_nbytes(ggml_type: int, shape: tuple[int, ...], name: str) -> int:
+    """Bytes a tensor occupies; 0 for a type we cannot size (rejected on load)."""
+    if ggml_type not in BLOCK_LAYOUT:
+        return 0
+    per_block, block_bytes = BLOCK_LAYOUT[ggml_type]
+    n = int(np.prod(shape, dtype=np.int64))
+    if shape and shape[-1] % per_block:
+        raise ValueError(f"tensor {name!r}: last dimension {shape[-1]} is not a multiple of "
+                         f"the {GGML_TYPE_NAMES[ggml_type]} block size {per_block}")
+    return n // per_block * block_bytes
+
+
+def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """raw: uint8 bytes of one tensor -> float32 array of `shape`."""
+    _check_supported(ggml_type, name)
+    raw = np.asarray(raw, dtype=np.uint8)
+    if ggml_type == F32:
+        out = raw.view("<f4")
+    elif ggml_type == F16:
+        out = raw.view("<f2").astype(np.float32)
+    elif ggml_type == BF16:
+        out = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        _, block_bytes = BLOCK_LAYOUT[ggml_type]
+        blocks = raw.reshape(-1, block_bytes)  # (n_blocks, block_bytes)
+        d = blocks[:, 0:2].copy().view("<f2").astype(np.float32)  # (n_blocks, 1)
+        if ggml_type == Q8_0:
+            out = d * blocks[:, 2:].view(np.int8).astype(np.float32)
+        else:
+            qs = blocks[:, -QK // 2:]
+            q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)  # (n_blocks, 32)
+            if ggml_type == Q4_0:
+                out = d * (q - 8.0)
+            else:
+                m = blocks[:, 2:4].copy().view("<f2").astype(np.float32)
+                out = d * q + m
+    return np.ascontiguousarray(out.reshape(shape), dtype=np.float32)

@@ -1,0 +1,139 @@
+"""GGUF reader in plain NumPy: header, metadata, tensor infos, tensor data.
+
+Layout (little-endian, version 2 or 3):
+    magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv
+    n_kv x (string key, u32 value_type, value)
+    n_tensors x (string name, u32 n_dims, u64 dims[n_dims], u32 ggml_type, u64 offset)
+    padding to `general.alignment` (default 32) | tensor data (offsets relative to here)
+A string is a u64 length followed by UTF-8 bytes. GGUF lists dims fastest-first,
+so a NumPy shape is the reversed dims.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ggml_quant import GGML_TYPE_NAMES, dequantize, tensor_nbytes
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+
+# metadata value types -> struct format of a scalar (8 = string, 9 = array)
+_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i",
+                   6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+# numpy dtypes for fast reading of numeric arrays (vocab scores, token types)
+_ARRAY_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4",
+                 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
+
+
+@dataclass(slots=True)
+class GGUFTensorInfo:
+    name: str
+    shape: tuple[int, ...]  # NumPy order (GGUF dims reversed)
+    ggml_type: int
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads over a memory-mapped file."""
+
+    def __init__(self, buf: np.ndarray, path: str):
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def take(self, n: int) -> memoryview:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise ValueError(f"{self.path}: truncated GGUF file (needs byte {self.pos + n}, "
+                             f"file has {len(self.buf)})")
+        out = memoryview(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return out
+
+    def scalar(self, fmt: str):
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        n = self.scalar("<Q")
+        try:
+            return bytes(self.take(n)).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{self.path}: corrupt GGUF string at byte {self.pos - n}") from e
+
+    def value(self, vtype: int):
+        if vtype in _SCALAR_FORMATS:
+            return self.scalar(_SCALAR_FORMATS[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            item_type, count = self.scalar("<I"), self.scalar("<Q")
+            if item_type in _ARRAY_DTYPES:
+                dtype = np.dtype(_ARRAY_DTYPES[item_type])
+                return np.frombuffer(self.take(count * dtype.itemsize), dtype=dtype).copy()
+            return [self.value(item_type) for _ in range(count)]
+        raise ValueError(f"{self.path}: corrupt GGUF metadata: unknown value type {vtype} "
+                         f"at byte {self.pos}")
+
+
+class GGUFFile:
+    """A parsed GGUF file: `metadata` (dict) and `tensors` (name -> GGUFTensorInfo)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = str(path)
+        if not os.path.isfile(self.path):
+            raise FileNotFoundError(f"GGUF file not found: {self.path}")
+        self._buf = np.memmap(self.path, dtype=np.uint8, mode="r")
+        cur = _Cursor(self._buf, self.path)
+        if bytes(cur.take(4)) != GGUF_MAGIC:
+            raise ValueError(f"{self.path}: not a GGUF file (bad magic)")
+        self.version = cur.scalar("<I")
+        if self.version not in (2, 3):
+            raise ValueError(f"{self.path}: GGUF version {self.version} is not supported (2 or 3)")
+        n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
+        if n_tensors > len(self._buf) or n_kv > len(self._buf):
+            raise ValueError(f"{self.path}: corrupt GGUF header ({n_tensors} tensors, {n_kv} keys)")
+        self.metadata: dict = {}
+        for _ in range(n_kv):
+            key = cur.string()
+            self.metadata[key] = cur.value(cur.scalar("<I"))
+        raw_infos = []
+        for _ in range(n_tensors):
+            name = cur.string()
+            n_dims = cur.scalar("<I")
+            if n_dims > 8:
+                raise ValueError(f"{self.path}: corrupt tensor info for {name!r} ({n_dims} dims)")
+            dims = [cur.scalar("<Q") for _ in range(n_dims)]
+            raw_infos.append((name, tuple(reversed(dims)), cur.scalar("<I"), cur.scalar("<Q")))
+        alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        data_start = -(-cur.pos // alignment) * alignment
+        self.tensors: dict[str, GGUFTensorInfo] = {}
+        for name, shape, ggml_type, rel_offset in raw_infos:
+            nbytes = tensor_nbytes(ggml_type, shape, name)
+            info = GGUFTensorInfo(name, shape, ggml_type, data_start + rel_offset, nbytes)
+            if info.offset + nbytes > len(self._buf):
+                raise ValueError(f"{self.path}: truncated GGUF file: tensor {name!r} needs bytes "
+                                 f"{info.offset}..{info.offset + nbytes}, file has {len(self._buf)}")
+            self.tensors[name] = info
+
+    def get(self, key: str, default=None):
+        return self.metadata.get(key, default)
+
+    def require(self, key: str):
+        if key not in self.metadata:
+            raise ValueError(f"{self.path}: GGUF metadata key {key!r} is missing")
+        return self.metadata[key]
+
+    def tensor_type_name(self, name: str) -> str:
+        t = self.tensors[name].ggml_type
+        return GGML_TYPE_NAMES.get(t, f"type {t}")
+
+    def load(self, name: str) -> np.ndarray:
+        """Tensor `name` dequantised to float32, in NumPy shape order."""
+        if name not in self.tensors:
+            raise ValueError(f"{self.path}: tensor {name!r} is missing")
+        info = self.tensors[name]
+        raw = self._buf[info.offset:info.offset + info.nbytes]
+        return dequantize(raw, info.ggml_type, info.shape, name)

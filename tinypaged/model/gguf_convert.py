@@ -1,0 +1,143 @@
+"""GGUF file -> Hugging Face model folder (config.json, model.safetensors, tokenizer files).
+
+Tensors are dequantised to float32 and stored as float16 (float32 where a value
+would overflow float16). llama.cpp stores Llama's Q and K projection rows
+permuted for the interleaved RoPE form; we undo that so the folder uses HF's
+rotate-half order like every other HF checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Callable
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from .config import ModelConfig
+from .gguf import GGUFFile
+from .ggml_quant import BLOCK_LAYOUT
+from .gguf_tokenizer import write_tokenizer_files
+from .weights import check_weights
+
+# GGUF architecture -> (HF architecture, Q/K rows permuted by llama.cpp's converter)
+ARCHITECTURES = {"llama": ("LlamaForCausalLM", True), "qwen2": ("Qwen2ForCausalLM", False)}
+
+LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+GLOBAL_TENSORS = {"token_embd.weight": "model.embed_tokens.weight",
+                  "output_norm.weight": "model.norm.weight",
+                  "output.weight": "lm_head.weight"}
+F16_MAX = float(np.finfo(np.float16).max)
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """HF tensor name for a GGUF tensor name, or None for tensors we do not use."""
+    if gguf_name in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[gguf_name]
+    parts = gguf_name.split(".", 2)  # blk.N.rest
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in LAYER_TENSORS:
+        return f"model.layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}"
+    return None
+
+
+def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation: per head, rows [r0, r1, r0', r1', ...]
+    (interleaved pairs) back to [first halves..., second halves...] (rotate-half)."""
+    rows = w.shape[0]
+    return (w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:])
+             .swapaxes(1, 2).reshape(w.shape))
+
+
+def gguf_model_config(gguf: GGUFFile) -> dict:
+    """A HF config.json dict from GGUF metadata."""
+    arch = gguf.require("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"{gguf.path}: GGUF architecture {arch!r} is not supported "
+                         f"(supported: {', '.join(ARCHITECTURES)})")
+    scaling = gguf.get(f"{arch}.rope.scaling.type", "none")
+    if scaling != "none":
+        raise ValueError(f"{gguf.path}: rope scaling {scaling!r} is not supported yet")
+    n_heads = int(gguf.require(f"{arch}.attention.head_count"))
+    hidden = int(gguf.require(f"{arch}.embedding_length"))
+    vocab = gguf.get(f"{arch}.vocab_size") or len(gguf.require("tokenizer.ggml.tokens"))
+    config = {
+        "architectures": [ARCHITECTURES[arch][0]],
+        "model_type": arch,
+        "vocab_size": int(vocab),
+        "hidden_size": hidden,
+        "intermediate_size": int(gguf.require(f"{arch}.feed_forward_length")),
+        "num_hidden_layers": int(gguf.require(f"{arch}.block_count")),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": int(gguf.get(f"{arch}.attention.head_count_kv", n_heads)),
+        "head_dim": int(gguf.get(f"{arch}.attention.key_length", hidden // n_heads)),
+        "max_position_embeddings": int(gguf.get(f"{arch}.context_length", 2048)),
+        # GGUF keeps eps as float32: print it back as the short decimal it came from
+        "rms_norm_eps": float(f"{gguf.get(f'{arch}.attention.layer_norm_rms_epsilon', 1e-5):.7g}"),
+        "rope_theta": float(gguf.get(f"{arch}.rope.freq_base", 10000.0)),
+        "tie_word_embeddings": "output.weight" not in gguf.tensors,
+        "hidden_act": "silu",
+        "torch_dtype": "float16",
+    }
+    for key, hf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
+        if gguf.get(f"tokenizer.ggml.{key}") is not None:
+            config[hf_key] = int(gguf.get(f"tokenizer.ggml.{key}"))
+    return config
+
+
+def convert_gguf(path: str | os.PathLike, out_dir: str | os.PathLike,
+                 log: Callable[[str], None] = lambda msg: None) -> None:
+    """Write the HF folder `out_dir` (which must not exist yet) from GGUF file `path`."""
+    out_dir = os.fspath(out_dir)
+    if os.path.exists(out_dir) and os.listdir(out_dir):
+        raise ValueError(f"output folder {out_dir} already exists and is not empty")
+    gguf = GGUFFile(path)
+    config = gguf_model_config(gguf)
+    cfg = ModelConfig.from_dict(config)
+    wanted = {name: hf_name(name) for name in gguf.tensors if hf_name(name)}
+    for name in wanted:  # reject unsupported quantisation before doing any work
+        if gguf.tensors[name].ggml_type not in BLOCK_LAYOUT:
+            gguf.load(name)  # raises ValueError naming the type
+
+    permuted = ARCHITECTURES[gguf.require("general.architecture")][1]
+    tensors: dict[str, np.ndarray] = {}
+    for i, (name, target) in enumerate(wanted.items()):
+        w = gguf.load(name)
+        if permuted and name.endswith("attn_q.weight"):
+            w = unpermute_rows(w, cfg.num_attention_heads)
+        elif permuted and name.endswith("attn_k.weight"):
+            w = unpermute_rows(w, cfg.num_key_value_heads)
+        tensors[target] = w.astype(np.float16) if np.abs(w).max() <= F16_MAX else w
+        if (i + 1) % 50 == 0 or i + 1 == len(wanted):
+            log(f"dequantised {i + 1}/{len(wanted)} tensors")
+    check_weights(tensors, cfg, os.fspath(path))
+
+    partial = out_dir.rstrip("/\\") + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    try:
+        save_file(tensors, os.path.join(partial, "model.safetensors"),
+                  metadata={"format": "pt", "source": os.path.basename(os.fspath(path))})
+        with open(os.path.join(partial, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2)
+        write_tokenizer_files(gguf, partial)
+        if os.path.isdir(out_dir):
+            os.rmdir(out_dir)  # empty, checked above
+        os.replace(partial, out_dir)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    log(f"wrote {out_dir}")

