@@ -1,0 +1,126 @@
+"""A GGUF writer and ggml quantisers for tests, written from the format description,
+independently of the reader under test."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+# metadata value types
+U8, I8, U16, I16, U32, I32, F32_T, BOOL, STRING, ARRAY, U64, I64, F64_T = range(13)
+_FMT = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32_T: "<f",
+        BOOL: "<?", U64: "<Q", I64: "<q", F64_T: "<d"}
+# ggml tensor types
+GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_BF16 = 0, 1, 2, 3, 8, 12, 30
+
+
+def _string(s: str) -> bytes:
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def _value(vtype: int, value) -> bytes:
+    if vtype == STRING:
+        return _string(value)
+    if vtype == ARRAY:
+        item_type, items = value
+        return (struct.pack("<IQ", item_type, len(items))
+                + b"".join(_value(item_type, v) for v in items))
+    return struct.pack(_FMT[vtype], value)
+
+
+def _blocks(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32).reshape(-1, 32)
+
+
+def quantize_q8_0(x):
+    """-> (raw uint8 (n_blocks*34,), exact float32 dequantisation of x's shape)."""
+    b = _blocks(x)
+    d = np.abs(b).max(axis=1, keepdims=True) / 127.0
+    q = np.where(d > 0, np.round(b / np.where(d > 0, d, 1)), 0).astype(np.int8)
+    d16 = d.astype(np.float16)
+    raw = np.concatenate([d16.view(np.uint8), q.view(np.uint8)], axis=1)
+    return raw.ravel(), (q * d16.astype(np.float32)).reshape(np.shape(x))
+
+
+def _pack_nibbles(q: np.ndarray) -> np.ndarray:
+    return (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+
+
+def quantize_q4_0(x):
+    b = _blocks(x)
+    idx = np.abs(b).argmax(axis=1)
+    d = (b[np.arange(len(b)), idx] / -8.0)[:, None]
+    inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0)
+    q = np.minimum(15, np.trunc(b * inv + 8.5)).astype(np.uint8)
+    d16 = d.astype(np.float16)
+    raw = np.concatenate([d16.view(np.uint8), _pack_nibbles(q)], axis=1)
+    return raw.ravel(), ((q.astype(np.float32) - 8) * d16.astype(np.float32)).reshape(np.shape(x))
+
+
+def quantize_q4_1(x):
+    b = _blocks(x)
+    lo, hi = b.min(axis=1, keepdims=True), b.max(axis=1, keepdims=True)
+    d = (hi - lo) / 15.0
+    inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0)
+    q = np.minimum(15, np.trunc((b - lo) * inv + 0.5)).astype(np.uint8)
+    d16, m16 = d.astype(np.float16), lo.astype(np.float16)
+    raw = np.concatenate([d16.view(np.uint8), m16.view(np.uint8), _pack_nibbles(q)], axis=1)
+    expected = q * d16.astype(np.float32) + m16.astype(np.float32)
+    return raw.ravel(), expected.reshape(np.shape(x))
+
+
+def encode_tensor(x: np.ndarray, ggml_type: int):
+    """-> (raw bytes, what a correct reader returns as float32)."""
+    x = np.asarray(x, dtype=np.float32)
+    if ggml_type == GGML_F32:
+        return x.tobytes(), x
+    if ggml_type == GGML_F16:
+        h = x.astype(np.float16)
+        return h.tobytes(), h.astype(np.float32)
+    if ggml_type == GGML_BF16:
+        bits = (x.view(np.uint32) >> 16).astype(np.uint16)  # truncation is a valid bf16 value
+        return bits.tobytes(), (bits.astype(np.uint32) << 16).view(np.float32)
+    quantize = {GGML_Q8_0: quantize_q8_0, GGML_Q4_0: quantize_q4_0, GGML_Q4_1: quantize_q4_1}
+    raw, expected = quantize[ggml_type](x)
+    return raw.tobytes(), expected
+
+
+class GGUFWriter:
+    def __init__(self, alignment: int = 32, version: int = 3):
+        self.alignment, self.version = alignment, version
+        self.kv: list[tuple[str, int, object]] = []
+        self.tensors: list[tuple[str, tuple[int, ...], int, bytes]] = []
+        if alignment != 32:
+            self.kv.append(("general.alignment", U32, alignment))
+
+    def add(self, key: str, vtype: int, value) -> None:
+        self.kv.append((key, vtype, value))
+
+    def add_tensor(self, name: str, x: np.ndarray, ggml_type: int = GGML_F32) -> np.ndarray:
+        raw, expected = encode_tensor(x, ggml_type)
+        self.add_raw_tensor(name, np.shape(x), ggml_type, raw)
+        return expected
+
+    def add_raw_tensor(self, name: str, shape, ggml_type: int, raw: bytes) -> None:
+        self.tensors.append((name, tuple(shape), ggml_type, raw))
+
+    def to_bytes(self) -> bytes:
+        out = bytearray(b"GGUF" + struct.pack("<IQQ", self.version, len(self.tensors), len(self.kv)))
+        for key, vtype, value in self.kv:
+            out += _string(key) + struct.pack("<I", vtype) + _value(vtype, value)
+        offset, data = 0, bytearray()
+        for name, shape, ggml_type, raw in self.tensors:
+            dims = list(reversed(shape))  # GGUF lists the fastest dimension first
+            out += _string(name) + struct.pack("<I", len(dims))
+            out += struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", ggml_type, offset)
+            data += raw
+            pad = -len(data) % self.alignment
+            data += b"\0" * pad
+            offset = len(data)
+        out += b"\0" * (-len(out) % self.alignment)
+        return bytes(out + data)
+
+    def write(self, path) -> None:
+        with open(path, "wb") as f:
+            f.write(self.to_bytes())

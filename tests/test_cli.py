@@ -1,0 +1,114 @@
+"""The command line: outputs on a tiny model, and one clear line for every user mistake."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinypaged import LLM, SamplingParams
+from tinypaged.model.reference import ReferenceModel
+from tinypaged.perplexity import perplexity
+
+CLI = Path(__file__).resolve().parents[1] / "cli.py"
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, str(CLI), *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_one_line_error(result, pattern):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and re.search(pattern, lines[0]), lines[0]
+
+
+def test_generate_streams_the_library_output(tiny_model_dir):
+    result = run_cli("generate", "hello there", "--model", tiny_model_dir,
+                     "--max-tokens", 6, "--temperature", 0, "--verbose")
+    assert result.returncode == 0, result.stderr
+    expected = LLM(tiny_model_dir).generate("hello there", SamplingParams(max_tokens=6, temperature=0))
+    assert result.stdout == expected[0].text + "\n"
+    assert re.search(r"loaded .* in \d+\.\d\d s", result.stderr)
+
+
+def test_generate_with_chat_and_prompt_option(tiny_model_dir):
+    result = run_cli("generate", "--prompt", "hi", "--chat", "--model", tiny_model_dir,
+                     "--max-tokens", 4, "--temperature", 0.8, "--top-k", 5, "--top-p", 0.9,
+                     "--seed", 1)
+    assert result.returncode == 0, result.stderr
+    llm = LLM(tiny_model_dir)
+    chat = llm.chat([{"role": "user", "content": "hi"}],
+                    SamplingParams(max_tokens=4, temperature=0.8, top_k=5, top_p=0.9, seed=1))
+    assert result.stdout == chat.text + "\n"
+
+
+def test_perplexity_prints_it_on_the_last_line(tiny_model_dir, tmp_path):
+    text_file = tmp_path / "t.txt"
+    text_file.write_text("the cat sat on the mat, and then the cat slept.")
+    result = run_cli("perplexity", "--model", tiny_model_dir, "--file", text_file)
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"perplexity: \d+\.\d{3}", last)
+    llm = LLM(tiny_model_dir)
+    ids = llm.tokenizer.encode(text_file.read_text())
+    assert float(last.split()[1]) == pytest.approx(perplexity(llm.model, ids), abs=1e-3)
+
+
+def test_perplexity_of_a_uniform_model_is_the_vocab_size(tiny_model_dir):
+    llm = LLM(tiny_model_dir)
+    weights = dict(llm.model.w)
+    weights["lm_head.weight"] = np.zeros_like(weights["lm_head.weight"])
+    ppl = perplexity(ReferenceModel(llm.config, weights), list(range(3, 40)))
+    assert ppl == pytest.approx(llm.config.vocab_size, rel=1e-5)
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["--top-p", "1.5"], r"top_p=1\.5 must be in \(0, 1\]"),
+    (["--temperature", "-1"], "temperature=-1.0 must be >= 0"),
+    (["--max-tokens", "0"], "max_tokens=0"),
+    (["--top-k", "-2"], "top_k=-2"),
+    (["--max-tokens", "many"], "invalid int value: 'many'"),
+])
+def test_bad_sampling_arguments(tiny_model_dir, args, pattern):
+    assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir, *args), pattern)
+
+
+def test_bad_prompts(tiny_model_dir):
+    assert_one_line_error(run_cli("generate", "", "--model", tiny_model_dir), "prompt is empty")
+    assert_one_line_error(run_cli("generate", "--model", tiny_model_dir), "no prompt")
+    long_prompt = "word " * 80
+    assert_one_line_error(run_cli("generate", long_prompt, "--model", tiny_model_dir),
+                          r"prompt has \d+ tokens; the model's context is 64 tokens")
+
+
+def test_missing_and_corrupt_model_files(tiny_model_dir, tmp_path):
+    assert_one_line_error(run_cli("generate", "hi", "--model", tmp_path / "nowhere"),
+                          "model folder not found")
+    weights = tiny_model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-500])
+    assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir),
+                          "truncated safetensors file")
+    weights.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir),
+                          "corrupt safetensors header")
+    assert_one_line_error(run_cli("perplexity", "--model", tiny_model_dir, "--file",
+                                  tmp_path / "absent.txt"), "absent.txt")
+
+
+def test_convert_errors(tmp_path):
+    assert_one_line_error(run_cli("convert", tmp_path / "absent.gguf", tmp_path / "out"),
+                          "GGUF file not found")
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x01" * 10)
+    assert_one_line_error(run_cli("convert", tmp_path / "bad.gguf", tmp_path / "out"),
+                          "truncated GGUF file")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_command_and_option():
+    assert_one_line_error(run_cli("fly"), "invalid choice: 'fly'")
+    assert_one_line_error(run_cli("generate", "hi", "--bogus"), "unrecognized arguments: --bogus")

@@ -1,0 +1,63 @@
+import pytest
+
+from helpers import write_tiny_model
+from tinypaged.tokenizer import Tokenizer
+
+MULTI_BYTE = "naïve café — 日本語 🙂👍🏽 done"
+
+
+@pytest.fixture
+def tok(tiny_model_dir):
+    return Tokenizer(tiny_model_dir)
+
+
+def test_round_trip_with_multi_byte_text(tok):
+    ids = tok.encode(MULTI_BYTE)
+    assert len(ids) > len(MULTI_BYTE)  # byte-level: characters span several tokens
+    assert tok.decode(ids) == MULTI_BYTE
+
+
+def test_streaming_never_emits_a_broken_character(tok):
+    ids = tok.encode(MULTI_BYTE)
+    detok = tok.detokenizer()
+    deltas = [detok.push(i) for i in ids] + [detok.flush()]
+    assert "".join(deltas) == MULTI_BYTE
+    assert not any("\ufffd" in d for d in deltas)
+    assert deltas.count("") >= 5  # the emoji's bytes were held back until complete
+
+
+def test_flush_returns_an_unfinished_character_at_the_end(tok):
+    ids = tok.encode("🙂")
+    detok = tok.detokenizer()
+    assert [detok.push(i) for i in ids[:-1]] == ["", "", ""]
+    assert detok.flush() == "\ufffd"
+
+
+def test_chatml_template_adds_the_default_system_prompt(tok):
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert text == ("<|im_start|>system\nYou are a tiny test model.<|im_end|>\n"
+                    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    own = tok.apply_chat_template([{"role": "system", "content": "Be brief."},
+                                   {"role": "user", "content": "hi"}], add_generation_prompt=False)
+    assert own == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+    assert tok.encode("<|im_start|>")[0] == 1 and tok.eos_token_id == 2
+
+
+def test_chat_errors(tok, tmp_path):
+    with pytest.raises(ValueError, match="message 0 must be"):
+        tok.apply_chat_template([{"role": "wizard", "content": "hi"}])
+    with pytest.raises(ValueError, match="at least one message"):
+        tok.apply_chat_template([])
+    write_tiny_model(str(tmp_path / "m"))
+    (tmp_path / "m" / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(ValueError, match="no chat template"):
+        Tokenizer(tmp_path / "m").apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_sentencepiece_style_tokenizer_streams_spaces(stories_dir):
+    tok = Tokenizer(stories_dir)
+    text = "Once upon a time, there was a little girl named Lily."
+    ids = tok.encode(text)
+    assert ids[0] == 1  # its post-processor adds BOS
+    detok = tok.detokenizer()
+    assert "".join(detok.push(i) for i in ids) + detok.flush() == text
