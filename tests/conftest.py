@@ -33,6 +33,15 @@ def smollm2(smollm2_dir):
     return LLM(smollm2_dir)
 
 
+@pytest.fixture(scope="session")
+def smollm2_reference(smollm2_dir):
+    """SmolLM2 on the dense NumPy reference forward (the oracle)."""
+    from tinypaged.model.reference import ReferenceModel
+    from tinypaged.model.weights import load_model
+
+    return ReferenceModel(*load_model(smollm2_dir))
+
+
 @pytest.fixture
 def stories_dir():
     if not os.path.isdir(STORIES_DIR):

@@ -9,6 +9,8 @@ import pytest
 
 from tinypaged import LLM, SamplingParams
 from tinypaged.model.reference import ReferenceModel
+from tinypaged.model.weights import load_model
+from tinypaged.tokenizer import Tokenizer
 from tinypaged.perplexity import perplexity
 
 CLI = Path(__file__).resolve().parents[1] / "cli.py"
@@ -54,17 +56,16 @@ def test_perplexity_prints_it_on_the_last_line(tiny_model_dir, tmp_path):
     assert result.returncode == 0, result.stderr
     last = result.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"perplexity: \d+\.\d{3}", last)
-    llm = LLM(tiny_model_dir)
-    ids = llm.tokenizer.encode(text_file.read_text())
-    assert float(last.split()[1]) == pytest.approx(perplexity(llm.model, ids), abs=1e-3)
+    ids = Tokenizer(tiny_model_dir).encode(text_file.read_text())
+    model = ReferenceModel(*load_model(tiny_model_dir))
+    assert float(last.split()[1]) == pytest.approx(perplexity(model, ids), abs=1e-3)
 
 
 def test_perplexity_of_a_uniform_model_is_the_vocab_size(tiny_model_dir):
-    llm = LLM(tiny_model_dir)
-    weights = dict(llm.model.w)
+    cfg, weights = load_model(tiny_model_dir)
     weights["lm_head.weight"] = np.zeros_like(weights["lm_head.weight"])
-    ppl = perplexity(ReferenceModel(llm.config, weights), list(range(3, 40)))
-    assert ppl == pytest.approx(llm.config.vocab_size, rel=1e-5)
+    ppl = perplexity(ReferenceModel(cfg, weights), list(range(3, 40)))
+    assert ppl == pytest.approx(cfg.vocab_size, rel=1e-5)
 
 
 @pytest.mark.parametrize("args, pattern", [
@@ -83,7 +84,7 @@ def test_bad_prompts(tiny_model_dir):
     assert_one_line_error(run_cli("generate", "--model", tiny_model_dir), "no prompt")
     long_prompt = "word " * 80
     assert_one_line_error(run_cli("generate", long_prompt, "--model", tiny_model_dir),
-                          r"prompt has \d+ tokens; the model's context is 64 tokens")
+                          r"prompt has \d+ tokens; max_model_len is 64 tokens")
 
 
 def test_missing_and_corrupt_model_files(tiny_model_dir, tmp_path):

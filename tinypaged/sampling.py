@@ -12,11 +12,27 @@ class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
     top_k: int = 0  # 0 = no top-k cut
     top_p: float = 1.0  # 1 = no nucleus cut
+    min_p: float = 0.0  # drop tokens below min_p * p(most likely); 0 = off
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in prompt or output
     seed: int | None = None  # None = fresh randomness each request
+    n: int = 1  # samples per prompt; they share the prompt's KV blocks
+    stop: list[str] = field(default_factory=list)  # strings that end the text (not included)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
 
     def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop={self.stop!r} must be a list of non-empty strings")
+        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids={self.stop_token_ids!r} must be non-negative integers")
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n={self.n!r} must be an integer >= 1")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p={self.min_p!r} must be in [0, 1]")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty={self.repetition_penalty!r} must be > 0")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1")
         if not self.temperature >= 0:  # also rejects NaN
@@ -33,8 +49,21 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """Pick the next token from logits (V,): greedy, or temperature -> top-k -> top-p."""
+def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
+    """CTRL-style: for tokens in `seen`, positive logits / penalty, negative ones * penalty."""
+    out = logits.astype(np.float64)
+    ids = np.unique(seen)
+    out[ids] = np.where(out[ids] > 0, out[ids] / penalty, out[ids] * penalty)
+    return out
+
+
+def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
+           seen_token_ids=None) -> int:
+    """Pick the next token from logits (V,): repetition penalty, then greedy or
+    temperature -> top-k -> top-p -> min-p. seen_token_ids: prompt + output so far."""
+    if params.repetition_penalty != 1.0 and seen_token_ids is not None and len(seen_token_ids):
+        logits = apply_repetition_penalty(logits, np.asarray(seen_token_ids),
+                                          params.repetition_penalty)
     if params.greedy:
         return int(np.argmax(logits))
     scaled = logits.astype(np.float64) / params.temperature
@@ -48,5 +77,8 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
         before = np.cumsum(probs[order]) - probs[order]  # mass of strictly more likely tokens
         drop = order[before >= params.top_p]  # the smallest set reaching top_p is kept
         probs[drop] = 0.0
+        probs /= probs.sum()
+    if params.min_p > 0.0:
+        probs[probs < params.min_p * probs.max()] = 0.0
         probs /= probs.sum()
     return int(rng.choice(len(probs), p=probs))

@@ -60,3 +60,67 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise log-softmax of logits (..., V), computed stably."""
     shifted = logits - logits.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+# -- paged KV cache ops -------------------------------------------------------
+# A layer's pool: k_cache, v_cache (num_blocks, block_size, n_kv, D); slot s is
+# block s // block_size, offset s % block_size.
+
+def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
+             slot_mapping: np.ndarray) -> None:
+    """Store k, v (T, n_kv, D) of T tokens at their slots."""
+    block_size = k_cache.shape[1]
+    blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
+    k_cache[blocks, offsets] = k
+    v_cache[blocks, offsets] = v
+
+
+def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                    block_tables: np.ndarray, positions: np.ndarray,
+                    token_seq: np.ndarray) -> np.ndarray:
+    """Causal GQA attention of T query tokens (T, n_heads, D) over the paged pool.
+
+    Token t attends to positions 0..positions[t] of sequence token_seq[t], whose
+    K/V are found through block_tables[token_seq[t]]. Serves decode (one token
+    per sequence) and prefill over a cached prefix plus new tokens alike.
+    """
+    block_size, n_kv, head_dim = k_cache.shape[1:]
+    k_flat = k_cache.reshape(-1, n_kv, head_dim)  # (slots, n_kv, D)
+    v_flat = v_cache.reshape(-1, n_kv, head_dim)
+    out = np.empty_like(q)
+    for t in range(len(q)):
+        context = np.arange(positions[t] + 1)
+        table = block_tables[token_seq[t]]
+        slots = table[context // block_size].astype(np.int64) * block_size + context % block_size
+        out[t] = causal_attention(q[t:t + 1], k_flat[slots], v_flat[slots], positions[t:t + 1])[0]
+    return out
+
+
+def copy_blocks(k_cache: np.ndarray, v_cache: np.ndarray, pairs: list[tuple[int, int]]) -> None:
+    """Copy-on-write: block dst gets block src's K/V, for each (src, dst)."""
+    for src, dst in pairs:
+        k_cache[..., dst, :, :, :] = k_cache[..., src, :, :, :]
+        v_cache[..., dst, :, :, :] = v_cache[..., src, :, :, :]
+
+
+# -- ops in the backend interface (same names and signatures in every backend) --
+
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """x (T, K) @ weight (N, K).T (+ bias (N,)) -> (T, N)."""
+    y = x @ weight.T
+    return y if bias is None else y + bias
+
+
+def rope_tables(max_positions: int, head_dim: int, theta: float,
+                dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin (max_positions, D/2): angle of pair i at position p = p * theta^(-2i/D)."""
+    cos, sin = rope_cos_sin(np.arange(max_positions), head_dim, theta, dtype)
+    return np.ascontiguousarray(cos[:, :head_dim // 2]), np.ascontiguousarray(sin[:, :head_dim // 2])
+
+
+def rope(x: np.ndarray, positions: np.ndarray, cos_table: np.ndarray,
+         sin_table: np.ndarray) -> np.ndarray:
+    """apply_rope with angles looked up in rope_tables; x (T, heads, D)."""
+    cos = np.concatenate([cos_table[positions]] * 2, axis=-1)  # (T, D)
+    sin = np.concatenate([sin_table[positions]] * 2, axis=-1)
+    return apply_rope(x, cos, sin)

@@ -1,0 +1,191 @@
+"""BlockManager: the KV pool's bookkeeping. Owns every ref count, hash and the free list.
+
+A physical block holds `block_size` consecutive tokens of one or more sequences
+(shared blocks). A sequence's `block_table` maps its logical block i (tokens
+i*block_size .. (i+1)*block_size - 1) to a physical block id.
+
+Prefix caching: a block full of computed tokens gets a chained hash,
+hash((parent block's hash, its token ids)), so equal hashes mean equal prefixes.
+A freed block keeps its hash and content until the allocator reuses it; the free
+list is kept in LRU order, so a system prompt stays cached between requests that
+do not overlap in time.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from .sequence import Sequence
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: int | None = None  # set once the block is full of computed tokens
+        self.token_ids: tuple[int, ...] | None = None  # compared on a hash hit (collisions)
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # ref_count == 0 blocks; the front is evicted first
+        self.free_list: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}  # hash -> block id holding that prefix block
+        self.prefix_query_tokens = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hit_tokens = 0  # of those, found
+
+    # -- counts --------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_list)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks whose content is still findable in the prefix cache."""
+        return sum(1 for b in self.free_list if self._is_cached(self.blocks[b]))
+
+    def _is_cached(self, block: Block) -> bool:
+        return block.hash is not None and self.cached.get(block.hash) == block.block_id
+
+    # -- allocation ----------------------------------------------------------
+    def _take_free_block(self) -> int:
+        block_id, _ = self.free_list.popitem(last=False)
+        block = self.blocks[block_id]
+        if self._is_cached(block):  # evict its prefix-cache entry
+            del self.cached[block.hash]
+        block.hash, block.token_ids, block.ref_count = None, None, 1
+        return block_id
+
+    def _prefix_hits(self, seq: Sequence) -> list[int]:
+        """Cached blocks of seq's longest cached prefix of full blocks. The block
+        holding the last token is never taken: that token must be computed so
+        that its logits exist."""
+        if not self.enable_prefix_caching:
+            return []
+        hits, parent, bs = [], None, self.block_size
+        for i in range((len(seq) - 1) // bs):
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            h = hash((parent, tokens))
+            block_id = self.cached.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            hits.append(block_id)
+            parent = h
+        return hits
+
+    def cached_prefix_len(self, seq: Sequence) -> int:
+        """Tokens of seq that allocate() would find in the prefix cache."""
+        return len(self._prefix_hits(seq)) * self.block_size
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        hits = self._prefix_hits(seq)
+        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)  # leave the free list too
+        return blocks_for(len(seq), self.block_size) - len(hits) + revived <= len(self.free_list)
+
+    def allocate(self, seq: Sequence) -> None:
+        """Blocks for all of seq's tokens: prefix-cache hits first, then fresh ones."""
+        assert not seq.block_table, "sequence already holds blocks"
+        hits = self._prefix_hits(seq)
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_list[block_id]
+            block.ref_count += 1
+            seq.block_table.append(block_id)
+        for _ in range(blocks_for(len(seq), self.block_size) - len(hits)):
+            seq.block_table.append(self._take_free_block())
+        seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
+        if self.enable_prefix_caching:
+            self.prefix_query_tokens += len(seq)
+            self.prefix_hit_tokens += seq.num_cached_tokens
+
+    def can_append(self, seq: Sequence) -> bool:
+        """Whether a slot for seq's newest token can be had (needs at most one block)."""
+        return self._needs_block(seq) is False or len(self.free_list) >= 1
+
+    def _needs_block(self, seq: Sequence) -> bool | None:
+        """True: a new block; None: a copy of a shared last block; False: nothing."""
+        if len(seq) > len(seq.block_table) * self.block_size:
+            return True
+        last = self.blocks[seq.block_table[(len(seq) - 1) // self.block_size]]
+        return None if last.ref_count > 1 else False
+
+    def append_slot(self, seq: Sequence) -> tuple[int, int] | None:
+        """Make the slot of seq's newest token writable. Returns (src, dst) when the
+        block holding it was shared and had to be copied (copy-on-write)."""
+        need = self._needs_block(seq)
+        if need is True:
+            seq.block_table.append(self._take_free_block())
+            return None
+        if need is None:
+            index = (len(seq) - 1) // self.block_size
+            src = seq.block_table[index]
+            self.blocks[src].ref_count -= 1  # stays >= 1: it was shared
+            dst = self._take_free_block()
+            seq.block_table[index] = dst
+            return src, dst
+        return None
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """child shares all of parent's blocks."""
+        child.block_table = list(parent.block_table)
+        for block_id in child.block_table:
+            self.blocks[block_id].ref_count += 1
+
+    def free(self, seq: Sequence) -> None:
+        """Return seq's blocks. Cached blocks keep hash and content, and go to the back of
+        the LRU list (tail of the chain first, so prefixes outlive their continuations);
+        uncached ones go to the front, to be reused first."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0
+            if block.ref_count == 0:
+                self.free_list[block_id] = None
+                if not self._is_cached(block):
+                    self.free_list.move_to_end(block_id, last=False)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    # -- prefix caching --------------------------------------------------------
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Hash the blocks that seq's computed tokens have filled since the last call."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        for i in range(seq.num_computed_tokens // bs):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is not None:
+                continue
+            parent = self.blocks[seq.block_table[i - 1]].hash if i else None
+            block.token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            block.hash = hash((parent, block.token_ids))
+            self.cached.setdefault(block.hash, block.block_id)  # first copy wins
+
+    # -- checking ------------------------------------------------------------
+    def check_invariants(self, live: list[Sequence]) -> None:
+        """Every invariant of the pool, given all sequences that hold blocks (for tests)."""
+        holders = [0] * self.num_blocks
+        for seq in live:
+            for block_id in seq.block_table:
+                holders[block_id] += 1
+        for block in self.blocks:
+            assert block.ref_count >= 0, f"block {block.block_id}: negative ref count"
+            assert block.ref_count == holders[block.block_id], \
+                f"block {block.block_id}: ref {block.ref_count} != {holders[block.block_id]} holders"
+            assert (block.ref_count == 0) == (block.block_id in self.free_list), \
+                f"block {block.block_id}: free list and ref count disagree"
+        for h, block_id in self.cached.items():
+            assert self.blocks[block_id].hash == h, f"cache entry for block {block_id} is stale"

@@ -1,0 +1,187 @@
+"""LLMEngine: requests in, one step at a time: schedule, run, postprocess."""
+from __future__ import annotations
+
+import itertools
+import os
+
+from ..config import EngineConfig
+from ..kernels import get_backend
+from ..model.llama import LlamaModel, PagedKVCache
+from ..model.weights import load_model
+from ..outputs import RequestOutput
+from ..sampling import SamplingParams, sample
+from ..tokenizer import Tokenizer
+from .block_manager import BlockManager, blocks_for
+from .model_runner import ModelRunner
+from .request import Request
+from .scheduler import Scheduler
+from .sequence import Sequence
+
+
+class LLMEngine:
+    def __init__(self, model_dir: str | os.PathLike, config: EngineConfig):
+        self.config = config
+        self.model_config, weights = load_model(model_dir)
+        self.tokenizer = Tokenizer(model_dir)
+        cfg, bs = self.model_config, config.block_size
+        self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
+                                 cfg.max_position_embeddings)
+        num_blocks = config.resolve_num_blocks(PagedKVCache.bytes_per_block(cfg, bs))
+        self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
+                                   config.max_num_batched_tokens or self.max_model_len)
+        ops = get_backend(config.backend)
+        self.runner = ModelRunner(LlamaModel(cfg, weights, ops), PagedKVCache(cfg, num_blocks, bs), bs)
+        self.eos_token_ids = set(cfg.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+        self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0,
+                         "kv_utilization_sum": 0.0, "kv_utilization_steps": 0}
+
+    # -- requests --------------------------------------------------------------
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue a request; raises ValueError (and queues nothing) for bad input."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        ids = self._prompt_ids(prompt)
+        request_id = str(next(self._ids)) if request_id is None else request_id
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
+        request = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params,
+                          self.tokenizer)
+        self.requests[request_id] = request
+        self.scheduler.add(request.seqs[0])
+        return request_id
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty: give at least one character of text")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+            bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token id {bad[0]} is out of range "
+                                 f"[0, {self.model_config.vocab_size})")
+        if not ids:
+            raise ValueError("prompt is empty: it encodes to no tokens")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is "
+                             f"{self.max_model_len} tokens, leaving no room to generate")
+        need = blocks_for(len(ids) + 1, self.config.block_size)
+        if need > self.block_manager.num_blocks:
+            raise ValueError(f"prompt of {len(ids)} tokens needs {need} KV blocks; the pool "
+                             f"has only {self.block_manager.num_blocks}")
+        if len(ids) > self.scheduler.max_num_batched_tokens:
+            raise ValueError(f"prompt has {len(ids)} tokens, more than max_num_batched_tokens="
+                             f"{self.scheduler.max_num_batched_tokens}")
+        return ids
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now; its blocks go back to the pool."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            raise ValueError(f"no request with id {request_id!r}")
+        self.scheduler.abort(request_id)
+        request.aborted = True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step ----------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run, postprocess; returns the requests that changed (finished ones
+        for the last time: they are forgotten afterwards)."""
+        batch = self.scheduler.schedule()
+        touched: dict[str, Request] = {}
+        for seq in batch.out_of_memory:
+            self._finish(seq, "length")
+            touched[seq.request_id] = self.requests[seq.request_id]
+        if batch:
+            self.counters["steps"] += 1
+            self.counters["prefill_tokens"] += sum(s.num_uncomputed_tokens for s in batch.prefills)
+            self.counters["decode_tokens"] += len(batch.decodes)
+            logits = self.runner.run(batch)  # (S, vocab)
+            for seq, row in zip(batch.seqs, logits):
+                seq.num_computed_tokens = len(seq)
+                self.block_manager.register_full_blocks(seq)
+                self._sample(seq, row)
+                touched[seq.request_id] = self.requests[seq.request_id]
+            self._record_utilization()
+        outputs = [r.output() for r in touched.values()]
+        for out in outputs:
+            if out.finished:
+                del self.requests[out.request_id]
+        return outputs
+
+    def _sample(self, seq: Sequence, logits) -> None:
+        request = self.requests[seq.request_id]
+        targets = [seq]
+        if seq.num_output_tokens == 0 and len(request.seqs) < seq.params.n:
+            for i in range(1, seq.params.n):  # n samples: fork after the shared prefill
+                child = seq.fork(i)
+                self.block_manager.fork(seq, child)
+                self.scheduler.add_forked(child)
+                request.add_sample(child)
+                targets.append(child)
+        for s in targets:
+            self._append(s, sample(logits, s.params, s.rng, s.token_ids))
+
+    def _append(self, seq: Sequence, token: int) -> None:
+        params = seq.params
+        text = self.requests[seq.request_id].texts[seq.sample_index]
+        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
+            return self._finish(seq, "stop")
+        seq.append_token(token)
+        if text.push(token):
+            return self._finish(seq, "stop")
+        if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
+            self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        self.requests[seq.request_id].texts[seq.sample_index].finish()
+
+    # -- statistics ----------------------------------------------------------------
+    def _record_utilization(self) -> None:
+        if self.scheduler.running:
+            self.counters["kv_utilization_sum"] += self.kv_utilization()
+            self.counters["kv_utilization_steps"] += 1
+
+    def kv_utilization(self) -> float:
+        """Tokens stored / slots in allocated blocks (a shared block counts once)."""
+        bs, filled = self.config.block_size, {}
+        for seq in self.scheduler.running:
+            for i, block_id in enumerate(seq.block_table):
+                n = min(bs, seq.num_computed_tokens - i * bs)
+                if n > 0:
+                    filled[block_id] = max(filled.get(block_id, 0), n)
+        used = self.block_manager.num_blocks - self.block_manager.num_free_blocks
+        return sum(filled.values()) / (used * bs) if used else 1.0
+
+    def stats(self) -> dict:
+        bm, c = self.block_manager, self.counters
+        cached_free = bm.num_cached_free_blocks
+        return {
+            "blocks_total": bm.num_blocks,
+            "blocks_used": bm.num_blocks - bm.num_free_blocks,
+            "blocks_cached_free": cached_free,
+            "blocks_free": bm.num_free_blocks - cached_free,
+            "block_size": bm.block_size,
+            "kv_cache_bytes": self.runner.kv.nbytes,
+            "prefix_cache_query_tokens": bm.prefix_query_tokens,
+            "prefix_cache_hit_tokens": bm.prefix_hit_tokens,
+            "preemptions": self.scheduler.num_preemptions,
+            "prefill_tokens_computed": c["prefill_tokens"],
+            "decode_tokens_computed": c["decode_tokens"],
+            "steps": c["steps"],
+            "kv_utilization": (c["kv_utilization_sum"] / c["kv_utilization_steps"]
+                               if c["kv_utilization_steps"] else None),
+        }

@@ -1,0 +1,27 @@
+"""ModelRunner: turns a scheduled batch into kernel inputs and runs the model."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..model.llama import LlamaModel, PagedKVCache
+from .attention_metadata import AttentionMetadata
+from .scheduler import ScheduledBatch
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, kv: PagedKVCache, block_size: int):
+        self.model, self.kv, self.block_size = model, kv, block_size
+
+    def prepare(self, batch: ScheduledBatch) -> tuple[np.ndarray, AttentionMetadata]:
+        """Flat token ids (T,) of every sequence's uncomputed tokens, and their metadata."""
+        chunks = [(seq.block_table, seq.num_computed_tokens, len(seq)) for seq in batch.seqs]
+        token_ids = np.concatenate([np.asarray(seq.token_ids[seq.num_computed_tokens:])
+                                    for seq in batch.seqs]).astype(np.int64)
+        return token_ids, AttentionMetadata.build(chunks, self.block_size)
+
+    def run(self, batch: ScheduledBatch) -> np.ndarray:
+        """Copy-on-write copies, then the forward pass: logits (S, vocab) in batch.seqs order."""
+        if batch.block_copies:
+            self.model.ops.copy_blocks(self.kv.k, self.kv.v, batch.block_copies)
+        token_ids, meta = self.prepare(batch)
+        return self.model.forward(token_ids, meta, self.kv)

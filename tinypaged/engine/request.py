@@ -1,0 +1,66 @@
+"""Request: one prompt with its n samples (sequences) and their text so far."""
+from __future__ import annotations
+
+from ..outputs import CompletionOutput, RequestOutput
+from ..sampling import SamplingParams
+from ..tokenizer import Tokenizer
+from .sequence import Sequence
+
+
+class SampleText:
+    """Text of one sample. Holds back the tail that could still become a stop string,
+    so streamed text never has to be taken back."""
+
+    def __init__(self, tokenizer: Tokenizer, stop: list[str]):
+        self.detok = tokenizer.detokenizer()
+        self.stop = stop
+        self.holdback = max((len(s) for s in stop), default=1) - 1
+        self.text = ""
+        self.finished = False
+
+    def push(self, token_id: int) -> bool:
+        """Add a token's text; True when a stop string appeared (the text is cut before it)."""
+        start = max(0, len(self.text) - self.holdback)
+        self.text += self.detok.push(token_id)
+        for s in self.stop:
+            i = self.text.find(s, start)
+            if i >= 0:
+                self.text = self.text[:i]
+                return True
+        return False
+
+    def finish(self) -> None:
+        if not self.finished:
+            self.text += self.detok.flush()
+            self.finished = True
+
+    @property
+    def visible(self) -> str:
+        return self.text if self.finished else self.text[:len(self.text) - self.holdback]
+
+
+class Request:
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 params: SamplingParams, tokenizer: Tokenizer):
+        self.request_id, self.prompt, self.params = request_id, prompt, params
+        self.prompt_token_ids = prompt_token_ids
+        self.seqs = [Sequence(request_id, prompt_token_ids, params, 0)]
+        self.texts = [SampleText(tokenizer, params.stop)]
+        self.tokenizer = tokenizer
+        self.aborted = False
+
+    def add_sample(self, seq: Sequence) -> None:
+        self.seqs.append(seq)
+        self.texts.append(SampleText(self.tokenizer, self.params.stop))
+
+    @property
+    def finished(self) -> bool:
+        return self.aborted or (len(self.seqs) == self.params.n
+                                and all(s.is_finished for s in self.seqs))
+
+    def output(self) -> RequestOutput:
+        outs = [CompletionOutput(seq.sample_index, text.visible, seq.output_token_ids,
+                                 seq.finish_reason)
+                for seq, text in zip(self.seqs, self.texts)]
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs,
+                             self.finished)

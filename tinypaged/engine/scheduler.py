@@ -1,0 +1,120 @@
+"""Scheduler: continuous batching over a waiting queue and a running list.
+
+Each step: every running sequence gets a slot for its next token (preempting the
+most recently admitted ones when the pool runs dry), then waiting sequences are
+admitted first-come first-served while the token budget, max_num_seqs and the
+free blocks allow. A preempted sequence gives back all its blocks and waits at
+the front of the queue; on readmission it is recomputed (its prompt and output
+so far are its new prefill, mostly found again in the prefix cache).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    prefills: list[Sequence] = field(default_factory=list)  # compute all uncomputed tokens
+    decodes: list[Sequence] = field(default_factory=list)  # compute the newest token
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+    out_of_memory: list[Sequence] = field(default_factory=list)  # cannot grow even alone
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        return self.prefills + self.decodes
+
+    def __bool__(self) -> bool:
+        return bool(self.prefills or self.decodes)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int,
+                 max_num_batched_tokens: int):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last is preempted first
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        bm = self.block_manager
+        budget = self.max_num_batched_tokens
+        preemptions_before = self.num_preemptions
+
+        # 1. running sequences decode one token each; make room by preemption
+        kept: list[Sequence] = []
+        queue = list(self.running)
+        while queue:
+            seq = queue.pop(0)
+            while not bm.can_append(seq):
+                if queue:
+                    self._preempt(queue.pop())
+                elif kept:
+                    self._preempt(kept.pop())
+                else:  # alone and still no room: the pool cannot hold it any longer
+                    batch.out_of_memory.append(seq)
+                    break
+            else:
+                copy = bm.append_slot(seq)
+                if copy is not None:
+                    batch.block_copies.append(copy)
+                kept.append(seq)
+                budget -= 1
+        self.running = kept
+        batch.decodes = list(kept)
+
+        # 2. admit waiting sequences first-come first-served (none if we just preempted)
+        while self.waiting and self.num_preemptions == preemptions_before:
+            seq = self.waiting[0]
+            n_samples = seq.params.n if seq.num_output_tokens == 0 else 1  # forks after prefill
+            if len(self.running) + n_samples > self.max_num_seqs:
+                break
+            if not bm.can_allocate(seq) or len(seq) - bm.cached_prefix_len(seq) > budget:
+                break
+            self.waiting.popleft()
+            bm.allocate(seq)
+            budget -= seq.num_uncomputed_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.prefills.append(seq)
+        return batch
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Retire seq at once: its blocks go back to the pool."""
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self.block_manager.free(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+
+    def add_forked(self, seq: Sequence) -> None:
+        """A sample forked from a running sequence joins the running batch."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def abort(self, request_id: str) -> list[Sequence]:
+        """Remove every sequence of a request, returning their blocks."""
+        gone = [s for s in list(self.waiting) + self.running if s.request_id == request_id]
+        for seq in gone:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            self.finish(seq, "abort")
+        return gone

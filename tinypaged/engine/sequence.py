@@ -1,0 +1,74 @@
+"""Sequence: one stream of tokens being generated, and its block table."""
+from __future__ import annotations
+
+import enum
+import itertools
+
+import numpy as np
+
+from ..sampling import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # queued: never run, or preempted (its KV is recomputed)
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_next_seq_id = itertools.count()
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 sample_index: int = 0, rng: np.random.Generator | None = None):
+        self.seq_id = next(_next_seq_id)
+        self.request_id = request_id
+        self.sample_index = sample_index  # which of the request's n samples
+        self.token_ids: list[int] = list(prompt_token_ids)  # prompt, then output
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.rng = rng if rng is not None else sample_rng(params.seed, sample_index)
+        self.block_table: list[int] = []  # logical block i -> physical block id
+        self.num_computed_tokens = 0  # tokens whose K/V are in the pool
+        self.num_cached_tokens = 0  # of those, found in the prefix cache on admission
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def fork(self, sample_index: int) -> "Sequence":
+        """A sibling that shares everything so far (the caller forks the block table)."""
+        child = Sequence(self.request_id, self.token_ids[:self.num_prompt_tokens], self.params,
+                         sample_index)
+        child.token_ids = list(self.token_ids)
+        child.num_computed_tokens = self.num_computed_tokens
+        child.num_cached_tokens = self.num_cached_tokens
+        child.status = self.status
+        return child
+
+
+def sample_rng(seed: int | None, sample_index: int) -> np.random.Generator:
+    """The random stream of one sample: fixed by (seed, index), whatever else runs."""
+    if seed is None:
+        return np.random.default_rng()
+    return np.random.default_rng([seed, sample_index])

@@ -1,0 +1,63 @@
+"""CPU kernels (numba.njit) for the per-token ops: RMSNorm, RoPE, SiLU-mul.
+
+These are O(T * H) and memory-light next to the matmuls; they run single-threaded
+(numba's parallel launch costs more than the work at decode batch sizes).
+"""
+import numpy as np
+from numba import float32, njit
+
+
+@njit(fastmath=True, cache=True)
+def _rms_norm(x, weight, eps, out):
+    n_tokens, hidden = x.shape
+    for t in range(n_tokens):
+        ss = float32(0.0)
+        for i in range(hidden):
+            ss += x[t, i] * x[t, i]
+        scale = float32(1.0) / np.sqrt(ss / hidden + float32(eps))
+        for i in range(hidden):
+            out[t, i] = x[t, i] * scale * weight[i]
+
+
+def rms_norm(x, weight, eps):
+    """x (T, H) * rsqrt(mean(x^2) + eps) * weight (H,)."""
+    out = np.empty_like(x)
+    _rms_norm(x, weight, eps, out)
+    return out
+
+
+@njit(fastmath=True, cache=True)
+def _rope(x, positions, cos_table, sin_table, out):
+    n_tokens, n_heads, head_dim = x.shape
+    half = head_dim // 2
+    for t in range(n_tokens):
+        p = positions[t]
+        for h in range(n_heads):
+            for i in range(half):
+                a, b = x[t, h, i], x[t, h, i + half]
+                c, s = cos_table[p, i], sin_table[p, i]
+                out[t, h, i] = a * c - b * s  # rotate-half: pair (i, i + D/2)
+                out[t, h, i + half] = b * c + a * s
+
+
+def rope(x, positions, cos_table, sin_table):
+    """x (T, heads, D) rotated by the angles of positions (T,), tables (max_pos, D/2)."""
+    out = np.empty_like(x)
+    _rope(x, positions, cos_table, sin_table, out)
+    return out
+
+
+@njit(fastmath=True, cache=True)
+def _silu_mul(gate, up, out):
+    n_tokens, width = gate.shape
+    for t in range(n_tokens):
+        for i in range(width):
+            g = gate[t, i]
+            out[t, i] = g / (float32(1.0) + np.exp(-g)) * up[t, i]
+
+
+def silu_mul(gate, up):
+    """silu(gate) * up, both (T, I)."""
+    out = np.empty_like(gate)
+    _silu_mul(gate, up, out)
+    return out

@@ -1,0 +1,73 @@
+"""The paged Llama forward: one straight-line pass over a flat batch of tokens.
+
+The batch mixes prefill chunks and decode tokens of many sequences; where each
+token's K/V go and what it attends to comes from AttentionMetadata. `ops` is a
+backend module (kernels/cpu, kernels/reference, ...), all with the same op names.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..engine.attention_metadata import AttentionMetadata
+from .config import ModelConfig
+
+
+class PagedKVCache:
+    """The KV pool: K and V of shape (n_layers, num_blocks, block_size, n_kv, D), allocated once."""
+
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype=np.float32):
+        shape = (cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads,
+                 cfg.head_dim)
+        self.k = np.zeros(shape, dtype=dtype)
+        self.v = np.zeros(shape, dtype=dtype)
+
+    @staticmethod
+    def bytes_per_block(cfg: ModelConfig, block_size: int, dtype=np.float32) -> int:
+        per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
+        return per_token * block_size * np.dtype(dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+class LlamaModel:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], ops):
+        self.cfg, self.w, self.ops = cfg, weights, ops
+        self.cos, self.sin = ops.rope_tables(cfg.max_position_embeddings, cfg.head_dim,
+                                             cfg.rope_theta)  # (max_pos, D/2) each
+
+    def forward(self, token_ids: np.ndarray, meta: AttentionMetadata,
+                kv: PagedKVCache) -> np.ndarray:
+        """token_ids (T,) -> logits (S, vocab) of each sequence's last token in the batch."""
+        cfg, w, ops = self.cfg, self.w, self.ops
+        n_tokens = len(token_ids)
+        n_heads, n_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        bias = cfg.attention_bias
+
+        x = w["model.embed_tokens.weight"][token_ids]  # (T, H)
+        for layer in range(cfg.num_hidden_layers):
+            p = f"model.layers.{layer}."
+            h = ops.rms_norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+            q = ops.linear(h, w[p + "self_attn.q_proj.weight"],
+                           w[p + "self_attn.q_proj.bias"] if bias else None)  # (T, n_heads * D)
+            k = ops.linear(h, w[p + "self_attn.k_proj.weight"],
+                           w[p + "self_attn.k_proj.bias"] if bias else None)  # (T, n_kv * D)
+            v = ops.linear(h, w[p + "self_attn.v_proj.weight"],
+                           w[p + "self_attn.v_proj.bias"] if bias else None)
+            q = ops.rope(q.reshape(n_tokens, n_heads, head_dim), meta.positions, self.cos, self.sin)
+            k = ops.rope(k.reshape(n_tokens, n_kv, head_dim), meta.positions, self.cos, self.sin)
+            ops.write_kv(kv.k[layer], kv.v[layer], k, v.reshape(n_tokens, n_kv, head_dim),
+                         meta.slot_mapping)
+            attn = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta.block_tables,
+                                       meta.positions, meta.token_seq)  # (T, n_heads, D)
+            x = x + ops.linear(attn.reshape(n_tokens, n_heads * head_dim),
+                               w[p + "self_attn.o_proj.weight"])
+
+            h = ops.rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+            gate = ops.linear(h, w[p + "mlp.gate_proj.weight"])  # (T, I)
+            up = ops.linear(h, w[p + "mlp.up_proj.weight"])
+            x = x + ops.linear(ops.silu_mul(gate, up), w[p + "mlp.down_proj.weight"])
+
+        x = ops.rms_norm(x[meta.logits_indices], w["model.norm.weight"], cfg.rms_norm_eps)
+        return ops.linear(x, w["lm_head.weight"])  # (S, vocab)
