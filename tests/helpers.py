@@ -102,3 +102,18 @@ def write_tiny_model(model_dir: str, seed: int = 0, dtype: str = "F32",
     with open(os.path.join(model_dir, "tokenizer_config.json"), "w") as f:
         json.dump({"eos_token": "<|im_end|>", "chat_template": CHATML_TEMPLATE}, f)
     return expected
+
+
+def dense_greedy(model, prompt_ids: list[int], max_tokens: int, eos_ids=()) -> list[int]:
+    """Greedy continuation by the dense reference forward (the oracle for the engine)."""
+    cache = model.new_cache(len(prompt_ids) + max_tokens)
+    logits = model.forward(prompt_ids, cache, all_logits=False)[-1]
+    out = []
+    for _ in range(max_tokens):
+        token = int(np.argmax(logits))
+        if token in eos_ids:
+            break
+        out.append(token)
+        if len(out) < max_tokens:
+            logits = model.forward([token], cache)[-1]
+    return out

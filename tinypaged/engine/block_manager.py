@@ -95,7 +95,12 @@ class BlockManager:
         return blocks_for(len(seq), self.block_size) - len(hits) + revived <= len(self.free_list)
 
     def allocate(self, seq: Sequence) -> None:
-        """Blocks for all of seq's tokens: prefix-cache hits first, then fresh ones."""
+        """Blocks for all of seq's tokens: prefix-cache hits first, then fresh ones.
+
+        The prompt's full blocks are registered in the prefix cache at once: they
+        are computed in this step's forward pass, whose K/V writes precede its
+        attention in every layer, so a request admitted in the same step may
+        already share them."""
         assert not seq.block_table, "sequence already holds blocks"
         hits = self._prefix_hits(seq)
         for block_id in hits:
@@ -107,6 +112,7 @@ class BlockManager:
         for _ in range(blocks_for(len(seq), self.block_size) - len(hits)):
             seq.block_table.append(self._take_free_block())
         seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
+        self.register_full_blocks(seq, len(seq))
         if self.enable_prefix_caching:
             self.prefix_query_tokens += len(seq)
             self.prefix_hit_tokens += seq.num_cached_tokens
@@ -160,12 +166,13 @@ class BlockManager:
         seq.num_computed_tokens = 0
 
     # -- prefix caching --------------------------------------------------------
-    def register_full_blocks(self, seq: Sequence) -> None:
-        """Hash the blocks that seq's computed tokens have filled since the last call."""
+    def register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Hash the blocks filled by seq's first num_tokens tokens (computed, or being
+        computed this step) that are not hashed yet."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        for i in range(seq.num_computed_tokens // bs):
+        for i in range(num_tokens // bs):
             block = self.blocks[seq.block_table[i]]
             if block.hash is not None:
                 continue

@@ -111,7 +111,7 @@ class LLMEngine:
             logits = self.runner.run(batch)  # (S, vocab)
             for seq, row in zip(batch.seqs, logits):
                 seq.num_computed_tokens = len(seq)
-                self.block_manager.register_full_blocks(seq)
+                self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
                 self._sample(seq, row)
                 touched[seq.request_id] = self.requests[seq.request_id]
             self._record_utilization()

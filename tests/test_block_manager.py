@@ -1,0 +1,162 @@
+"""BlockManager: unit cases, and a hypothesis state machine that runs random
+allocate / append / fork / free / preempt sequences against a model of the pool's
+content (each slot holds the token whose K/V it would hold)."""
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from tinypaged.engine.block_manager import BlockManager
+from tinypaged.engine.sequence import Sequence
+from tinypaged.sampling import SamplingParams
+
+PARAMS = SamplingParams(temperature=0)
+
+
+def seq_of(tokens):
+    return Sequence("r", list(tokens), PARAMS)
+
+
+def computed(bm, seq):
+    seq.num_computed_tokens = len(seq)
+    bm.register_full_blocks(seq, seq.num_computed_tokens)
+
+
+def test_lru_reuse_keeps_a_freed_prefix_until_its_blocks_are_needed():
+    bm = BlockManager(num_blocks=4, block_size=2)
+    a = seq_of([1, 2, 3, 4, 5])  # 3 blocks: [1 2] [3 4] [5]
+    bm.allocate(a)
+    computed(bm, a)
+    prefix_blocks = a.block_table[:2]
+    bm.free(a)
+    assert bm.num_free_blocks == 4 and bm.num_cached_free_blocks == 2
+    b = seq_of([1, 2, 3, 4, 9])
+    bm.allocate(b)
+    assert b.num_cached_tokens == 4 and b.block_table[:2] == prefix_blocks
+    bm.free(b)
+    c = seq_of([7, 7, 7, 7, 7, 7, 7])  # needs all 4 blocks: evicts the cached prefix
+    assert bm.can_allocate(c)
+    bm.allocate(c)
+    assert c.num_cached_tokens == 0  # only c's own (7, 7) blocks are cached now
+    assert {bm.blocks[i].token_ids for i in bm.cached.values()} == {(7, 7)}
+    bm.free(c)
+
+
+def test_uncached_blocks_are_reused_before_cached_ones():
+    bm = BlockManager(num_blocks=3, block_size=2)
+    a = seq_of([1, 2, 3])  # [1 2] full and cached, [3] partial and not
+    bm.allocate(a)
+    computed(bm, a)
+    partial = a.block_table[1]
+    bm.free(a)
+    b = seq_of([8])
+    bm.allocate(b)
+    assert b.block_table == [partial]
+
+
+def test_copy_on_write_of_a_shared_partial_block():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    parent = seq_of([1, 2, 3])
+    bm.allocate(parent)
+    computed(bm, parent)
+    child = parent.fork(1)
+    bm.fork(parent, child)
+    assert bm.blocks[parent.block_table[0]].ref_count == 2
+    child.append_token(9)
+    src, dst = bm.append_slot(child)
+    assert src == parent.block_table[0] and child.block_table == [dst]
+    assert bm.blocks[src].ref_count == 1
+    parent.append_token(5)
+    assert bm.append_slot(parent) is None  # now the only holder: written in place
+    bm.check_invariants([parent, child])
+
+
+class PoolMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.bm = BlockManager(num_blocks=12, block_size=3)
+        self.live: list[Sequence] = []
+        self.preempted: list[Sequence] = []
+        self.content: dict[int, list] = {b: [None] * 3 for b in range(12)}
+
+    def _write(self, seq, start):
+        """Simulate the forward pass: positions start.. of seq go to their slots."""
+        for pos in range(start, len(seq)):
+            block = seq.block_table[pos // 3]
+            assert self.bm.blocks[block].ref_count == 1 or \
+                self.content[block][pos % 3] == seq.token_ids[pos], "write into a shared block"
+            self.content[block][pos % 3] = seq.token_ids[pos]
+        computed(self.bm, seq)
+
+    def _admit(self, seq):
+        if not self.bm.can_allocate(seq):
+            return False
+        self.bm.allocate(seq)
+        self._write(seq, seq.num_computed_tokens)
+        self.live.append(seq)
+        return True
+
+    @rule(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=10))
+    def allocate(self, tokens):  # a tiny alphabet makes prefix hits common
+        self._admit(seq_of(tokens))
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), token=st.integers(0, 2))
+    def append(self, data, token):
+        seq = data.draw(st.sampled_from(self.live))
+        seq.append_token(token)
+        if not self.bm.can_append(seq):
+            seq.token_ids.pop()
+            return
+        copy = self.bm.append_slot(seq)
+        if copy is not None:
+            src, dst = copy
+            self.content[dst] = list(self.content[src])
+        self._write(seq, len(seq) - 1)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = data.draw(st.sampled_from(self.live))
+        child = parent.fork(1)
+        self.bm.fork(parent, child)
+        self.live.append(child)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data):
+        seq = data.draw(st.sampled_from(self.live))
+        self.live.remove(seq)
+        self.bm.free(seq)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def preempt(self, data):
+        seq = data.draw(st.sampled_from(self.live))
+        self.live.remove(seq)
+        self.bm.free(seq)
+        self.preempted.append(seq)
+
+    @precondition(lambda self: self.preempted)
+    @rule()
+    def resume(self):
+        seq = self.preempted[0]
+        if self._admit(seq):
+            self.preempted.pop(0)
+
+    @invariant()
+    def pool_is_consistent(self):
+        self.bm.check_invariants(self.live)
+        for seq in self.live:  # every computed position holds its own token
+            assert len(seq.block_table) == -(-len(seq) // 3)
+            for pos in range(seq.num_computed_tokens):
+                assert self.content[seq.block_table[pos // 3]][pos % 3] == seq.token_ids[pos]
+
+    def teardown(self):
+        for seq in self.live:
+            self.bm.free(seq)
+        self.bm.check_invariants([])
+        assert self.bm.num_free_blocks == self.bm.num_blocks
+
+
+TestPoolMachine = PoolMachine.TestCase
+TestPoolMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

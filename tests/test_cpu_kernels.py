@@ -1,0 +1,90 @@
+"""Each CPU kernel against the NumPy reference, on fresh random inputs."""
+import numpy as np
+import pytest
+
+from tinypaged.engine.attention_metadata import AttentionMetadata
+from tinypaged.kernels import cpu, reference
+
+RTOL = ATOL = 2e-5  # float32, different summation order
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rms_norm_rope_silu(seed):
+    rng = np.random.default_rng(seed)
+    x, w = rand(rng, 7, 48), rand(rng, 48)
+    np.testing.assert_allclose(cpu.rms_norm(x, w, 1e-5), reference.rms_norm(x, w, 1e-5),
+                               rtol=RTOL, atol=ATOL)
+    cos, sin = reference.rope_tables(64, 16, 10000.0)
+    q, positions = rand(rng, 5, 3, 16), rng.integers(0, 64, 5)
+    np.testing.assert_allclose(cpu.rope(q, positions, cos, sin),
+                               reference.rope(q, positions, cos, sin), rtol=RTOL, atol=ATOL)
+    gate, up = rand(rng, 4, 30) * 4, rand(rng, 4, 30)
+    np.testing.assert_allclose(cpu.silu_mul(gate, up), reference.silu_mul(gate, up),
+                               rtol=RTOL, atol=ATOL)
+
+
+def test_rope_tables_match_the_dense_rotation():
+    cos, sin = reference.rope_tables(32, 8, 500.0)
+    positions = np.array([0, 3, 31])
+    x = rand(np.random.default_rng(1), 3, 2, 8)
+    dense_cos, dense_sin = reference.rope_cos_sin(positions, 8, 500.0)
+    np.testing.assert_allclose(reference.rope(x, positions, cos, sin),
+                               reference.apply_rope(x, dense_cos, dense_sin), rtol=1e-6, atol=1e-6)
+
+
+def random_paged_batch(rng, block_size, n_kv, head_dim, context_lens, n_new):
+    """A pool with ragged block tables (shuffled block ids), filled with random K/V."""
+    tables, next_free = [], list(rng.permutation(64))
+    for n in context_lens:
+        tables.append([int(next_free.pop()) for _ in range(-(-n // block_size))])
+    k_cache = rand(rng, 64, block_size, n_kv, head_dim)
+    v_cache = rand(rng, 64, block_size, n_kv, head_dim)
+    chunks = [(t, n - new, n) for t, n, new in zip(tables, context_lens, n_new)]
+    return k_cache, v_cache, AttentionMetadata.build(chunks, block_size)
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("n_heads, n_kv", [(4, 2), (4, 4), (6, 1)])
+def test_paged_attention_decode_and_prefill(block_size, n_heads, n_kv):
+    rng = np.random.default_rng(block_size * 10 + n_heads + n_kv)
+    context_lens = [1, 17, 33, 5]  # 17 and 33: a partially filled last block
+    n_new = [1, 1, 9, 5]  # decode, decode, prefill after a cached prefix, whole prefill
+    k_cache, v_cache, meta = random_paged_batch(rng, block_size, n_kv, 8, context_lens, n_new)
+    q = rand(rng, meta.num_tokens, n_heads, 8)
+    args = (q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq)
+    np.testing.assert_allclose(cpu.paged_attention(*args), reference.paged_attention(*args),
+                               rtol=RTOL, atol=ATOL)
+
+
+def test_paged_attention_reference_equals_dense_attention():
+    """The reference's paging itself: scattered blocks give contiguous-cache results."""
+    rng = np.random.default_rng(9)
+    block_size, n = 4, 10
+    k, v, q = rand(rng, n, 2, 8), rand(rng, n, 2, 8), rand(rng, n, 4, 8)
+    table = [5, 0, 3]
+    k_cache, v_cache = np.zeros((6, block_size, 2, 8), np.float32), np.zeros((6, block_size, 2, 8), np.float32)
+    meta = AttentionMetadata.build([(table, 0, n)], block_size)
+    reference.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    got = reference.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq)
+    np.testing.assert_allclose(got, reference.causal_attention(q, k, v, np.arange(n)), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_write_kv_and_copy_blocks(block_size):
+    rng = np.random.default_rng(block_size)
+    pools = [np.zeros((2, 8, block_size, 2, 4), np.float32) for _ in range(4)]  # (L, blocks, ...)
+    slots = rng.permutation(8 * block_size)[:6]
+    k, v = rand(rng, 6, 2, 4), rand(rng, 6, 2, 4)
+    cpu.write_kv(pools[0][1], pools[1][1], k, v, slots)
+    reference.write_kv(pools[2][1], pools[3][1], k, v, slots)
+    np.testing.assert_array_equal(pools[0], pools[2])
+    np.testing.assert_array_equal(pools[1], pools[3])
+    pairs = [(int(slots[0] // block_size), 7), (2, 3)]
+    cpu.copy_blocks(pools[0], pools[1], pairs)
+    reference.copy_blocks(pools[2], pools[3], pairs)
+    np.testing.assert_array_equal(pools[0], pools[2])
+    np.testing.assert_array_equal(pools[0][:, 7], pools[0][:, pairs[0][0]])
