@@ -10,9 +10,11 @@ import dataclasses
 import sys
 import time
 
+from tinypaged.config import EngineConfig
 from tinypaged.sampling import SamplingParams
 
 SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
+ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -24,31 +26,70 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def parse_bytes(text: str) -> int:
+    """'536870912', '512M', '2G' -> bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        if text and text[-1] in units:
+            return int(float(text[:-1]) * units[text[-1]])
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (e.g. 536870912, 512M, 2G)")
+
+
+def collect_prompts(args) -> list[str]:
+    prompts = ([args.prompt] if args.prompt is not None else []) + (args.prompt_opt or [])
+    if args.prompts_file:
+        with open(args.prompts_file, encoding="utf-8") as f:
+            prompts += [line.rstrip("\n") for line in f if line.strip()]
+    if not prompts:
+        raise ValueError("no prompt: give one as an argument, with --prompt or --prompts-file")
+    return prompts
+
+
+def print_stats(stats: dict) -> None:
+    print()
+    for key, value in stats.items():
+        print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+
+
 def cmd_generate(args) -> None:
     from tinypaged import LLM
 
-    prompt = args.prompt_opt if args.prompt_opt is not None else args.prompt
-    if prompt is None:
-        raise ValueError("no prompt: give one as an argument or with --prompt")
+    prompts = collect_prompts(args)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                            top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    llm = LLM(args.model)
+                            top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                            repetition_penalty=args.repetition_penalty, seed=args.seed,
+                            n=args.n, stop=args.stop or [], ignore_eos=args.ignore_eos)
+    llm = LLM(args.model, block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
+              enable_prefix_caching=not args.no_prefix_caching, backend=args.backend)
     if args.verbose:
-        _log(f"loaded {llm.model_dir} in {llm.load_seconds:.2f} s")
+        _log(f"loaded {llm.model_dir} in {llm.load_seconds:.2f} s; KV pool: "
+             f"{llm.stats()['blocks_total']} blocks of {args.block_size} tokens")
     if args.chat:
-        prompt = llm.chat_prompt([{"role": "user", "content": prompt}])
+        prompts = [llm.chat_prompt([{"role": "user", "content": p}]) for p in prompts]
     start = time.perf_counter()
-    first = None
-    n_chunks = 0
-    for delta in llm.stream(prompt, params):
-        first = first or time.perf_counter()
-        n_chunks += 1
-        sys.stdout.write(delta)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
-    if args.verbose and first is not None:
-        _log(f"first text after {first - start:.2f} s; "
-             f"{n_chunks} text pieces in {time.perf_counter() - start:.2f} s")
+    if len(prompts) == 1 and params.n == 1:  # stream it
+        first = None
+        for delta in llm.stream(prompts[0], params):
+            first = first or time.perf_counter()
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        if args.verbose and first is not None:
+            _log(f"first text after {first - start:.2f} s")
+    else:  # a batch: print each completion when all are done
+        for i, out in enumerate(llm.generate(prompts, params)):
+            for sample in out.outputs:
+                label = f"prompt {i}" + (f", sample {sample.index}" if params.n > 1 else "")
+                print(f"--- {label} ({sample.finish_reason}) ---\n{sample.text}")
+    if args.verbose:
+        stats = llm.stats()
+        tokens = stats["decode_tokens_computed"] + len(prompts) * params.n
+        _log(f"{tokens} tokens generated in {time.perf_counter() - start:.2f} s")
+    if args.stats:
+        print_stats(llm.stats())
 
 
 def cmd_perplexity(args) -> None:
@@ -88,15 +129,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text from a prompt, streamed to stdout")
     g.add_argument("prompt", nargs="?", help="the prompt text")
-    g.add_argument("--prompt", dest="prompt_opt", help="the prompt text (instead of the argument)")
+    g.add_argument("--prompt", dest="prompt_opt", action="append",
+                   help="a prompt (repeat for a batch)")
+    g.add_argument("--prompts-file", help="a file of prompts, one per line (batched)")
     g.add_argument("--model", help="HF model folder (default: the pulled SmolLM2-135M-Instruct)")
     g.add_argument("--max-tokens", type=int, default=SAMPLING_DEFAULTS["max_tokens"])
     g.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS["temperature"],
                    help="0 = greedy")
     g.add_argument("--top-k", type=int, default=SAMPLING_DEFAULTS["top_k"], help="0 = off")
     g.add_argument("--top-p", type=float, default=SAMPLING_DEFAULTS["top_p"])
+    g.add_argument("--min-p", type=float, default=SAMPLING_DEFAULTS["min_p"])
+    g.add_argument("--repetition-penalty", type=float,
+                   default=SAMPLING_DEFAULTS["repetition_penalty"])
     g.add_argument("--seed", type=int, default=SAMPLING_DEFAULTS["seed"])
+    g.add_argument("--n", type=int, default=SAMPLING_DEFAULTS["n"],
+                   help="samples per prompt (they share the prompt's KV blocks)")
+    g.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
     g.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    g.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS["block_size"],
+                   help="tokens per KV block")
+    g.add_argument("--kv-cache-memory", type=parse_bytes, default=ENGINE_DEFAULTS["kv_cache_memory"],
+                   help="KV pool size, e.g. 512M (default: a share of free RAM)")
+    g.add_argument("--no-prefix-caching", action="store_true",
+                   help="do not share prompt prefixes between requests")
+    g.add_argument("--backend", choices=["auto", "cpu"], default=ENGINE_DEFAULTS["backend"])
+    g.add_argument("--stats", action="store_true", help="print KV pool statistics at the end")
     g.add_argument("--verbose", action="store_true", help="print load time and timings")
     g.set_defaults(func=cmd_generate)
 

@@ -10,7 +10,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tinypaged import LLM  # noqa: E402
+from tinypaged.model.reference import ReferenceModel  # noqa: E402
+from tinypaged.model.weights import load_model  # noqa: E402
+from tinypaged.pull import default_model_dir  # noqa: E402
+from tinypaged.tokenizer import Tokenizer  # noqa: E402
 
 
 def main():
@@ -19,9 +22,12 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     args = ap.parse_args()
 
-    llm = LLM(args.model)
-    prompt_ids = llm.tokenizer.encode("The history of the river Thames begins")
-    model = llm.model
+    model_dir = args.model or default_model_dir()
+    start = time.perf_counter()
+    cfg, weights = load_model(model_dir)
+    model = ReferenceModel(cfg, weights)
+    prompt_ids = Tokenizer(model_dir).encode("The history of the river Thames begins")
+    load_seconds = time.perf_counter() - start
     cache = model.new_cache(len(prompt_ids) + args.tokens + 1)
     t0 = time.perf_counter()
     logits = model.forward(prompt_ids, cache, all_logits=False)
@@ -33,9 +39,9 @@ def main():
     decode = time.perf_counter() - t1
 
     weight_bytes = sum(w.nbytes for name, w in model.w.items()
-                       if name != "lm_head.weight" or not llm.config.tie_word_embeddings)
-    print(f"model            {llm.model_dir}")
-    print(f"load             {llm.load_seconds:.2f} s")
+                       if name != "lm_head.weight" or not cfg.tie_word_embeddings)
+    print(f"model            {model_dir}")
+    print(f"load             {load_seconds:.2f} s")
     print(f"prefill          {len(prompt_ids)} tokens in {ttft * 1e3:.1f} ms (time to first token)")
     print(f"decode batch 1   {args.tokens / decode:.1f} tokens/s ({decode / args.tokens * 1e3:.1f} ms/token)")
     print(f"weights read     {weight_bytes / 1e6:.0f} MB per decode step (float32)")

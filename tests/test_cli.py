@@ -113,3 +113,46 @@ def test_convert_errors(tmp_path):
 def test_unknown_command_and_option():
     assert_one_line_error(run_cli("fly"), "invalid choice: 'fly'")
     assert_one_line_error(run_cli("generate", "hi", "--bogus"), "unrecognized arguments: --bogus")
+
+
+def test_batch_of_prompts_with_samples_stop_and_stats(tiny_model_dir, tmp_path):
+    prompts_file = tmp_path / "prompts.txt"
+    prompts_file.write_text("one more\n\nsecond prompt\n")
+    result = run_cli("generate", "--prompt", "first", "--prompts-file", prompts_file,
+                     "--model", tiny_model_dir, "--n", 2, "--temperature", 0.7, "--seed", 3,
+                     "--max-tokens", 5, "--block-size", 4, "--kv-cache-memory", "1M",
+                     "--no-prefix-caching", "--ignore-eos", "--stats")
+    assert result.returncode == 0, result.stderr
+    headers = re.findall(r"^--- prompt (\d), sample (\d) \((\w+)\) ---$", result.stdout, re.M)
+    assert headers == [(str(p), str(s), "length") for p in range(3) for s in range(2)]
+    stats = dict(re.findall(r"^(\w+): (\S+)$", result.stdout, re.M))
+    assert int(stats["block_size"]) == 4 and int(stats["blocks_used"]) == 0
+    assert int(stats["kv_cache_bytes"]) <= 1 << 20
+    assert int(stats["prefix_cache_query_tokens"]) == 0  # caching was off
+    llm = LLM(tiny_model_dir, block_size=4)
+    expected = llm.generate(["first", "one more", "second prompt"],
+                            SamplingParams(n=2, temperature=0.7, seed=3, max_tokens=5,
+                                           ignore_eos=True))
+    texts = re.split(r"^--- prompt \d, sample \d \(\w+\) ---\n", result.stdout.split("\n\nblocks_total")[0],
+                     flags=re.M)[1:]
+    assert [t.rstrip("\n") for t in texts] == [s.text for out in expected for s in out.outputs]
+
+
+def test_stop_string_on_the_command_line(tiny_model_dir):
+    free = LLM(tiny_model_dir).generate("abc", SamplingParams(temperature=0, max_tokens=12,
+                                                              ignore_eos=True))[0].text
+    stop = free[4:6]
+    result = run_cli("generate", "abc", "--model", tiny_model_dir, "--temperature", 0,
+                     "--max-tokens", 12, "--ignore-eos", "--stop", stop)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == free[:free.index(stop)] + "\n"
+
+
+def test_bad_engine_arguments(tiny_model_dir):
+    assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir, "--block-size", 0),
+                          "block_size=0")
+    assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir,
+                                  "--kv-cache-memory", "lots"), "invalid size")
+    assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir, "--n", 0), "n=0")
+    assert_one_line_error(run_cli("generate", "--model", tiny_model_dir, "--prompts-file",
+                                  "/nonexistent/prompts.txt"), "prompts.txt")

@@ -1,7 +1,7 @@
 """Backends: modules exposing the same ops (see reference.py, their executable spec)."""
 from __future__ import annotations
 
-OP_NAMES = ("linear", "rope_tables", "rms_norm", "rope", "silu_mul", "write_kv",
+OP_NAMES = ("prepare_weights", "linear", "rope_tables", "rms_norm", "rope", "silu_mul", "write_kv",
             "paged_attention", "copy_blocks")
 
 

@@ -105,6 +105,11 @@ def copy_blocks(k_cache: np.ndarray, v_cache: np.ndarray, pairs: list[tuple[int,
 
 # -- ops in the backend interface (same names and signatures in every backend) --
 
+def prepare_weights(weights: dict[str, np.ndarray]) -> dict:
+    """The backend's own form of the weights (here: the float32 arrays as they are)."""
+    return weights
+
+
 def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """x (T, K) @ weight (N, K).T (+ bias (N,)) -> (T, N)."""
     y = x @ weight.T

@@ -33,7 +33,7 @@ class PagedKVCache:
 
 class LlamaModel:
     def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], ops):
-        self.cfg, self.w, self.ops = cfg, weights, ops
+        self.cfg, self.w, self.ops = cfg, ops.prepare_weights(weights), ops
         self.cos, self.sin = ops.rope_tables(cfg.max_position_embeddings, cfg.head_dim,
                                              cfg.rope_theta)  # (max_pos, D/2) each
 

@@ -1,10 +1,11 @@
-"""The CPU backend: numba.njit kernels; matrix products through NumPy's BLAS."""
-from ..reference import linear, rope_tables  # BLAS matmul; tables are computed once
+"""The CPU backend: numba.njit kernels; large matrix products through NumPy's BLAS."""
+from ..reference import rope_tables  # computed once per model
 from .attention import paged_attention
 from .cache_ops import copy_blocks, write_kv
 from .elementwise import rms_norm, rope, silu_mul
+from .linear import linear, prepare_linear_weights as prepare_weights
 
 name = "cpu"
 
-__all__ = ["linear", "rope_tables", "paged_attention", "copy_blocks", "write_kv", "rms_norm",
+__all__ = ["prepare_weights", "linear", "rope_tables", "paged_attention", "copy_blocks", "write_kv", "rms_norm",
            "rope", "silu_mul"]

@@ -1,21 +1,24 @@
-"""CPU paged attention (numba, parallel over query tokens x KV heads).
+"""CPU paged attention (numba; a loop over query tokens x KV heads).
 
 One kernel serves decode (one query per sequence) and prefill over a cached
 prefix plus new tokens: each query token walks its own sequence's block table
 up to its own position (causal). The query heads that share a KV head (GQA) are
 handled together, so each K/V row is read from the pool once per group.
 Traffic per (token, KV head): (position + 1) K rows and V rows of D floats.
+It runs on one thread: the steps that have much attention work are the ones
+whose matrix products run in BLAS's threads, and numba's OpenMP workers would
+fight those for the two cores (see linear.py).
 """
 import numpy as np
-from numba import float32, njit, prange
+from numba import float32, njit
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(fastmath=True, cache=True)
 def _paged_attention(q, k_cache, v_cache, block_tables, positions, token_seq, scale, out):
     n_tokens, n_heads, head_dim = q.shape
     block_size, n_kv = k_cache.shape[1], k_cache.shape[2]
     group = n_heads // n_kv
-    for item in prange(n_tokens * n_kv):
+    for item in range(n_tokens * n_kv):
         t, kvh = item // n_kv, item % n_kv
         n_ctx = positions[t] + 1
         table = block_tables[token_seq[t]]
