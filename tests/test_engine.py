@@ -167,3 +167,8 @@ def test_repetition_penalty_and_min_p_change_sampling_as_specified(tiny, oracle)
     hot = llm.generate([prompt], SamplingParams(temperature=2.0, min_p=1.0, max_tokens=8,
                                                 ignore_eos=True, seed=0))[0]
     assert hot.token_ids == dense_greedy(oracle, prompt, 8)
+
+
+def test_one_prompt_of_token_ids_is_one_request(tiny, oracle):
+    outputs = LLM(tiny, num_blocks=50).generate([5, 6, 7], GREEDY)
+    assert len(outputs) == 1 and outputs[0].token_ids == dense_greedy(oracle, [5, 6, 7], 12)

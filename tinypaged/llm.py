@@ -32,11 +32,13 @@ class LLM:
     def chat_prompt(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
-    def generate(self, prompts: str | list[str] | list[list[int]],
+    def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
                  params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion, batched; outputs in prompt order.
         A bad prompt raises ValueError naming it, before anything runs."""
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts
+                                               and isinstance(prompts[0], int))
+        prompts = [prompts] if single else list(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):

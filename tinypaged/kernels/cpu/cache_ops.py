@@ -1,4 +1,5 @@
-"""CPU kernels for the KV pool: write K/V by slot mapping, copy blocks (copy-on-write)."""
+"""CPU kernel for the KV pool: write K/V by slot mapping. (Copy-on-write copies are
+a handful of block slices per step: the NumPy reference op serves as it is.)"""
 from numba import njit
 
 
@@ -14,11 +15,3 @@ def _write_kv(k_cache, v_cache, k, v, slot_mapping):
 def write_kv(k_cache, v_cache, k, v, slot_mapping):
     """Store k, v (T, n_kv, D) at pool slots slot_mapping (T,)."""
     _write_kv(k_cache, v_cache, k, v, slot_mapping)
-
-
-def copy_blocks(k_cache, v_cache, pairs):
-    """Block dst gets block src's K/V in every layer, for each (src, dst); a handful
-    per step at most, so plain NumPy slicing is enough."""
-    for src, dst in pairs:
-        k_cache[..., dst, :, :, :] = k_cache[..., src, :, :, :]
-        v_cache[..., dst, :, :, :] = v_cache[..., src, :, :, :]
