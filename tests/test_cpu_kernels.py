@@ -15,9 +15,16 @@ def rand(rng, *shape):
 @pytest.mark.parametrize("seed", range(3))
 def test_rms_norm_rope_silu(seed):
     rng = np.random.default_rng(seed)
-    x, w = rand(rng, 7, 48), rand(rng, 48)
+    x, w, r = rand(rng, 7, 48), rand(rng, 48), rand(rng, 7, 48)
     np.testing.assert_allclose(cpu.rms_norm(x, w, 1e-5), reference.rms_norm(x, w, 1e-5),
                                rtol=RTOL, atol=ATOL)
+    want_h, want_r = reference.add_rms_norm(x, r, w, 1e-5)
+    got_h, got_r = cpu.add_rms_norm(x, r.copy(), w, 1e-5)
+    np.testing.assert_allclose(got_h, want_h, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(got_r, want_r, rtol=RTOL, atol=ATOL)
+    first_h, first_r = cpu.add_rms_norm(x, None, w, 1e-5)
+    np.testing.assert_allclose(first_h, reference.rms_norm(x, w, 1e-5), rtol=RTOL, atol=ATOL)
+    assert first_r is x
     cos, sin = reference.rope_tables(64, 16, 10000.0)
     q, positions = rand(rng, 5, 3, 16), rng.integers(0, 64, 5)
     np.testing.assert_allclose(cpu.rope(q, positions, cos, sin),
@@ -55,7 +62,7 @@ def test_paged_attention_decode_and_prefill(block_size, n_heads, n_kv):
     n_new = [1, 1, 9, 5]  # decode, decode, prefill after a cached prefix, whole prefill
     k_cache, v_cache, meta = random_paged_batch(rng, block_size, n_kv, 8, context_lens, n_new)
     q = rand(rng, meta.num_tokens, n_heads, 8)
-    args = (q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq)
+    args = (q, k_cache, v_cache, meta)
     np.testing.assert_allclose(cpu.paged_attention(*args), reference.paged_attention(*args),
                                rtol=RTOL, atol=ATOL)
 
@@ -69,8 +76,22 @@ def test_paged_attention_reference_equals_dense_attention():
     k_cache, v_cache = np.zeros((6, block_size, 2, 8), np.float32), np.zeros((6, block_size, 2, 8), np.float32)
     meta = AttentionMetadata.build([(table, 0, n)], block_size)
     reference.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-    got = reference.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq)
+    got = reference.paged_attention(q, k_cache, v_cache, meta)
     np.testing.assert_allclose(got, reference.causal_attention(q, k, v, np.arange(n)), rtol=1e-6, atol=1e-6)
+
+
+def test_rope_write_kv_equals_rope_then_write():
+    rng = np.random.default_rng(4)
+    cos, sin = reference.rope_tables(32, 8, 10000.0)
+    q, k, v = rand(rng, 5, 4, 8), rand(rng, 5, 2, 8), rand(rng, 5, 2, 8)
+    positions, slots = rng.integers(0, 32, 5), rng.permutation(24)[:5]
+    pools = [np.zeros((6, 4, 2, 8), np.float32) for _ in range(4)]
+    got_q = cpu.rope_write_kv(q, k, v, positions, cos, sin, pools[0], pools[1], slots)
+    want_q = reference.rope(q, positions, cos, sin)
+    reference.write_kv(pools[2], pools[3], reference.rope(k, positions, cos, sin), v, slots)
+    np.testing.assert_allclose(got_q, want_q, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(pools[0], pools[2], rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(pools[1], pools[3])
 
 
 @pytest.mark.parametrize("block_size", [1, 16])

@@ -31,7 +31,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens or self.max_model_len)
         ops = get_backend(config.backend)
-        self.runner = ModelRunner(LlamaModel(cfg, weights, ops), PagedKVCache(cfg, num_blocks, bs), bs)
+        self.runner = ModelRunner(LlamaModel(cfg, weights, ops),
+                                  PagedKVCache(cfg, num_blocks, bs, ops), bs)
         self.eos_token_ids = set(cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)

@@ -1,8 +1,9 @@
 """Backends: modules exposing the same ops (see reference.py, their executable spec)."""
 from __future__ import annotations
 
-OP_NAMES = ("prepare_weights", "linear", "rope_tables", "rms_norm", "rope", "silu_mul", "write_kv",
-            "paged_attention", "copy_blocks")
+OP_NAMES = ("prepare_weights", "allocate_kv", "prepare_inputs", "to_host", "rope_tables",
+            "embedding", "add_rms_norm", "linear", "rope_write_kv", "paged_attention",
+            "silu_mul", "gather_rows", "copy_blocks")
 
 
 def get_backend(name: str):

@@ -75,15 +75,15 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
     v_cache[blocks, offsets] = v
 
 
-def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                    block_tables: np.ndarray, positions: np.ndarray,
-                    token_seq: np.ndarray) -> np.ndarray:
+def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta) -> np.ndarray:
     """Causal GQA attention of T query tokens (T, n_heads, D) over the paged pool.
 
     Token t attends to positions 0..positions[t] of sequence token_seq[t], whose
-    K/V are found through block_tables[token_seq[t]]. Serves decode (one token
-    per sequence) and prefill over a cached prefix plus new tokens alike.
+    K/V are found through block_tables[token_seq[t]] (meta: AttentionMetadata).
+    Serves decode (one token per sequence) and prefill over a cached prefix plus
+    new tokens alike.
     """
+    block_tables, positions, token_seq = meta.block_tables, meta.positions, meta.token_seq
     block_size, n_kv, head_dim = k_cache.shape[1:]
     k_flat = k_cache.reshape(-1, n_kv, head_dim)  # (slots, n_kv, D)
     v_flat = v_cache.reshape(-1, n_kv, head_dim)
@@ -103,11 +103,53 @@ def copy_blocks(k_cache: np.ndarray, v_cache: np.ndarray, pairs: list[tuple[int,
         v_cache[..., dst, :, :, :] = v_cache[..., src, :, :, :]
 
 
-# -- ops in the backend interface (same names and signatures in every backend) --
+# -- the rest of the backend interface (same names and signatures in every backend) --
+# Arrays here are NumPy arrays; a GPU backend's are device arrays, and
+# prepare_weights / allocate_kv / prepare_inputs / to_host move data across.
 
 def prepare_weights(weights: dict[str, np.ndarray]) -> dict:
     """The backend's own form of the weights (here: the float32 arrays as they are)."""
     return weights
+
+
+def allocate_kv(shape: tuple[int, ...], dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """The KV pool, K and V of `shape` (n_layers, num_blocks, block_size, n_kv, D)."""
+    return np.zeros(shape, dtype=dtype), np.zeros(shape, dtype=dtype)
+
+
+def prepare_inputs(token_ids: np.ndarray, meta):
+    """One step's token ids and AttentionMetadata, where the kernels can read them."""
+    return token_ids, meta
+
+
+def to_host(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def embedding(token_ids: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Rows of table (V, H) for token_ids (T,) -> (T, H)."""
+    return table[token_ids]
+
+
+def gather_rows(x: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    return x[indices]
+
+
+def add_rms_norm(x: np.ndarray, residual: np.ndarray | None, weight: np.ndarray,
+                 eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """The residual stream's add and the next norm: r = x + residual (x alone when
+    residual is None), returns (rms_norm(r), r)."""
+    residual = x if residual is None else x + residual
+    return rms_norm(residual, weight, eps), residual
+
+
+def rope_write_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray,
+                  cos_table: np.ndarray, sin_table: np.ndarray, k_cache: np.ndarray,
+                  v_cache: np.ndarray, slot_mapping: np.ndarray) -> np.ndarray:
+    """Rotate q (T, n_heads, D) and k (T, n_kv, D), store k and v at their slots;
+    returns the rotated q."""
+    write_kv(k_cache, v_cache, rope(k, positions, cos_table, sin_table), v, slot_mapping)
+    return rope(q, positions, cos_table, sin_table)
 
 
 def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:

@@ -13,22 +13,19 @@ from .config import ModelConfig
 
 
 class PagedKVCache:
-    """The KV pool: K and V of shape (n_layers, num_blocks, block_size, n_kv, D), allocated once."""
+    """The KV pool: K and V of shape (n_layers, num_blocks, block_size, n_kv, D),
+    allocated once by the backend (host or device memory)."""
 
-    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype=np.float32):
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, ops):
         shape = (cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads,
                  cfg.head_dim)
-        self.k = np.zeros(shape, dtype=dtype)
-        self.v = np.zeros(shape, dtype=dtype)
+        self.k, self.v = ops.allocate_kv(shape)
+        self.nbytes = 2 * int(np.prod(shape)) * np.dtype(np.float32).itemsize
 
     @staticmethod
-    def bytes_per_block(cfg: ModelConfig, block_size: int, dtype=np.float32) -> int:
+    def bytes_per_block(cfg: ModelConfig, block_size: int) -> int:
         per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
-        return per_token * block_size * np.dtype(dtype).itemsize
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return per_token * block_size * np.dtype(np.float32).itemsize
 
 
 class LlamaModel:
@@ -39,35 +36,41 @@ class LlamaModel:
 
     def forward(self, token_ids: np.ndarray, meta: AttentionMetadata,
                 kv: PagedKVCache) -> np.ndarray:
-        """token_ids (T,) -> logits (S, vocab) of each sequence's last token in the batch."""
+        """token_ids (T,) -> logits (S, vocab) of each sequence's last token in the batch
+        (a host array; everything else stays where the backend keeps it)."""
         cfg, w, ops = self.cfg, self.w, self.ops
+        token_ids, meta = ops.prepare_inputs(token_ids, meta)
         n_tokens = len(token_ids)
         n_heads, n_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         bias = cfg.attention_bias
 
-        x = w["model.embed_tokens.weight"][token_ids]  # (T, H)
+        x = ops.embedding(token_ids, w["model.embed_tokens.weight"])  # (T, H)
+        residual = None
         for layer in range(cfg.num_hidden_layers):
             p = f"model.layers.{layer}."
-            h = ops.rms_norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+            h, residual = ops.add_rms_norm(x, residual, w[p + "input_layernorm.weight"],
+                                           cfg.rms_norm_eps)
             q = ops.linear(h, w[p + "self_attn.q_proj.weight"],
                            w[p + "self_attn.q_proj.bias"] if bias else None)  # (T, n_heads * D)
             k = ops.linear(h, w[p + "self_attn.k_proj.weight"],
                            w[p + "self_attn.k_proj.bias"] if bias else None)  # (T, n_kv * D)
             v = ops.linear(h, w[p + "self_attn.v_proj.weight"],
                            w[p + "self_attn.v_proj.bias"] if bias else None)
-            q = ops.rope(q.reshape(n_tokens, n_heads, head_dim), meta.positions, self.cos, self.sin)
-            k = ops.rope(k.reshape(n_tokens, n_kv, head_dim), meta.positions, self.cos, self.sin)
-            ops.write_kv(kv.k[layer], kv.v[layer], k, v.reshape(n_tokens, n_kv, head_dim),
-                         meta.slot_mapping)
-            attn = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta.block_tables,
-                                       meta.positions, meta.token_seq)  # (T, n_heads, D)
-            x = x + ops.linear(attn.reshape(n_tokens, n_heads * head_dim),
-                               w[p + "self_attn.o_proj.weight"])
+            q = ops.rope_write_kv(q.reshape(n_tokens, n_heads, head_dim),
+                                  k.reshape(n_tokens, n_kv, head_dim),
+                                  v.reshape(n_tokens, n_kv, head_dim), meta.positions,
+                                  self.cos, self.sin, kv.k[layer], kv.v[layer], meta.slot_mapping)
+            attn = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta)  # (T, n_heads, D)
+            x = ops.linear(attn.reshape(n_tokens, n_heads * head_dim),
+                           w[p + "self_attn.o_proj.weight"])
 
-            h = ops.rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+            h, residual = ops.add_rms_norm(x, residual, w[p + "post_attention_layernorm.weight"],
+                                           cfg.rms_norm_eps)
             gate = ops.linear(h, w[p + "mlp.gate_proj.weight"])  # (T, I)
             up = ops.linear(h, w[p + "mlp.up_proj.weight"])
-            x = x + ops.linear(ops.silu_mul(gate, up), w[p + "mlp.down_proj.weight"])
+            x = ops.linear(ops.silu_mul(gate, up), w[p + "mlp.down_proj.weight"])
 
-        x = ops.rms_norm(x[meta.logits_indices], w["model.norm.weight"], cfg.rms_norm_eps)
-        return ops.linear(x, w["lm_head.weight"])  # (S, vocab)
+        last = ops.gather_rows(x, meta.logits_indices)  # (S, H): only these need logits
+        h, _ = ops.add_rms_norm(last, ops.gather_rows(residual, meta.logits_indices),
+                                w["model.norm.weight"], cfg.rms_norm_eps)
+        return ops.to_host(ops.linear(h, w["lm_head.weight"]))  # (S, vocab)

@@ -1,11 +1,16 @@
 """The CPU backend: numba.njit kernels; large matrix products through NumPy's BLAS."""
-from ..reference import copy_blocks, rope_tables  # NumPy slicing / computed once
+# NumPy is already the right tool for these: slicing, fancy indexing, host arrays
+from ..reference import (allocate_kv, copy_blocks, embedding, gather_rows, prepare_inputs,
+                         rope_tables, to_host)
 from .attention import paged_attention
 from .cache_ops import write_kv
-from .elementwise import rms_norm, rope, silu_mul
+from .elementwise import add_rms_norm, rms_norm, rope, silu_mul
 from .linear import linear, prepare_linear_weights as prepare_weights
 
 name = "cpu"
 
-__all__ = ["prepare_weights", "linear", "rope_tables", "paged_attention", "copy_blocks", "write_kv", "rms_norm",
-           "rope", "silu_mul"]
+
+def rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping):
+    """Rotate q and k, store k and v at their slots; returns the rotated q."""
+    write_kv(k_cache, v_cache, rope(k, positions, cos_table, sin_table), v, slot_mapping)
+    return rope(q, positions, cos_table, sin_table)

@@ -51,9 +51,10 @@ def _paged_attention(q, k_cache, v_cache, block_tables, positions, token_seq, sc
                     out[t, kvh * group + g, d] += p * v_cache[block, offset, kvh, d]
 
 
-def paged_attention(q, k_cache, v_cache, block_tables, positions, token_seq):
+def paged_attention(q, k_cache, v_cache, meta):
     """q (T, n_heads, D) -> (T, n_heads, D); see kernels/reference.paged_attention."""
     out = np.empty_like(q)
     scale = np.float32(1.0 / np.sqrt(q.shape[-1]))
-    _paged_attention(q, k_cache, v_cache, block_tables, positions, token_seq, scale, out)
+    _paged_attention(q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq,
+                     scale, out)
     return out

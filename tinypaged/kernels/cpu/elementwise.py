@@ -1,4 +1,4 @@
-"""CPU kernels (numba.njit) for the per-token ops: RMSNorm, RoPE, SiLU-mul.
+"""CPU kernels (numba.njit) for the per-token ops: RMSNorm (+ residual add), RoPE, SiLU-mul.
 
 These are O(T * H) and memory-light next to the matmuls; they run single-threaded
 (numba's parallel launch costs more than the work at decode batch sizes).
@@ -24,6 +24,31 @@ def rms_norm(x, weight, eps):
     out = np.empty_like(x)
     _rms_norm(x, weight, eps, out)
     return out
+
+
+@njit(fastmath=True, cache=True)
+def _add_rms_norm(x, residual, weight, eps, out):
+    """residual += x (in place), out = rms_norm(residual): one pass over each row."""
+    n_tokens, hidden = x.shape
+    for t in range(n_tokens):
+        ss = float32(0.0)
+        for i in range(hidden):
+            r = residual[t, i] + x[t, i]
+            residual[t, i] = r
+            ss += r * r
+        scale = float32(1.0) / np.sqrt(ss / hidden + float32(eps))
+        for i in range(hidden):
+            out[t, i] = residual[t, i] * scale * weight[i]
+
+
+def add_rms_norm(x, residual, weight, eps):
+    """(rms_norm(x + residual), x + residual); residual None means x alone. The
+    residual array is updated in place (it is the step's own buffer)."""
+    if residual is None:
+        return rms_norm(x, weight, eps), x
+    out = np.empty_like(x)
+    _add_rms_norm(x, residual, weight, eps, out)
+    return out, residual
 
 
 @njit(fastmath=True, cache=True)
