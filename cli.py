@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV pool size, e.g. 512M (default: a share of free RAM)")
     g.add_argument("--no-prefix-caching", action="store_true",
                    help="do not share prompt prefixes between requests")
-    g.add_argument("--backend", choices=["auto", "cpu"], default=ENGINE_DEFAULTS["backend"])
+    g.add_argument("--backend", choices=["auto", "cpu", "cuda"], default=ENGINE_DEFAULTS["backend"],
+                   help="auto: CUDA when an NVIDIA GPU is usable, else the CPU")
     g.add_argument("--stats", action="store_true", help="print KV pool statistics at the end")
     g.add_argument("--verbose", action="store_true", help="print load time and timings")
     g.set_defaults(func=cmd_generate)

@@ -1,9 +1,15 @@
 import os
 from pathlib import Path
 
-import pytest
+# Without a GPU, the CUDA tests run their kernels on numba's CUDA simulator. It
+# must be chosen before anything imports numba.cuda; the CPU backend ignores it.
+HAS_GPU = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+if not HAS_GPU:
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
-from helpers import write_tiny_model
+import pytest  # noqa: E402
+
+from helpers import write_tiny_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STORIES_DIR = ROOT.parent / "shared" / "models" / "stories260K"

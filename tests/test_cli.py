@@ -16,9 +16,9 @@ from tinypaged.perplexity import perplexity
 CLI = Path(__file__).resolve().parents[1] / "cli.py"
 
 
-def run_cli(*args):
+def run_cli(*args, env=None):
     return subprocess.run([sys.executable, str(CLI), *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=env)
 
 
 def assert_one_line_error(result, pattern):
@@ -156,3 +156,13 @@ def test_bad_engine_arguments(tiny_model_dir):
     assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir, "--n", 0), "n=0")
     assert_one_line_error(run_cli("generate", "--model", tiny_model_dir, "--prompts-file",
                                   "/nonexistent/prompts.txt"), "prompts.txt")
+
+
+def test_cuda_backend_without_a_gpu(tiny_model_dir):
+    import os
+    from tinypaged.kernels.cuda import cuda_usable
+    if cuda_usable():
+        pytest.skip("a GPU is present")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir, "--backend", "cuda",
+                                  env=env), "backend='cuda' needs an NVIDIA GPU")

@@ -136,3 +136,14 @@ def test_f16_bits_widen_exactly_including_subnormals_and_extremes():
     _gemv_f16(np.ones((1, 8), np.float32), w.view(np.uint16), out)
     np.testing.assert_array_equal(out[0], special.astype(np.float32))
     assert LinearWeight(w.astype(np.float32)).f16_bits is not None
+
+
+def test_fused_projection_ops_compose_the_reference():
+    rng = np.random.default_rng(8)
+    x = rand(rng, 3, 24)
+    ws = [rand(rng, n, 24) for n in (16, 8, 8, 20, 20)]
+    bs = [rand(rng, n) for n in (16, 8, 8)]
+    for got, want in zip(cpu.qkv_proj(x, *ws[:3], *bs), reference.qkv_proj(x, *ws[:3], *bs)):
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(cpu.gate_up_silu(x, ws[3], ws[4]),
+                               reference.gate_up_silu(x, ws[3], ws[4]), rtol=RTOL, atol=ATOL)

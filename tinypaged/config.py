@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-BACKENDS = ("auto", "cpu")
+BACKENDS = ("auto", "cpu", "cuda", "reference")
 DEFAULT_KV_MEMORY_FRACTION = 0.2  # of available RAM, when neither size is given
 
 
@@ -30,6 +30,8 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + output tokens; None: the model's context
     enable_prefix_caching: bool = True
     backend: str = "auto"
+    gpu_memory_utilization: float = 0.9  # CUDA: share of free device memory for the KV pool
+    gpu_weight_dtype: str = "float16"  # CUDA: how weight matrices are stored on the device
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -49,14 +51,21 @@ class EngineConfig:
             raise ValueError(f"max_model_len={self.max_model_len!r} must be >= 2")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r} is not one of {BACKENDS}")
+        if self.gpu_weight_dtype not in ("float16", "float32"):
+            raise ValueError(f"gpu_weight_dtype={self.gpu_weight_dtype!r} must be 'float16' "
+                             f"or 'float32'")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization!r} "
+                             f"must be in (0, 1]")
 
-    def resolve_num_blocks(self, bytes_per_block: int) -> int:
-        """Pool size in blocks: num_blocks, else kv_cache_memory // bytes per block."""
+    def resolve_num_blocks(self, bytes_per_block: int, default_memory) -> int:
+        """Pool size in blocks: num_blocks, else kv_cache_memory (or the backend's
+        default, default_memory(self), asked only then) // bytes per block."""
         if self.num_blocks is not None:
             return self.num_blocks
         memory = self.kv_cache_memory
         if memory is None:
-            memory = int(available_memory_bytes() * DEFAULT_KV_MEMORY_FRACTION)
+            memory = default_memory(self)
         blocks = int(memory // bytes_per_block)
         if blocks < 1:
             raise ValueError(f"kv_cache_memory={memory} bytes holds no block "

@@ -26,13 +26,15 @@ class LLMEngine:
         cfg, bs = self.model_config, config.block_size
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
-        num_blocks = config.resolve_num_blocks(PagedKVCache.bytes_per_block(cfg, bs))
+        ops = get_backend(config.backend, config.gpu_weight_dtype)
+        model = LlamaModel(cfg, weights, ops)  # weights go where the backend computes
+        num_blocks = config.resolve_num_blocks(PagedKVCache.bytes_per_block(cfg, bs),
+                                               ops.default_kv_memory)
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens or self.max_model_len)
-        ops = get_backend(config.backend)
-        self.runner = ModelRunner(LlamaModel(cfg, weights, ops),
-                                  PagedKVCache(cfg, num_blocks, bs, ops), bs)
+        self.runner = ModelRunner(model, PagedKVCache(cfg, num_blocks, bs, ops), bs)
+        self.backend_name = ops.name
         self.eos_token_ids = set(cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)

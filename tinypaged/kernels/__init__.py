@@ -1,17 +1,40 @@
 """Backends: modules exposing the same ops (see reference.py, their executable spec)."""
 from __future__ import annotations
 
-OP_NAMES = ("prepare_weights", "allocate_kv", "prepare_inputs", "to_host", "rope_tables",
-            "embedding", "add_rms_norm", "linear", "rope_write_kv", "paged_attention",
-            "silu_mul", "gather_rows", "copy_blocks")
+OP_NAMES = ("default_kv_memory", "prepare_weights", "allocate_kv", "prepare_inputs", "to_host", "rope_tables",
+            "embedding", "add_rms_norm", "linear", "qkv_proj", "gate_up_silu", "rope_write_kv",
+            "paged_attention", "silu_mul", "gather_rows", "copy_blocks")
 
 
-def get_backend(name: str):
-    """The backend module for 'cpu' or 'reference'; 'auto' is the CPU here."""
-    if name in ("auto", "cpu"):
-        from . import cpu
-        return cpu
+BACKENDS = ("auto", "cpu", "cuda", "reference")
+
+
+def get_backend(name: str, gpu_weight_dtype: str = "float16"):
+    """'cpu', 'cuda', 'reference', or 'auto': CUDA when a GPU is usable, else the CPU."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend={name!r} is not one of {BACKENDS}")
     if name == "reference":
         from . import reference
         return reference
-    raise ValueError(f"backend={name!r} is not one of ('auto', 'cpu', 'reference')")
+    if name in ("auto", "cuda"):
+        if _gpu_present() or name == "cuda":
+            try:
+                from .cuda import cuda_simulated, cuda_usable
+                usable = cuda_usable() or (name == "cuda" and cuda_simulated())
+            except ImportError:  # numba-cuda is not installed
+                usable = False
+            if usable:
+                from .cuda.backend import CudaBackend
+                return CudaBackend(gpu_weight_dtype)
+            if name == "cuda":
+                raise ValueError("backend='cuda' needs an NVIDIA GPU with a working driver, "
+                                 "and numba.cuda finds none (install the 'cuda' extra: "
+                                 "pip install -e '.[cuda]')")
+    from . import cpu
+    return cpu
+
+
+def _gpu_present() -> bool:
+    """Cheap check before importing numba.cuda (which costs a second): a driver device node."""
+    import os
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")

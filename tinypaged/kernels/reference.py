@@ -62,6 +62,9 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
+name = "reference"
+
+
 # -- paged KV cache ops -------------------------------------------------------
 # A layer's pool: k_cache, v_cache (num_blocks, block_size, n_kv, D); slot s is
 # block s // block_size, offset s % block_size.
@@ -107,6 +110,12 @@ def copy_blocks(k_cache: np.ndarray, v_cache: np.ndarray, pairs: list[tuple[int,
 # Arrays here are NumPy arrays; a GPU backend's are device arrays, and
 # prepare_weights / allocate_kv / prepare_inputs / to_host move data across.
 
+def default_kv_memory(config) -> int:
+    """Bytes for the KV pool when the user names no size: a share of free RAM."""
+    from ..config import DEFAULT_KV_MEMORY_FRACTION, available_memory_bytes
+    return int(available_memory_bytes() * DEFAULT_KV_MEMORY_FRACTION)
+
+
 def prepare_weights(weights: dict[str, np.ndarray]) -> dict:
     """The backend's own form of the weights (here: the float32 arrays as they are)."""
     return weights
@@ -141,6 +150,16 @@ def add_rms_norm(x: np.ndarray, residual: np.ndarray | None, weight: np.ndarray,
     residual is None), returns (rms_norm(r), r)."""
     residual = x if residual is None else x + residual
     return rms_norm(residual, weight, eps), residual
+
+
+def qkv_proj(x: np.ndarray, wq, wk, wv, bq=None, bk=None, bv=None):
+    """The attention's three projections of x (T, H): (q, k, v)."""
+    return linear(x, wq, bq), linear(x, wk, bk), linear(x, wv, bv)
+
+
+def gate_up_silu(x: np.ndarray, w_gate, w_up) -> np.ndarray:
+    """The MLP's middle: silu(x @ w_gate.T) * (x @ w_up.T), (T, I)."""
+    return silu_mul(linear(x, w_gate), linear(x, w_up))
 
 
 def rope_write_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray,

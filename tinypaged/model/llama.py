@@ -50,12 +50,10 @@ class LlamaModel:
             p = f"model.layers.{layer}."
             h, residual = ops.add_rms_norm(x, residual, w[p + "input_layernorm.weight"],
                                            cfg.rms_norm_eps)
-            q = ops.linear(h, w[p + "self_attn.q_proj.weight"],
-                           w[p + "self_attn.q_proj.bias"] if bias else None)  # (T, n_heads * D)
-            k = ops.linear(h, w[p + "self_attn.k_proj.weight"],
-                           w[p + "self_attn.k_proj.bias"] if bias else None)  # (T, n_kv * D)
-            v = ops.linear(h, w[p + "self_attn.v_proj.weight"],
-                           w[p + "self_attn.v_proj.bias"] if bias else None)
+            a = p + "self_attn."
+            biases = [w[a + f"{n}_proj.bias"] for n in "qkv"] if bias else [None] * 3
+            q, k, v = ops.qkv_proj(h, w[a + "q_proj.weight"], w[a + "k_proj.weight"],
+                                   w[a + "v_proj.weight"], *biases)  # (T, n_heads * D), (T, n_kv * D) x 2
             q = ops.rope_write_kv(q.reshape(n_tokens, n_heads, head_dim),
                                   k.reshape(n_tokens, n_kv, head_dim),
                                   v.reshape(n_tokens, n_kv, head_dim), meta.positions,
@@ -66,9 +64,8 @@ class LlamaModel:
 
             h, residual = ops.add_rms_norm(x, residual, w[p + "post_attention_layernorm.weight"],
                                            cfg.rms_norm_eps)
-            gate = ops.linear(h, w[p + "mlp.gate_proj.weight"])  # (T, I)
-            up = ops.linear(h, w[p + "mlp.up_proj.weight"])
-            x = ops.linear(ops.silu_mul(gate, up), w[p + "mlp.down_proj.weight"])
+            act = ops.gate_up_silu(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"])
+            x = ops.linear(act, w[p + "mlp.down_proj.weight"])  # act: (T, I)
 
         last = ops.gather_rows(x, meta.logits_indices)  # (S, H): only these need logits
         h, _ = ops.add_rms_norm(last, ops.gather_rows(residual, meta.logits_indices),

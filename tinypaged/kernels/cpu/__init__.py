@@ -1,6 +1,6 @@
 """The CPU backend: numba.njit kernels; large matrix products through NumPy's BLAS."""
 # NumPy is already the right tool for these: slicing, fancy indexing, host arrays
-from ..reference import (allocate_kv, copy_blocks, embedding, gather_rows, prepare_inputs,
+from ..reference import (allocate_kv, copy_blocks, default_kv_memory, embedding, gather_rows, prepare_inputs,
                          rope_tables, to_host)
 from .attention import paged_attention
 from .cache_ops import write_kv
@@ -14,3 +14,13 @@ def rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, sl
     """Rotate q and k, store k and v at their slots; returns the rotated q."""
     write_kv(k_cache, v_cache, rope(k, positions, cos_table, sin_table), v, slot_mapping)
     return rope(q, positions, cos_table, sin_table)
+
+
+def qkv_proj(x, wq, wk, wv, bq=None, bk=None, bv=None):
+    """The attention's three projections of x: (q, k, v)."""
+    return linear(x, wq, bq), linear(x, wk, bk), linear(x, wv, bv)
+
+
+def gate_up_silu(x, w_gate, w_up):
+    """silu(x @ w_gate.T) * (x @ w_up.T)."""
+    return silu_mul(linear(x, w_gate), linear(x, w_up))

@@ -1,0 +1,59 @@
+"""The whole engine on the CUDA backend: the simulator without a GPU (stories260K),
+real-model checks on a GPU."""
+import numpy as np
+import pytest
+
+from tinypaged import LLM, SamplingParams
+from tinypaged.kernels.cuda import cuda_usable
+
+pytestmark = pytest.mark.cuda
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+
+def test_stories260k_greedy_generation_matches_the_cpu_backend(stories_dir):
+    prompt = "Once upon a time"
+    cpu = LLM(stories_dir, backend="cpu", num_blocks=16).generate(prompt, GREEDY)[0]
+    for weight_dtype in ("float32", "float16"):  # its own float32 weights, then rounded
+        gpu_llm = LLM(stories_dir, backend="cuda", num_blocks=16, gpu_weight_dtype=weight_dtype)
+        assert gpu_llm.engine.backend_name == "cuda"
+        gpu = gpu_llm.generate(prompt, GREEDY)[0]
+        assert len(gpu.token_ids) == 8
+        assert gpu.token_ids == cpu.token_ids, (weight_dtype, gpu.text, cpu.text)
+
+
+def test_asking_for_cuda_without_a_gpu_is_a_clear_error(tmp_path, monkeypatch):
+    if cuda_usable():
+        pytest.skip("a GPU is present")
+    import tinypaged.kernels.cuda as cuda_pkg
+    monkeypatch.setattr(cuda_pkg, "cuda_simulated", lambda: False)
+    from tinypaged.kernels import get_backend
+    with pytest.raises(ValueError, match="backend='cuda' needs an NVIDIA GPU"):
+        get_backend("cuda")
+    assert get_backend("auto").name == "cpu"
+
+
+needs_gpu = pytest.mark.skipif(not cuda_usable(), reason="needs a GPU (runs in bench/gpu_check.sh)")
+
+
+@needs_gpu
+def test_smollm2_on_the_gpu_equals_the_cpu_backend(smollm2_dir):
+    from test_smollm2_engine import QUESTIONS
+    cpu_llm = LLM(smollm2_dir, backend="cpu", kv_cache_memory=256 << 20)
+    prompts = [cpu_llm.chat_prompt([{"role": "user", "content": q}]) for q in QUESTIONS]
+    params = SamplingParams(temperature=0, max_tokens=16)
+    want = [o.token_ids for o in cpu_llm.generate(prompts, params)]
+    gpu_llm = LLM(smollm2_dir, backend="cuda", kv_cache_memory=256 << 20)
+    got = [o.token_ids for o in gpu_llm.generate(prompts, params)]
+    assert got == want
+    assert gpu_llm.stats()["prefix_cache_hit_tokens"] > 0
+
+
+@needs_gpu
+def test_preemption_under_pressure_on_the_gpu(smollm2_dir):
+    prompts = [f"Tell me a fact about the number {i}." for i in range(32)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    roomy = LLM(smollm2_dir, backend="cuda", kv_cache_memory=512 << 20).generate(prompts, params)
+    tight_llm = LLM(smollm2_dir, backend="cuda", num_blocks=40)
+    tight = tight_llm.generate(prompts, params)
+    assert [o.token_ids for o in tight] == [o.token_ids for o in roomy]
+    assert tight_llm.stats()["preemptions"] > 0

@@ -1,0 +1,156 @@
+"""Every CUDA kernel against the NumPy reference: on numba's CUDA simulator when
+there is no GPU (tiny shapes: it runs one Python thread per CUDA thread), for real
+on a GPU (marker `cuda`)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from tinypaged.engine.attention_metadata import AttentionMetadata
+from tinypaged.kernels import reference
+from tinypaged.kernels.cuda.backend import CudaBackend
+from tinypaged.kernels.cuda import matmul
+
+pytestmark = pytest.mark.cuda
+TOL = dict(rtol=2e-5, atol=2e-5)
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.fixture
+def gpu():
+    return CudaBackend()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 13])  # 1 and 3: decode GEMV; 13: tiled matmul
+@pytest.mark.parametrize("weight_dtype", [np.float16, np.float32])
+def test_linear(gpu, rows, weight_dtype):
+    rng = np.random.default_rng(rows)
+    w = rand(rng, 21, 37).astype(weight_dtype).astype(np.float32)  # values the device holds exactly
+    x, bias = rand(rng, rows, 37), rand(rng, 21)
+    dev_w = cuda.to_device(w.astype(weight_dtype))
+    assert (rows <= matmul.GEMV_MAX_ROWS) == (rows < 13)
+    got = gpu.linear(cuda.to_device(x), dev_w, cuda.to_device(bias)).copy_to_host()
+    np.testing.assert_allclose(got, reference.linear(x, w, bias), **TOL)
+    got = gpu.linear(cuda.to_device(x), dev_w).copy_to_host()
+    np.testing.assert_allclose(got, reference.linear(x, w), **TOL)
+
+
+@pytest.mark.parametrize("rows", [2, 11])  # fused GEMV kernels; tiled matmuls
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_qkv_proj_and_gate_up_silu(gpu, rows, with_bias):
+    rng = np.random.default_rng(rows + with_bias)
+    x = rand(rng, rows, 24)
+    wq, wk, wv = (rand(rng, n, 24).astype(np.float16) for n in (16, 8, 8))
+    biases = [rand(rng, n) for n in (16, 8, 8)] if with_bias else [None] * 3
+    want = reference.qkv_proj(x, *(w.astype(np.float32) for w in (wq, wk, wv)), *biases)
+    dev_b = [cuda.to_device(b) if b is not None else None for b in biases]
+    got = gpu.qkv_proj(cuda.to_device(x), *(cuda.to_device(w) for w in (wq, wk, wv)), *dev_b)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.copy_to_host(), w, **TOL)
+    wg, wu = (rand(rng, 20, 24).astype(np.float16) for _ in range(2))
+    want = reference.gate_up_silu(x, wg.astype(np.float32), wu.astype(np.float32))
+    got = gpu.gate_up_silu(cuda.to_device(x), cuda.to_device(wg), cuda.to_device(wu))
+    np.testing.assert_allclose(got.copy_to_host(), want, **TOL)
+
+
+def test_add_rms_norm_silu_and_gathers(gpu):
+    rng = np.random.default_rng(1)
+    x, r, w = rand(rng, 3, 40), rand(rng, 3, 40), rand(rng, 40)
+    want_h, want_r = reference.add_rms_norm(x, r, w, 1e-5)
+    dev_r = cuda.to_device(r)
+    h, new_r = gpu.add_rms_norm(cuda.to_device(x), dev_r, cuda.to_device(w), 1e-5)
+    np.testing.assert_allclose(h.copy_to_host(), want_h, **TOL)
+    np.testing.assert_allclose(new_r.copy_to_host(), want_r, **TOL)
+    h, first_r = gpu.add_rms_norm(cuda.to_device(x), None, cuda.to_device(w), 1e-5)
+    np.testing.assert_allclose(h.copy_to_host(), reference.rms_norm(x, w, 1e-5), **TOL)
+    np.testing.assert_array_equal(first_r.copy_to_host(), x)
+    gate, up = rand(rng, 2, 30) * 3, rand(rng, 2, 30)
+    got = gpu.silu_mul(cuda.to_device(gate), cuda.to_device(up)).copy_to_host()
+    np.testing.assert_allclose(got, reference.silu_mul(gate, up), **TOL)
+    table, ids = rand(rng, 10, 12), np.array([7, 0, 7, 3], np.int32)
+    np.testing.assert_array_equal(gpu.embedding(cuda.to_device(ids), cuda.to_device(table))
+                                  .copy_to_host(), table[ids])
+    np.testing.assert_array_equal(gpu.gather_rows(cuda.to_device(table), cuda.to_device(ids))
+                                  .copy_to_host(), table[ids])
+
+
+def test_rope_write_kv(gpu):
+    rng = np.random.default_rng(2)
+    cos, sin = reference.rope_tables(32, 8, 10000.0)
+    q, k, v = rand(rng, 3, 4, 8), rand(rng, 3, 2, 8), rand(rng, 3, 2, 8)
+    positions = np.array([5, 0, 31], np.int32)
+    slots = np.array([9, 2, 14], np.int32)
+    k_pool, v_pool = np.zeros((2, 4, 4, 2, 8), np.float32), np.zeros((2, 4, 4, 2, 8), np.float32)
+    want_q = reference.rope_write_kv(q, k, v, positions, cos, sin, k_pool[1], v_pool[1], slots)
+    dev_k, dev_v = cuda.to_device(np.zeros_like(k_pool)), cuda.to_device(np.zeros_like(v_pool))
+    got_q = gpu.rope_write_kv(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
+                              cuda.to_device(positions), cuda.to_device(cos), cuda.to_device(sin),
+                              dev_k[1], dev_v[1], cuda.to_device(slots))
+    np.testing.assert_allclose(got_q.copy_to_host(), want_q, **TOL)
+    np.testing.assert_allclose(dev_k.copy_to_host(), k_pool, **TOL)
+    np.testing.assert_array_equal(dev_v.copy_to_host(), v_pool)
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("n_heads, n_kv", [(4, 2), (2, 2)])
+def test_paged_attention_decode_and_prefill(gpu, block_size, n_heads, n_kv):
+    """Ragged block tables, a partial last block, decode rows and prefill tiles mixed
+    (the 19-token prefill spans two query tiles, 11 of its keys cached)."""
+    rng = np.random.default_rng(block_size + n_heads)
+    head_dim, context_lens, n_new = 8, [5, 30, 17], [1, 19, 1]
+    tables, free = [], list(rng.permutation(64))
+    for n in context_lens:
+        tables.append([int(free.pop()) for _ in range(-(-n // block_size))])
+    k_cache, v_cache = (rand(rng, 64, block_size, n_kv, head_dim) for _ in range(2))
+    meta = AttentionMetadata.build([(t, n - m, n) for t, n, m in zip(tables, context_lens, n_new)],
+                                   block_size)
+    q = rand(rng, meta.num_tokens, n_heads, head_dim)
+    want = reference.paged_attention(q, k_cache, v_cache, meta)
+    ids, dev_meta = gpu.prepare_inputs(np.zeros(meta.num_tokens, np.int64), meta)
+    assert (dev_meta.num_decode, dev_meta.num_tiles) == (2, 2)
+    got = gpu.paged_attention(cuda.to_device(q), cuda.to_device(k_cache), cuda.to_device(v_cache),
+                              dev_meta).copy_to_host()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_copy_blocks(gpu):
+    rng = np.random.default_rng(3)
+    k_pool, v_pool = rand(rng, 2, 5, 4, 2, 3), rand(rng, 2, 5, 4, 2, 3)
+    dev_k, dev_v = cuda.to_device(k_pool), cuda.to_device(v_pool)
+    gpu.copy_blocks(dev_k, dev_v, [(1, 4), (0, 2)])
+    reference.copy_blocks(k_pool, v_pool, [(1, 4), (0, 2)])
+    np.testing.assert_array_equal(dev_k.copy_to_host(), k_pool)
+    np.testing.assert_array_equal(dev_v.copy_to_host(), v_pool)
+
+
+def test_metadata_goes_up_in_one_transfer_into_a_reused_buffer(gpu):
+    meta = AttentionMetadata.build([([3, 1], 0, 6), ([2], 2, 3)], 4)
+    ids, dev = gpu.prepare_inputs(np.arange(7), meta)
+    buffer = gpu.uploader.device
+    np.testing.assert_array_equal(ids.copy_to_host(), np.arange(7))
+    np.testing.assert_array_equal(dev.block_tables.copy_to_host(), meta.block_tables)
+    np.testing.assert_array_equal(dev.slot_mapping.copy_to_host(), meta.slot_mapping)
+    np.testing.assert_array_equal(dev.decode_rows.copy_to_host(), [6])
+    np.testing.assert_array_equal(dev.prefill_tiles.copy_to_host(), [[0, 6]])
+    gpu.prepare_inputs(np.arange(2), AttentionMetadata.build([([0], 1, 2)], 4))
+    assert gpu.uploader.device is buffer  # no new device allocation for a smaller step
+
+
+def test_every_kernel_compiles_to_ptx_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    result = subprocess.run([sys.executable, "-m", "tinypaged.kernels.cuda.ptx", "9.0"],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    compiled = {line.split()[0] for line in result.stdout.splitlines()}
+    per_dtype = {f"{k}[{d}]" for k in ("matmul_tiled", "gemv_rows", "gemv_qkv", "gemv_gate_up_silu")
+                 for d in ("f16", "f32")}
+    assert compiled == per_dtype | {"paged_attention_decode", "paged_attention_prefill",
+                                    "add_rms_norm", "rope_write_kv", "silu_mul", "gather_rows",
+                                    "copy_blocks"}
+    assert all("sm_90" in line for line in result.stdout.splitlines())

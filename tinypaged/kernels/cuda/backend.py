@@ -1,0 +1,160 @@
+"""CudaBackend: the backend interface on numba.cuda kernels and device memory.
+
+Weights go up once (matrices as float16 by default, norms and the embedding
+table as float32). The KV pool is one device allocation. Each step's token ids
+and metadata go up in one transfer; activations live in a step workspace; only
+the logits of the rows that sample come back.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from ..reference import rope_tables as host_rope_tables
+from . import attention, elementwise, matmul
+from .memory import MetadataUploader, StepWorkspace
+
+EMBEDDING = "model.embed_tokens.weight"
+WORKSPACE_RESERVE = 2 << 30  # bytes kept out of the KV pool for step activations
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self, weight_dtype=np.float16):
+        if np.dtype(weight_dtype) not in (np.float16, np.float32):
+            raise ValueError(f"weight_dtype={weight_dtype!r} must be float16 or float32")
+        self.weight_dtype = np.dtype(weight_dtype)
+        self.workspace = StepWorkspace()
+        self.uploader = MetadataUploader()
+        self._no_bias = cuda.device_array(1, dtype=np.float32)
+        self.launches = 0  # kernel launches so far (the GPU check reports them per step)
+
+    # -- moving data ---------------------------------------------------------------
+    def default_kv_memory(self, config) -> int:
+        """gpu_memory_utilization of the device memory free now (weights are already
+        up), less a reserve for the step workspace and metadata."""
+        free, _ = cuda.current_context().get_memory_info()
+        return int(free * config.gpu_memory_utilization) - WORKSPACE_RESERVE
+
+    def prepare_weights(self, weights: dict[str, np.ndarray]) -> dict:
+        """Upload once: 2-D matrices as weight_dtype, everything else as float32. A tied
+        lm_head gets its own copy in weight_dtype (the embedding table stays float32
+        for the gather)."""
+        out = {}
+        for name, w in weights.items():
+            dtype = self.weight_dtype if w.ndim == 2 and name != EMBEDDING else np.float32
+            out[name] = cuda.to_device(np.ascontiguousarray(w, dtype=dtype))
+        return out
+
+    def allocate_kv(self, shape: tuple[int, ...]):
+        """One device allocation holding K and V: (2, n_layers, num_blocks, block_size, n_kv, D)."""
+        self.kv_pool = cuda.device_array((2, *shape), dtype=np.float32)
+        return self.kv_pool[0], self.kv_pool[1]
+
+    def prepare_inputs(self, token_ids: np.ndarray, meta):
+        self.workspace.reset()
+        return self.uploader.upload(token_ids, meta, attention.Q_TILE)
+
+    def to_host(self, x) -> np.ndarray:
+        return x.copy_to_host()
+
+    def rope_tables(self, max_positions: int, head_dim: int, theta: float):
+        cos, sin = host_rope_tables(max_positions, head_dim, theta)
+        return cuda.to_device(cos), cuda.to_device(sin)
+
+    def _empty(self, *shape):
+        return self.workspace.take(shape)
+
+    def _launch(self, kernel, grid, block, *args):
+        self.launches += 1
+        kernel[grid, block](*args)
+
+    # -- ops -------------------------------------------------------------------------
+    def embedding(self, token_ids, table):
+        out = self._empty(len(token_ids), table.shape[1])
+        self._launch(elementwise.gather_rows, len(token_ids), elementwise.ROW_THREADS,
+                     table, token_ids, out)
+        return out
+
+    def gather_rows(self, x, indices):
+        out = self._empty(len(indices), x.shape[1])
+        self._launch(elementwise.gather_rows, len(indices), elementwise.ROW_THREADS, x, indices, out)
+        return out
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        out = self._empty(*x.shape)
+        has_residual = residual is not None
+        self._launch(elementwise.add_rms_norm, x.shape[0], elementwise.NORM_THREADS,
+                     x, residual if has_residual else x, has_residual, weight, np.float32(eps), out)
+        return out, (residual if has_residual else x)
+
+    def linear(self, x, weight, bias=None):
+        n_rows, n_out = x.shape[0], weight.shape[0]
+        out = self._empty(n_rows, n_out)
+        has_bias = bias is not None
+        bias = bias if has_bias else self._no_bias
+        if n_rows <= matmul.GEMV_MAX_ROWS:
+            grid = ceil_div(n_out, matmul.GEMV_THREADS)
+            self._launch(matmul.gemv_rows, grid, matmul.GEMV_THREADS, x, weight, bias, has_bias, out)
+        else:
+            grid = (ceil_div(n_out, matmul.TILE), ceil_div(n_rows, matmul.TILE))
+            self._launch(matmul.matmul_tiled, grid, (matmul.TILE, matmul.TILE),
+                         x, weight, bias, has_bias, out)
+        return out
+
+    def qkv_proj(self, x, wq, wk, wv, bq=None, bk=None, bv=None):
+        if x.shape[0] > matmul.GEMV_MAX_ROWS:
+            return self.linear(x, wq, bq), self.linear(x, wk, bk), self.linear(x, wv, bv)
+        q, k, v = (self._empty(x.shape[0], w.shape[0]) for w in (wq, wk, wv))
+        has_bias = bq is not None
+        bq, bk, bv = (b if has_bias else self._no_bias for b in (bq, bk, bv))
+        rows = wq.shape[0] + wk.shape[0] + wv.shape[0]
+        self._launch(matmul.gemv_qkv, ceil_div(rows, matmul.GEMV_THREADS), matmul.GEMV_THREADS,
+                     x, wq, wk, wv, bq, bk, bv, has_bias, q, k, v)
+        return q, k, v
+
+    def gate_up_silu(self, x, w_gate, w_up):
+        if x.shape[0] > matmul.GEMV_MAX_ROWS:
+            return self.silu_mul(self.linear(x, w_gate), self.linear(x, w_up))
+        out = self._empty(x.shape[0], w_gate.shape[0])
+        self._launch(matmul.gemv_gate_up_silu, ceil_div(w_gate.shape[0], matmul.GEMV_THREADS),
+                     matmul.GEMV_THREADS, x, w_gate, w_up, out)
+        return out
+
+    def rope_write_kv(self, q, k, v, positions, cos_table, sin_table, k_cache, v_cache,
+                      slot_mapping):
+        grid = (q.shape[0], q.shape[1] + k.shape[1])
+        self._launch(elementwise.rope_write_kv, grid, max(1, q.shape[2] // 2),
+                     q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping)
+        return q  # rotated in place
+
+    def paged_attention(self, q, k_cache, v_cache, meta):
+        if q.shape[2] > attention.MAX_HEAD_DIM:
+            raise ValueError(f"head_dim={q.shape[2]} exceeds the CUDA kernels' "
+                             f"MAX_HEAD_DIM={attention.MAX_HEAD_DIM}")
+        out = self._empty(*q.shape)
+        scale = np.float32(1.0 / np.sqrt(q.shape[2]))
+        args = (q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq)
+        if meta.num_decode:
+            self._launch(attention.paged_attention_decode, (meta.num_decode, q.shape[1]),
+                         attention.DECODE_THREADS, *args, meta.decode_rows, scale, out)
+        if meta.num_tiles:
+            self._launch(attention.paged_attention_prefill, (meta.num_tiles, q.shape[1]),
+                         attention.PREFILL_THREADS, *args, meta.prefill_tiles, scale, out)
+        return out
+
+    def silu_mul(self, gate, up):
+        out = self._empty(*gate.shape)
+        n = gate.shape[0] * gate.shape[1]
+        self._launch(elementwise.silu_mul, ceil_div(n, 256), 256, gate, up, out)
+        return out
+
+    def copy_blocks(self, k_pool, v_pool, pairs):
+        pairs_dev = cuda.to_device(np.asarray(pairs, dtype=np.int32).reshape(-1, 2))
+        self._launch(elementwise.copy_blocks, (len(pairs), k_pool.shape[0]), elementwise.ROW_THREADS,
+                     k_pool, v_pool, pairs_dev)

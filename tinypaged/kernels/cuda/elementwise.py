@@ -1,0 +1,99 @@
+"""CUDA kernels for the per-token ops, fused where that saves a launch or a pass:
+add + RMSNorm, RoPE + KV write, SiLU-mul, embedding gather, row gather, and the
+block copy behind copy-on-write."""
+import math
+
+from numba import cuda, float32
+
+NORM_THREADS = 32  # add_rms_norm: threads per token row (a warp)
+ROW_THREADS = 32  # row-wise copies: threads per row
+
+
+@cuda.jit
+def add_rms_norm(x, residual, has_residual, weight, eps, out):
+    """Grid (T,), block NORM_THREADS. Row t: r = x + residual (stored back into
+    residual) or x alone, out = r * rsqrt(mean(r^2) + eps) * weight. One read of x
+    and residual, one write of each output; the threads' sums of squares meet in one
+    shared accumulator (two barriers, not a tree: the simulator's barriers are slow)."""
+    total = cuda.shared.array(1, dtype=float32)
+    row, t = cuda.blockIdx.x, cuda.threadIdx.x
+    hidden = x.shape[1]
+    if t == 0:
+        total[0] = float32(0.0)
+    cuda.syncthreads()  # the accumulator is zeroed
+    ss = float32(0.0)
+    for i in range(t, hidden, NORM_THREADS):
+        v = x[row, i]
+        if has_residual:
+            v += residual[row, i]
+            residual[row, i] = v
+        ss += v * v
+    cuda.atomic.add(total, 0, ss)
+    cuda.syncthreads()  # every thread's share is in
+    scale = float32(1.0) / math.sqrt(total[0] / hidden + eps)
+    for i in range(t, hidden, NORM_THREADS):
+        v = residual[row, i] if has_residual else x[row, i]
+        out[row, i] = v * scale * weight[i]
+
+
+@cuda.jit
+def rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping):
+    """Grid (T, n_heads + n_kv), block (D / 2,). Block (t, j): for a query head
+    (j < n_heads) rotate q[t, j] in place; for a KV head rotate k and write k and v
+    to slot slot_mapping[t]. Rotate-half: pair (i, i + D/2) turns by the angle of
+    position positions[t]."""
+    t, j, i = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+    half = q.shape[2] // 2
+    if i >= half:
+        return
+    p = positions[t]
+    c, s = cos_table[p, i], sin_table[p, i]
+    n_heads = q.shape[1]
+    if j < n_heads:
+        a, b = q[t, j, i], q[t, j, i + half]
+        q[t, j, i] = a * c - b * s
+        q[t, j, i + half] = b * c + a * s
+    else:
+        kvh = j - n_heads
+        block_size = k_cache.shape[1]
+        block, offset = slot_mapping[t] // block_size, slot_mapping[t] % block_size
+        a, b = k[t, kvh, i], k[t, kvh, i + half]
+        k_cache[block, offset, kvh, i] = a * c - b * s
+        k_cache[block, offset, kvh, i + half] = b * c + a * s
+        v_cache[block, offset, kvh, i] = v[t, kvh, i]
+        v_cache[block, offset, kvh, i + half] = v[t, kvh, i + half]
+
+
+@cuda.jit
+def silu_mul(gate, up, out):
+    """1-D grid over T * I elements: out = silu(gate) * up."""
+    e = cuda.grid(1)
+    width = gate.shape[1]
+    if e < gate.shape[0] * width:
+        t, i = e // width, e % width
+        g = gate[t, i]
+        out[t, i] = g / (float32(1.0) + math.exp(-g)) * up[t, i]
+
+
+@cuda.jit
+def gather_rows(table, indices, out):
+    """Grid (len(indices),), block ROW_THREADS: out[r] = table[indices[r]] (embedding
+    lookup for token ids, or picking the rows that need logits)."""
+    r, t = cuda.blockIdx.x, cuda.threadIdx.x
+    src = indices[r]
+    for i in range(t, out.shape[1], ROW_THREADS):
+        out[r, i] = table[src, i]
+
+
+@cuda.jit
+def copy_blocks(k_pool, v_pool, pairs):
+    """Grid (len(pairs), n_layers), block ROW_THREADS: block dst = pairs[i, 1] of a
+    layer gets the K/V of block src = pairs[i, 0] (copy-on-write)."""
+    i, layer, t = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+    src, dst = pairs[i, 0], pairs[i, 1]
+    block_size, n_kv, head_dim = k_pool.shape[2], k_pool.shape[3], k_pool.shape[4]
+    for e in range(t, block_size * n_kv * head_dim, ROW_THREADS):
+        o, rest = e // (n_kv * head_dim), e % (n_kv * head_dim)
+        hh, d = rest // head_dim, rest % head_dim
+        k_pool[layer, dst, o, hh, d] = k_pool[layer, src, o, hh, d]
+        v_pool[layer, dst, o, hh, d] = v_pool[layer, src, o, hh, d]

@@ -1,0 +1,65 @@
+"""Compile every CUDA kernel to PTX for a compute capability, without a GPU.
+
+`python -m tinypaged.kernels.cuda.ptx [MAJOR.MINOR]` prints one line per kernel
+and signature: name, weight dtype, PTX size. Needs numba-cuda with NVVM (the
+`cuda` extra) and must run without NUMBA_ENABLE_CUDASIM.
+"""
+from __future__ import annotations
+
+import sys
+
+from numba import cuda, types
+
+from . import attention, elementwise, matmul
+
+F32, F16, I32 = types.float32, types.float16, types.int32
+
+
+def arr(dtype, ndim):
+    return types.Array(dtype, ndim, "C")
+
+
+def signatures() -> list[tuple[str, object, tuple]]:
+    """(label, kernel, argument types) for every kernel and dtype combination used."""
+    sigs = []
+    for wname, wtype in (("f16", F16), ("f32", F32)):
+        mm = (arr(F32, 2), arr(wtype, 2), arr(F32, 1), types.boolean, arr(F32, 2))
+        qkv = (arr(F32, 2), arr(wtype, 2), arr(wtype, 2), arr(wtype, 2), arr(F32, 1),
+               arr(F32, 1), arr(F32, 1), types.boolean, arr(F32, 2), arr(F32, 2), arr(F32, 2))
+        sigs += [(f"matmul_tiled[{wname}]", matmul.matmul_tiled, mm),
+                 (f"gemv_rows[{wname}]", matmul.gemv_rows, mm),
+                 (f"gemv_qkv[{wname}]", matmul.gemv_qkv, qkv),
+                 (f"gemv_gate_up_silu[{wname}]", matmul.gemv_gate_up_silu,
+                  (arr(F32, 2), arr(wtype, 2), arr(wtype, 2), arr(F32, 2)))]
+    q, pool = arr(F32, 3), arr(F32, 4)
+    attn = (q, pool, pool, arr(I32, 2), arr(I32, 1), arr(I32, 1))
+    sigs += [
+        ("paged_attention_decode", attention.paged_attention_decode,
+         (*attn, arr(I32, 1), F32, arr(F32, 3))),
+        ("paged_attention_prefill", attention.paged_attention_prefill,
+         (*attn, arr(I32, 2), F32, arr(F32, 3))),
+        ("add_rms_norm", elementwise.add_rms_norm,
+         (arr(F32, 2), arr(F32, 2), types.boolean, arr(F32, 1), F32, arr(F32, 2))),
+        ("rope_write_kv", elementwise.rope_write_kv,
+         (q, q, q, arr(I32, 1), arr(F32, 2), arr(F32, 2), pool, pool, arr(I32, 1))),
+        ("silu_mul", elementwise.silu_mul, (arr(F32, 2), arr(F32, 2), arr(F32, 2))),
+        ("gather_rows", elementwise.gather_rows, (arr(F32, 2), arr(I32, 1), arr(F32, 2))),
+        ("copy_blocks", elementwise.copy_blocks, (arr(F32, 5), arr(F32, 5), arr(I32, 2))),
+    ]
+    return sigs
+
+
+def compile_all(cc: tuple[int, int] = (9, 0)) -> dict[str, str]:
+    """label -> PTX text."""
+    return {label: cuda.compile_ptx(kernel.py_func, args, cc=cc)[0]
+            for label, kernel, args in signatures()}
+
+
+def main(argv: list[str]) -> None:
+    cc = tuple(int(p) for p in argv[0].split(".")) if argv else (9, 0)
+    for label, ptx in compile_all(cc).items():
+        print(f"{label} sm_{cc[0]}{cc[1]} {len(ptx)} bytes of PTX")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
