@@ -25,6 +25,7 @@ from tinypaged.engine.attention_metadata import AttentionMetadata  # noqa: E402
 from tinypaged.kernels.cuda.backend import CudaBackend  # noqa: E402
 
 ROWS = []
+TINY = False  # --tiny: small shapes, to rehearse this script on the CUDA simulator
 
 
 def report(name, value, unit, note=""):
@@ -43,11 +44,11 @@ def timed(fn, repeat=20):
         fn()
     end.record()
     end.synchronize()
-    return cuda.event_elapsed_time(start, end) / 1e3 / repeat
+    return start.elapsed_time(end) / 1e3 / repeat
 
 
 def copy_bandwidth():
-    n = 1 << 28  # 1 GiB of float32
+    n = 1 << (12 if TINY else 28)  # 1 GiB of float32
     src, dst = cuda.device_array(n, np.float32), cuda.device_array(n, np.float32)
     seconds = timed(lambda: dst.copy_to_device(src), repeat=10)
     gbps = 2 * n * 4 / seconds / 1e9  # read + write
@@ -58,6 +59,8 @@ def copy_bandwidth():
 def attention_decode(copy_gbps):
     gpu = CudaBackend()
     batch, ctx, bs, n_heads, n_kv, d = 64, 1024, 16, 9, 3, 64  # SmolLM2's attention shape
+    if TINY:
+        batch, ctx = 2, 32
     blocks_per_seq = ctx // bs
     n_blocks = batch * blocks_per_seq
     rng = np.random.default_rng(0)
@@ -71,15 +74,16 @@ def attention_decode(copy_gbps):
     seconds = timed(lambda: gpu.paged_attention(q, k, v, dev_meta))
     unique = 2 * batch * ctx * n_kv * d * 4  # every K and V element of the batch's contexts
     gbps = unique / seconds / 1e9
-    report("paged attention decode, 64 x 1024 ctx", gbps, "GB/s",
+    report(f"paged attention decode, {batch} x {ctx} ctx", gbps, "GB/s",
            f"{gbps / copy_gbps:.0%} of copy bandwidth; {seconds * 1e6:.0f} us")
 
 
 def matmuls():
     gpu = CudaBackend()
     rng = np.random.default_rng(1)
-    for rows in (1, 64, 512):
-        for n_out, width in ((576, 576), (1536, 576), (576, 1536), (49152, 576)):
+    shapes = ((576, 576), (1536, 576), (576, 1536), (49152, 576))
+    for rows in ((1, 9) if TINY else (1, 64, 512)):
+        for n_out, width in (((8, 16),) if TINY else shapes):
             w = cuda.to_device(rng.standard_normal((n_out, width)).astype(np.float16))
             x = cuda.to_device(rng.standard_normal((rows, width), dtype=np.float32))
 
@@ -93,14 +97,35 @@ def matmuls():
                    f"{weight_gbps:.0f} GB/s of weights")
 
 
+def random_model_like(config_dir, out_dir):
+    """A folder with config_dir's config and tokenizer files and random float16 weights of
+    the same shapes: decode speed does not depend on the values, and SmolLM2's 270 MB of
+    weights cannot travel to a machine without network (the carry limit is 64 MiB)."""
+    import shutil
+
+    from safetensors.numpy import save_file
+
+    from tinypaged.model.config import ModelConfig
+    from tinypaged.model.weights import expected_shapes
+    os.makedirs(out_dir, exist_ok=True)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(config_dir, name), out_dir)
+    rng = np.random.default_rng(0)
+    cfg = ModelConfig.from_json(config_dir)
+    weights = {name: (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])).astype(np.float16)
+               for name, shape in expected_shapes(cfg).items()}
+    save_file(weights, os.path.join(out_dir, "model.safetensors"))
+    return out_dir
+
+
 def end_to_end(model_dir):
     from tinypaged import LLM, SamplingParams
-    llm = LLM(model_dir, backend="cuda", kv_cache_memory=8 << 30)
+    llm = LLM(model_dir, backend="cuda", kv_cache_memory=(64 << 20) if TINY else (8 << 30))
     ops = llm.engine.runner.model.ops
-    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=4 if TINY else 64, ignore_eos=True)
     llm.generate(["warm up"] * 2, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     n_layers = llm.config.num_hidden_layers
-    for batch in (1, 64):
+    for batch in ((1, 2) if TINY else (1, 64)):
         engine = llm.engine
         for i in range(batch):
             engine.add_request(f"Write a story about a lighthouse, number {i}.", params)
@@ -113,7 +138,7 @@ def end_to_end(model_dir):
         cuda.synchronize()
         rate = tokens / (time.perf_counter() - start)
         per_step = (ops.launches - launches) / steps
-        report(f"SmolLM2 decode, batch {batch}", rate, "tokens/s",
+        report(f"model decode, batch {batch}", rate, "tokens/s",
                f"{per_step:.0f} launches/step ({per_step / n_layers:.1f} per layer)")
 
 
@@ -121,8 +146,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--model", default=os.path.join(ROOT, "weights", "smollm2-135m-instruct"))
+    ap.add_argument("--shape-only", metavar="CONFIG_DIR",
+                    help="time a model of CONFIG_DIR's shapes with random weights instead")
+    ap.add_argument("--tiny", action="store_true",
+                    help="small shapes: rehearse the script (NUMBA_ENABLE_CUDASIM=1 works)")
     args = ap.parse_args()
-    print(f"device: {cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes) else cuda.get_current_device().name}", flush=True)
+    global TINY
+    TINY = args.tiny
+    name = getattr(cuda.get_current_device(), "name", "CUDA simulator")
+    print(f"device: {name.decode() if isinstance(name, bytes) else name}", flush=True)
+    if TINY:
+        args.skip_tests = True
     if not args.skip_tests:
         tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-x",
                                 os.path.join(ROOT, "tests")], cwd=ROOT)
@@ -130,7 +164,9 @@ def main():
     copy_gbps = copy_bandwidth()
     attention_decode(copy_gbps)
     matmuls()
-    if os.path.isdir(args.model):
+    if args.shape_only:
+        end_to_end(random_model_like(args.shape_only, "/tmp/tinypaged-shape-model"))
+    elif os.path.isdir(args.model):
         end_to_end(args.model)
     else:
         print(f"(no model at {args.model}: end-to-end rows skipped)")

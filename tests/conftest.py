@@ -12,7 +12,9 @@ import pytest  # noqa: E402
 from helpers import write_tiny_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-STORIES_DIR = ROOT.parent / "shared" / "models" / "stories260K"
+# ../shared does not travel to a lent GPU machine: a copy can be named there instead
+STORIES_DIR = Path(os.environ.get("TINYPAGED_STORIES_DIR",
+                                  ROOT.parent / "shared" / "models" / "stories260K"))
 
 
 @pytest.fixture

@@ -21,6 +21,17 @@ def test_stories260k_greedy_generation_matches_the_cpu_backend(stories_dir):
         assert gpu.token_ids == cpu.token_ids, (weight_dtype, gpu.text, cpu.text)
 
 
+def test_a_batch_1_decode_step_launches_at_most_10_kernels_per_layer(stories_dir):
+    llm = LLM(stories_dir, backend="cuda", num_blocks=16)
+    engine, ops = llm.engine, llm.engine.runner.model.ops
+    engine.add_request("Once upon a time", SamplingParams(temperature=0, max_tokens=3))
+    engine.step()  # prefill
+    before = ops.launches
+    engine.step()  # one decode step
+    per_layer = (ops.launches - before) / llm.config.num_hidden_layers
+    assert per_layer <= 10, per_layer  # 8 per layer + 5 per step here
+
+
 def test_asking_for_cuda_without_a_gpu_is_a_clear_error(tmp_path, monkeypatch):
     if cuda_usable():
         pytest.skip("a GPU is present")

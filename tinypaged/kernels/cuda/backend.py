@@ -33,6 +33,7 @@ class CudaBackend:
         self.uploader = MetadataUploader()
         self._no_bias = cuda.device_array(1, dtype=np.float32)
         self.launches = 0  # kernel launches so far (the GPU check reports them per step)
+        self._pairs = None  # device buffer for copy-on-write pairs
 
     # -- moving data ---------------------------------------------------------------
     def default_kv_memory(self, config) -> int:
@@ -155,6 +156,11 @@ class CudaBackend:
         return out
 
     def copy_blocks(self, k_pool, v_pool, pairs):
-        pairs_dev = cuda.to_device(np.asarray(pairs, dtype=np.int32).reshape(-1, 2))
+        """Copy-on-write copies: the (src, dst) pairs go up in a small reused buffer."""
+        pairs = np.asarray(pairs, dtype=np.int32).reshape(-1, 2)
+        if self._pairs is None or self._pairs.shape[0] < len(pairs):
+            self._pairs = cuda.device_array((max(64, 2 * len(pairs)), 2), dtype=np.int32)
+        pairs_dev = self._pairs[:len(pairs)]
+        pairs_dev.copy_to_device(pairs)
         self._launch(elementwise.copy_blocks, (len(pairs), k_pool.shape[0]), elementwise.ROW_THREADS,
                      k_pool, v_pool, pairs_dev)
