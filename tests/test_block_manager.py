@@ -36,8 +36,7 @@ def test_lru_reuse_keeps_a_freed_prefix_until_its_blocks_are_needed():
     c = seq_of([7, 7, 7, 7, 7, 7, 7])  # needs all 4 blocks: evicts the cached prefix
     assert bm.can_allocate(c)
     bm.allocate(c)
-    assert c.num_cached_tokens == 0  # only c's own (7, 7) blocks are cached now
-    assert {bm.blocks[i].token_ids for i in bm.cached.values()} == {(7, 7)}
+    assert c.num_cached_tokens == 0 and bm.cached == {}  # the old prefix was evicted
     bm.free(c)
 
 

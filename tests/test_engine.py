@@ -172,3 +172,29 @@ def test_repetition_penalty_and_min_p_change_sampling_as_specified(tiny, oracle)
 def test_one_prompt_of_token_ids_is_one_request(tiny, oracle):
     outputs = LLM(tiny, num_blocks=50).generate([5, 6, 7], GREEDY)
     assert len(outputs) == 1 and outputs[0].token_ids == dense_greedy(oracle, [5, 6, 7], 12)
+
+
+@pytest.mark.parametrize("budget", [1, 7, 16])
+def test_chunked_prefill_gives_the_same_outputs(tiny, oracle, budget):
+    prompts = mixed_prompts(6, seed=9, shared_prefix=10)
+    chunked = LLM(tiny, block_size=4, num_blocks=300, max_num_batched_tokens=budget)
+    outputs = chunked.generate(prompts, GREEDY)
+    assert_outputs_equal_dense(outputs, prompts, oracle, 12)
+    assert chunked.stats()["blocks_used"] == 0
+
+
+def test_running_requests_keep_decoding_while_a_long_prompt_is_read(tiny):
+    llm = LLM(tiny, block_size=4, num_blocks=100, max_num_batched_tokens=8)
+    engine = llm.engine
+    engine.add_request([5, 6], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), "chat")
+    engine.step()  # the short prompt is read and decodes from now on
+    engine.add_request(list(range(3, 63)), GREEDY, "long")  # 60 tokens: 8 steps at 7 a step
+    long_seq = engine.requests["long"].seqs[0]
+    reads = []
+    for _ in range(9):
+        before = len(engine.requests["chat"].seqs[0])
+        engine.step()
+        assert len(engine.requests["chat"].seqs[0]) == before + 1  # a token every step
+        reads.append(long_seq.num_computed_tokens)
+    assert reads[:3] == [7, 14, 21]  # 8-token budget minus the chat's decode token
+    assert long_seq.num_output_tokens >= 1  # its prompt was read in chunks, then sampled

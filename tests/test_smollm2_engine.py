@@ -47,3 +47,11 @@ def test_shared_system_prompt_is_computed_once(smollm2):
     computed = after["prefill_tokens_computed"] - before["prefill_tokens_computed"]
     assert after["prefix_cache_hit_tokens"] > before["prefix_cache_hit_tokens"]
     assert computed < prompt_tokens * 0.75  # the ~30-token system prompt is found in cache
+
+
+def test_chunked_prefill_on_smollm2_gives_the_same_outputs(smollm2_dir, prompts_and_expected):
+    prompts, expected = prompts_and_expected
+    llm = LLM(smollm2_dir, kv_cache_memory=256 << 20, max_num_batched_tokens=13)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    assert [o.token_ids for o in outputs] == expected
+    assert llm.stats()["steps"] > 2 * MAX_TOKENS  # the prompts really were read in chunks

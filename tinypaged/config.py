@@ -26,7 +26,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None  # bytes for the KV pool; None: a share of free RAM
     num_blocks: int | None = None  # pool size in blocks; overrides kv_cache_memory
     max_num_seqs: int = 64  # sequences in the running batch at most
-    max_num_batched_tokens: int | None = None  # tokens per step; None: max_model_len
+    max_num_batched_tokens: int = 512  # tokens per step; longer prompts are prefilled in chunks
     max_model_len: int | None = None  # prompt + output tokens; None: the model's context
     enable_prefix_caching: bool = True
     backend: str = "auto"
@@ -44,7 +44,7 @@ class EngineConfig:
             raise ValueError(f"num_blocks={self.num_blocks!r} must be a positive integer")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={self.max_num_seqs!r} must be >= 1")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+        if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens!r} "
                              f"must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 2:

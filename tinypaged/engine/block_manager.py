@@ -95,12 +95,7 @@ class BlockManager:
         return blocks_for(len(seq), self.block_size) - len(hits) + revived <= len(self.free_list)
 
     def allocate(self, seq: Sequence) -> None:
-        """Blocks for all of seq's tokens: prefix-cache hits first, then fresh ones.
-
-        The prompt's full blocks are registered in the prefix cache at once: they
-        are computed in this step's forward pass, whose K/V writes precede its
-        attention in every layer, so a request admitted in the same step may
-        already share them."""
+        """Blocks for all of seq's tokens: prefix-cache hits first, then fresh ones."""
         assert not seq.block_table, "sequence already holds blocks"
         hits = self._prefix_hits(seq)
         for block_id in hits:
@@ -112,7 +107,6 @@ class BlockManager:
         for _ in range(blocks_for(len(seq), self.block_size) - len(hits)):
             seq.block_table.append(self._take_free_block())
         seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
-        self.register_full_blocks(seq, len(seq))
         if self.enable_prefix_caching:
             self.prefix_query_tokens += len(seq)
             self.prefix_hit_tokens += seq.num_cached_tokens
@@ -167,8 +161,12 @@ class BlockManager:
 
     # -- prefix caching --------------------------------------------------------
     def register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
-        """Hash the blocks filled by seq's first num_tokens tokens (computed, or being
-        computed this step) that are not hashed yet."""
+        """Hash the blocks filled by seq's first num_tokens tokens that are not hashed yet.
+
+        The scheduler calls this for the tokens it schedules, before they are computed:
+        they are computed in this step's forward pass, whose K/V writes precede its
+        attention in every layer, so a request admitted later in the same step may
+        already share them."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size

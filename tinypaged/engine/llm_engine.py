@@ -32,7 +32,7 @@ class LLMEngine:
                                                ops.default_kv_memory)
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
-                                   config.max_num_batched_tokens or self.max_model_len)
+                                   config.max_num_batched_tokens)
         self.runner = ModelRunner(model, PagedKVCache(cfg, num_blocks, bs, ops), bs)
         self.backend_name = ops.name
         self.eos_token_ids = set(cfg.eos_token_ids)
@@ -82,9 +82,6 @@ class LLMEngine:
         if need > self.block_manager.num_blocks:
             raise ValueError(f"prompt of {len(ids)} tokens needs {need} KV blocks; the pool "
                              f"has only {self.block_manager.num_blocks}")
-        if len(ids) > self.scheduler.max_num_batched_tokens:
-            raise ValueError(f"prompt has {len(ids)} tokens, more than max_num_batched_tokens="
-                             f"{self.scheduler.max_num_batched_tokens}")
         return ids
 
     def abort(self, request_id: str) -> None:
@@ -109,14 +106,15 @@ class LLMEngine:
             touched[seq.request_id] = self.requests[seq.request_id]
         if batch:
             self.counters["steps"] += 1
-            self.counters["prefill_tokens"] += sum(s.num_uncomputed_tokens for s in batch.prefills)
+            self.counters["prefill_tokens"] += sum(n for _, n in batch.prefills)
             self.counters["decode_tokens"] += len(batch.decodes)
             logits = self.runner.run(batch)  # (S, vocab)
-            for seq, row in zip(batch.seqs, logits):
-                seq.num_computed_tokens = len(seq)
+            for (seq, n), row in zip(batch.chunks, logits):
+                seq.num_computed_tokens += n
                 self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
-                self._sample(seq, row)
-                touched[seq.request_id] = self.requests[seq.request_id]
+                if seq.num_computed_tokens == len(seq):  # not part-way through a prompt
+                    self._sample(seq, row)
+                    touched[seq.request_id] = self.requests[seq.request_id]
             self._record_utilization()
         outputs = [r.output() for r in touched.values()]
         for out in outputs:

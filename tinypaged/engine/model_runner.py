@@ -13,14 +13,17 @@ class ModelRunner:
         self.model, self.kv, self.block_size = model, kv, block_size
 
     def prepare(self, batch: ScheduledBatch) -> tuple[np.ndarray, AttentionMetadata]:
-        """Flat token ids (T,) of every sequence's uncomputed tokens, and their metadata."""
-        chunks = [(seq.block_table, seq.num_computed_tokens, len(seq)) for seq in batch.seqs]
-        token_ids = np.concatenate([np.asarray(seq.token_ids[seq.num_computed_tokens:])
-                                    for seq in batch.seqs]).astype(np.int64)
-        return token_ids, AttentionMetadata.build(chunks, self.block_size)
+        """Flat token ids (T,) of every scheduled chunk, and their metadata."""
+        spans = [(seq, seq.num_computed_tokens, seq.num_computed_tokens + n)
+                 for seq, n in batch.chunks]
+        token_ids = np.concatenate([np.asarray(seq.token_ids[start:end])
+                                    for seq, start, end in spans]).astype(np.int64)
+        meta = AttentionMetadata.build([(seq.block_table, start, end) for seq, start, end in spans],
+                                       self.block_size)
+        return token_ids, meta
 
     def run(self, batch: ScheduledBatch) -> np.ndarray:
-        """Copy-on-write copies, then the forward pass: logits (S, vocab) in batch.seqs order."""
+        """Copy-on-write copies, then the forward pass: logits (S, vocab) in batch.chunks order."""
         if batch.block_copies:
             self.model.ops.copy_blocks(self.kv.k, self.kv.v, batch.block_copies)
         token_ids, meta = self.prepare(batch)

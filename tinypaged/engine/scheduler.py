@@ -1,11 +1,17 @@
 """Scheduler: continuous batching over a waiting queue and a running list.
 
-Each step: every running sequence gets a slot for its next token (preempting the
-most recently admitted ones when the pool runs dry), then waiting sequences are
-admitted first-come first-served while the token budget, max_num_seqs and the
-free blocks allow. A preempted sequence gives back all its blocks and waits at
-the front of the queue; on readmission it is recomputed (its prompt and output
-so far are its new prefill, mostly found again in the prefix cache).
+Each step has a budget of max_num_batched_tokens tokens:
+1. every running sequence with one token left to compute (decoding) gets a slot
+   for it, preempting the most recently admitted sequences when the pool runs dry;
+2. running sequences part-way through their prompt (chunked prefill) take their
+   next chunk from what is left of the budget;
+3. waiting sequences are admitted first-come first-served while the budget,
+   max_num_seqs and the free blocks allow; a prompt longer than what is left is
+   started with a chunk and continued in later steps, between other sequences'
+   decode steps.
+A preempted sequence gives back all its blocks and waits at the front of the
+queue; on readmission it is recomputed (its prompt and output so far are its new
+prefill, mostly found again in the prefix cache).
 """
 from __future__ import annotations
 
@@ -18,14 +24,15 @@ from .sequence import Sequence, SequenceStatus
 
 @dataclass(slots=True)
 class ScheduledBatch:
-    prefills: list[Sequence] = field(default_factory=list)  # compute all uncomputed tokens
-    decodes: list[Sequence] = field(default_factory=list)  # compute the newest token
+    prefills: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, tokens this step)
+    decodes: list[Sequence] = field(default_factory=list)  # compute the one token left
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
     out_of_memory: list[Sequence] = field(default_factory=list)  # cannot grow even alone
 
     @property
-    def seqs(self) -> list[Sequence]:
-        return self.prefills + self.decodes
+    def chunks(self) -> list[tuple[Sequence, int]]:
+        """Every scheduled sequence with its number of tokens, in batch order."""
+        return self.prefills + [(seq, 1) for seq in self.decodes]
 
     def __bool__(self) -> bool:
         return bool(self.prefills or self.decodes)
@@ -53,11 +60,14 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         preemptions_before = self.num_preemptions
 
-        # 1. running sequences decode one token each; make room by preemption
+        # 1. decoding sequences (one token left) need a slot; make room by preemption
         kept: list[Sequence] = []
         queue = list(self.running)
         while queue:
             seq = queue.pop(0)
+            if seq.num_uncomputed_tokens > 1:  # mid-prompt: holds blocks for all its tokens
+                kept.append(seq)
+                continue
             while not bm.can_append(seq):
                 if queue:
                     self._preempt(queue.pop())
@@ -71,25 +81,37 @@ class Scheduler:
                 if copy is not None:
                     batch.block_copies.append(copy)
                 kept.append(seq)
-                budget -= 1
+        # A sequence preempted after it got its slot may leave a copy-on-write pair behind:
+        # copying into a block nobody reads yet is harmless, and pairs run in order.
         self.running = kept
-        batch.decodes = list(kept)
+        batch.decodes = [seq for seq in kept if seq.num_uncomputed_tokens == 1]
+        budget -= len(batch.decodes)
 
-        # 2. admit waiting sequences first-come first-served (none if we just preempted)
-        while self.waiting and self.num_preemptions == preemptions_before:
+        # 2. sequences part-way through their prompt take their next chunk
+        for seq in self.running:
+            if seq.num_uncomputed_tokens > 1 and budget > 0:
+                budget -= self._schedule_chunk(batch, seq, budget)
+
+        # 3. admit waiting sequences first-come first-served (none if we just preempted)
+        while self.waiting and budget > 0 and self.num_preemptions == preemptions_before:
             seq = self.waiting[0]
             n_samples = seq.params.n if seq.num_output_tokens == 0 else 1  # forks after prefill
-            if len(self.running) + n_samples > self.max_num_seqs:
-                break
-            if not bm.can_allocate(seq) or len(seq) - bm.cached_prefix_len(seq) > budget:
+            if len(self.running) + n_samples > self.max_num_seqs or not bm.can_allocate(seq):
                 break
             self.waiting.popleft()
             bm.allocate(seq)
-            budget -= seq.num_uncomputed_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            batch.prefills.append(seq)
+            budget -= self._schedule_chunk(batch, seq, budget)
         return batch
+
+    def _schedule_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
+        """Schedule the next min(left, budget) prompt tokens of seq; their full blocks
+        enter the prefix cache now (see BlockManager.register_full_blocks)."""
+        n = min(seq.num_uncomputed_tokens, budget)
+        self.block_manager.register_full_blocks(seq, seq.num_computed_tokens + n)
+        batch.prefills.append((seq, n))
+        return n
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
