@@ -70,7 +70,13 @@ def cmd_generate(args) -> None:
     if args.chat:
         prompts = [llm.chat_prompt([{"role": "user", "content": p}]) for p in prompts]
     start = time.perf_counter()
-    if len(prompts) == 1 and params.n == 1:  # stream it
+    if args.beam_width:
+        for i, out in enumerate(llm.beam_search(prompts, args.beam_width, params.max_tokens,
+                                                args.length_penalty, params.ignore_eos)):
+            for rank, beam in enumerate(out.beams):
+                print(f"--- prompt {i}, beam {rank} (cumulative logprob {beam.cum_logprob:.3f}, "
+                      f"{beam.finish_reason}) ---\n{beam.text}")
+    elif len(prompts) == 1 and params.n == 1:  # stream it
         first = None
         for delta in llm.stream(prompts[0], params):
             first = first or time.perf_counter()
@@ -88,6 +94,9 @@ def cmd_generate(args) -> None:
         stats = llm.stats()
         tokens = stats["decode_tokens_computed"] + len(prompts) * params.n
         _log(f"{tokens} tokens generated in {time.perf_counter() - start:.2f} s")
+    if args.show_blocks:
+        print("\nAt the peak of the run:\n" + (llm.block_map(peak=True) or "(no blocks used)"))
+        print("\nAfter the run:\n" + llm.block_map())
     if args.stats:
         print_stats(llm.stats())
 
@@ -156,6 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", choices=["auto", "cpu", "cuda"], default=ENGINE_DEFAULTS["backend"],
                    help="auto: CUDA when an NVIDIA GPU is usable, else the CPU")
     g.add_argument("--stats", action="store_true", help="print KV pool statistics at the end")
+    g.add_argument("--show-blocks", action="store_true",
+                   help="print a picture of the KV pool at its peak and at the end")
+    g.add_argument("--beam-width", type=int, default=0, help="beam search with this many beams")
+    g.add_argument("--length-penalty", type=float, default=1.0,
+                   help="beam search ranks by logprob / length ** this")
     g.add_argument("--verbose", action="store_true", help="print load time and timings")
     g.set_defaults(func=cmd_generate)
 

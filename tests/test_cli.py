@@ -166,3 +166,16 @@ def test_cuda_backend_without_a_gpu(tiny_model_dir):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir, "--backend", "cuda",
                                   env=env), "backend='cuda' needs an NVIDIA GPU")
+
+
+def test_beam_width_and_show_blocks(tiny_model_dir):
+    result = run_cli("generate", "hello", "--model", tiny_model_dir, "--beam-width", 3,
+                     "--max-tokens", 4, "--ignore-eos", "--block-size", 2, "--show-blocks")
+    assert result.returncode == 0, result.stderr
+    beams = re.findall(r"^--- prompt 0, beam (\d) \(cumulative logprob (-?\d+\.\d+), length\) ---$",
+                       result.stdout, re.M)
+    assert [b[0] for b in beams] == ["0", "1", "2"]
+    assert [float(b[1]) for b in beams] == sorted((float(b[1]) for b in beams), reverse=True)
+    want = LLM(tiny_model_dir, block_size=2).beam_search("hello", 3, 4, ignore_eos=True)[0]
+    assert [round(b.cum_logprob, 3) for b in want.beams] == [float(b[1]) for b in beams]
+    assert "At the peak of the run:\nKV pool:" in result.stdout and "After the run:" in result.stdout

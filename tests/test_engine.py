@@ -198,3 +198,21 @@ def test_running_requests_keep_decoding_while_a_long_prompt_is_read(tiny):
         reads.append(long_seq.num_computed_tokens)
     assert reads[:3] == [7, 14, 21]  # 8-token budget minus the chat's decode token
     assert long_seq.num_output_tokens >= 1  # its prompt was read in chunks, then sampled
+
+
+def test_block_map_shows_sharing_and_tables(tiny):
+    llm = LLM(tiny, block_size=4, num_blocks=40)
+    engine = llm.engine
+    engine.add_request(list(range(3, 13)), SamplingParams(n=3, temperature=1, max_tokens=5,
+                                                          ignore_eos=True, seed=0), "r")
+    engine.step()
+    picture = llm.block_map().splitlines()
+    assert picture[0].startswith("KV pool: 40 blocks x 4 tokens")
+    assert picture[1][:3] == "333"  # 10 prompt tokens: 3 blocks held by all 3 samples
+    assert picture[1][3:] == "." * 37
+    tables = [line for line in picture if line.startswith("request r")]
+    assert len(tables) == 3 and all("blocks [0 1 2]" in t for t in tables)
+    while engine.has_unfinished():
+        engine.step()
+    assert set(llm.block_map().splitlines()[1]) <= {"c", "."}  # freed, prompt blocks cached
+    assert "3" in llm.block_map(peak=True).splitlines()[1]

@@ -10,10 +10,18 @@ import time
 from typing import Iterator
 
 from .config import EngineConfig
+from .engine.beam_search import BeamSearch, BeamSearchOutput
 from .engine.llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .pull import default_model_dir
 from .sampling import SamplingParams
+
+
+def as_prompt_list(prompts) -> list:
+    """One prompt (text or token ids) or a list of them -> a list of prompts."""
+    single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts
+                                           and isinstance(prompts[0], int))
+    return [prompts] if single else list(prompts)
 
 
 class LLM:
@@ -36,9 +44,7 @@ class LLM:
                  params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion, batched; outputs in prompt order.
         A bad prompt raises ValueError naming it, before anything runs."""
-        single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts
-                                               and isinstance(prompts[0], int))
-        prompts = [prompts] if single else list(prompts)
+        prompts = as_prompt_list(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
@@ -75,8 +81,37 @@ class LLM:
             if not finished:
                 self.engine.abort(request_id)
 
+    def beam_search(self, prompts: str | list[int] | list[str] | list[list[int]], beam_width: int,
+                    max_tokens: int = 64, length_penalty: float = 1.0,
+                    ignore_eos: bool = False) -> list[BeamSearchOutput]:
+        """The beam_width best continuations of each prompt by cumulative log-probability
+        (ranked by cum_logprob / length ** length_penalty). Beams share blocks."""
+        if not isinstance(beam_width, int) or beam_width < 1:
+            raise ValueError(f"beam_width={beam_width!r} must be an integer >= 1")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens!r} must be an integer >= 1")
+        if self.engine.has_unfinished():
+            raise ValueError("beam search runs alone: finish or abort the running requests first")
+        prompts = as_prompt_list(prompts)
+        ids = [self.engine.prompt_ids(p) for p in prompts]  # reject bad input first
+        results = []
+        for prompt, prompt_ids in zip(prompts, ids):
+            budget = min(max_tokens, self.engine.max_model_len - len(prompt_ids))
+            search = BeamSearch(self.engine, prompt_ids, beam_width, budget, length_penalty,
+                                ignore_eos)
+            while not search.done:
+                search.step()
+            results.append(BeamSearchOutput(prompt if isinstance(prompt, str) else None,
+                                            prompt_ids, search.best(), search.peak_blocks,
+                                            search.peak_unshared))
+        return results
+
     def chat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
         return self.generate([self.chat_prompt(messages)], params)[0]
 
     def stats(self) -> dict:
         return self.engine.stats()
+
+    def block_map(self, peak: bool = False) -> str:
+        """A picture of the KV pool: now, or (peak=True) when it held the most blocks."""
+        return self.engine.peak_block_map if peak else self.engine.block_map()

@@ -12,6 +12,7 @@ from ..outputs import RequestOutput
 from ..sampling import SamplingParams, sample
 from ..tokenizer import Tokenizer
 from .block_manager import BlockManager, blocks_for
+from .block_map import render_block_map
 from .model_runner import ModelRunner
 from .request import Request
 from .scheduler import Scheduler
@@ -41,7 +42,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0,
-                         "kv_utilization_sum": 0.0, "kv_utilization_steps": 0}
+                         "kv_utilization_sum": 0.0, "kv_utilization_steps": 0, "peak_blocks": 0}
+        self.peak_block_map = ""  # the pool's picture when it held the most blocks
 
     # -- requests --------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -50,7 +52,7 @@ class LLMEngine:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-        ids = self._prompt_ids(prompt)
+        ids = self.prompt_ids(prompt)
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -62,7 +64,8 @@ class LLMEngine:
         self.scheduler.add(request.seqs[0])
         return request_id
 
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+    def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A prompt's token ids, checked against the vocabulary, max_model_len and the pool."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty: give at least one character of text")
@@ -117,6 +120,7 @@ class LLMEngine:
                     touched[seq.request_id] = self.requests[seq.request_id]
             self._record_utilization()
         outputs = [r.output() for r in touched.values()]
+        self.note_peak(self.scheduler.running)
         for out in outputs:
             if out.finished:
                 del self.requests[out.request_id]
@@ -151,6 +155,17 @@ class LLMEngine:
         self.requests[seq.request_id].texts[seq.sample_index].finish()
 
     # -- statistics ----------------------------------------------------------------
+    def note_peak(self, live: list[Sequence]) -> None:
+        """Keep a picture of the pool whenever it holds more blocks than ever before."""
+        used = self.block_manager.num_blocks - self.block_manager.num_free_blocks
+        if used > self.counters["peak_blocks"]:
+            self.counters["peak_blocks"] = used
+            self.peak_block_map = render_block_map(self.block_manager, live)
+
+    def block_map(self) -> str:
+        """The pool now: one character per block, and every live sequence's block table."""
+        return render_block_map(self.block_manager, self.scheduler.running)
+
     def _record_utilization(self) -> None:
         if self.scheduler.running:
             self.counters["kv_utilization_sum"] += self.kv_utilization()

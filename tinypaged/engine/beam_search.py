@@ -1,0 +1,126 @@
+"""Beam search over the paged pool: beams fork block tables, so every beam shares its
+ancestors' blocks; the slot a beam writes is copied first when it is shared
+(copy-on-write); a pruned beam's blocks go back to the pool at once."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..kernels.reference import log_softmax
+from ..sampling import SamplingParams
+from .block_manager import blocks_for
+from .scheduler import ScheduledBatch
+from .sequence import Sequence
+
+
+@dataclass(slots=True)
+class Beam:
+    token_ids: list[int]
+    cum_logprob: float  # sum of the log-probabilities of token_ids (and of EOS, if it ended so)
+    score: float  # cum_logprob / length ** length_penalty: what beams are ranked by
+    finish_reason: str  # "stop" (EOS) or "length"
+    text: str = ""
+
+
+@dataclass(slots=True)
+class BeamSearchOutput:
+    prompt: str | None
+    prompt_token_ids: list[int]
+    beams: list[Beam]  # best first
+    peak_blocks: int = 0  # most KV blocks the search held at once
+    peak_blocks_unshared: int = 0  # what the same beams would hold without sharing
+    stats: dict = field(default_factory=dict)
+
+
+class BeamSearch:
+    """One prompt's search. `step()` advances every live beam by one token."""
+
+    def __init__(self, engine, prompt_ids: list[int], beam_width: int, max_tokens: int,
+                 length_penalty: float, ignore_eos: bool):
+        self.engine, self.bm = engine, engine.block_manager
+        self.width, self.max_tokens = beam_width, max_tokens
+        self.length_penalty, self.ignore_eos = length_penalty, ignore_eos
+        self.finished: list[Beam] = []
+        self.peak_blocks = self.peak_unshared = 0
+        root = Sequence("beam", prompt_ids, SamplingParams(temperature=0, max_tokens=max_tokens))
+        if not self.bm.can_allocate(root):
+            raise ValueError("the KV pool has no room for this prompt's beam search")
+        self.bm.allocate(root)
+        self.bm.register_full_blocks(root, len(root))
+        self.live: list[tuple[Sequence, float]] = [(root, 0.0)]
+        self.logits = self._run(ScheduledBatch(prefills=[(root, root.num_uncomputed_tokens)]))
+
+    def _run(self, batch: ScheduledBatch) -> np.ndarray:
+        logits = self.engine.runner.run(batch)
+        for seq, n in batch.chunks:
+            seq.num_computed_tokens += n
+            self.bm.register_full_blocks(seq, seq.num_computed_tokens)
+        self.engine.note_peak([s for s, _ in self.live])
+        used = self.bm.num_blocks - self.bm.num_free_blocks
+        unshared = sum(blocks_for(len(s), self.bm.block_size) for s, _ in self.live)
+        self.peak_blocks, self.peak_unshared = max(self.peak_blocks, used), max(self.peak_unshared, unshared)
+        return logits
+
+    def _score(self, cum_logprob: float, length: int) -> float:
+        return cum_logprob / max(length, 1) ** self.length_penalty
+
+    @property
+    def done(self) -> bool:
+        return not self.live
+
+    def step(self) -> None:
+        logprobs = log_softmax(self.logits.astype(np.float64))  # (beams, vocab)
+        n_out = self.live[0][0].num_output_tokens + 1  # output length after this step
+        per_beam = min(2 * self.width, logprobs.shape[1])
+        candidates = []  # (cum logprob, beam index, token)
+        for i, (seq, cum) in enumerate(self.live):
+            top = np.argpartition(-logprobs[i], per_beam - 1)[:per_beam]
+            candidates += [(cum + logprobs[i, t], i, int(t)) for t in top]
+        candidates.sort(key=lambda c: -c[0])
+        chosen = []
+        for rank, (cum, i, token) in enumerate(candidates):
+            if token in self.engine.eos_token_ids and not self.ignore_eos:
+                if rank < self.width:  # an EOS among the best candidates ends a beam
+                    out = self.live[i][0].output_token_ids
+                    self.finished.append(Beam(list(out), cum, self._score(cum, n_out), "stop"))
+                continue
+            chosen.append((cum, i, token))
+            if len(chosen) == self.width:
+                break
+
+        parents, self.live = self.live, []
+        for cum, i, token in chosen:  # forked before the parents are freed: blocks stay shared
+            child = parents[i][0].fork(len(self.live))
+            self.bm.fork(parents[i][0], child)
+            child.append_token(token)
+            self.live.append((child, cum))
+        for parent, _ in parents:  # pruned beams give their blocks back now
+            self.bm.free(parent)
+
+        if not self.live or n_out >= self.max_tokens or len(self.finished) >= self.width:
+            for seq, cum in self.live:
+                self.finished.append(Beam(seq.output_token_ids, cum, self._score(cum, n_out), "length"))
+                self.bm.free(seq)
+            self.live = []
+            return
+        copies = []
+        for seq, _ in self.live:
+            if not self.bm.can_append(seq):
+                self._release()
+                raise ValueError(f"the KV pool is too small for beam_width={self.width}")
+            copy = self.bm.append_slot(seq)  # a shared last block is copied, never written
+            if copy is not None:
+                copies.append(copy)
+        self.logits = self._run(ScheduledBatch(decodes=[s for s, _ in self.live], block_copies=copies))
+
+    def _release(self) -> None:
+        for seq, _ in self.live:
+            self.bm.free(seq)
+        self.live = []
+
+    def best(self) -> list[Beam]:
+        beams = sorted(self.finished, key=lambda b: -b.score)[:self.width]
+        for beam in beams:
+            beam.text = self.engine.tokenizer.decode(beam.token_ids)
+        return beams
