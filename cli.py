@@ -120,6 +120,16 @@ def cmd_perplexity(args) -> None:
     print(f"perplexity: {perplexity(ReferenceModel(cfg, weights), ids):.3f}")
 
 
+def cmd_bench(args) -> None:
+    from tinypaged.bench.report import table
+    from tinypaged.bench.suite import run_all
+    from tinypaged.pull import default_model_dir
+
+    results = run_all(args.model or default_model_dir(), args.out, _log)
+    print(table(results))
+    print(f"\n(all figures also in {args.out})")
+
+
 def cmd_convert(args) -> None:
     from tinypaged.model.gguf_convert import convert_gguf
 
@@ -178,6 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--file", required=True, help="UTF-8 text file")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(func=cmd_perplexity)
+
+    b = sub.add_parser("bench", help="measure memory, sharing, prefix caching and throughput")
+    b.add_argument("--model", help="HF model folder (default: the pulled SmolLM2)")
+    b.add_argument("--out", default="bench-results.json", help="where the JSON goes")
+    b.set_defaults(func=cmd_bench)
 
     c = sub.add_parser("convert", help="convert a GGUF file into a HF model folder")
     c.add_argument("gguf", help="the .gguf file")

@@ -198,6 +198,7 @@ class LLMEngine:
             "prefill_tokens_computed": c["prefill_tokens"],
             "decode_tokens_computed": c["decode_tokens"],
             "steps": c["steps"],
+            "peak_blocks": c["peak_blocks"],
             "kv_utilization": (c["kv_utilization_sum"] / c["kv_utilization_steps"]
                                if c["kv_utilization_steps"] else None),
         }
