@@ -13,17 +13,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tinypaged import LLM, SamplingParams  # noqa: E402
+from tinypaged.bench.workload import INSTRUCTION, SYSTEM_TOPICS as TOPICS  # noqa: E402
 from tinypaged.model.reference import ReferenceModel  # noqa: E402
 from tinypaged.model.weights import load_model  # noqa: E402
-
-TOPICS = ["rivers", "mountains", "the moon", "bread", "trains", "music", "bees", "glass",
-          "rain", "chess", "maps", "paper", "salt", "clocks", "bridges", "tea"]
-INSTRUCTION = (
-    "You are helping to prepare short study notes for a class of curious students. "
-    "Each note should explain the topic in plain words, avoid jargon, give one concrete "
-    "example from everyday life, mention one common misunderstanding and correct it, and "
-    "end with a question that invites the student to think further. Keep the tone warm and "
-    "encouraging, write in complete sentences, and do not use lists or headings. ") * 4
 
 
 def run_steps(llm, prompts, params):

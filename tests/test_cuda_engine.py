@@ -1,6 +1,5 @@
 """The whole engine on the CUDA backend: the simulator without a GPU (stories260K),
 real-model checks on a GPU."""
-import numpy as np
 import pytest
 
 from tinypaged import LLM, SamplingParams
