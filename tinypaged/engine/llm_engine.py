@@ -112,6 +112,7 @@ class LLMEngine:
             self.counters["prefill_tokens"] += sum(n for _, n in batch.prefills)
             self.counters["decode_tokens"] += len(batch.decodes)
             logits = self.runner.run(batch)  # (S, vocab)
+            self.note_peak(self.scheduler.running)  # before this step's finished ones leave
             for (seq, n), row in zip(batch.chunks, logits):
                 seq.num_computed_tokens += n
                 self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
@@ -120,7 +121,6 @@ class LLMEngine:
                     touched[seq.request_id] = self.requests[seq.request_id]
             self._record_utilization()
         outputs = [r.output() for r in touched.values()]
-        self.note_peak(self.scheduler.running)
         for out in outputs:
             if out.finished:
                 del self.requests[out.request_id]
