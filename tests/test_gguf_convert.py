@@ -117,3 +117,17 @@ def test_unsupported_architecture_and_type_and_existing_output(tmp_path):
     with pytest.raises(ValueError, match="already exists"):
         convert_gguf(tmp_path / "gpt2.gguf", tmp_path / "full")
     assert not (tmp_path / "a").exists() and not (tmp_path / "a.partial").exists()
+
+
+def test_convert_on_the_command_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    cli = Path(__file__).resolve().parents[1] / "cli.py"
+    result = subprocess.run([sys.executable, str(cli), "convert", str(tmp_path / "tiny.gguf"),
+                             str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "wrote" in result.stderr
+    cfg, _ = load_model(tmp_path / "out")
+    assert cfg.num_hidden_layers == 2 and cfg.num_key_value_heads == 2
