@@ -5,11 +5,22 @@ from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
+class TokenLogprobs:
+    """One position's log-probabilities under the model (raw logits, before any
+    penalty, bias or temperature): the chosen token's, and the k most likely."""
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token id, logprob), best first
+
+
+@dataclass(slots=True)
 class CompletionOutput:
     index: int  # which of the request's n samples
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" (EOS, stop token or string), "length", "abort"
+    finish_reason: str | None = None  # "stop" (EOS, stop token or string), "length", "abort", "error"
+    logprobs: list[TokenLogprobs] | None = None  # per token of token_ids, when asked for
+    cumulative_logprob: float | None = None  # sum of those logprobs, when asked for
 
 
 @dataclass(slots=True)
@@ -19,6 +30,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = False
+    # per prompt token when asked for; None for the first (nothing predicts it)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    error: Exception | None = None  # why the request failed (finish_reason "error")
 
     # the first sample, for the common n = 1 case
     @property

@@ -1,9 +1,16 @@
 """SamplingParams (what a request asks for) and sample() (logits -> next token)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+MAX_LOGPROBS = 20  # top alternatives per position at most (OpenAI's and vLLM's limit)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 @dataclass(slots=True)
@@ -19,6 +26,11 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # strings that end the text (not included)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    presence_penalty: float = 0.0  # OpenAI: subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # OpenAI: subtracted once per time a token was generated
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    logprobs: int | None = None  # per generated token: its logprob and the top k; None = off
+    prompt_logprobs: int | None = None  # the same for every prompt token; None = off
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -43,6 +55,20 @@ class SamplingParams:
             raise ValueError(f"top_p={self.top_p!r} must be in (0, 1]")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed={self.seed!r} must be a non-negative integer or None")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not -2 <= value <= 2:
+                raise ValueError(f"{name}={value!r} must be a number in [-2, 2]")
+        if not isinstance(self.logit_bias, dict) or not all(
+                _is_int(t) and t >= 0 and isinstance(b, (int, float)) and math.isfinite(b)
+                and -100 <= b <= 100 for t, b in self.logit_bias.items()):
+            raise ValueError(f"logit_bias={self.logit_bias!r} must map token ids (integers >= 0) "
+                             f"to biases in [-100, 100]")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise ValueError(f"{name}={value!r} must be None or an integer in "
+                                 f"[0, {MAX_LOGPROBS}]")
 
     @property
     def greedy(self) -> bool:
@@ -57,13 +83,30 @@ def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: floa
     return out
 
 
+def adjust_logits(logits: np.ndarray, params: SamplingParams, token_ids=(),
+                  num_prompt_tokens: int = 0) -> np.ndarray:
+    """Logits (V,) after the repetition penalty (over prompt and output), OpenAI's
+    presence and frequency penalties (over the output only), then the logit bias.
+    token_ids: prompt + output so far."""
+    if params.repetition_penalty != 1.0 and len(token_ids):
+        logits = apply_repetition_penalty(logits, np.asarray(token_ids), params.repetition_penalty)
+    output = token_ids[num_prompt_tokens:]
+    if (params.presence_penalty or params.frequency_penalty) and len(output):
+        counts = np.bincount(np.asarray(output), minlength=len(logits))[:len(logits)]  # (V,)
+        logits = (logits.astype(np.float64) - params.frequency_penalty * counts
+                  - params.presence_penalty * (counts > 0))
+    if params.logit_bias:
+        logits = logits.astype(np.float64)
+        ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64)
+        logits[ids] += np.fromiter(params.logit_bias.values(), dtype=np.float64)
+    return logits
+
+
 def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
-           seen_token_ids=None) -> int:
-    """Pick the next token from logits (V,): repetition penalty, then greedy or
-    temperature -> top-k -> top-p -> min-p. seen_token_ids: prompt + output so far."""
-    if params.repetition_penalty != 1.0 and seen_token_ids is not None and len(seen_token_ids):
-        logits = apply_repetition_penalty(logits, np.asarray(seen_token_ids),
-                                          params.repetition_penalty)
+           token_ids=(), num_prompt_tokens: int = 0) -> int:
+    """Pick the next token from logits (V,): penalties and bias (adjust_logits), then
+    greedy or temperature -> top-k -> top-p -> min-p. token_ids: prompt + output so far."""
+    logits = adjust_logits(logits, params, token_ids, num_prompt_tokens)
     if params.greedy:
         return int(np.argmax(logits))
     scaled = logits.astype(np.float64) / params.temperature

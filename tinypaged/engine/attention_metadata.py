@@ -21,15 +21,18 @@ class AttentionMetadata:
     token_seq: np.ndarray  # (T,) int32
     block_tables: np.ndarray  # (S, max_blocks) int32, padded with -1
     context_lens: np.ndarray  # (S,) int32: tokens in each sequence's KV after this step
-    logits_indices: np.ndarray  # (S,) int64: row of each sequence's last token
+    logits_indices: np.ndarray  # (R,) int64: rows that need logits (each sequence's last, or more)
 
     @property
     def num_tokens(self) -> int:
         return len(self.positions)
 
     @classmethod
-    def build(cls, chunks: list[tuple[list[int], int, int]], block_size: int) -> "AttentionMetadata":
-        """chunks: per sequence (block_table, first position to compute, end position)."""
+    def build(cls, chunks: list[tuple[list[int], int, int]], block_size: int,
+              logits_rows: list[int] | None = None) -> "AttentionMetadata":
+        """chunks: per sequence (block_table, first position to compute, end position).
+        logits_rows: per chunk, how many of its last rows need logits (default 1; all of
+        them for prompt logprobs)."""
         positions, slots, token_seq, context_lens, last_rows = [], [], [], [], []
         row = 0
         for i, (table, start, end) in enumerate(chunks):
@@ -38,7 +41,9 @@ class AttentionMetadata:
             token_seq.append(np.full(end - start, i, dtype=np.int32))
             context_lens.append(end)
             row += end - start
-            last_rows.append(row - 1)
+            n_rows = logits_rows[i] if logits_rows is not None else 1
+            assert 1 <= n_rows <= end - start
+            last_rows.extend(range(row - n_rows, row))
         return cls(positions=np.concatenate(positions).astype(np.int64),
                    slot_mapping=np.concatenate(slots).astype(np.int64),
                    token_seq=np.concatenate(token_seq),

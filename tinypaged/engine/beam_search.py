@@ -49,7 +49,11 @@ class BeamSearch:
         self.bm.allocate(root)
         self.bm.register_full_blocks(root, len(root))
         self.live: list[tuple[Sequence, float]] = [(root, 0.0)]
-        self.logits = self._run(ScheduledBatch(prefills=[(root, root.num_uncomputed_tokens)]))
+        try:
+            self.logits = self._run(ScheduledBatch(prefills=[(root, root.num_uncomputed_tokens)]))
+        except BaseException:
+            self.release()
+            raise
 
     def _run(self, batch: ScheduledBatch) -> np.ndarray:
         logits = self.engine.runner.run(batch)
@@ -107,15 +111,18 @@ class BeamSearch:
         copies = []
         for seq, _ in self.live:
             if not self.bm.can_append(seq):
-                self._release()
+                self.release()
                 raise ValueError(f"the KV pool is too small for beam_width={self.width}")
             copy = self.bm.append_slot(seq)  # a shared last block is copied, never written
             if copy is not None:
                 copies.append(copy)
         self.logits = self._run(ScheduledBatch(decodes=[s for s, _ in self.live], block_copies=copies))
 
-    def _release(self) -> None:
+    def release(self) -> None:
+        """Give every live beam's blocks back (the search is over or failed); blocks
+        hashed for tokens that were never computed leave the prefix cache."""
         for seq, _ in self.live:
+            self.bm.forget_uncomputed(seq)
             self.bm.free(seq)
         self.live = []
 
@@ -124,3 +131,23 @@ class BeamSearch:
         for beam in beams:
             beam.text = self.engine.tokenizer.decode(beam.token_ids)
         return beams
+
+
+def run_beam_searches(engine, prompts: list, prompt_ids: list[list[int]], beam_width: int,
+                      max_tokens: int, length_penalty: float,
+                      ignore_eos: bool) -> list[BeamSearchOutput]:
+    """One search per prompt, in turn, on an engine with nothing else running. On any
+    failure the live beams' blocks go back before the exception leaves."""
+    assert not engine.has_unfinished(), "beam search needs the engine to itself"
+    results = []
+    for prompt, ids in zip(prompts, prompt_ids):
+        budget = min(max_tokens, engine.max_model_len - len(ids))
+        search = BeamSearch(engine, ids, beam_width, budget, length_penalty, ignore_eos)
+        try:
+            while not search.done:
+                search.step()
+        finally:
+            search.release()
+        results.append(BeamSearchOutput(prompt if isinstance(prompt, str) else None, ids,
+                                        search.best(), search.peak_blocks, search.peak_unshared))
+    return results

@@ -71,8 +71,9 @@ class BlockManager:
     def _prefix_hits(self, seq: Sequence) -> list[int]:
         """Cached blocks of seq's longest cached prefix of full blocks. The block
         holding the last token is never taken: that token must be computed so
-        that its logits exist."""
-        if not self.enable_prefix_caching:
+        that its logits exist. A sequence that asks for prompt logprobs computes its
+        whole prompt (cached tokens would have no logits)."""
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return []
         hits, parent, bs = [], None, self.block_size
         for i in range((len(seq) - 1) // bs):
@@ -178,6 +179,16 @@ class BlockManager:
             block.token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             block.hash = hash((parent, block.token_ids))
             self.cached.setdefault(block.hash, block.block_id)  # first copy wins
+
+    def forget_uncomputed(self, seq: Sequence) -> None:
+        """Drop the cache entries of seq's blocks past its computed tokens: they were
+        registered when scheduled, and the step that was to fill them failed."""
+        bs = self.block_size
+        for block_id in seq.block_table[seq.num_computed_tokens // bs:]:
+            block = self.blocks[block_id]
+            if self._is_cached(block):
+                del self.cached[block.hash]
+            block.hash, block.token_ids = None, None
 
     # -- checking ------------------------------------------------------------
     def check_invariants(self, live: list[Sequence]) -> None:

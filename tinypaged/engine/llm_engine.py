@@ -6,15 +6,16 @@ import os
 
 from ..config import EngineConfig
 from ..kernels import get_backend
+from ..logprobs import token_logprobs
 from ..model.llama import LlamaModel, PagedKVCache
 from ..model.weights import load_model
-from ..outputs import RequestOutput
+from ..outputs import RequestOutput, TokenLogprobs
 from ..sampling import SamplingParams, sample
 from ..tokenizer import Tokenizer
 from .block_manager import BlockManager, blocks_for
 from .block_map import render_block_map
 from .model_runner import ModelRunner
-from .request import Request
+from .request import PreparedRequest, Request
 from .scheduler import Scheduler
 from .sequence import Sequence
 
@@ -49,16 +50,30 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         """Queue a request; raises ValueError (and queues nothing) for bad input."""
+        return self.add_prepared(self.prepare_request(prompt, params), request_id)
+
+    def prepare_request(self, prompt: str | list[int],
+                        params: SamplingParams | None = None) -> PreparedRequest:
+        """Check a request and tokenize its prompt, touching no engine state (so any
+        thread may call it); raises ValueError naming what is wrong."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         ids = self.prompt_ids(prompt)
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
+        vocab = self.model_config.vocab_size
+        for name, tokens in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):
+            bad = [t for t in tokens if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"{name}: token id {bad[0]} is out of range [0, {vocab})")
+        return PreparedRequest(prompt if isinstance(prompt, str) else None, ids, params)
+
+    def add_prepared(self, prepared: PreparedRequest, request_id: str | None = None) -> str:
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        if params.n > self.config.max_num_seqs:
-            raise ValueError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
-        request = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params,
+        request = Request(request_id, prepared.prompt, prepared.prompt_token_ids, prepared.params,
                           self.tokenizer)
         self.requests[request_id] = request
         self.scheduler.add(request.seqs[0])
@@ -87,13 +102,16 @@ class LLMEngine:
                              f"has only {self.block_manager.num_blocks}")
         return ids
 
-    def abort(self, request_id: str) -> None:
-        """Stop a request now; its blocks go back to the pool."""
+    def abort(self, request_id: str) -> RequestOutput:
+        """Stop a request now; its blocks go back to the pool. Returns its last output
+        (unfinished samples end with finish_reason "abort")."""
         request = self.requests.pop(request_id, None)
         if request is None:
             raise ValueError(f"no request with id {request_id!r}")
-        self.scheduler.abort(request_id)
+        for seq in self.scheduler.abort(request_id):
+            request.texts[seq.sample_index].finish()
         request.aborted = True
+        return request.output()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -101,7 +119,13 @@ class LLMEngine:
     # -- the step ----------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run, postprocess; returns the requests that changed (finished ones
-        for the last time: they are forgotten afterwards)."""
+        for the last time: they are forgotten afterwards).
+
+        A failure while running the batch fails the requests in it; a failure while
+        sampling fails that request alone. Either way they come back finished, with
+        finish_reason "error" and the exception in `error`, their blocks freed; the
+        other requests go on. An exception that escapes step() is a failure of the
+        bookkeeping itself: the engine's state can no longer be trusted."""
         batch = self.scheduler.schedule()
         touched: dict[str, Request] = {}
         for seq in batch.out_of_memory:
@@ -111,20 +135,70 @@ class LLMEngine:
             self.counters["steps"] += 1
             self.counters["prefill_tokens"] += sum(n for _, n in batch.prefills)
             self.counters["decode_tokens"] += len(batch.decodes)
-            logits = self.runner.run(batch)  # (S, vocab)
-            self.note_peak(self.scheduler.running)  # before this step's finished ones leave
-            for (seq, n), row in zip(batch.chunks, logits):
-                seq.num_computed_tokens += n
-                self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
-                if seq.num_computed_tokens == len(seq):  # not part-way through a prompt
-                    self._sample(seq, row)
-                    touched[seq.request_id] = self.requests[seq.request_id]
+            # a chunk whose prompt logprobs are wanted needs logits at every row
+            wants = [self.requests[seq.request_id].wants_prompt_logprobs for seq, _ in batch.chunks]
+            rows = [n if want else 1 for (_, n), want in zip(batch.chunks, wants)]
+            try:
+                logits = self.runner.run(batch, rows)  # (sum(rows), vocab)
+            except Exception as e:
+                self._fail_batch(batch, e, touched)
+                logits = None
+            if logits is not None:
+                self.note_peak(self.scheduler.running)  # before this step's finished ones leave
+                self._postprocess(batch, rows, wants, logits, touched)
             self._record_utilization()
         outputs = [r.output() for r in touched.values()]
         for out in outputs:
             if out.finished:
-                del self.requests[out.request_id]
+                self.requests.pop(out.request_id, None)
         return outputs
+
+    def _postprocess(self, batch, rows: list[int], wants: list[bool], logits, touched: dict) -> None:
+        end = 0
+        for (seq, n), n_rows, want in zip(batch.chunks, rows, wants):
+            start, end = end, end + n_rows
+            request = self.requests[seq.request_id]
+            if seq.is_finished:  # its request failed earlier in this loop
+                continue
+            try:
+                first = seq.num_computed_tokens
+                seq.num_computed_tokens += n
+                self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
+                if want:
+                    self._collect_prompt_logprobs(request, logits[start:end], first)
+                if seq.num_computed_tokens == len(seq):  # not part-way through a prompt
+                    self._sample(seq, logits[end - 1])
+                    touched[seq.request_id] = request
+            except Exception as e:
+                self._fail_request(request, e)
+                touched[seq.request_id] = request
+
+    def _collect_prompt_logprobs(self, request: Request, logits, first: int) -> None:
+        """logits (r, V) at positions first .. first + r - 1; position j predicts prompt
+        token j + 1. Positions already collected (before a preemption) are skipped."""
+        ids, collected = request.prompt_token_ids, request.prompt_logprobs
+        positions = [j for j in range(first, first + len(logits)) if len(collected) <= j + 1 < len(ids)]
+        if positions:
+            collected += token_logprobs(logits[[j - first for j in positions]],
+                                        [ids[j + 1] for j in positions],
+                                        request.params.prompt_logprobs)
+
+    def _fail_batch(self, batch, error: Exception, touched: dict) -> None:
+        """The forward pass failed: every request in the batch fails. Blocks hashed for
+        this step's tokens hold garbage, so they leave the prefix cache first."""
+        for seq, _ in batch.chunks:
+            self.block_manager.forget_uncomputed(seq)
+        for seq, _ in batch.chunks:
+            request = self.requests[seq.request_id]
+            if request.error is None:
+                self._fail_request(request, error)
+                touched[seq.request_id] = request
+
+    def _fail_request(self, request: Request, error: Exception) -> None:
+        request.error = error
+        request.aborted = True
+        for seq in self.scheduler.abort(request.request_id, "error"):
+            request.texts[seq.sample_index].finish()
 
     def _sample(self, seq: Sequence, logits) -> None:
         request = self.requests[seq.request_id]
@@ -137,14 +211,18 @@ class LLMEngine:
                 request.add_sample(child)
                 targets.append(child)
         for s in targets:
-            self._append(s, sample(logits, s.params, s.rng, s.token_ids))
+            token = sample(logits, s.params, s.rng, s.token_ids, s.num_prompt_tokens)
+            lp = None
+            if s.params.logprobs is not None:
+                lp = token_logprobs(logits[None, :], [token], s.params.logprobs)[0]
+            self._append(s, token, lp)
 
-    def _append(self, seq: Sequence, token: int) -> None:
+    def _append(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> None:
         params = seq.params
         text = self.requests[seq.request_id].texts[seq.sample_index]
         if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
             return self._finish(seq, "stop")
-        seq.append_token(token)
+        seq.append_token(token, logprobs)
         if text.push(token):
             return self._finish(seq, "stop")
         if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:

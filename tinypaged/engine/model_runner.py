@@ -12,19 +12,21 @@ class ModelRunner:
     def __init__(self, model: LlamaModel, kv: PagedKVCache, block_size: int):
         self.model, self.kv, self.block_size = model, kv, block_size
 
-    def prepare(self, batch: ScheduledBatch) -> tuple[np.ndarray, AttentionMetadata]:
+    def prepare(self, batch: ScheduledBatch,
+                logits_rows: list[int] | None = None) -> tuple[np.ndarray, AttentionMetadata]:
         """Flat token ids (T,) of every scheduled chunk, and their metadata."""
         spans = [(seq, seq.num_computed_tokens, seq.num_computed_tokens + n)
                  for seq, n in batch.chunks]
         token_ids = np.concatenate([np.asarray(seq.token_ids[start:end])
                                     for seq, start, end in spans]).astype(np.int64)
         meta = AttentionMetadata.build([(seq.block_table, start, end) for seq, start, end in spans],
-                                       self.block_size)
+                                       self.block_size, logits_rows)
         return token_ids, meta
 
-    def run(self, batch: ScheduledBatch) -> np.ndarray:
-        """Copy-on-write copies, then the forward pass: logits (S, vocab) in batch.chunks order."""
+    def run(self, batch: ScheduledBatch, logits_rows: list[int] | None = None) -> np.ndarray:
+        """Copy-on-write copies, then the forward pass: logits (R, vocab) in batch.chunks
+        order, logits_rows[i] rows for chunk i (default: one each, its last token's)."""
         if batch.block_copies:
             self.model.ops.copy_blocks(self.kv.k, self.kv.v, batch.block_copies)
-        token_ids, meta = self.prepare(batch)
+        token_ids, meta = self.prepare(batch, logits_rows)
         return self.model.forward(token_ids, meta, self.kv)

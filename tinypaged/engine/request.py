@@ -1,10 +1,20 @@
 """Request: one prompt with its n samples (sequences) and their text so far."""
 from __future__ import annotations
 
-from ..outputs import CompletionOutput, RequestOutput
+from dataclasses import dataclass
+
+from ..outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
 from .sequence import Sequence
+
+
+@dataclass(slots=True, frozen=True)
+class PreparedRequest:
+    """A checked request with its prompt tokenized, not yet in the engine."""
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
 
 
 class SampleText:
@@ -48,6 +58,15 @@ class Request:
         self.texts = [SampleText(tokenizer, params.stop)]
         self.tokenizer = tokenizer
         self.aborted = False
+        self.error: Exception | None = None  # set when a step failed for this request
+        # filled while the prompt is computed, when params.prompt_logprobs is set
+        self.prompt_logprobs: list[TokenLogprobs | None] = [None]
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt logprobs asked for and not all collected yet."""
+        return (self.params.prompt_logprobs is not None
+                and len(self.prompt_logprobs) < len(self.prompt_token_ids))
 
     def add_sample(self, seq: Sequence) -> None:
         self.seqs.append(seq)
@@ -59,8 +78,14 @@ class Request:
                                 and all(s.is_finished for s in self.seqs))
 
     def output(self) -> RequestOutput:
+        """A snapshot: every list is a copy, so another thread may keep it."""
+        with_logprobs = self.params.logprobs is not None
         outs = [CompletionOutput(seq.sample_index, text.visible, seq.output_token_ids,
-                                 seq.finish_reason)
+                                 seq.finish_reason,
+                                 list(seq.logprobs) if with_logprobs else None,
+                                 seq.cumulative_logprob if with_logprobs else None)
                 for seq, text in zip(self.seqs, self.texts)]
+        prompt_logprobs = (list(self.prompt_logprobs)
+                           if self.params.prompt_logprobs is not None else None)
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs,
-                             self.finished)
+                             self.finished, prompt_logprobs, self.error)

@@ -132,11 +132,11 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
-    def abort(self, request_id: str) -> list[Sequence]:
-        """Remove every sequence of a request, returning their blocks."""
+    def abort(self, request_id: str, reason: str = "abort") -> list[Sequence]:
+        """Remove every unfinished sequence of a request, returning their blocks."""
         gone = [s for s in list(self.waiting) + self.running if s.request_id == request_id]
         for seq in gone:
             if seq in self.waiting:
                 self.waiting.remove(seq)
-            self.finish(seq, "abort")
+            self.finish(seq, reason)
         return gone

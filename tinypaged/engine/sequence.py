@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 
+from ..outputs import TokenLogprobs
 from ..sampling import SamplingParams
 
 
@@ -33,6 +34,8 @@ class Sequence:
         self.num_cached_tokens = 0  # of those, found in the prefix cache on admission
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
+        self.logprobs: list[TokenLogprobs] = []  # per output token, when params.logprobs is set
+        self.cumulative_logprob = 0.0
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -53,8 +56,11 @@ class Sequence:
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
 
-    def append_token(self, token_id: int) -> None:
+    def append_token(self, token_id: int, logprobs: TokenLogprobs | None = None) -> None:
         self.token_ids.append(token_id)
+        if logprobs is not None:
+            self.logprobs.append(logprobs)
+            self.cumulative_logprob += logprobs.logprob
 
     def fork(self, sample_index: int) -> "Sequence":
         """A sibling that shares everything so far (the caller forks the block table)."""
@@ -64,6 +70,8 @@ class Sequence:
         child.num_computed_tokens = self.num_computed_tokens
         child.num_cached_tokens = self.num_cached_tokens
         child.status = self.status
+        child.logprobs = list(self.logprobs)
+        child.cumulative_logprob = self.cumulative_logprob
         return child
 
 
