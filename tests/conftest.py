@@ -49,6 +49,6 @@ def smollm2_reference(smollm2_dir):
     return ReferenceModel(*load_model(smollm2_dir))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def stories_dir():
     return STORIES_DIR

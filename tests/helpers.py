@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 from safetensors import TensorSpec, serialize_file
@@ -117,3 +118,14 @@ def dense_greedy(model, prompt_ids: list[int], max_tokens: int, eos_ids=()) -> l
         if len(out) < max_tokens:
             logits = model.forward([token], cache)[-1]
     return out
+
+
+def slow_down(llm, monkeypatch, seconds: float = 0.003) -> None:
+    """Every step takes a while, so that a long request is surely still running when
+    a test cuts it off (stories260K decodes a token in ~0.1 ms)."""
+    real_run = llm.engine.runner.run
+
+    def slow_run(batch, rows=None):
+        time.sleep(seconds)
+        return real_run(batch, rows)
+    monkeypatch.setattr(llm.engine.runner, "run", slow_run)

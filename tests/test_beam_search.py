@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import dense_greedy, write_tiny_model
-from tinypaged import LLM, SamplingParams
+from tinypaged import LLM
 from tinypaged.engine.beam_search import BeamSearch
 from tinypaged.kernels.reference import log_softmax
 from tinypaged.model.reference import ReferenceModel
@@ -94,6 +94,3 @@ def test_eos_ends_beams_and_bad_arguments(tiny):
         llm.beam_search("hello", beam_width=0)
     with pytest.raises(ValueError, match="prompt is empty"):
         llm.beam_search("", beam_width=2)
-    llm.engine.add_request("x", SamplingParams(max_tokens=2))
-    with pytest.raises(ValueError, match="runs alone"):
-        llm.beam_search("hello", beam_width=2)

@@ -49,16 +49,27 @@ def test_generate_with_chat_and_prompt_option(tiny_model_dir):
     assert result.stdout == chat.text + "\n"
 
 
-def test_perplexity_prints_it_on_the_last_line(tiny_model_dir, tmp_path):
-    text_file = tmp_path / "t.txt"
-    text_file.write_text("the cat sat on the mat, and then the cat slept.")
-    result = run_cli("perplexity", "--model", tiny_model_dir, "--file", text_file)
+def perplexity_printed(result) -> float:
     assert result.returncode == 0, result.stderr
     last = result.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"perplexity: \d+\.\d{3}", last)
+    return float(last.split()[1])
+
+
+def test_perplexity_runs_through_the_engine_and_agrees_with_the_reference(tiny_model_dir, tmp_path):
+    text_file = tmp_path / "t.txt"
+    text_file.write_text("the cat sat on the mat, and then the cat slept. " * 3)  # > one window
     ids = Tokenizer(tiny_model_dir).encode(text_file.read_text())
-    model = ReferenceModel(*load_model(tiny_model_dir))
-    assert float(last.split()[1]) == pytest.approx(perplexity(model, ids), abs=1e-3)
+    expected = perplexity(ReferenceModel(*load_model(tiny_model_dir)), ids)
+    engine = perplexity_printed(run_cli("perplexity", "--model", tiny_model_dir, "--file", text_file))
+    reference = perplexity_printed(run_cli("perplexity", "--model", tiny_model_dir, "--file",
+                                           text_file, "--reference"))
+    options = perplexity_printed(run_cli(  # every engine option is honoured; same figure
+        "perplexity", "--model", tiny_model_dir, "--file", text_file, "--block-size", 4,
+        "--max-num-batched-tokens", 7, "--no-prefix-caching", "--kv-cache-memory", "1M",
+        "--max-num-seqs", 2, "--backend", "cpu"))
+    assert engine == pytest.approx(expected, abs=2e-3) and reference == pytest.approx(expected, abs=1e-3)
+    assert options == pytest.approx(engine, abs=2e-3)
 
 
 def test_perplexity_of_a_uniform_model_is_the_vocab_size(tiny_model_dir):

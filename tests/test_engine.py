@@ -206,7 +206,7 @@ def test_block_map_shows_sharing_and_tables(tiny):
     engine.add_request(list(range(3, 13)), SamplingParams(n=3, temperature=1, max_tokens=5,
                                                           ignore_eos=True, seed=0), "r")
     engine.step()
-    picture = llm.block_map().splitlines()
+    picture = engine.block_map().splitlines()
     assert picture[0].startswith("KV pool: 40 blocks x 4 tokens")
     assert picture[1][:3] == "333"  # 10 prompt tokens: 3 blocks held by all 3 samples
     assert picture[1][3:] == "." * 37
@@ -214,5 +214,5 @@ def test_block_map_shows_sharing_and_tables(tiny):
     assert len(tables) == 3 and all("blocks [0 1 2]" in t for t in tables)
     while engine.has_unfinished():
         engine.step()
-    assert set(llm.block_map().splitlines()[1]) <= {"c", "."}  # freed, prompt blocks cached
-    assert "3" in llm.block_map(peak=True).splitlines()[1]
+    assert set(engine.block_map().splitlines()[1]) <= {"c", "."}  # freed, prompt blocks cached
+    assert "3" in engine.peak_block_map.splitlines()[1]

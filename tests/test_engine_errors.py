@@ -90,4 +90,6 @@ def test_closing_a_stream_aborts_its_request(llm):
     stream = llm.stream("hello", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
     next(stream)
     stream.close()
-    assert not llm.engine.has_unfinished() and llm.stats()["blocks_used"] == 0
+    # the abort is queued before the stats call, so the loop has applied it by then
+    assert llm.stats()["blocks_used"] == 0
+    assert llm.metrics().running == llm.metrics().waiting == 0

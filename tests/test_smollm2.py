@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tinypaged import SamplingParams
 from tinypaged.perplexity import perplexity
@@ -38,13 +39,17 @@ def test_perplexity_on_english_prose_is_low(smollm2, smollm2_reference):
     assert perplexity(smollm2_reference, ids) < 15
 
 
-def test_perplexity_cli_prints_the_figure(smollm2_dir):
-    result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "perplexity",
-                             "--file", str(ROOT / "tests" / "data" / "prose.txt")],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    value = float(re.fullmatch(r"perplexity: (\d+\.\d{3})", result.stdout.strip().splitlines()[-1]).group(1))
-    assert value < 15
+def test_perplexity_cli_through_the_engine_equals_the_reference(smollm2_dir):
+    def run(*extra):
+        result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "perplexity",
+                                 "--file", str(ROOT / "tests" / "data" / "prose.txt"), *extra],
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+        last = result.stdout.strip().splitlines()[-1]
+        return float(re.fullmatch(r"perplexity: (\d+\.\d{3})", last).group(1))
+    engine, reference = run("--kv-cache-memory", "64M"), run("--reference")
+    assert engine < 15
+    assert engine == pytest.approx(reference, rel=2e-4)  # float32 error, not a different path
 
 
 def test_chat_answers_and_stops_at_end_of_turn(smollm2):

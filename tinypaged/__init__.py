@@ -1,7 +1,12 @@
 """tinypaged: a small LLM inference engine built around PagedAttention."""
+__version__ = "0.1.0"
+
 from .config import EngineConfig
 from .llm import LLM
-from .outputs import CompletionOutput, RequestOutput
+from .engine.engine_loop import EngineDeadError
+from .outputs import CompletionOutput, RequestOutput, TokenLogprobs
+from .request_handle import RequestHandle
 from .sampling import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "EngineConfig"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "TokenLogprobs",
+           "RequestHandle", "EngineConfig", "EngineDeadError"]

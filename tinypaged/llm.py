@@ -1,19 +1,27 @@
-"""LLM: the library entry point (vLLM-like): generate, stream, chat, stats.
+"""LLM: the library entry point (vLLM-like): generate, stream, chat, beam search, stats,
+from any number of threads or asyncio tasks at once.
 
 Every request runs through the paged engine: one preallocated KV pool, block
-tables, prefix sharing and continuous batching.
+tables, prefix sharing and continuous batching. One background thread (the
+EngineLoop) owns the engine; every method here only hands it requests and waits
+for their outputs, so requests from different callers join the same batch.
 """
 from __future__ import annotations
 
 import os
 import time
-from typing import Iterator
+import weakref
+from typing import AsyncIterator, Iterator
 
 from .config import EngineConfig
-from .engine.beam_search import BeamSearch, BeamSearchOutput
+from .engine.beam_search import BeamSearchOutput, run_beam_searches
+from .engine.engine_loop import EngineLoop
 from .engine.llm_engine import LLMEngine
+from .engine.loop_metrics import MetricsSnapshot
+from .engine.request import PreparedRequest
 from .outputs import RequestOutput
 from .pull import default_model_dir
+from .request_handle import RequestHandle, async_text_deltas, text_deltas
 from .sampling import SamplingParams
 
 
@@ -32,86 +40,162 @@ class LLM:
         start = time.perf_counter()
         config = EngineConfig(**engine_options)  # unknown options are a TypeError
         self.model_dir = os.fspath(model) if model is not None else os.fspath(default_model_dir())
+        # Only the loop's thread may touch the engine once requests run through this LLM.
         self.engine = LLMEngine(self.model_dir, config)
         self.tokenizer = self.engine.tokenizer
         self.config = self.engine.model_config
+        self._loop = EngineLoop(self.engine)
+        self._close = weakref.finalize(self, self._loop.close)  # the thread ends with the LLM
         self.load_seconds = time.perf_counter() - start
 
-    def chat_prompt(self, messages: list[dict]) -> str:
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    # -- one request -------------------------------------------------------------
+    def prepare(self, prompt: str | list[int], params: SamplingParams | None = None) -> PreparedRequest:
+        """Check a request and tokenize its prompt, without queueing it (ValueError if bad)."""
+        return self.engine.prepare_request(prompt, params)
 
-    def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
-                 params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion, batched; outputs in prompt order.
-        A bad prompt raises ValueError naming it, before anything runs."""
+    def submit(self, prompt: str | list[int] | PreparedRequest, params: SamplingParams | None = None,
+               request_id: str | None = None) -> RequestHandle:
+        """Queue one request (or a prepared one) and return at once; bad input raises
+        ValueError here."""
+        if not isinstance(prompt, PreparedRequest):
+            prompt = self.prepare(prompt, params)
+        elif params is not None:
+            raise ValueError("a prepared request carries its own SamplingParams")
+        return self._submit(prompt, request_id)
+
+    def _submit(self, prepared: PreparedRequest, request_id: str | None = None) -> RequestHandle:
+        return RequestHandle(self._loop, self._loop.submit(prepared, request_id))
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request from any thread; its blocks are free before the next step."""
+        self._loop.abort(request_id)
+
+    def abort_all(self) -> None:
+        """Stop every queued or running request (their callers get finish_reason "abort")."""
+        self._loop.abort_all()
+
+    # -- many prompts, blocking or awaited -----------------------------------------
+    def _submit_all(self, prompts, params) -> list[RequestHandle]:
+        """Check every prompt first (nothing runs if one is bad), then queue them all."""
         prompts = as_prompt_list(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
-        ids = []
+        prepared = []
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            try:
+                prepared.append(self.engine.prepare_request(prompt, p))
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e}" if len(prompts) > 1 else str(e)) from None
+        handles = []
         try:
-            for i, (prompt, p) in enumerate(zip(prompts, params)):
-                ids.append(self.engine.add_request(prompt, p))
-        except ValueError as e:
-            for request_id in ids:
-                self.engine.abort(request_id)
-            raise ValueError(f"prompt {i}: {e}" if len(prompts) > 1 else str(e)) from None
-        results: dict[str, RequestOutput] = {}
-        while len(results) < len(ids):
-            for out in self.engine.step():
-                if out.finished:
-                    results[out.request_id] = out
-        return [results[i] for i in ids]
+            for p in prepared:
+                handles.append(self._submit(p))
+        except BaseException:
+            for handle in handles:
+                handle.abort()
+            raise
+        return handles
 
-    def stream(self, prompt: str, params: SamplingParams | None = None) -> Iterator[str]:
-        """Yield text deltas of one request as they are generated (never half a
-        UTF-8 character, never part of a stop string). Closing the generator aborts it."""
-        request_id = self.engine.add_request(prompt, params)
-        sent, finished = 0, False
+    def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
+                 params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion, batched with whatever else runs; outputs in
+        prompt order. A bad prompt raises ValueError naming it, before anything runs;
+        if the call fails or is interrupted, its unfinished requests are aborted."""
+        handles = self._submit_all(prompts, params)
         try:
-            while not finished:
-                for out in self.engine.step():
-                    if out.request_id == request_id:
-                        if len(out.text) > sent:
-                            yield out.text[sent:]
-                            sent = len(out.text)
-                        finished = out.finished
+            return [h.result() for h in handles]
         finally:
-            if not finished:
-                self.engine.abort(request_id)
+            for h in handles:
+                h._abort_unfinished()
+
+    async def agenerate(self, prompts, params=None) -> list[RequestOutput]:
+        """generate() for asyncio: awaits the outputs without blocking the event loop."""
+        handles = self._submit_all(prompts, params)
+        try:
+            return [await h.aresult() for h in handles]
+        finally:
+            for h in handles:
+                h._abort_unfinished()
+
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
+        """Text deltas of one request as they are generated (never half a UTF-8
+        character, never part of a stop string). Bad input raises here, at the call.
+        Closing the iterator (or dropping it) aborts the request."""
+        return text_deltas(self.submit(prompt, self._one_sample(params)))
+
+    def astream(self, prompt: str | list[int], params: SamplingParams | None = None) -> AsyncIterator[str]:
+        """stream() for asyncio: `async for delta in llm.astream(...)`."""
+        return async_text_deltas(self.submit(prompt, self._one_sample(params)))
+
+    @staticmethod
+    def _one_sample(params: SamplingParams | None) -> SamplingParams | None:
+        if params is not None and isinstance(params, SamplingParams) and params.n > 1:
+            raise ValueError(f"stream() follows one sample, and n={params.n}: use submit() "
+                             f"and read every sample from its outputs")
+        return params
+
+    def chat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
+        return self.generate([self.chat_prompt(messages)], params)[0]
+
+    async def achat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
+        return (await self.agenerate([self.chat_prompt(messages)], params))[0]
+
+    def chat_prompt(self, messages: list[dict]) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
     def beam_search(self, prompts: str | list[int] | list[str] | list[list[int]], beam_width: int,
                     max_tokens: int = 64, length_penalty: float = 1.0,
                     ignore_eos: bool = False) -> list[BeamSearchOutput]:
         """The beam_width best continuations of each prompt by cumulative log-probability
-        (ranked by cum_logprob / length ** length_penalty). Beams share blocks."""
+        (ranked by cum_logprob / length ** length_penalty). Beams share blocks. The
+        search has the engine to itself: it starts when the running requests are
+        done, and requests that arrive meanwhile wait for it."""
         if not isinstance(beam_width, int) or beam_width < 1:
             raise ValueError(f"beam_width={beam_width!r} must be an integer >= 1")
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens={max_tokens!r} must be an integer >= 1")
-        if self.engine.has_unfinished():
-            raise ValueError("beam search runs alone: finish or abort the running requests first")
         prompts = as_prompt_list(prompts)
         ids = [self.engine.prompt_ids(p) for p in prompts]  # reject bad input first
-        results = []
-        for prompt, prompt_ids in zip(prompts, ids):
-            budget = min(max_tokens, self.engine.max_model_len - len(prompt_ids))
-            search = BeamSearch(self.engine, prompt_ids, beam_width, budget, length_penalty,
-                                ignore_eos)
-            while not search.done:
-                search.step()
-            results.append(BeamSearchOutput(prompt if isinstance(prompt, str) else None,
-                                            prompt_ids, search.best(), search.peak_blocks,
-                                            search.peak_unshared))
-        return results
+        return self._loop.call(lambda: run_beam_searches(
+            self.engine, prompts, ids, beam_width, max_tokens, length_penalty, ignore_eos),
+            exclusive=True)
 
-    def chat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
-        return self.generate([self.chat_prompt(messages)], params)[0]
-
+    # -- state -----------------------------------------------------------------------
     def stats(self) -> dict:
-        return self.engine.stats()
+        """The pool and cache figures (read on the loop's thread, between steps)."""
+        return self._loop.call(self.engine.stats)
+
+    def metrics(self) -> MetricsSnapshot:
+        """Request gauges, token counters and latency histograms (for /metrics)."""
+        return self._loop.metrics.snapshot()
+
+    @property
+    def max_model_len(self) -> int:
+        """Prompt + output tokens a request may hold."""
+        return self.engine.max_model_len
+
+    @property
+    def is_alive(self) -> bool:
+        """False once closed, or after an internal error stopped the engine loop."""
+        return self._loop.is_alive
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued and not yet running."""
+        return self._loop.num_waiting
 
     def block_map(self, peak: bool = False) -> str:
         """A picture of the KV pool: now, or (peak=True) when it held the most blocks."""
-        return self.engine.peak_block_map if peak else self.engine.block_map()
+        return self._loop.call(lambda: self.engine.peak_block_map if peak else self.engine.block_map())
+
+    def close(self) -> None:
+        """Stop the engine loop; unfinished requests are aborted. Later calls raise."""
+        self._close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

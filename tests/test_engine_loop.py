@@ -1,0 +1,262 @@
+"""Many callers, one engine: threads and asyncio tasks share the engine loop; cancels
+free blocks; a failed step reaches exactly its callers; nothing ever hangs."""
+import _thread
+import asyncio
+import threading
+
+import pytest
+
+from helpers import slow_down, write_tiny_model
+from tinypaged import LLM, EngineDeadError, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=20)
+LONG = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def stories(stories_dir):
+    return LLM(stories_dir, backend="cpu", kv_cache_memory=16 << 20)
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    write_tiny_model(str(tmp_path / "tiny"), seed=7, max_position_embeddings=512)
+    return LLM(tmp_path / "tiny", block_size=4, num_blocks=400)
+
+
+def run_threads(targets):
+    """Start every target at once (a barrier), join them; re-raise the first error."""
+    barrier, errors = threading.Barrier(len(targets)), []
+
+    def wrap(fn):
+        try:
+            barrier.wait()
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            errors.append(e)
+    threads = [threading.Thread(target=wrap, args=(fn,)) for fn in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+        assert not t.is_alive(), "a caller hung"
+    if errors:
+        raise errors[0]
+
+
+def test_32_threads_get_what_32_sequential_calls_get_and_share_steps(stories):
+    prompts = [f"Once upon a time there was a {w}" for w in
+               ("cat", "dog", "girl", "boy", "bird", "tree", "king", "frog")] * 4
+    prompts = [p + "." * (i % 5) for i, p in enumerate(prompts)]  # 32 distinct prompts
+    steps_before = stories.stats()["steps"]
+    sequential = [stories.generate(p, GREEDY)[0] for p in prompts]
+    sequential_steps = stories.stats()["steps"] - steps_before
+    results = [None] * len(prompts)
+
+    def caller(i):
+        return lambda: results.__setitem__(i, stories.generate(prompts[i], GREEDY)[0])
+    steps_before = stories.stats()["steps"]
+    run_threads([caller(i) for i in range(len(prompts))])
+    concurrent_steps = stories.stats()["steps"] - steps_before
+    assert [r.token_ids for r in results] == [s.token_ids for s in sequential]
+    assert [r.text for r in results] == [s.text for s in sequential]
+    # one batch: the 32 requests ran side by side, not one after another
+    assert concurrent_steps < sequential_steps / 4, (concurrent_steps, sequential_steps)
+    assert stories.stats()["blocks_used"] == 0
+
+
+def test_stream_chat_and_beam_search_from_threads_at_once(tiny):
+    prompt, params = "the the", SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    alone_stream = "".join(tiny.stream(prompt, params))
+    alone_generate = tiny.generate([[5, 6, 7]], params)[0].token_ids
+    alone_beams = tiny.beam_search([8, 9, 10], beam_width=3, max_tokens=6)[0].beams
+    alone_chat = tiny.chat([{"role": "user", "content": "hi"}], params).text
+    got = {}
+    run_threads([
+        lambda: got.__setitem__("stream", "".join(tiny.stream(prompt, params))),
+        lambda: got.__setitem__("generate", tiny.generate([[5, 6, 7]], params)[0].token_ids),
+        lambda: got.__setitem__("beams", tiny.beam_search([8, 9, 10], beam_width=3, max_tokens=6)[0].beams),
+        lambda: got.__setitem__("chat", tiny.chat([{"role": "user", "content": "hi"}], params).text),
+    ] * 2)
+    assert got["stream"] == alone_stream and got["generate"] == alone_generate
+    assert [b.token_ids for b in got["beams"]] == [b.token_ids for b in alone_beams]
+    assert got["chat"] == alone_chat
+    assert tiny.stats()["blocks_used"] == 0
+
+
+def test_beam_search_waits_for_running_requests_and_holds_new_ones(tiny):
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    expected = tiny.generate([[3, 4, 5]], params)[0].token_ids
+    handle = tiny.submit([3, 4, 5], params)  # running when the search is asked for
+    beams = tiny.beam_search([8, 9], beam_width=4, max_tokens=5)[0]
+    late = tiny.submit([3, 4, 5], params)  # arrives after: runs after the search
+    assert handle.result().token_ids == expected == late.result().token_ids
+    assert len(beams.beams) == 4 and tiny.stats()["blocks_used"] == 0
+
+
+def test_asyncio_streams_run_concurrently_without_blocking_the_event_loop(stories):
+    prompts = [f"Once upon a time {i}" for i in range(12)]
+    params = SamplingParams(temperature=0, max_tokens=40)
+    expected = [o.text for o in stories.generate(prompts, params)]
+
+    async def main():
+        ticks = 0
+        done = asyncio.Event()
+
+        async def ticker():
+            nonlocal ticks
+            while not done.is_set():
+                await asyncio.sleep(0)
+                ticks += 1
+
+        async def one(prompt):
+            return "".join([delta async for delta in stories.astream(prompt, params)])
+        tick_task = asyncio.create_task(ticker())
+        texts = await asyncio.gather(*(one(p) for p in prompts))
+        outputs = await stories.agenerate(prompts, params)
+        done.set()
+        await tick_task
+        return texts, [o.text for o in outputs], ticks
+    texts, generated, ticks = asyncio.run(main())
+    assert texts == expected and generated == expected
+    assert ticks > 100  # the event loop kept running while the engine worked
+
+
+def test_every_way_of_cancelling_frees_the_blocks(stories, monkeypatch):
+    slow_down(stories, monkeypatch)
+    # closing a stream
+    stream = stories.stream("Once upon a time", LONG)
+    next(stream)
+    stream.close()
+    assert stories.stats()["blocks_used"] == 0
+    # abort(request_id) from another thread, while this one waits for the result
+    handle = stories.submit("Once upon a time", LONG)
+    threading.Timer(0.05, stories.abort, args=(handle.request_id,)).start()
+    out = handle.result()
+    assert out.finished and out.finish_reason == "abort" and len(out.token_ids) < 400
+    assert stories.stats()["blocks_used"] == 0
+    # dropping the handle
+    handle = stories.submit("Once upon a time", LONG)
+    del handle
+    assert stories.stats()["blocks_used"] == 0
+
+    # cancelling the asyncio task that reads it
+    async def cancel_one():
+        async def read():
+            async for _ in stories.astream("Once upon a time", LONG):
+                pass
+        task = asyncio.create_task(read())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    asyncio.run(cancel_one())
+    assert stories.stats()["blocks_used"] == 0
+    assert stories.metrics().running == 0
+
+
+def test_a_failed_step_reaches_every_caller_in_it_and_the_engine_goes_on(stories, monkeypatch):
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    prompts = [f"Once upon a time {i}" for i in range(6)]
+    expected = [o.token_ids for o in stories.generate(prompts, params)]
+    runner, real_run, calls, in_failed_step = stories.engine.runner, stories.engine.runner.run, [], set()
+
+    def failing_run(batch, rows=None):
+        calls.append(1)
+        if len(calls) == 3:
+            in_failed_step.update(seq.request_id for seq, _ in batch.chunks)
+            raise MemoryError("the device ran out of memory")
+        return real_run(batch, rows)
+    monkeypatch.setattr(runner, "run", failing_run)
+    outcome = {}
+
+    def caller(i):
+        def call():
+            try:
+                outcome[f"c{i}"] = stories.submit(prompts[i], params, request_id=f"c{i}").result()
+            except MemoryError as e:
+                outcome[f"c{i}"] = e
+        return call
+    run_threads([caller(i) for i in range(len(prompts))])
+    assert in_failed_step  # the failure hit some callers' requests ...
+    for i in range(len(prompts)):
+        got = outcome[f"c{i}"]
+        if f"c{i}" in in_failed_step:  # ... each of them got the exception
+            assert isinstance(got, MemoryError) and "ran out of memory" in str(got)
+        else:  # ... and the others were untouched
+            assert got.token_ids == expected[i]
+    assert stories.stats()["blocks_used"] == 0
+    assert stories.generate(prompts[0], params)[0].token_ids == expected[0]
+
+
+def test_a_sampling_failure_fails_that_request_alone(stories):
+    good = stories.generate("Once upon a time", GREEDY)[0].token_ids
+    broken = SamplingParams(temperature=1e-320, max_tokens=5)  # NaN probabilities
+    got = {}
+
+    def bad():
+        with pytest.raises(ValueError):
+            stories.generate("The dog", broken)
+        got["bad"] = True
+    run_threads([bad, lambda: got.__setitem__("good", stories.generate("Once upon a time", GREEDY)[0])])
+    assert got["bad"] and got["good"].token_ids == good
+    assert stories.stats()["blocks_used"] == 0
+
+
+def test_an_interrupt_during_generate_aborts_its_requests(stories, monkeypatch):
+    slow_down(stories, monkeypatch)
+    threading.Timer(0.1, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        stories.generate(["Once upon a time", "The dog"], LONG)
+    assert stories.stats()["blocks_used"] == 0 and stories.num_waiting == 0
+    assert stories.generate("Once upon a time", GREEDY)[0].text
+    assert stories.metrics().finished["abort"] >= 2
+
+
+def test_broken_bookkeeping_marks_the_engine_dead_for_everyone(stories_dir, monkeypatch):
+    llm = LLM(stories_dir, backend="cpu", kv_cache_memory=4 << 20)
+    slow_down(llm, monkeypatch)
+    handle = llm.submit("Once upon a time", LONG)
+    first = iter(handle)  # kept: dropping a started iterator aborts the request
+    next(first)
+
+    def broken():
+        raise AssertionError("ref count went negative")
+    monkeypatch.setattr(llm.engine.scheduler, "schedule", broken)
+    with pytest.raises(EngineDeadError, match="ref count went negative"):
+        handle.result()
+    assert not llm.is_alive
+    for call in (lambda: llm.generate("hi", GREEDY), llm.stats, lambda: llm.submit("hi")):
+        with pytest.raises(EngineDeadError, match="create a new LLM"):
+            call()
+
+
+def test_close_ends_waiting_callers_and_later_calls(stories_dir, monkeypatch):
+    llm = LLM(stories_dir, backend="cpu", kv_cache_memory=4 << 20)
+    slow_down(llm, monkeypatch)
+    handle = llm.submit("Once upon a time", LONG)
+    first = iter(handle)  # kept: dropping a started iterator aborts the request
+    next(first)
+    threading.Timer(0.05, llm.close).start()
+    with pytest.raises(EngineDeadError, match="closed"):
+        handle.result()
+    with pytest.raises(EngineDeadError):
+        llm.generate("hi", GREEDY)
+
+
+def test_request_ids_are_the_callers_to_choose_once(stories, monkeypatch):
+    slow_down(stories, monkeypatch)
+    handle = stories.submit("Once upon a time", LONG, request_id="mine")
+    with pytest.raises(ValueError, match="'mine' is already in use"):
+        stories.submit("The dog", GREEDY, request_id="mine")
+    stories.abort("mine")
+    assert handle.result().finish_reason == "abort"
+    stories.abort("mine")  # finished: ignored
+    assert stories.submit("The dog", GREEDY, request_id="mine").result().finished
+
+
+def test_stream_refuses_bad_input_at_the_call_and_n_over_one(stories):
+    with pytest.raises(ValueError, match="prompt is empty"):
+        stories.stream("", GREEDY)  # before any next()
+    with pytest.raises(ValueError, match="n=3"):
+        stories.stream("hi", SamplingParams(n=3))

@@ -1,0 +1,270 @@
+"""EngineLoop: one background thread owns the LLMEngine; any number of callers share it.
+
+Callers (threads, asyncio tasks, HTTP handlers) never touch the engine. They hand
+commands to the loop through a queue: add a request (and get its RequestStream),
+abort one, or run a function on the engine between two steps. The loop thread
+applies the queued commands, runs one step, hands each request's new output to its
+stream, and repeats while there is work; with none, it sleeps on a condition
+variable until the next command (no busy waiting).
+
+Failures: the engine fails only the requests a failed step concerns (their streams
+raise the error) and goes on. An exception that escapes a step means the engine's
+bookkeeping broke: the loop then marks the engine dead, every waiting caller gets
+an EngineDeadError, and so does every later call.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+from ..outputs import CompletionOutput, RequestOutput
+from .llm_engine import LLMEngine
+from .loop_metrics import LoopMetrics
+from .output_stream import RequestStream
+from .request import PreparedRequest
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped: closed, or broken by an internal error."""
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self.metrics = LoopMetrics()
+        self._cond = threading.Condition()  # guards the fields below up to _thread
+        self._commands: deque[tuple] = deque()
+        self._streams: dict[str, RequestStream] = {}  # live requests, by id
+        self._num_queued_adds = 0  # added but not yet taken into the engine
+        self._dead: EngineDeadError | None = None
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count()
+        # owned by the loop thread
+        self._exclusive: deque[tuple[Callable, concurrent.futures.Future]] = deque()
+        self._held: deque[tuple[PreparedRequest, RequestStream]] = deque()  # adds held back
+
+    # -- callers' side (any thread) ----------------------------------------------
+    def submit(self, prepared: PreparedRequest, request_id: str | None = None) -> RequestStream:
+        """Queue a checked request; its outputs arrive on the returned stream."""
+        with self._cond:
+            self._check_alive()
+            if request_id is None:
+                request_id = f"req-{next(self._ids)}"
+                while request_id in self._streams:
+                    request_id = f"req-{next(self._ids)}"
+            elif request_id in self._streams:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            stream = RequestStream(request_id)
+            self._streams[request_id] = stream
+            self._num_queued_adds += 1
+            self._send_locked(("add", prepared, stream))
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Ask the loop to stop a request (its blocks are freed before the next step).
+        Unknown or finished requests are ignored: an abort may race the finish."""
+        with self._cond:
+            if self._dead is None and request_id in self._streams:
+                self._send_locked(("abort", request_id))
+
+    def abort_all(self) -> None:
+        """Abort every request that is queued or running (a server shutting down)."""
+        with self._cond:
+            if self._dead is None:
+                for request_id in self._streams:
+                    self._commands.append(("abort", request_id))
+                self._cond.notify()
+
+    def call(self, fn: Callable[[], object], exclusive: bool = False):
+        """Run fn() on the loop thread between two steps and return its result (or
+        raise its exception) in the calling thread.
+        exclusive: first let the running requests finish and hold new ones back, so
+        that fn has the engine to itself (beam search)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            self._check_alive()
+            self._send_locked(("exclusive" if exclusive else "call", fn, future))
+        return future.result()
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not running yet: queued for the loop, or waiting in the scheduler
+        (as of the last step)."""
+        return self._num_queued_adds + self.metrics.num_waiting()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._dead is None
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Stop the loop: unfinished requests are aborted, their callers get
+        EngineDeadError. Idempotent."""
+        with self._cond:
+            if self._dead is None:
+                self._dead = EngineDeadError("the LLM was closed")
+            thread = self._thread
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        elif thread is None:
+            self._fail_everything(self._dead)
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise self._dead
+
+    def _send_locked(self, command: tuple) -> None:
+        self._commands.append(command)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tinypaged-engine-loop",
+                                            daemon=True)
+            self._thread.start()
+        self._cond.notify()
+
+    # -- the loop thread ---------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            has_work = False
+            while True:
+                with self._cond:
+                    while not self._commands and not has_work and self._dead is None:
+                        self._cond.wait()
+                    if self._dead is not None:
+                        break
+                    commands = list(self._commands)
+                    self._commands.clear()
+                for command in commands:
+                    self._apply(command)
+                if self.engine.has_unfinished():
+                    self._step()
+                elif self._exclusive:
+                    self._run_exclusive()
+                has_work = self.engine.has_unfinished() or bool(self._exclusive)
+        except BaseException as e:  # a bug in the loop or the engine's bookkeeping
+            dead = EngineDeadError(f"the engine stopped after an internal error: {e!r}; "
+                                   f"create a new LLM")
+            dead.__cause__ = e
+            with self._cond:
+                self._dead = self._dead or dead
+        self._fail_everything(self._dead)
+
+    def _apply(self, command: tuple) -> None:
+        kind = command[0]
+        if kind == "add":
+            _, prepared, stream = command
+            if self._exclusive:
+                self._held.append((prepared, stream))
+            else:
+                self._add(prepared, stream)
+        elif kind == "abort":
+            self._abort(command[1])
+        elif kind == "call":
+            _, fn, future = command
+            self._run_call(fn, future)
+        elif kind == "exclusive":
+            self._exclusive.append(command[1:])
+        self._publish_state()
+
+    def _add(self, prepared: PreparedRequest, stream: RequestStream) -> None:
+        with self._cond:
+            self._num_queued_adds -= 1
+        try:
+            self.engine.add_prepared(prepared, stream.request_id)
+        except Exception as e:  # e.g. the id is still taken by a request added directly
+            self._end(stream, error=e)
+
+    def _abort(self, request_id: str) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        if request_id in self.engine.requests:
+            out = self.engine.abort(request_id)
+        else:
+            held = next((h for h in self._held if h[1] is stream), None)
+            if held is None:
+                return
+            self._held.remove(held)
+            with self._cond:
+                self._num_queued_adds -= 1
+            out = aborted_output(held[0], request_id)
+        self.metrics.observe(stream, out, time.monotonic())
+        self._end(stream, out)
+
+    def _step(self) -> None:
+        outputs = self.engine.step()  # an exception here ends the loop (see _run)
+        now = time.monotonic()
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:  # added to the engine directly, not through the loop
+                continue
+            self.metrics.observe(stream, out, now)
+            if out.error is not None:
+                self._end(stream, error=out.error)
+            elif out.finished:
+                self._end(stream, out)
+            else:
+                stream.put(out)
+        self._publish_state()
+
+    def _run_exclusive(self) -> None:
+        """The engine is drained: run the exclusive calls, then let held requests in."""
+        while self._exclusive:
+            fn, future = self._exclusive.popleft()
+            self._run_call(fn, future)
+        while self._held:
+            self._add(*self._held.popleft())
+
+    @staticmethod
+    def _run_call(fn, future: concurrent.futures.Future) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn())
+        except Exception as e:
+            future.set_exception(e)
+
+    def _end(self, stream: RequestStream, output: RequestOutput | None = None,
+             error: BaseException | None = None) -> None:
+        with self._cond:
+            self._streams.pop(stream.request_id, None)
+        if error is not None:
+            stream.fail(error)
+        else:
+            stream.put(output)
+
+    def _publish_state(self) -> None:
+        sched, bm = self.engine.scheduler, self.engine.block_manager
+        running = len({s.request_id for s in sched.running})
+        waiting = len({s.request_id for s in sched.waiting}) + len(self._held)
+        self.metrics.set_engine_state(running, waiting, bm.num_blocks - bm.num_free_blocks,
+                                      bm.num_blocks, bm.prefix_query_tokens, bm.prefix_hit_tokens,
+                                      sched.num_preemptions)
+
+    def _fail_everything(self, error: EngineDeadError) -> None:
+        """The loop is over: every caller still waiting gets the error."""
+        with self._cond:
+            streams, self._streams = list(self._streams.values()), {}
+            commands, self._commands = list(self._commands), deque()
+        for stream in streams:
+            stream.fail(error)
+        for command in commands:
+            if command[0] in ("call", "exclusive"):
+                command[2].set_exception(error)
+        for _, future in self._exclusive:
+            future.set_exception(error)
+        self._exclusive.clear()
+        for request_id in list(self.engine.requests):
+            try:
+                self.engine.abort(request_id)  # frees the blocks, when the state allows
+            except Exception:
+                break
+
+
+def aborted_output(prepared: PreparedRequest, request_id: str) -> RequestOutput:
+    """The final output of a request aborted before it reached the engine."""
+    return RequestOutput(request_id, prepared.prompt, prepared.prompt_token_ids,
+                         [CompletionOutput(0, finish_reason="abort")], finished=True)
