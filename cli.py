@@ -1,4 +1,4 @@
-"""tinypaged command line: generate, perplexity, convert, pull.
+"""tinypaged command line: generate, serve, perplexity, bench, convert, pull.
 
 Argument parsing only; defaults come from the library's dataclasses. A user's
 mistake prints one line on stderr and exits with status 1 (2 for bad arguments).
@@ -10,11 +10,15 @@ import dataclasses
 import sys
 import time
 
+import numpy as np
+
 from tinypaged.config import EngineConfig
 from tinypaged.sampling import SamplingParams
 
 SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+ENGINE_OPTIONS = ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
+                  "max_model_len", "backend")  # plus --no-prefix-caching
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,8 +66,7 @@ def cmd_generate(args) -> None:
                             top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repetition_penalty=args.repetition_penalty, seed=args.seed,
                             n=args.n, stop=args.stop or [], ignore_eos=args.ignore_eos)
-    llm = LLM(args.model, block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
-              enable_prefix_caching=not args.no_prefix_caching, backend=args.backend)
+    llm = LLM(args.model, **engine_options(args))
     if args.verbose:
         _log(f"loaded {llm.model_dir} in {llm.load_seconds:.2f} s; KV pool: "
              f"{llm.stats()['blocks_total']} blocks of {args.block_size} tokens")
@@ -102,9 +105,6 @@ def cmd_generate(args) -> None:
 
 
 def cmd_perplexity(args) -> None:
-    from tinypaged.model.reference import ReferenceModel
-    from tinypaged.model.weights import load_model
-    from tinypaged.perplexity import perplexity
     from tinypaged.pull import default_model_dir
     from tinypaged.tokenizer import Tokenizer
 
@@ -112,12 +112,40 @@ def cmd_perplexity(args) -> None:
     with open(args.file, encoding="utf-8") as f:
         text = f.read()
     start = time.perf_counter()
-    cfg, weights = load_model(model_dir)
-    tokenizer = Tokenizer(model_dir)
-    ids = tokenizer.encode(text)
+    ids = Tokenizer(model_dir).encode(text)
+    if args.reference:  # the dense NumPy oracle, not the engine
+        from tinypaged.model.reference import ReferenceModel
+        from tinypaged.model.weights import load_model
+        from tinypaged.perplexity import reference_nll
+
+        nll = reference_nll(ReferenceModel(*load_model(model_dir)), ids, args.max_model_len)
+    else:
+        from tinypaged import LLM
+        from tinypaged.perplexity import engine_nll
+
+        nll = engine_nll(LLM(model_dir, **engine_options(args)), ids)
     if args.verbose:
-        _log(f"loaded {model_dir} in {time.perf_counter() - start:.2f} s; {len(ids)} tokens")
-    print(f"perplexity: {perplexity(ReferenceModel(cfg, weights), ids):.3f}")
+        _log(f"{len(ids)} tokens scored in {time.perf_counter() - start:.2f} s")
+    print(f"perplexity: {float(np.exp(nll.mean())):.3f}")
+
+
+def cmd_serve(args) -> None:
+    try:
+        from tinypaged.serve.config import ServerConfig
+        from tinypaged.serve.server import serve
+    except ImportError as e:
+        raise ValueError(f"cli.py serve needs the 'serve' extra ({e.name} is missing): "
+                         f"pip install -e '.[serve]'") from None
+    from tinypaged import LLM
+
+    config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
+                          served_model_name=args.served_model_name, max_waiting=args.max_waiting,
+                          max_body_bytes=args.max_body_bytes,
+                          shutdown_timeout=args.shutdown_timeout)
+    llm = LLM(args.model, **engine_options(args))
+    _log(f"loaded {llm.model_dir} in {llm.load_seconds:.2f} s; KV pool: "
+         f"{llm.stats()['blocks_total']} blocks of {llm.engine.block_manager.block_size} tokens")
+    serve(llm, config, _log, log_level="info" if args.verbose else "warning")
 
 
 def cmd_bench(args) -> None:
@@ -142,6 +170,39 @@ def cmd_pull(args) -> None:
     pull(args.dir or DEFAULT_MODEL_DIR, _log)
 
 
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """The engine options every model-running command takes (EngineConfig's fields)."""
+    parser.add_argument("--model", help="HF model folder (default: the pulled SmolLM2-135M-Instruct)")
+    parser.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS["block_size"],
+                        help="tokens per KV block")
+    parser.add_argument("--kv-cache-memory", type=parse_bytes,
+                        default=ENGINE_DEFAULTS["kv_cache_memory"],
+                        help="KV pool size, e.g. 512M (default: a share of free RAM)")
+    parser.add_argument("--max-num-seqs", type=int, default=ENGINE_DEFAULTS["max_num_seqs"],
+                        help="sequences in the running batch at most")
+    parser.add_argument("--max-num-batched-tokens", type=int,
+                        default=ENGINE_DEFAULTS["max_num_batched_tokens"],
+                        help="tokens per step; longer prompts are read in chunks")
+    parser.add_argument("--max-model-len", type=int, default=ENGINE_DEFAULTS["max_model_len"],
+                        help="prompt + output tokens per request (default: the model's context)")
+    parser.add_argument("--no-prefix-caching", action="store_true",
+                        help="do not share prompt prefixes between requests")
+    parser.add_argument("--backend", choices=["auto", "cpu", "cuda"],
+                        default=ENGINE_DEFAULTS["backend"],
+                        help="auto: CUDA when an NVIDIA GPU is usable, else the CPU")
+
+
+def engine_options(args) -> dict:
+    options = {name: getattr(args, name) for name in ENGINE_OPTIONS}
+    return {**options, "enable_prefix_caching": not args.no_prefix_caching}
+
+
+def _server_config():
+    """ServerConfig without importing the server stack (its defaults live there)."""
+    from tinypaged.serve.config import ServerConfig
+    return ServerConfig
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="cli.py", description="tinypaged: a small paged-attention LLM engine")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -151,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", dest="prompt_opt", action="append",
                    help="a prompt (repeat for a batch)")
     g.add_argument("--prompts-file", help="a file of prompts, one per line (batched)")
-    g.add_argument("--model", help="HF model folder (default: the pulled SmolLM2-135M-Instruct)")
+    add_engine_options(g)
     g.add_argument("--max-tokens", type=int, default=SAMPLING_DEFAULTS["max_tokens"])
     g.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS["temperature"],
                    help="0 = greedy")
@@ -166,14 +227,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", help="a stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
     g.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    g.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS["block_size"],
-                   help="tokens per KV block")
-    g.add_argument("--kv-cache-memory", type=parse_bytes, default=ENGINE_DEFAULTS["kv_cache_memory"],
-                   help="KV pool size, e.g. 512M (default: a share of free RAM)")
-    g.add_argument("--no-prefix-caching", action="store_true",
-                   help="do not share prompt prefixes between requests")
-    g.add_argument("--backend", choices=["auto", "cpu", "cuda"], default=ENGINE_DEFAULTS["backend"],
-                   help="auto: CUDA when an NVIDIA GPU is usable, else the CPU")
     g.add_argument("--stats", action="store_true", help="print KV pool statistics at the end")
     g.add_argument("--show-blocks", action="store_true",
                    help="print a picture of the KV pool at its peak and at the end")
@@ -183,9 +236,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--verbose", action="store_true", help="print load time and timings")
     g.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("perplexity", help="perplexity of a text file under the model")
-    p.add_argument("--model", help="HF model folder (default: the pulled SmolLM2)")
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the 'serve' extra)")
+    add_engine_options(s)
+    server = {f.name: f.default for f in dataclasses.fields(_server_config())}
+    s.add_argument("--host", default=server["host"])
+    s.add_argument("--port", type=int, default=server["port"])
+    s.add_argument("--api-key", default=server["api_key"],
+                   help="require 'Authorization: Bearer KEY' on /v1/*")
+    s.add_argument("--served-model-name", default=server["served_model_name"],
+                   help="the model name clients use (default: the model folder's name)")
+    s.add_argument("--max-waiting", type=int, default=server["max_waiting"],
+                   help="queued requests beyond which new ones get 503 + Retry-After")
+    s.add_argument("--max-body-bytes", type=parse_bytes, default=server["max_body_bytes"],
+                   help="larger request bodies get 413")
+    s.add_argument("--shutdown-timeout", type=float, default=server["shutdown_timeout"],
+                   help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
+    s.add_argument("--verbose", action="store_true", help="log every request")
+    s.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("perplexity", help="perplexity of a text file, through the engine")
+    add_engine_options(p)
     p.add_argument("--file", required=True, help="UTF-8 text file")
+    p.add_argument("--reference", action="store_true",
+                   help="use the dense NumPy reference forward instead of the engine")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(func=cmd_perplexity)
 

@@ -10,6 +10,21 @@ from tokenizers import Tokenizer as HFTokenizer
 
 _CHATML_SYSTEM = re.compile(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", re.S)
 CHAT_ROLES = ("system", "user", "assistant")
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_level_chars() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: each byte is shown as one printable character
+    (printable Latin-1 bytes as themselves, the others as U+0100 onwards)."""
+    keep = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
 
 
 class Tokenizer:
@@ -22,6 +37,12 @@ class Tokenizer:
             self._tok = HFTokenizer.from_file(path)
         except Exception as e:  # the Rust side raises a bare Exception on bad JSON
             raise ValueError(f"{path}: cannot load tokenizer ({e})") from None
+        with open(path, encoding="utf-8") as f:
+            decoder = json.load(f).get("decoder") or {}
+        parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+        self._byte_level = _byte_level_chars() if any(
+            d.get("type") == "ByteLevel" for d in parts) else None
+        self._special_ids = set(self._tok.get_added_tokens_decoder())
         config = {}
         config_path = os.path.join(model_dir, "tokenizer_config.json")
         if os.path.isfile(config_path):
@@ -41,6 +62,19 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for, leading space included (what an API shows
+        per token with its logprob). A token may hold part of a UTF-8 character."""
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if token_id in self._special_ids:
+            return piece.encode()
+        if self._byte_level is not None:
+            return bytes(self._byte_level[c] for c in piece if c in self._byte_level)
+        match = _BYTE_FALLBACK.fullmatch(piece)  # SentencePiece byte fallback
+        return bytes([int(match.group(1), 16)]) if match else piece.replace("\u2581", " ").encode()
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Render `messages` ([{"role", "content"}]) with the model's ChatML template.

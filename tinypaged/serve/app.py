@@ -1,0 +1,112 @@
+"""The FastAPI application: routes, the API-key and body-size guard, error handlers.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+GET /v1/models/{model}, GET /health, GET /metrics (and FastAPI's /docs).
+"""
+from __future__ import annotations
+
+import hmac
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .. import __version__
+from ..llm import LLM
+from . import metrics
+from .chat import create_chat_completion
+from .completions import create_completion
+from .config import ServerConfig
+from .engine_client import EngineClient
+from .errors import error_body, install_error_handlers
+from .protocol import ChatCompletionRequest, CompletionRequest
+
+
+class Guard:
+    """Pure ASGI, in front of everything: /v1/* needs the API key when one is set
+    (401), and no request body may exceed max_body_bytes (413), whether it says
+    its length up front or not."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int):
+        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.api_key and scope["path"].startswith("/v1"):
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            if not hmac.compare_digest(given, f"Bearer {self.api_key}"):
+                response = JSONResponse(error_body(401, "invalid or missing API key (send "
+                                                        "'Authorization: Bearer <key>')",
+                                                   code="invalid_api_key"),
+                                        status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, send)
+        length = headers.get(b"content-length", b"0")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            return await self._too_large()(scope, receive, send)
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise HTTPException(413, "too large")  # FastAPI re-raises it as is
+            return message
+        await self.app(scope, limited_receive, send)
+
+    def _too_large(self) -> JSONResponse:
+        return JSONResponse(error_body(413, f"the request body is over {self.max_body_bytes} "
+                                            f"bytes"), status_code=413)
+
+
+def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
+    client = EngineClient(llm, config)
+    started = int(time.time())
+    app = FastAPI(title="tinypaged", version=__version__,
+                  description="An OpenAI-compatible server over the tinypaged engine.")
+    install_error_handlers(app)
+    app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+
+    @app.exception_handler(413)
+    async def _too_large(request: Request, exc):
+        return JSONResponse(error_body(413, f"the request body is over {config.max_body_bytes} "
+                                            f"bytes"), status_code=413)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await create_completion(body, request, client)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await create_chat_completion(body, request, client)
+
+    def model_card() -> dict:
+        return {"id": client.model_name, "object": "model", "created": started,
+                "owned_by": "tinypaged", "max_model_len": llm.max_model_len}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str):
+        client.check_model(model)
+        return model_card()
+
+    @app.get("/health")
+    async def health():
+        if not llm.is_alive:
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.render(llm.metrics(), client.model_name),
+                                 media_type=metrics.CONTENT_TYPE)
+
+    return app

@@ -1,0 +1,85 @@
+"""POST /v1/chat/completions: the conversation through the model's chat template, n
+samples, streamed as chat.completion.chunk events (role first, then content, then
+the finish reason) or returned whole."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from .completions import build_params, check_common
+from .engine_client import EngineClient
+from .errors import APIError, error_body
+from .openai_format import ChoiceDelta, chat_choice, chat_delta_choice, chat_logprobs, envelope, usage
+from .protocol import ChatCompletionRequest
+from .sse import DONE, EventStreamResponse, event, unless_disconnected
+
+
+async def create_chat_completion(req: ChatCompletionRequest, request: Request,
+                                 client: EngineClient) -> Response:
+    check_common(req, client)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    try:
+        prompt = client.llm.chat_prompt(req.chat_messages())
+    except ValueError as e:
+        raise APIError(400, str(e), param="messages") from None
+    max_tokens = req.requested_max_tokens()
+    params = build_params(req, max_tokens, logprobs=(req.top_logprobs or 0) if req.logprobs else None)
+    prepared = [client.prepare(prompt, params, max_tokens, "messages")]
+    response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    handles = client.submit(prepared, response_id)
+    tokenizer = client.llm.tokenizer
+
+    def logprobs_of(entries):
+        return chat_logprobs(tokenizer, entries) if req.logprobs else None
+
+    if req.stream:
+        return EventStreamResponse(stream_chat(req, client, handles, response_id, created,
+                                               logprobs_of))
+    ok, outputs = await unless_disconnected(request, client.results(handles))
+    if not ok:
+        return Response(status_code=499)  # the client left; nobody reads this
+    choices = [chat_choice(o.index, o.text, logprobs_of(o.logprobs or []), o.finish_reason)
+               for o in outputs[0].outputs]
+    return JSONResponse(envelope("chat.completion", response_id, created, client.model_name,
+                                 choices, usage=usage(outputs)))
+
+
+async def stream_chat(req: ChatCompletionRequest, client: EngineClient, handles, response_id: str,
+                      created: int, logprobs_of) -> AsyncIterator[str]:
+    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    extra = {"usage": None} if include_usage else {}
+
+    def chunk(choice: dict) -> str:
+        return event(envelope("chat.completion.chunk", response_id, created, client.model_name,
+                              [choice], **extra))
+
+    deltas: dict[int, ChoiceDelta] = {}
+    last = None
+    try:
+        async for _, out in client.updates(handles):
+            last = out
+            for o in out.outputs:
+                if o.index not in deltas:  # the role opens every choice
+                    deltas[o.index] = ChoiceDelta()
+                    yield chunk(chat_delta_choice(o.index, {"role": "assistant", "content": ""},
+                                                  None, None))
+                taken = deltas[o.index].take(o)
+                if taken is None:
+                    continue
+                text, ids, entries, finish = taken
+                if text or ids:
+                    yield chunk(chat_delta_choice(o.index, {"content": text},
+                                                  logprobs_of(entries), None))
+                if finish is not None:
+                    yield chunk(chat_delta_choice(o.index, {}, None, finish))
+        if include_usage:
+            yield event(envelope("chat.completion.chunk", response_id, created, client.model_name,
+                                 [], usage=usage([last])))
+    except Exception as e:  # the request failed mid-stream: say so in the stream
+        yield event(error_body(500, f"generation failed: {e}"))
+    yield DONE

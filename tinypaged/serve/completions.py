@@ -1,0 +1,102 @@
+"""POST /v1/completions: one prompt or a batch, n samples each, streamed or not, with
+echo and logprobs (the echoed prompt's own logprobs too)."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from ..outputs import RequestOutput
+from .engine_client import EngineClient
+from .errors import APIError, error_body
+from .openai_format import ChoiceDelta, completion_choice, completion_logprobs, envelope, usage
+from .protocol import CompletionRequest
+from .sse import DONE, EventStreamResponse, event, unless_disconnected
+
+
+def check_common(req, client: EngineClient) -> None:
+    """What both endpoints refuse before any work."""
+    client.check_model(req.model)
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed when stream is true",
+                       param="stream_options")
+
+
+def build_params(req, max_tokens: int | None, **logprobs):
+    try:
+        return req.sampling_params(max_tokens or 1, **logprobs)  # max_tokens set per prompt
+    except ValueError as e:
+        raise APIError(400, str(e)) from None
+
+
+async def create_completion(req: CompletionRequest, request: Request,
+                            client: EngineClient) -> Response:
+    check_common(req, client)
+    if req.best_of is not None and req.best_of != req.n:
+        raise APIError(400, "best_of other than n is not supported", param="best_of")
+    if req.suffix:
+        raise APIError(400, "suffix is not supported", param="suffix")
+    echo_logprobs = req.logprobs if req.echo else None
+    params = build_params(req, req.max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_logprobs)
+    prepared = [client.prepare(p, params, req.max_tokens, "prompt") for p in req.prompts()]
+    response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    handles = client.submit(prepared, response_id)
+    tokenizer = client.llm.tokenizer
+    echoes = [(p.prompt if p.prompt is not None else tokenizer.decode(p.prompt_token_ids))
+              if req.echo else "" for p in prepared]
+
+    def logprobs_of(out: RequestOutput, sample, token_ids, entries, with_prompt: bool, offset: int):
+        if req.logprobs is None:
+            return None
+        if with_prompt:
+            token_ids, entries = out.prompt_token_ids + token_ids, out.prompt_logprobs + entries
+        return completion_logprobs(tokenizer, token_ids, entries, offset)
+
+    if req.stream:
+        return EventStreamResponse(stream_completion(req, client, handles, response_id, created,
+                                                     echoes, logprobs_of))
+    ok, outputs = await unless_disconnected(request, client.results(handles))
+    if not ok:
+        return Response(status_code=499)  # the client left; nobody reads this
+    choices = [completion_choice(i * req.n + o.index, echoes[i] + o.text,
+                                 logprobs_of(out, o, o.token_ids, o.logprobs or [], req.echo, 0),
+                                 o.finish_reason)
+               for i, out in enumerate(outputs) for o in out.outputs]
+    return JSONResponse(envelope("text_completion", response_id, created, client.model_name,
+                                 choices, usage=usage(outputs)))
+
+
+async def stream_completion(req: CompletionRequest, client: EngineClient, handles, response_id: str,
+                            created: int, echoes: list[str], logprobs_of) -> AsyncIterator[str]:
+    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    extra = {"usage": None} if include_usage else {}
+    deltas: dict[tuple[int, int], ChoiceDelta] = {}
+    offsets: dict[tuple[int, int], int] = {}  # characters sent per choice (text_offset)
+    final: dict[int, RequestOutput] = {}
+    try:
+        async for i, out in client.updates(handles):
+            final[i] = out
+            for o in out.outputs:
+                key = (i, o.index)
+                first = key not in deltas
+                taken = deltas.setdefault(key, ChoiceDelta()).take(o)
+                if taken is None:
+                    continue
+                text, ids, entries, finish = taken
+                echo = req.echo and first
+                offset = offsets.get(key, 0)
+                logprobs = logprobs_of(out, o, ids, entries, echo, offset)
+                text = (echoes[i] if echo else "") + text
+                offsets[key] = offset + len(text)
+                choice = completion_choice(i * req.n + o.index, text, logprobs, finish)
+                yield event(envelope("text_completion", response_id, created, client.model_name,
+                                     [choice], **extra))
+        if include_usage:
+            yield event(envelope("text_completion", response_id, created, client.model_name, [],
+                                 usage=usage([final[i] for i in sorted(final)])))
+    except Exception as e:  # a request failed mid-stream: say so in the stream
+        yield event(error_body(500, f"generation failed: {e}"))
+    yield DONE

@@ -1,0 +1,27 @@
+"""ServerConfig: the HTTP server's own knobs (the engine's are EngineConfig's)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # when set, /v1/* needs "Authorization: Bearer <key>"
+    served_model_name: str | None = None  # None: the model folder's name
+    max_waiting: int = 256  # queued requests beyond which new ones get 503 + Retry-After
+    max_body_bytes: int = 4 << 20  # larger request bodies get 413
+    shutdown_timeout: float = 10.0  # seconds in-flight requests get to finish on SIGTERM
+
+    def __post_init__(self):
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"port={self.port!r} must be in [0, 65535]")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must not be empty")
+        if not isinstance(self.max_waiting, int) or self.max_waiting < 1:
+            raise ValueError(f"max_waiting={self.max_waiting!r} must be an integer >= 1")
+        if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes={self.max_body_bytes!r} must be at least 1024")
+        if not self.shutdown_timeout >= 0:
+            raise ValueError(f"shutdown_timeout={self.shutdown_timeout!r} must be >= 0 seconds")

@@ -1,0 +1,114 @@
+"""EngineClient: what the HTTP routes need from the engine, and nothing more: check a
+request against the model (turning mistakes into 400s), refuse work when the queue
+is full (503), submit, and read outputs as they come."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+from typing import AsyncIterator
+
+from ..engine.engine_loop import EngineDeadError
+from ..engine.request import PreparedRequest
+from ..llm import LLM
+from ..outputs import RequestOutput
+from ..request_handle import RequestHandle
+from ..sampling import SamplingParams
+from .config import ServerConfig
+from .errors import APIError
+
+_PARAM_IN_MESSAGE = re.compile(r"^(\w+)[=:]")
+
+
+class EngineClient:
+    def __init__(self, llm: LLM, config: ServerConfig):
+        self.llm, self.config = llm, config
+        self.model_name = config.served_model_name or llm.model_dir.rstrip("/").split("/")[-1]
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"the model {name!r} does not exist; this server has "
+                                f"{self.model_name!r}", param="model", code="model_not_found")
+
+    def check_alive(self) -> None:
+        if not self.llm.is_alive:
+            raise APIError(500, "the engine has stopped; restart the server")
+
+    def prepare(self, prompt: str | list[int], params: SamplingParams, max_tokens: int | None,
+                prompt_param: str) -> PreparedRequest:
+        """Tokenize and check one prompt; max_tokens None means up to the context."""
+        try:
+            prepared = self.llm.prepare(prompt, params)
+        except ValueError as e:
+            raise self._bad_request(str(e), prompt_param) from None
+        room = self.llm.max_model_len - len(prepared.prompt_token_ids)
+        if max_tokens is None:
+            max_tokens = room
+        elif max_tokens > room:
+            raise APIError(400, f"this model's context is {self.llm.max_model_len} tokens: the "
+                                f"prompt has {len(prepared.prompt_token_ids)} and max_tokens asks for "
+                                f"{max_tokens} more", param="max_tokens",
+                           code="context_length_exceeded")
+        return dataclasses.replace(prepared, params=dataclasses.replace(params, max_tokens=max_tokens))
+
+    @staticmethod
+    def _bad_request(message: str, prompt_param: str) -> APIError:
+        if "max_model_len" in message or "KV blocks" in message:
+            return APIError(400, message, param=prompt_param, code="context_length_exceeded")
+        match = _PARAM_IN_MESSAGE.match(message)
+        return APIError(400, message, param=match.group(1) if match else prompt_param)
+
+    def submit(self, prepared: list[PreparedRequest], response_id: str) -> list[RequestHandle]:
+        """Queue every prompt of one API request, or none (503 when the queue is full)."""
+        self.check_alive()
+        waiting = self.llm.num_waiting
+        if waiting >= self.config.max_waiting:
+            raise APIError(503, f"the server is busy ({waiting} requests are waiting); retry "
+                                f"later", code="server_overloaded", headers={"Retry-After": "1"})
+        handles = []
+        try:
+            for i, p in enumerate(prepared):
+                handles.append(self.llm.submit(p, request_id=f"{response_id}-{i}"))
+        except EngineDeadError as e:
+            for h in handles:
+                h.abort()
+            raise APIError(500, str(e)) from None
+        return handles
+
+    @staticmethod
+    async def results(handles: list[RequestHandle]) -> list[RequestOutput]:
+        """Every request's final output; a failed request is a 500 naming the failure."""
+        try:
+            return [await h.aresult() for h in handles]
+        except Exception as e:
+            for h in handles:
+                h.abort()
+            raise APIError(500, f"generation failed: {e}") from None
+
+    @staticmethod
+    async def updates(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, newest snapshot) from several requests as they come. Leaving
+        early (the client went away) aborts every unfinished one."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, handle: RequestHandle) -> None:
+            try:
+                async for out in handle:
+                    queue.put_nowait((i, out, None))
+            except Exception as e:  # the request failed: the stream reports it
+                queue.put_nowait((i, None, e))
+
+        tasks = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
+        try:
+            left = len(tasks)
+            while left:
+                i, out, error = await queue.get()
+                if error is not None:
+                    raise error
+                yield i, out
+                left -= out.finished
+        finally:
+            for task in tasks:
+                task.cancel()
+            for handle in handles:
+                handle.abort()

@@ -1,0 +1,90 @@
+"""Engine outputs -> OpenAI response bodies and streaming chunks, for both endpoints.
+
+A ChoiceDelta follows one choice (one sample of one prompt) through a stream of
+cumulative snapshots and hands out only what is new since the last chunk.
+"""
+from __future__ import annotations
+
+from ..outputs import CompletionOutput, RequestOutput, TokenLogprobs
+from ..tokenizer import Tokenizer
+
+
+def usage(outputs: list[RequestOutput]) -> dict:
+    """Prompt tokens once per prompt; completion tokens of every sample."""
+    prompt = sum(len(out.prompt_token_ids) for out in outputs)
+    completion = sum(len(o.token_ids) for out in outputs for o in out.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    return tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+
+
+def completion_logprobs(tokenizer: Tokenizer, token_ids: list[int],
+                        entries: list[TokenLogprobs | None], offset: int) -> dict:
+    """The completions API's logprobs: parallel lists per token; text_offset counts
+    characters from the start of the choice's text (offset: where these tokens start)."""
+    tokens = [token_text(tokenizer, t) for t in token_ids]
+    offsets = []
+    for tok in tokens:
+        offsets.append(offset)
+        offset += len(tok)
+    return {"tokens": tokens,
+            "token_logprobs": [e.logprob if e is not None else None for e in entries],
+            "top_logprobs": [{token_text(tokenizer, t): lp for t, lp in e.top} if e is not None
+                             else None for e in entries],
+            "text_offset": offsets}
+
+
+def chat_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprobs]) -> dict:
+    """The chat API's logprobs: one object per token, with its bytes and alternatives."""
+    def one(token_id: int, logprob: float) -> dict:
+        raw = tokenizer.token_bytes(token_id)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob,
+                "bytes": list(raw)}
+    return {"content": [{**one(e.token_id, e.logprob),
+                         "top_logprobs": [one(t, lp) for t, lp in e.top]} for e in entries]}
+
+
+class ChoiceDelta:
+    """What one choice has sent so far in a stream."""
+
+    def __init__(self):
+        self.chars = 0  # of text
+        self.tokens = 0  # of token_ids (and logprobs)
+        self.finished = False
+
+    def take(self, sample: CompletionOutput) -> tuple[str, list[int], list[TokenLogprobs], str | None] | None:
+        """(new text, new token ids, their logprobs, finish reason if it just finished),
+        or None when nothing changed."""
+        if self.finished:
+            return None
+        text, ids = sample.text[self.chars:], sample.token_ids[self.tokens:]
+        logprobs = (sample.logprobs or [])[self.tokens:]
+        finish = sample.finish_reason
+        if not text and not ids and finish is None:
+            return None
+        self.chars, self.tokens = len(sample.text), len(sample.token_ids)
+        self.finished = finish is not None
+        return text, ids, logprobs, finish
+
+
+def completion_choice(index: int, text: str, logprobs: dict | None, finish: str | None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def chat_choice(index: int, content: str, logprobs: dict | None, finish: str | None) -> dict:
+    return {"index": index, "message": {"role": "assistant", "content": content},
+            "logprobs": logprobs, "finish_reason": finish}
+
+
+def chat_delta_choice(index: int, delta: dict, logprobs: dict | None, finish: str | None) -> dict:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+
+def envelope(kind: str, response_id: str, created: int, model: str, choices: list[dict],
+             **extra) -> dict:
+    """kind: text_completion, chat.completion or chat.completion.chunk."""
+    return {"id": response_id, "object": kind, "created": created, "model": model,
+            "choices": choices, **extra}

@@ -1,0 +1,144 @@
+"""Request bodies of the OpenAI API as the official client sends them, with vLLM's
+extensions (top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids).
+
+Strict types (a string is not a number), unknown fields refused, ranges checked:
+whatever fails here is a 400 naming the field. `sampling_params()` turns a valid
+body into the engine's SamplingParams.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..sampling import MAX_LOGPROBS, SamplingParams
+
+MAX_N = 128  # samples per prompt (the engine's max_num_seqs may be lower)
+MAX_STOP = 16  # stop strings per request
+
+
+class APIModel(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class StreamOptions(APIModel):
+    include_usage: bool = False
+
+
+class SamplingFields(APIModel):
+    """The fields both endpoints share."""
+    model: str | None = None
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None  # accepted and ignored, as OpenAI's own servers do
+    # vLLM's extensions
+    top_k: int = Field(0, ge=-1)  # 0 or -1: off
+    min_p: float = Field(0.0, ge=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0, le=10)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value):
+        stops = [value] if isinstance(value, str) else (value or [])
+        if len(stops) > MAX_STOP or not all(stops):
+            raise ValueError(f"must be a non-empty string or a list of at most {MAX_STOP} "
+                             f"non-empty strings")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value):
+        for token, bias in (value or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"key {token!r} is not a token id")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"bias {bias} for token {token} is not in [-100, 100]")
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_token_ids(cls, value):
+        if value and min(value) < 0:
+            raise ValueError("token ids must be >= 0")
+        return value
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+            top_k=max(self.top_k, 0), min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            seed=None if self.seed is None else self.seed % (1 << 64),  # any int64 works
+            n=self.n, stop=stop, stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias={int(t): b for t, b in (self.logit_bias or {}).items()},
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = Field(None, ge=1)
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value):
+        if isinstance(value, list) and (not value or any(isinstance(p, list) and not p
+                                                         for p in value)):
+            raise ValueError("must not be empty")
+        return value
+
+    def prompts(self) -> list[str | list[int]]:
+        """One prompt, or a batch: a string, a list of strings, token ids, or lists of them."""
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
+            return [self.prompt]
+        return list(self.prompt)
+
+
+class TextPart(APIModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(APIModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)  # None: up to the context length
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def chat_messages(self) -> list[dict]:
+        """The conversation as the chat template takes it ("developer" is OpenAI's
+        newer name for "system")."""
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                for m in self.messages]
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None \
+            else self.max_tokens

@@ -1,0 +1,75 @@
+"""Running the app under uvicorn, with a clean end on SIGINT or SIGTERM.
+
+On a signal uvicorn stops accepting connections and lets in-flight responses run.
+After shutdown_timeout seconds every request still running is aborted: its
+stream ends with finish_reason "abort" and [DONE], and its client gets a whole
+response. The engine loop is closed last, and the process exits with status 0
+(plain uvicorn would re-raise the signal after its shutdown).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import threading
+from typing import Callable
+
+import uvicorn
+
+from ..llm import LLM
+from .app import build_app
+from .config import ServerConfig
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, except that a handled SIGINT/SIGTERM is not raised again, and
+    that requests outliving the grace period are aborted rather than cancelled."""
+
+    def __init__(self, config: uvicorn.Config, llm: LLM, grace: float):
+        super().__init__(config)
+        self.llm, self.grace = llm, grace
+
+    async def shutdown(self, sockets=None):
+        timer = asyncio.get_running_loop().call_later(self.grace, self.llm.abort_all)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals reach the main thread only; a server in a thread stops by should_exit
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def make_server(llm: LLM, config: ServerConfig, log_level: str = "info") -> Server:
+    app = build_app(llm, config)
+    backstop = config.shutdown_timeout + 10  # uvicorn cancels what is left after this
+    return Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                                 timeout_graceful_shutdown=backstop, lifespan="off"),
+                  llm, config.shutdown_timeout)
+
+
+def serve(llm: LLM, config: ServerConfig, log: Callable[[str], None], log_level: str = "info") -> None:
+    """Serve until SIGINT or SIGTERM; returns normally after a clean shutdown."""
+    server = make_server(llm, config, log_level)
+    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, config.port))  # an OSError here (port taken) is a one-line error
+    host, port = sock.getsockname()[:2]
+    log(f"serving {server.config.app.title} on http://{host}:{port}/v1 "
+        f"(docs: http://{host}:{port}/docs); Ctrl+C or SIGTERM stops it")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        llm.close()
+    log("server stopped")
