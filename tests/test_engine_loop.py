@@ -213,12 +213,19 @@ def test_an_interrupt_during_generate_aborts_its_requests(stories, monkeypatch):
     assert stories.metrics().finished["abort"] >= 2
 
 
-def test_broken_bookkeeping_marks_the_engine_dead_for_everyone(stories_dir, monkeypatch):
+def slow_llm_with_a_running_request(stories_dir, monkeypatch):
+    """A fresh LLM, a long request under way, and its started iterator (kept by the
+    caller: dropping a started iterator aborts the request)."""
     llm = LLM(stories_dir, backend="cpu", kv_cache_memory=4 << 20)
     slow_down(llm, monkeypatch)
     handle = llm.submit("Once upon a time", LONG)
-    first = iter(handle)  # kept: dropping a started iterator aborts the request
+    first = iter(handle)
     next(first)
+    return llm, handle, first
+
+
+def test_broken_bookkeeping_marks_the_engine_dead_for_everyone(stories_dir, monkeypatch):
+    llm, handle, _first = slow_llm_with_a_running_request(stories_dir, monkeypatch)
 
     def broken():
         raise AssertionError("ref count went negative")
@@ -232,11 +239,7 @@ def test_broken_bookkeeping_marks_the_engine_dead_for_everyone(stories_dir, monk
 
 
 def test_close_ends_waiting_callers_and_later_calls(stories_dir, monkeypatch):
-    llm = LLM(stories_dir, backend="cpu", kv_cache_memory=4 << 20)
-    slow_down(llm, monkeypatch)
-    handle = llm.submit("Once upon a time", LONG)
-    first = iter(handle)  # kept: dropping a started iterator aborts the request
-    next(first)
+    llm, handle, _first = slow_llm_with_a_running_request(stories_dir, monkeypatch)
     threading.Timer(0.05, llm.close).start()
     with pytest.raises(EngineDeadError, match="closed"):
         handle.result()

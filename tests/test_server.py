@@ -91,6 +91,24 @@ def test_token_id_prompts(stories):
     assert [c.text for c in out.choices] == [e.text for e in expected]
 
 
+def test_vllm_extensions_reach_the_sampler(stories):
+    llm, ids = stories.llm, stories.llm.tokenizer.encode("Once upon a time")
+    greedy_first = llm.generate(ids, SamplingParams(temperature=0, max_tokens=1))[0].token_ids[0]
+    extra = {"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.3, "ignore_eos": True,
+             "stop_token_ids": [greedy_first]}
+    r = httpx.post(stories.url + "/v1/completions", timeout=30, json={
+        "prompt": "Once upon a time", "max_tokens": 20, "temperature": 0.7, "seed": 3, **extra})
+    expected = llm.generate("Once upon a time", SamplingParams(max_tokens=20, temperature=0.7,
+                                                               seed=3, **extra))[0]
+    choice = r.json()["choices"][0]
+    assert choice["text"] == expected.text and choice["finish_reason"] == expected.finish_reason
+    stopped = httpx.post(stories.url + "/v1/completions", timeout=30, json={
+        "prompt": "Once upon a time", "max_tokens": 20, "temperature": 0,
+        "stop_token_ids": [greedy_first]}).json()
+    assert stopped["choices"][0] == {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}
+    assert stopped["usage"]["completion_tokens"] == 0
+
+
 # -- chat ------------------------------------------------------------------------------
 
 def test_chat_with_n_stop_seed_logprobs_streamed_and_not(tiny_chat):
@@ -129,6 +147,15 @@ def test_chat_with_n_stop_seed_logprobs_streamed_and_not(tiny_chat):
     assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
 
 
+def test_max_completion_tokens_and_max_tokens_bound_chat(tiny_chat):
+    client = client_for(tiny_chat)
+    for key in ("max_tokens", "max_completion_tokens"):
+        out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                             temperature=0, extra_body={"ignore_eos": True},
+                                             **{key: 3})
+        assert out.usage.completion_tokens == 3 and out.choices[0].finish_reason == "length"
+
+
 def test_sse_framing_on_the_wire(tiny_chat, stories):
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
             "stream": True, "temperature": 0}
@@ -152,6 +179,8 @@ def test_models_health_and_metrics(stories):
     assert [m.id for m in client.models.list().data] == ["stories"]
     assert client.models.retrieve("stories").id == "stories"
     assert httpx.get(stories.url + "/health").json() == {"status": "ok"}
+    spec = httpx.get(stories.url + "/openapi.json").json()  # and /docs renders it
+    assert {"/v1/completions", "/v1/chat/completions", "/v1/models"} <= set(spec["paths"])
     client.completions.create(model="stories", prompt="Once upon a time", max_tokens=8)
     r = httpx.get(stories.url + "/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")

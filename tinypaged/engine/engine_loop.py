@@ -156,6 +156,8 @@ class EngineLoop:
         kind = command[0]
         if kind == "add":
             _, prepared, stream = command
+            with self._cond:
+                self._num_queued_adds -= 1  # from now on counted by the scheduler or _held
             if self._exclusive:
                 self._held.append((prepared, stream))
             else:
@@ -170,8 +172,6 @@ class EngineLoop:
         self._publish_state()
 
     def _add(self, prepared: PreparedRequest, stream: RequestStream) -> None:
-        with self._cond:
-            self._num_queued_adds -= 1
         try:
             self.engine.add_prepared(prepared, stream.request_id)
         except Exception as e:  # e.g. the id is still taken by a request added directly
@@ -188,8 +188,6 @@ class EngineLoop:
             if held is None:
                 return
             self._held.remove(held)
-            with self._cond:
-                self._num_queued_adds -= 1
             out = aborted_output(held[0], request_id)
         self.metrics.observe(stream, out, time.monotonic())
         self._end(stream, out)
