@@ -132,7 +132,7 @@ def cmd_perplexity(args) -> None:
 def cmd_serve(args) -> None:
     try:
         from tinypaged.serve.config import ServerConfig
-        from tinypaged.serve.server import serve
+        from tinypaged.serve.server import bind, serve
     except ImportError as e:
         raise ValueError(f"cli.py serve needs the 'serve' extra ({e.name} is missing): "
                          f"pip install -e '.[serve]'") from None
@@ -142,10 +142,15 @@ def cmd_serve(args) -> None:
                           served_model_name=args.served_model_name, max_waiting=args.max_waiting,
                           max_body_bytes=args.max_body_bytes,
                           shutdown_timeout=args.shutdown_timeout)
-    llm = LLM(args.model, **engine_options(args))
+    sock = bind(config)
+    try:
+        llm = LLM(args.model, **engine_options(args))
+    except BaseException:
+        sock.close()
+        raise
     _log(f"loaded {llm.model_dir} in {llm.load_seconds:.2f} s; KV pool: "
          f"{llm.stats()['blocks_total']} blocks of {llm.engine.block_manager.block_size} tokens")
-    serve(llm, config, _log, log_level="info" if args.verbose else "warning")
+    serve(llm, config, sock, _log, log_level="info" if args.verbose else "warning")
 
 
 def cmd_bench(args) -> None:

@@ -1,5 +1,6 @@
 """The command line: outputs on a tiny model, and one clear line for every user mistake."""
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -190,3 +191,17 @@ def test_beam_width_and_show_blocks(tiny_model_dir):
     want = LLM(tiny_model_dir, block_size=2).beam_search("hello", 3, 4, ignore_eos=True)[0]
     assert [round(b.cum_logprob, 3) for b in want.beams] == [float(b[1]) for b in beams]
     assert "At the peak of the run:\nKV pool:" in result.stdout and "After the run:" in result.stdout
+
+
+def test_serve_mistakes_are_one_line(tiny_model_dir):
+    assert_one_line_error(run_cli("serve", "--model", tiny_model_dir, "--max-waiting", 0),
+                          r"max_waiting=0 must be an integer >= 1")
+    assert_one_line_error(run_cli("serve", "--model", tiny_model_dir, "--port", 70000),
+                          r"port=70000")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert_one_line_error(run_cli("serve", "--model", tiny_model_dir, "--port", port),
+                              rf"cannot listen on 127.0.0.1:{port}: Address already in use")
+    assert_one_line_error(run_cli("serve", "--model", "/no/such/model"), r"/no/such/model")

@@ -58,15 +58,26 @@ def make_server(llm: LLM, config: ServerConfig, log_level: str = "info") -> Serv
                   llm, config.shutdown_timeout)
 
 
-def serve(llm: LLM, config: ServerConfig, log: Callable[[str], None], log_level: str = "info") -> None:
-    """Serve until SIGINT or SIGTERM; returns normally after a clean shutdown."""
-    server = make_server(llm, config, log_level)
+def bind(config: ServerConfig) -> socket.socket:
+    """The listening socket, taken before the model loads: a busy port fails at once
+    (an OSError, which the CLI prints as one line)."""
     sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.host, config.port))  # an OSError here (port taken) is a one-line error
+    try:
+        sock.bind((config.host, config.port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {config.host}:{config.port}: {e.strerror}") from None
+    return sock
+
+
+def serve(llm: LLM, config: ServerConfig, sock: socket.socket, log: Callable[[str], None],
+          log_level: str = "info") -> None:
+    """Serve on sock until SIGINT or SIGTERM; returns normally after a clean shutdown."""
+    server = make_server(llm, config, log_level)
     host, port = sock.getsockname()[:2]
-    log(f"serving {server.config.app.title} on http://{host}:{port}/v1 "
-        f"(docs: http://{host}:{port}/docs); Ctrl+C or SIGTERM stops it")
+    log(f"serving on http://{host}:{port}/v1 (API docs: http://{host}:{port}/docs); "
+        f"Ctrl+C or SIGTERM stops it")
     try:
         server.run(sockets=[sock])
     finally:
