@@ -54,14 +54,16 @@ class Guard:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise HTTPException(413, "too large")  # FastAPI re-raises it as is
+                if received > self.max_body_bytes:  # FastAPI re-raises this one as is
+                    raise HTTPException(413, self._too_large_message())
             return message
         await self.app(scope, limited_receive, send)
 
+    def _too_large_message(self) -> str:
+        return f"the request body is over {self.max_body_bytes} bytes"
+
     def _too_large(self) -> JSONResponse:
-        return JSONResponse(error_body(413, f"the request body is over {self.max_body_bytes} "
-                                            f"bytes"), status_code=413)
+        return JSONResponse(error_body(413, self._too_large_message()), status_code=413)
 
 
 def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
@@ -71,11 +73,6 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
                   description="An OpenAI-compatible server over the tinypaged engine.")
     install_error_handlers(app)
     app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
-
-    @app.exception_handler(413)
-    async def _too_large(request: Request, exc):
-        return JSONResponse(error_body(413, f"the request body is over {config.max_body_bytes} "
-                                            f"bytes"), status_code=413)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

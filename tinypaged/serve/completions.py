@@ -48,7 +48,8 @@ async def create_completion(req: CompletionRequest, request: Request,
     echoes = [(p.prompt if p.prompt is not None else tokenizer.decode(p.prompt_token_ids))
               if req.echo else "" for p in prepared]
 
-    def logprobs_of(out: RequestOutput, sample, token_ids, entries, with_prompt: bool, offset: int):
+    def logprobs_of(out: RequestOutput, token_ids, entries, with_prompt: bool, offset: int):
+        """The logprobs object for these tokens (after the echoed prompt's, if with_prompt)."""
         if req.logprobs is None:
             return None
         if with_prompt:
@@ -62,7 +63,7 @@ async def create_completion(req: CompletionRequest, request: Request,
     if not ok:
         return Response(status_code=499)  # the client left; nobody reads this
     choices = [completion_choice(i * req.n + o.index, echoes[i] + o.text,
-                                 logprobs_of(out, o, o.token_ids, o.logprobs or [], req.echo, 0),
+                                 logprobs_of(out, o.token_ids, o.logprobs or [], req.echo, 0),
                                  o.finish_reason)
                for i, out in enumerate(outputs) for o in out.outputs]
     return JSONResponse(envelope("text_completion", response_id, created, client.model_name,
@@ -88,7 +89,7 @@ async def stream_completion(req: CompletionRequest, client: EngineClient, handle
                 text, ids, entries, finish = taken
                 echo = req.echo and first
                 offset = offsets.get(key, 0)
-                logprobs = logprobs_of(out, o, ids, entries, echo, offset)
+                logprobs = logprobs_of(out, ids, entries, echo, offset)
                 text = (echoes[i] if echo else "") + text
                 offsets[key] = offset + len(text)
                 choice = completion_choice(i * req.n + o.index, text, logprobs, finish)
