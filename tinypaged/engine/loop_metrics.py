@@ -27,7 +27,7 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 @dataclass(slots=True)
 class Histogram:
     bounds: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)  # per bucket (not cumulative), + the +Inf one
+    counts: list[int] = field(init=False)  # per bucket (not cumulative), + the +Inf one
     total: float = 0.0
     count: int = 0
 
@@ -49,7 +49,6 @@ class Histogram:
 class MetricsSnapshot:
     running: int = 0  # requests with a sequence in the running batch
     waiting: int = 0  # requests queued, not yet running (or preempted)
-    kv_cache_usage: float = 0.0  # fraction of KV blocks in use
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
@@ -61,6 +60,11 @@ class MetricsSnapshot:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of KV blocks in use."""
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
 
 
 class LoopMetrics:
@@ -92,7 +96,6 @@ class LoopMetrics:
             m = self._m
             m.running, m.waiting = running, waiting
             m.kv_blocks_used, m.kv_blocks_total = blocks_used, blocks_total
-            m.kv_cache_usage = blocks_used / blocks_total
             m.prefix_cache_queries, m.prefix_cache_hits = prefix_queries, prefix_hits
             m.preemptions = preemptions
 
