@@ -8,6 +8,7 @@ import pytest
 
 from helpers import slow_down, write_tiny_model
 from tinypaged import LLM, EngineDeadError, SamplingParams
+from tinypaged.engine import llm_engine
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20)
 LONG = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
@@ -189,9 +190,16 @@ def test_a_failed_step_reaches_every_caller_in_it_and_the_engine_goes_on(stories
     assert stories.generate(prompts[0], params)[0].token_ids == expected[0]
 
 
-def test_a_sampling_failure_fails_that_request_alone(stories):
+def test_a_sampling_failure_fails_that_request_alone(stories, monkeypatch):
     good = stories.generate("Once upon a time", GREEDY)[0].token_ids
-    broken = SamplingParams(temperature=1e-320, max_tokens=5)  # NaN probabilities
+    broken = SamplingParams(temperature=0.5, seed=13, max_tokens=5)  # seed 13 marks it
+    real_sample = llm_engine.sample
+
+    def sample(logits, params, *args):
+        if params.seed == 13:
+            raise ValueError("Probabilities contain NaN")
+        return real_sample(logits, params, *args)
+    monkeypatch.setattr(llm_engine, "sample", sample)
     got = {}
 
     def bad():

@@ -134,16 +134,16 @@ def test_logit_bias_steers_greedy_choices(tiny):
         llm.generate([prompt], SamplingParams(logit_bias={999: 1.0}))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"presence_penalty": 2.5}, r"presence_penalty=2.5 must be a number in \[-2, 2\]"),
-    ({"frequency_penalty": "1"}, "frequency_penalty='1'"),
-    ({"logit_bias": {1: 101}}, "logit_bias="),
-    ({"logit_bias": {-1: 1}}, "logit_bias="),
-    ({"logprobs": 21}, r"logprobs=21 must be None or an integer in \[0, 20\]"),
-    ({"prompt_logprobs": -1}, "prompt_logprobs=-1"),
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"presence_penalty": 2.5}, ValueError, r"presence_penalty=2.5 must be in \[-2, 2\]"),
+    ({"frequency_penalty": "1"}, TypeError, r"frequency_penalty must be a number, got '1' \(str\)"),
+    ({"logit_bias": {1: 101}}, ValueError, r"logit_bias\[1\]=101 must be in \[-100, 100\]"),
+    ({"logit_bias": {-1: 1}}, ValueError, "logit_bias token id=-1 must be >= 0"),
+    ({"logprobs": 21}, ValueError, r"logprobs=21 must be in \[0, 20\]"),
+    ({"prompt_logprobs": -1}, ValueError, "prompt_logprobs=-1"),
 ])
-def test_invalid_new_sampling_values_are_named(kwargs, message):
-    with pytest.raises(ValueError, match=message):
+def test_invalid_new_sampling_values_are_named(kwargs, error, message):
+    with pytest.raises(error, match=message):
         SamplingParams(**kwargs)
 
 

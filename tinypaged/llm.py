@@ -19,17 +19,12 @@ from .engine.engine_loop import EngineLoop
 from .engine.llm_engine import LLMEngine
 from .engine.loop_metrics import MetricsSnapshot
 from .engine.request import PreparedRequest
+from . import checks
 from .outputs import RequestOutput
+from .prompts import as_prompt_list, is_single_prompt
 from .pull import default_model_dir
 from .request_handle import RequestHandle, async_text_deltas, text_deltas
 from .sampling import SamplingParams
-
-
-def as_prompt_list(prompts) -> list:
-    """One prompt (text or token ids) or a list of them -> a list of prompts."""
-    single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts
-                                           and isinstance(prompts[0], int))
-    return [prompts] if single else list(prompts)
 
 
 class LLM:
@@ -79,15 +74,20 @@ class LLM:
         """Check every prompt first (nothing runs if one is bad), then queue them all."""
         prompts = as_prompt_list(prompts)
         if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(prompts)
+            params = [params] * len(prompts)
+        elif not isinstance(params, (list, tuple)):
+            raise TypeError(f"params must be a SamplingParams or a list of them, got "
+                            f"{type(params).__name__}")
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
         prepared = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
                 prepared.append(self.engine.prepare_request(prompt, p))
-            except ValueError as e:
-                raise ValueError(f"prompt {i}: {e}" if len(prompts) > 1 else str(e)) from None
+            except (ValueError, TypeError) as e:
+                if len(prompts) == 1:
+                    raise
+                raise type(e)(f"prompt {i}: {e}") from None
         handles = []
         try:
             for p in prepared:
@@ -121,20 +121,25 @@ class LLM:
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
         """Text deltas of one request as they are generated (never half a UTF-8
-        character, never part of a stop string). Bad input raises here, at the call.
-        Closing the iterator (or dropping it) aborts the request."""
-        return text_deltas(self.submit(prompt, self._one_sample(params)))
+        character, never part of a stop string). Everything is checked here, at the
+        call, before the iterator is returned. Closing the iterator (or dropping it)
+        aborts the request."""
+        return text_deltas(self.submit(*self._streamable(prompt, params)))
 
     def astream(self, prompt: str | list[int], params: SamplingParams | None = None) -> AsyncIterator[str]:
         """stream() for asyncio: `async for delta in llm.astream(...)`."""
-        return async_text_deltas(self.submit(prompt, self._one_sample(params)))
+        return async_text_deltas(self.submit(*self._streamable(prompt, params)))
 
     @staticmethod
-    def _one_sample(params: SamplingParams | None) -> SamplingParams | None:
-        if params is not None and isinstance(params, SamplingParams) and params.n > 1:
+    def _streamable(prompt, params: SamplingParams | None) -> tuple:
+        """stream() follows one prompt and one sample; refuse what it cannot follow."""
+        if not is_single_prompt(prompt):
+            raise ValueError(f"stream() follows one prompt, got a list of {len(prompt)}: use "
+                             f"generate(), or one stream() per prompt")
+        if isinstance(params, SamplingParams) and params.n > 1:
             raise ValueError(f"stream() follows one sample, and n={params.n}: use submit() "
                              f"and read every sample from its outputs")
-        return params
+        return prompt, params
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
         return self.generate([self.chat_prompt(messages)], params)[0]
@@ -152,10 +157,10 @@ class LLM:
         (ranked by cum_logprob / length ** length_penalty). Beams share blocks. The
         search has the engine to itself: it starts when the running requests are
         done, and requests that arrive meanwhile wait for it."""
-        if not isinstance(beam_width, int) or beam_width < 1:
-            raise ValueError(f"beam_width={beam_width!r} must be an integer >= 1")
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens={max_tokens!r} must be an integer >= 1")
+        beam_width = checks.integer("beam_width", beam_width, 1)
+        max_tokens = checks.integer("max_tokens", max_tokens, 1)
+        length_penalty = checks.number("length_penalty", length_penalty)
+        ignore_eos = checks.boolean("ignore_eos", ignore_eos)
         prompts = as_prompt_list(prompts)
         ids = [self.engine.prompt_ids(p) for p in prompts]  # reject bad input first
         return self._loop.call(lambda: run_beam_searches(

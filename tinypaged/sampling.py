@@ -1,16 +1,14 @@
 """SamplingParams (what a request asks for) and sample() (logits -> next token)."""
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from . import checks
+
 MAX_LOGPROBS = 20  # top alternatives per position at most (OpenAI's and vLLM's limit)
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily (vLLM's epsilon)
 
 
 @dataclass(slots=True)
@@ -33,46 +31,59 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # the same for every prompt token; None = off
 
     def __post_init__(self):
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        if not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop={self.stop!r} must be a list of non-empty strings")
-        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids={self.stop_token_ids!r} must be non-negative integers")
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n={self.n!r} must be an integer >= 1")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p={self.min_p!r} must be in [0, 1]")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty={self.repetition_penalty!r} must be > 0")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1")
-        if not self.temperature >= 0:  # also rejects NaN
-            raise ValueError(f"temperature={self.temperature!r} must be >= 0")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k!r} must be an integer >= 0 (0 disables it)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p!r} must be in (0, 1]")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise ValueError(f"seed={self.seed!r} must be a non-negative integer or None")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not -2 <= value <= 2:
-                raise ValueError(f"{name}={value!r} must be a number in [-2, 2]")
-        if not isinstance(self.logit_bias, dict) or not all(
-                _is_int(t) and t >= 0 and isinstance(b, (int, float)) and math.isfinite(b)
-                and -100 <= b <= 100 for t, b in self.logit_bias.items()):
-            raise ValueError(f"logit_bias={self.logit_bias!r} must map token ids (integers >= 0) "
-                             f"to biases in [-100, 100]")
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
-                raise ValueError(f"{name}={value!r} must be None or an integer in "
-                                 f"[0, {MAX_LOGPROBS}]")
+        """Check every field (TypeError: wrong type, ValueError: out of range) and keep
+        each in its plain type, in containers of its own (see checked())."""
+        self.max_tokens = checks.integer("max_tokens", self.max_tokens, 1)
+        self.temperature = checks.number("temperature", self.temperature, 0)
+        self.top_k = checks.integer("top_k", self.top_k, 0)
+        self.top_p = checks.number("top_p", self.top_p, maximum=1, above=0)
+        self.min_p = checks.number("min_p", self.min_p, 0, 1)
+        self.repetition_penalty = checks.number("repetition_penalty", self.repetition_penalty,
+                                                above=0)
+        self.seed = checks.optional_integer("seed", self.seed, 0)
+        self.n = checks.integer("n", self.n, 1)
+        self.stop = _stop_strings(self.stop)
+        if not isinstance(self.stop_token_ids, (list, tuple, set, np.ndarray)):
+            raise TypeError(f"stop_token_ids must be a list of token ids, got "
+                            f"{type(self.stop_token_ids).__name__}")
+        self.stop_token_ids = [checks.integer("stop_token_ids item", t, 0)
+                               for t in self.stop_token_ids]
+        self.ignore_eos = checks.boolean("ignore_eos", self.ignore_eos)
+        self.presence_penalty = checks.number("presence_penalty", self.presence_penalty, -2, 2)
+        self.frequency_penalty = checks.number("frequency_penalty", self.frequency_penalty, -2, 2)
+        if not isinstance(self.logit_bias, dict):
+            raise TypeError(f"logit_bias must be a dict of token id -> bias, got "
+                            f"{type(self.logit_bias).__name__}")
+        self.logit_bias = {checks.integer("logit_bias token id", t, 0):
+                           checks.number(f"logit_bias[{t}]", b, -100, 100)
+                           for t, b in self.logit_bias.items()}
+        self.logprobs = checks.optional_integer("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        self.prompt_logprobs = checks.optional_integer("prompt_logprobs", self.prompt_logprobs,
+                                                       0, MAX_LOGPROBS)
+
+    def checked(self) -> "SamplingParams":
+        """A validated copy that owns its lists: what a request keeps, so that changing
+        these params after submitting them changes nothing, and a field set to a bad
+        value after construction is caught when the request is added."""
+        return replace(self)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Temperatures below GREEDY_TEMPERATURE are greedy: dividing logits by them
+        overflows, and their distribution is the argmax anyway (vLLM's rule)."""
+        return self.temperature < GREEDY_TEMPERATURE
+
+
+def _stop_strings(stop) -> list[str]:
+    """stop as a list of non-empty strings (one string is a list of one)."""
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, (list, tuple)):
+        raise TypeError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
+    stop = [checks.text("stop item", s) for s in stop]
+    if not all(stop):
+        raise ValueError("stop strings must not be empty")
+    return stop
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:

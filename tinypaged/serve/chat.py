@@ -25,7 +25,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     try:
         prompt = client.llm.chat_prompt(req.chat_messages())
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         raise APIError(400, str(e), param="messages") from None
     max_tokens = req.requested_max_tokens()
     params = build_params(req, max_tokens, logprobs=(req.top_logprobs or 0) if req.logprobs else None)

@@ -28,7 +28,7 @@ def check_common(req, client: EngineClient) -> None:
 def build_params(req, max_tokens: int | None, **logprobs):
     try:
         return req.sampling_params(max_tokens or 1, **logprobs)  # max_tokens set per prompt
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         raise APIError(400, str(e)) from None
 
 

@@ -39,7 +39,7 @@ class EngineClient:
         """Tokenize and check one prompt; max_tokens None means up to the context."""
         try:
             prepared = self.llm.prepare(prompt, params)
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             raise self._bad_request(str(e), prompt_param) from None
         room = self.llm.max_model_len - len(prepared.prompt_token_ids)
         if max_tokens is None:
