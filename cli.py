@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from tinypaged.config import EngineConfig
+from tinypaged.config import EngineConfig, parse_size
 from tinypaged.sampling import SamplingParams
 
 SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
@@ -31,15 +31,11 @@ def _log(msg: str) -> None:
 
 
 def parse_bytes(text: str) -> int:
-    """'536870912', '512M', '2G' -> bytes."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    """'536870912', '512M', '2G' -> bytes (argparse type)."""
     try:
-        if text and text[-1] in units:
-            return int(float(text[:-1]) * units[text[-1]])
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r} (e.g. 536870912, 512M, 2G)")
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def collect_prompts(args) -> list[str]:
@@ -62,6 +58,9 @@ def cmd_generate(args) -> None:
     from tinypaged import LLM
 
     prompts = collect_prompts(args)
+    if args.beam_width and args.n != 1:
+        raise ValueError(f"--beam-width {args.beam_width} returns that many beams per prompt; "
+                         f"--n {args.n} applies to sampling only: give one of them")
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repetition_penalty=args.repetition_penalty, seed=args.seed,

@@ -1,11 +1,15 @@
 """EngineConfig: the knobs of the paged engine (KV pool size, block size, batching)."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
+from . import checks
+
 BACKENDS = ("auto", "cpu", "cuda", "reference")
-DEFAULT_KV_MEMORY_FRACTION = 0.2  # of available RAM, when neither size is given
+DEFAULT_KV_MEMORY_FRACTION = 0.2  # of available RAM at most, when no pool size is given
+MAX_BLOCK_SIZE = 1024  # tokens per block; larger blocks waste up to a block per sequence
 
 
 def available_memory_bytes() -> int:
@@ -20,10 +24,33 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def parse_size(text: str) -> int:
+    """'536870912', '512M', '1.5G', '64KiB' -> bytes; ValueError for anything else."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    body = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        scale = units[body[-1]] if body and body[-1] in units else 1
+        value = float(body[:-1] if scale > 1 else body)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"invalid size {text!r}: give a positive number of bytes, "
+                         f"e.g. 536870912, 512M or 2G")
+    return int(value * scale)
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} bytes"
+
+
 @dataclass(slots=True)
 class EngineConfig:
     block_size: int = 16  # tokens per KV block
-    kv_cache_memory: int | None = None  # bytes for the KV pool; None: a share of free RAM
+    kv_cache_memory: int | str | None = None  # bytes ("512M" too) for the KV pool; None: sized
+    #   for max_num_seqs x max_model_len, capped by a share of free memory (kv_pool.py)
     num_blocks: int | None = None  # pool size in blocks; overrides kv_cache_memory
     max_num_seqs: int = 64  # sequences in the running batch at most
     max_num_batched_tokens: int = 512  # tokens per step; longer prompts are prefilled in chunks
@@ -34,40 +61,22 @@ class EngineConfig:
     gpu_weight_dtype: str = "float16"  # CUDA: how weight matrices are stored on the device
 
     def __post_init__(self):
-        if not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ValueError(f"block_size={self.block_size!r} must be a positive integer")
-        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
-            raise ValueError(f"kv_cache_memory={self.kv_cache_memory!r} must be a positive "
-                             f"number of bytes")
-        if self.num_blocks is not None and (not isinstance(self.num_blocks, int)
-                                            or self.num_blocks < 1):
-            raise ValueError(f"num_blocks={self.num_blocks!r} must be a positive integer")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs={self.max_num_seqs!r} must be >= 1")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens!r} "
-                             f"must be >= 1")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"max_model_len={self.max_model_len!r} must be >= 2")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend={self.backend!r} is not one of {BACKENDS}")
-        if self.gpu_weight_dtype not in ("float16", "float32"):
-            raise ValueError(f"gpu_weight_dtype={self.gpu_weight_dtype!r} must be 'float16' "
-                             f"or 'float32'")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization!r} "
-                             f"must be in (0, 1]")
-
-    def resolve_num_blocks(self, bytes_per_block: int, default_memory) -> int:
-        """Pool size in blocks: num_blocks, else kv_cache_memory (or the backend's
-        default, default_memory(self), asked only then) // bytes per block."""
-        if self.num_blocks is not None:
-            return self.num_blocks
-        memory = self.kv_cache_memory
-        if memory is None:
-            memory = default_memory(self)
-        blocks = int(memory // bytes_per_block)
-        if blocks < 1:
-            raise ValueError(f"kv_cache_memory={memory} bytes holds no block "
-                             f"(one block needs {bytes_per_block} bytes)")
-        return blocks
+        """Check every field (TypeError: wrong type, ValueError: out of range)."""
+        self.block_size = checks.integer("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
+        if isinstance(self.kv_cache_memory, str):
+            self.kv_cache_memory = parse_size(self.kv_cache_memory)
+        elif self.kv_cache_memory is not None:
+            self.kv_cache_memory = int(checks.number("kv_cache_memory", self.kv_cache_memory,
+                                                     above=0))
+        self.num_blocks = checks.optional_integer("num_blocks", self.num_blocks, 1)
+        self.max_num_seqs = checks.integer("max_num_seqs", self.max_num_seqs, 1)
+        self.max_num_batched_tokens = checks.integer("max_num_batched_tokens",
+                                                     self.max_num_batched_tokens, 1)
+        self.max_model_len = checks.optional_integer("max_model_len", self.max_model_len, 2)
+        self.enable_prefix_caching = checks.boolean("enable_prefix_caching",
+                                                    self.enable_prefix_caching)
+        self.backend = checks.one_of("backend", self.backend, BACKENDS)
+        self.gpu_memory_utilization = checks.number("gpu_memory_utilization",
+                                                    self.gpu_memory_utilization, maximum=1, above=0)
+        self.gpu_weight_dtype = checks.one_of("gpu_weight_dtype", self.gpu_weight_dtype,
+                                              ("float16", "float32"))

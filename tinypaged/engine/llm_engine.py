@@ -9,11 +9,13 @@ from ..kernels import get_backend
 from ..logprobs import token_logprobs
 from ..model.llama import LlamaModel, PagedKVCache
 from ..model.weights import load_model
-from ..outputs import RequestOutput, TokenLogprobs
+from ..outputs import KV_CACHE_FULL, RequestOutput, TokenLogprobs
+from ..prompts import normalize_prompt
 from ..sampling import SamplingParams, sample
 from ..tokenizer import Tokenizer
 from .block_manager import BlockManager, blocks_for
-from .block_map import render_block_map
+from .block_map import PoolPicture, render_block_map
+from .kv_pool import check_pool_fits, check_rope_fits, pool_blocks
 from .model_runner import ModelRunner
 from .request import PreparedRequest, Request
 from .scheduler import Scheduler
@@ -29,9 +31,12 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
         ops = get_backend(config.backend, config.gpu_weight_dtype)
-        model = LlamaModel(cfg, weights, ops)  # weights go where the backend computes
-        num_blocks = config.resolve_num_blocks(PagedKVCache.bytes_per_block(cfg, bs),
-                                               ops.default_kv_memory)
+        check_rope_fits(self.max_model_len, cfg.head_dim, ops.memory_available())
+        model = LlamaModel(cfg, weights, ops, self.max_model_len)  # weights go to the backend
+        bytes_per_block = PagedKVCache.bytes_per_block(cfg, bs)
+        num_blocks = pool_blocks(config, bytes_per_block, self.max_model_len,
+                                 ops.default_kv_memory)
+        check_pool_fits(num_blocks, bytes_per_block, ops.memory_available())
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens)
@@ -44,7 +49,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0,
                          "kv_utilization_sum": 0.0, "kv_utilization_steps": 0, "peak_blocks": 0}
-        self.peak_block_map = ""  # the pool's picture when it held the most blocks
+        self.peak_picture: PoolPicture | None = None  # the pool when it held the most blocks
 
     # -- requests --------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -52,13 +57,17 @@ class LLMEngine:
         """Queue a request; raises ValueError (and queues nothing) for bad input."""
         return self.add_prepared(self.prepare_request(prompt, params), request_id)
 
-    def prepare_request(self, prompt: str | list[int],
-                        params: SamplingParams | None = None) -> PreparedRequest:
+    def prepare_request(self, prompt, params: SamplingParams | None = None) -> PreparedRequest:
         """Check a request and tokenize its prompt, touching no engine state (so any
-        thread may call it); raises ValueError naming what is wrong."""
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        thread may call it). Raises TypeError or ValueError naming what is wrong. The
+        request keeps its own checked copy of params (SamplingParams.checked)."""
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        else:
+            params = params.checked()  # catches fields changed after construction
+        prompt = normalize_prompt(prompt)
         ids = self.prompt_ids(prompt)
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
@@ -80,13 +89,14 @@ class LLMEngine:
         return request_id
 
     def prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        """A prompt's token ids, checked against the vocabulary, max_model_len and the pool."""
+        """A normalized prompt's token ids (see prompts.normalize_prompt), checked against
+        the vocabulary, max_model_len and the pool."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty: give at least one character of text")
             ids = self.tokenizer.encode(prompt)
         else:
-            ids = [int(t) for t in prompt]
+            ids = list(prompt)
             bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
             if bad:
                 raise ValueError(f"prompt token id {bad[0]} is out of range "
@@ -129,7 +139,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         touched: dict[str, Request] = {}
         for seq in batch.out_of_memory:
-            self._finish(seq, "length")
+            self._finish(seq, KV_CACHE_FULL)
             touched[seq.request_id] = self.requests[seq.request_id]
         if batch:
             self.counters["steps"] += 1
@@ -232,13 +242,19 @@ class LLMEngine:
         self.scheduler.finish(seq, reason)
         self.requests[seq.request_id].texts[seq.sample_index].finish()
 
-    # -- statistics ----------------------------------------------------------------
+    # -- statistics (kept off the hot path: a few list copies per step at most) -------
     def note_peak(self, live: list[Sequence]) -> None:
-        """Keep a picture of the pool whenever it holds more blocks than ever before."""
+        """Keep a picture of the pool whenever it holds more blocks than ever before
+        (only the block tables are copied; it is drawn when asked for)."""
         used = self.block_manager.num_blocks - self.block_manager.num_free_blocks
         if used > self.counters["peak_blocks"]:
             self.counters["peak_blocks"] = used
-            self.peak_block_map = render_block_map(self.block_manager, live)
+            self.peak_picture = PoolPicture.take(self.block_manager, live)
+
+    @property
+    def peak_block_map(self) -> str:
+        """The pool's picture when it held the most blocks ("" before any step)."""
+        return self.peak_picture.render() if self.peak_picture else ""
 
     def block_map(self) -> str:
         """The pool now: one character per block, and every live sequence's block table."""
@@ -250,15 +266,21 @@ class LLMEngine:
             self.counters["kv_utilization_steps"] += 1
 
     def kv_utilization(self) -> float:
-        """Tokens stored / slots in allocated blocks (a shared block counts once)."""
-        bs, filled = self.config.block_size, {}
+        """Tokens stored / slots in allocated blocks (a shared block counts once). Only a
+        sequence's first block past its computed tokens' full blocks is part-filled, and
+        any after it are empty (taken for tokens this step did not reach), so this costs
+        one look per sequence whatever the context length."""
+        bs, empty, seen = self.config.block_size, 0, set()
         for seq in self.scheduler.running:
-            for i, block_id in enumerate(seq.block_table):
-                n = min(bs, seq.num_computed_tokens - i * bs)
-                if n > 0:
-                    filled[block_id] = max(filled.get(block_id, 0), n)
+            table, computed = seq.block_table, seq.num_computed_tokens
+            full = computed // bs
+            if full < len(table):
+                if table[full] not in seen:  # forked samples share it until copy-on-write
+                    seen.add(table[full])
+                    empty += bs - computed % bs
+                empty += (len(table) - full - 1) * bs
         used = self.block_manager.num_blocks - self.block_manager.num_free_blocks
-        return sum(filled.values()) / (used * bs) if used else 1.0
+        return (used * bs - empty) / (used * bs) if used else 1.0
 
     def stats(self) -> dict:
         bm, c = self.block_manager, self.counters

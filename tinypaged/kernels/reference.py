@@ -111,9 +111,16 @@ def copy_blocks(k_cache: np.ndarray, v_cache: np.ndarray, pairs: list[tuple[int,
 # prepare_weights / allocate_kv / prepare_inputs / to_host move data across.
 
 def default_kv_memory(config) -> int:
-    """Bytes for the KV pool when the user names no size: a share of free RAM."""
+    """Bytes the KV pool may take at most when the user names no size: a share of free RAM."""
     from ..config import DEFAULT_KV_MEMORY_FRACTION, available_memory_bytes
     return int(available_memory_bytes() * DEFAULT_KV_MEMORY_FRACTION)
+
+
+def memory_available() -> int:
+    """Bytes the backend can allocate now (here: free RAM); checked before the KV pool
+    and the RoPE tables are allocated."""
+    from ..config import available_memory_bytes
+    return available_memory_bytes()
 
 
 def prepare_weights(weights: dict[str, np.ndarray]) -> dict:

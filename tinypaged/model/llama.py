@@ -29,10 +29,13 @@ class PagedKVCache:
 
 
 class LlamaModel:
-    def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], ops):
+    def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], ops,
+                 max_positions: int | None = None):
+        """max_positions: positions the RoPE tables cover (the engine's max_model_len;
+        None: the model's max_position_embeddings)."""
         self.cfg, self.w, self.ops = cfg, ops.prepare_weights(weights), ops
-        self.cos, self.sin = ops.rope_tables(cfg.max_position_embeddings, cfg.head_dim,
-                                             cfg.rope_theta)  # (max_pos, D/2) each
+        self.cos, self.sin = ops.rope_tables(max_positions or cfg.max_position_embeddings,
+                                             cfg.head_dim, cfg.rope_theta)  # (positions, D/2) each
 
     def forward(self, token_ids: np.ndarray, meta: AttentionMetadata,
                 kv: PagedKVCache) -> np.ndarray:

@@ -7,6 +7,8 @@ the logits of the rows that sample come back.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import cuda
 
@@ -20,6 +22,16 @@ WORKSPACE_RESERVE = 2 << 30  # bytes kept out of the KV pool for step activation
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def free_device_memory() -> int:
+    """Bytes free on the device now. The simulator reports infinite memory; its
+    "device" arrays live in host RAM, so that is what it has."""
+    free, _ = cuda.current_context().get_memory_info()
+    if not math.isfinite(free):
+        from ...config import available_memory_bytes
+        return available_memory_bytes()
+    return int(free)
 
 
 class CudaBackend:
@@ -39,8 +51,11 @@ class CudaBackend:
     def default_kv_memory(self, config) -> int:
         """gpu_memory_utilization of the device memory free now (weights are already
         up), less a reserve for the step workspace and metadata."""
-        free, _ = cuda.current_context().get_memory_info()
-        return int(free * config.gpu_memory_utilization) - WORKSPACE_RESERVE
+        return int(free_device_memory() * config.gpu_memory_utilization) - WORKSPACE_RESERVE
+
+    def memory_available(self) -> int:
+        """Device bytes free now, less the step workspace's reserve."""
+        return max(0, free_device_memory() - WORKSPACE_RESERVE)
 
     def prepare_weights(self, weights: dict[str, np.ndarray]) -> dict:
         """Upload once: 2-D matrices as weight_dtype, everything else as float32. A tied
