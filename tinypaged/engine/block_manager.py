@@ -39,6 +39,7 @@ class BlockManager:
         # ref_count == 0 blocks; the front is evicted first
         self.free_list: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[int, int] = {}  # hash -> block id holding that prefix block
+        self.num_cached_free_blocks = 0  # free blocks still findable in the prefix cache
         self.prefix_query_tokens = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hit_tokens = 0  # of those, found
 
@@ -51,10 +52,10 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self.free_list)
 
-    @property
-    def num_cached_free_blocks(self) -> int:
-        """Free blocks whose content is still findable in the prefix cache."""
-        return sum(1 for b in self.free_list if self._is_cached(self.blocks[b]))
+    def cached_free_block_ids(self) -> list[int]:
+        """The free blocks whose content is still findable (a walk over the free list;
+        num_cached_free_blocks counts them at no cost)."""
+        return [b for b in self.free_list if self._is_cached(self.blocks[b])]
 
     def _is_cached(self, block: Block) -> bool:
         return block.hash is not None and self.cached.get(block.hash) == block.block_id
@@ -65,6 +66,7 @@ class BlockManager:
         block = self.blocks[block_id]
         if self._is_cached(block):  # evict its prefix-cache entry
             del self.cached[block.hash]
+            self.num_cached_free_blocks -= 1
         block.hash, block.token_ids, block.ref_count = None, None, 1
         return block_id
 
@@ -101,8 +103,9 @@ class BlockManager:
         hits = self._prefix_hits(seq)
         for block_id in hits:
             block = self.blocks[block_id]
-            if block.ref_count == 0:
+            if block.ref_count == 0:  # revived from the free list
                 del self.free_list[block_id]
+                self.num_cached_free_blocks -= 1
             block.ref_count += 1
             seq.block_table.append(block_id)
         for _ in range(blocks_for(len(seq), self.block_size) - len(hits)):
@@ -155,7 +158,9 @@ class BlockManager:
             assert block.ref_count >= 0
             if block.ref_count == 0:
                 self.free_list[block_id] = None
-                if not self._is_cached(block):
+                if self._is_cached(block):
+                    self.num_cached_free_blocks += 1
+                else:
                     self.free_list.move_to_end(block_id, last=False)
         seq.block_table = []
         seq.num_computed_tokens = 0
@@ -205,3 +210,5 @@ class BlockManager:
                 f"block {block.block_id}: free list and ref count disagree"
         for h, block_id in self.cached.items():
             assert self.blocks[block_id].hash == h, f"cache entry for block {block_id} is stale"
+        assert self.num_cached_free_blocks == len(self.cached_free_block_ids()), \
+            "cached free block count drifted"

@@ -1,5 +1,12 @@
-"""A text picture of the KV pool: one character per block, then each sequence's table."""
+"""A text picture of the KV pool: one character per block, then each sequence's table.
+
+Taking a picture (PoolPicture.take) only copies the live sequences' block tables,
+so the engine can keep one at every new peak for the cost of a few list copies;
+drawing it (render) walks the whole pool and happens only when someone asks.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from .block_manager import BlockManager
 from .sequence import Sequence
@@ -9,25 +16,56 @@ LEGEND = ("# in use, 2-9 shared by that many sequences, + by 10 or more, "
 WIDTH = 64  # blocks per line
 
 
-def block_char(bm: BlockManager, block_id: int) -> str:
-    block = bm.blocks[block_id]
-    if block.ref_count == 0:
-        return "c" if bm.cached.get(block.hash) == block_id and block.hash is not None else "."
-    if block.ref_count == 1:
+@dataclass(slots=True, frozen=True)
+class PoolPicture:
+    num_blocks: int
+    block_size: int
+    tables: tuple[tuple[str, int, int, tuple[int, ...]], ...]  # (request, sample, tokens, blocks)
+    num_cached_free: int
+    cached_free: frozenset[int] | None = None  # which blocks those are; None: not recorded
+
+    @classmethod
+    def take(cls, bm: BlockManager, seqs: list[Sequence], where_cached: bool = False):
+        """The pool now, held by `seqs` (every sequence holding blocks). where_cached
+        also records which free blocks are cached (a walk over the free list)."""
+        tables = tuple((s.request_id, s.sample_index, len(s), tuple(s.block_table)) for s in seqs)
+        cached = frozenset(bm.cached_free_block_ids()) if where_cached else None
+        return cls(bm.num_blocks, bm.block_size, tables, bm.num_cached_free_blocks, cached)
+
+    @property
+    def num_used(self) -> int:
+        return len({b for *_, blocks in self.tables for b in blocks})
+
+    def render(self) -> str:
+        holders = [0] * self.num_blocks
+        for *_, blocks in self.tables:
+            for b in blocks:
+                holders[b] += 1
+        cached = self.cached_free or frozenset()
+        chars = [_char(n, b in cached) for b, n in enumerate(holders)]
+        last = max((i for i, c in enumerate(chars) if c != "."), default=-1)
+        shown = chars[:max(last + 1, min(WIDTH, len(chars)))]
+        lines = [f"KV pool: {self.num_blocks} blocks x {self.block_size} tokens ({LEGEND})"]
+        lines += ["".join(shown[i:i + WIDTH]) for i in range(0, len(shown), WIDTH)]
+        if len(shown) < len(chars):
+            lines.append(f"... and {len(chars) - len(shown)} more free blocks")
+        if self.cached_free is None and self.num_cached_free:
+            lines.append(f"({self.num_cached_free} of the free blocks held cached prefixes; "
+                         f"not placed in this picture)")
+        for request_id, sample, tokens, blocks in self.tables:
+            lines.append(f"request {request_id} sample {sample}: {tokens} tokens "
+                         f"in blocks [{' '.join(map(str, blocks))}]")
+        return "\n".join(lines)
+
+
+def _char(holders: int, cached: bool) -> str:
+    if holders == 0:
+        return "c" if cached else "."
+    if holders == 1:
         return "#"
-    return str(block.ref_count) if block.ref_count < 10 else "+"
+    return str(holders) if holders < 10 else "+"
 
 
 def render_block_map(bm: BlockManager, seqs: list[Sequence]) -> str:
-    chars = [block_char(bm, b) for b in range(bm.num_blocks)]
-    last = max((i for i, c in enumerate(chars) if c != "."), default=-1)
-    shown = chars[:max(last + 1, min(WIDTH, len(chars)))]
-    lines = [f"KV pool: {bm.num_blocks} blocks x {bm.block_size} tokens ({LEGEND})"]
-    lines += ["".join(shown[i:i + WIDTH]) for i in range(0, len(shown), WIDTH)]
-    if len(shown) < len(chars):
-        lines.append(f"... and {len(chars) - len(shown)} more free blocks")
-    for seq in seqs:
-        table = " ".join(map(str, seq.block_table))
-        lines.append(f"request {seq.request_id} sample {seq.sample_index}: {len(seq)} tokens "
-                     f"in blocks [{table}]")
-    return "\n".join(lines)
+    """The pool now, cached blocks placed: PoolPicture.take(...).render()."""
+    return PoolPicture.take(bm, seqs, where_cached=True).render()

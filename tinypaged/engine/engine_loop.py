@@ -194,12 +194,11 @@ class EngineLoop:
 
     def _step(self) -> None:
         outputs = self.engine.step()  # an exception here ends the loop (see _run)
-        now = time.monotonic()
-        for out in outputs:
-            stream = self._streams.get(out.request_id)
-            if stream is None:  # added to the engine directly, not through the loop
-                continue
-            self.metrics.observe(stream, out, now)
+        # (a request with no stream was added to the engine directly, not by the loop)
+        pairs = [(self._streams.get(out.request_id), out) for out in outputs]
+        pairs = [(stream, out) for stream, out in pairs if stream is not None]
+        self.metrics.observe_step(pairs, time.monotonic())
+        for stream, out in pairs:
             if out.error is not None:
                 self._end(stream, error=out.error)
             elif out.finished:

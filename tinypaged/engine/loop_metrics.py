@@ -35,9 +35,14 @@ class Histogram:
         self.counts = [0] * (len(self.bounds) + 1)
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-        self.count += 1
+        self.observe_many((value,))
+
+    def observe_many(self, values) -> None:
+        counts, bounds = self.counts, self.bounds
+        for value in values:
+            counts[bisect.bisect_left(bounds, value)] += 1
+            self.total += value
+            self.count += 1
 
     def copy(self) -> "Histogram":
         h = Histogram(self.bounds)
@@ -74,21 +79,32 @@ class LoopMetrics:
 
     def observe(self, stream: RequestStream, out: RequestOutput, now: float) -> None:
         """Account one output of a request (loop thread)."""
-        tokens = sum(len(o.token_ids) for o in out.outputs)
+        self.observe_step([(stream, out)], now)
+
+    def observe_step(self, pairs: list[tuple[RequestStream, RequestOutput]], now: float) -> None:
+        """Account one step's outputs (loop thread): one lock for the whole step."""
+        ttft, itl, e2e = [], [], []
         with self._lock:
             m = self._m
-            if tokens > stream.num_tokens_seen:
-                if stream.first_token_time is None:
-                    stream.first_token_time = now
-                    m.ttft.observe(now - stream.arrival)
-                    m.prompt_tokens += len(out.prompt_token_ids)
-                else:
-                    m.itl.observe(now - stream.last_token_time)
-                m.generation_tokens += tokens - stream.num_tokens_seen
-                stream.num_tokens_seen, stream.last_token_time = tokens, now
-            if out.finished:
-                m.e2e.observe(now - stream.arrival)
-                m.finished[out.outputs[0].finish_reason or "abort"] += 1
+            for stream, out in pairs:
+                samples = out.outputs
+                tokens = (len(samples[0].token_ids) if len(samples) == 1
+                          else sum(len(o.token_ids) for o in samples))
+                if tokens > stream.num_tokens_seen:
+                    if stream.first_token_time is None:
+                        stream.first_token_time = now
+                        ttft.append(now - stream.arrival)
+                        m.prompt_tokens += len(out.prompt_token_ids)
+                    else:
+                        itl.append(now - stream.last_token_time)
+                    m.generation_tokens += tokens - stream.num_tokens_seen
+                    stream.num_tokens_seen, stream.last_token_time = tokens, now
+                if out.finished:
+                    e2e.append(now - stream.arrival)
+                    m.finished[samples[0].finish_reason or "abort"] += 1
+            m.ttft.observe_many(ttft)
+            m.itl.observe_many(itl)
+            m.e2e.observe_many(e2e)
 
     def set_engine_state(self, running: int, waiting: int, blocks_used: int, blocks_total: int,
                          prefix_queries: int, prefix_hits: int, preemptions: int) -> None:
