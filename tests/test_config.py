@@ -45,7 +45,7 @@ def test_unsupported_architecture_names_it_and_the_supported_ones():
     ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ({"rope_scaling": {"type": "llama3"}}, "rope_scaling"),
     ({"vocab_size": 0}, "vocab_size=0 must be positive"),
-    ({"vocab_size": "many"}, "wrong type"),
+    ({"vocab_size": "many"}, "vocab_size must be an integer, got 'many'"),
 ])
 def test_invalid_values_are_named(change, message):
     with pytest.raises(ValueError, match=message):

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 
 from .config import ModelConfig
 from .safetensors_io import read_model_tensors
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -35,8 +39,27 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def check_layer_count(names, cfg: ModelConfig, where: str) -> None:
+    """The weights hold exactly layers 0 .. num_hidden_layers - 1; else a ValueError
+    naming the missing or extra layers."""
+    found = {int(m.group(1)) for m in map(_LAYER.match, names) if m}
+    expected = set(range(cfg.num_hidden_layers))
+    missing, extra = sorted(expected - found), sorted(found - expected)
+    if missing or extra:
+        problem = (f"lack {_layers(missing)}" if missing else f"also hold {_layers(extra)}")
+        raise ValueError(f"{where}: config.json says num_hidden_layers={cfg.num_hidden_layers}, "
+                         f"but the weights {problem}")
+
+
+def _layers(numbers: list[int]) -> str:
+    if len(numbers) == 1:
+        return f"layer {numbers[0]}"
+    return f"layers {numbers[0]}-{numbers[-1]}" if len(numbers) > 2 else f"layers {numbers[0]}, {numbers[1]}"
+
+
 def check_weights(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str) -> None:
-    """Raise ValueError naming the first missing or misshapen tensor."""
+    """Raise ValueError naming a wrong layer count, or the first missing or misshapen tensor."""
+    check_layer_count(weights, cfg, where)
     for name, shape in expected_shapes(cfg).items():
         if name not in weights:
             raise ValueError(f"{where}: tensor {name!r} is missing")
