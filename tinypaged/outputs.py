@@ -3,6 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# A sample the KV pool could no longer hold even with every other sequence preempted:
+# it was cut short, like "length", but by memory. Raise kv_cache_memory (or
+# num_blocks), or ask for fewer max_tokens. The server reports it as "length".
+KV_CACHE_FULL = "kv_cache_full"
+
 
 @dataclass(slots=True)
 class TokenLogprobs:
@@ -16,9 +21,12 @@ class TokenLogprobs:
 @dataclass(slots=True)
 class CompletionOutput:
     index: int  # which of the request's n samples
-    text: str = ""
+    text: str = ""  # a character cut short by the end of generation is left out;
+    #                  token_ids keep all its bytes
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" (EOS, stop token or string), "length", "abort", "error"
+    # "stop" (EOS, stop token or string), "length" (max_tokens or max_model_len),
+    # KV_CACHE_FULL, "abort", "error" (see RequestOutput.error)
+    finish_reason: str | None = None
     logprobs: list[TokenLogprobs] | None = None  # per token of token_ids, when asked for
     cumulative_logprob: float | None = None  # sum of those logprobs, when asked for
 

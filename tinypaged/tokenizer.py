@@ -8,6 +8,8 @@ import re
 
 from tokenizers import Tokenizer as HFTokenizer
 
+from . import checks
+
 _CHATML_SYSTEM = re.compile(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", re.S)
 CHAT_ROLES = ("system", "user", "assistant")
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -27,6 +29,18 @@ def _byte_level_chars() -> dict[str, int]:
     return table
 
 
+def _read_json(path: str) -> dict:
+    """A JSON object from path; any problem is a ValueError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: invalid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
 class Tokenizer:
     def __init__(self, model_dir: str | os.PathLike):
         model_dir = os.fspath(model_dir)
@@ -37,20 +51,21 @@ class Tokenizer:
             self._tok = HFTokenizer.from_file(path)
         except Exception as e:  # the Rust side raises a bare Exception on bad JSON
             raise ValueError(f"{path}: cannot load tokenizer ({e})") from None
-        with open(path, encoding="utf-8") as f:
-            decoder = json.load(f).get("decoder") or {}
+        decoder = _read_json(path).get("decoder") or {}
         parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
         self._byte_level = _byte_level_chars() if any(
             d.get("type") == "ByteLevel" for d in parts) else None
         self._special_ids = set(self._tok.get_added_tokens_decoder())
-        config = {}
         config_path = os.path.join(model_dir, "tokenizer_config.json")
-        if os.path.isfile(config_path):
-            with open(config_path, encoding="utf-8") as f:
-                config = json.load(f)
-        self.chat_template: str | None = config.get("chat_template")
+        config = _read_json(config_path) if os.path.isfile(config_path) else {}
+        self.chat_template = config.get("chat_template")
+        if self.chat_template is not None and not isinstance(self.chat_template, str):
+            raise ValueError(f"{config_path}: chat_template must be a string (a list of "
+                             f"named templates is not supported)")
         eos = config.get("eos_token")
         eos = eos.get("content") if isinstance(eos, dict) else eos  # HF allows an AddedToken dict
+        if eos is not None and not isinstance(eos, str):
+            raise ValueError(f"{config_path}: eos_token must be a string, got {eos!r}")
         self.eos_token_id = self._tok.token_to_id(eos) if eos else None
 
     @property
@@ -58,7 +73,8 @@ class Tokenizer:
         return self._tok.get_vocab_size()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids of text; a str with lone surrogates is a ValueError (checks.text)."""
+        return self._tok.encode(checks.text("prompt", text), add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
@@ -82,6 +98,10 @@ class Tokenizer:
         A template that opens with a default system prompt (SmolLM2's does) gets it
         when the conversation has none.
         """
+        if not isinstance(messages, (list, tuple)) or not all(isinstance(m, dict) for m in messages):
+            raise TypeError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, "
+                            f"got {type(messages).__name__}" + (
+                                f" {messages[:40]!r}" if isinstance(messages, str) else ""))
         if not self.chat_template:
             raise ValueError("this model has no chat template (tokenizer_config.json "
                              "has no chat_template); use a plain prompt")
@@ -95,10 +115,10 @@ class Tokenizer:
         if default_system and messages[0].get("role") != "system":
             parts.append(f"<|im_start|>system\n{default_system.group(1)}<|im_end|>\n")
         for i, m in enumerate(messages):
-            if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or \
-                    not isinstance(m.get("content"), str):
+            if m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
                 raise ValueError(f"message {i} must be {{'role': one of {CHAT_ROLES}, "
                                  f"'content': str}}, got {m!r}")
+            checks.text(f"message {i} content", m["content"])
             parts.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
         if add_generation_prompt:
             parts.append("<|im_start|>assistant\n")
@@ -132,8 +152,9 @@ class IncrementalDetokenizer:
         return ""
 
     def flush(self) -> str:
-        """Whatever is still held back at the end of generation (e.g. a broken character)."""
+        """Whatever is still held back at the end of generation, less a character cut
+        short at the very end (its bytes decode as U+FFFD; token ids keep them)."""
         prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
         full = self.tokenizer.decode(self.ids[self.prefix_offset:])
         self.prefix_offset = self.read_offset = len(self.ids)
-        return full[len(prefix):]
+        return full[len(prefix):].rstrip("\ufffd")

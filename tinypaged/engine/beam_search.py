@@ -129,7 +129,7 @@ class BeamSearch:
     def best(self) -> list[Beam]:
         beams = sorted(self.finished, key=lambda b: -b.score)[:self.width]
         for beam in beams:
-            beam.text = self.engine.tokenizer.decode(beam.token_ids)
+            beam.text = self.engine.tokenizer.decode(beam.token_ids).rstrip("\ufffd")  # no cut-short character
         return beams
 
 

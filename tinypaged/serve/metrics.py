@@ -2,7 +2,10 @@
 metric names, so dashboards built for vLLM read them unchanged."""
 from __future__ import annotations
 
+from collections import Counter
+
 from ..engine.loop_metrics import Histogram, MetricsSnapshot
+from .openai_format import openai_finish_reason
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -12,6 +15,14 @@ def _labels(model: str, **extra: str) -> str:
     escaped = (f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
                for k, v in pairs.items())
     return "{" + ",".join(escaped) + "}"
+
+
+def _openai_reasons(finished: Counter) -> Counter:
+    """Finish reasons as the API reports them (kv_cache_full counts as length)."""
+    out = Counter()
+    for reason, count in finished.items():
+        out[openai_finish_reason(reason)] += count
+    return out
 
 
 def _sample(name: str, kind: str, help_text: str, lines: list[str]) -> list[str]:
@@ -52,7 +63,7 @@ def render(m: MetricsSnapshot, model: str) -> str:
     out += one("vllm:generation_tokens_total", "counter", "Tokens generated.", m.generation_tokens)
     out += _sample("vllm:request_success_total", "counter", "Requests finished, by finish reason.",
                    [f"vllm:request_success_total{_labels(model, finished_reason=reason)} {count}"
-                    for reason, count in sorted(m.finished.items())])
+                    for reason, count in sorted(_openai_reasons(m.finished).items())])
     out += _histogram("vllm:time_to_first_token_seconds", "Time to first token in seconds.",
                       m.ttft, model)
     out += _histogram("vllm:inter_token_latency_seconds", "Time between output tokens in seconds.",

@@ -5,7 +5,7 @@ cumulative snapshots and hands out only what is new since the last chunk.
 """
 from __future__ import annotations
 
-from ..outputs import CompletionOutput, RequestOutput, TokenLogprobs
+from ..outputs import KV_CACHE_FULL, CompletionOutput, RequestOutput, TokenLogprobs
 from ..tokenizer import Tokenizer
 
 
@@ -70,17 +70,25 @@ class ChoiceDelta:
         return text, ids, logprobs, finish
 
 
+def openai_finish_reason(reason: str | None) -> str | None:
+    """The engine's reasons in OpenAI's words: a sequence the KV pool could no longer
+    hold ("kv_cache_full") was cut for length. "abort" and "error" stay (vLLM's)."""
+    return "length" if reason == KV_CACHE_FULL else reason
+
+
 def completion_choice(index: int, text: str, logprobs: dict | None, finish: str | None) -> dict:
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+    return {"index": index, "text": text, "logprobs": logprobs,
+            "finish_reason": openai_finish_reason(finish)}
 
 
 def chat_choice(index: int, content: str, logprobs: dict | None, finish: str | None) -> dict:
     return {"index": index, "message": {"role": "assistant", "content": content},
-            "logprobs": logprobs, "finish_reason": finish}
+            "logprobs": logprobs, "finish_reason": openai_finish_reason(finish)}
 
 
 def chat_delta_choice(index: int, delta: dict, logprobs: dict | None, finish: str | None) -> dict:
-    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    return {"index": index, "delta": delta, "logprobs": logprobs,
+            "finish_reason": openai_finish_reason(finish)}
 
 
 def envelope(kind: str, response_id: str, created: int, model: str, choices: list[dict],
