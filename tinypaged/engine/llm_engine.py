@@ -266,19 +266,20 @@ class LLMEngine:
             self.counters["kv_utilization_steps"] += 1
 
     def kv_utilization(self) -> float:
-        """Tokens stored / slots in allocated blocks (a shared block counts once). Only a
-        sequence's first block past its computed tokens' full blocks is part-filled, and
-        any after it are empty (taken for tokens this step did not reach), so this costs
-        one look per sequence whatever the context length."""
+        """Tokens stored / slots in allocated blocks (a shared block counts once).
+        Only full blocks are shared, except the part-filled last block that n samples
+        share from their fork until copy-on-write; so a sequence's empty slots are
+        its slots past its computed tokens, counted once for samples of a fork."""
         bs, empty, seen = self.config.block_size, 0, set()
         for seq in self.scheduler.running:
-            table, computed = seq.block_table, seq.num_computed_tokens
-            full = computed // bs
-            if full < len(table):
-                if table[full] not in seen:  # forked samples share it until copy-on-write
-                    seen.add(table[full])
-                    empty += bs - computed % bs
-                empty += (len(table) - full - 1) * bs
+            computed = seq.num_computed_tokens
+            slack = len(seq.block_table) * bs - computed
+            if slack and seq.params.n > 1:
+                last = seq.block_table[computed // bs]
+                if last in seen:  # counted with the sample it was forked from
+                    slack -= bs - computed % bs
+                seen.add(last)
+            empty += slack
         used = self.block_manager.num_blocks - self.block_manager.num_free_blocks
         return (used * bs - empty) / (used * bs) if used else 1.0
 
