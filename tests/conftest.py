@@ -1,4 +1,6 @@
+import json
 import os
+import shutil
 from pathlib import Path
 
 # Without a GPU, the CUDA tests run their kernels on numba's CUDA simulator. It
@@ -52,3 +54,29 @@ def smollm2_reference(smollm2_dir):
 @pytest.fixture(scope="session")
 def stories_dir():
     return STORIES_DIR
+
+
+class ModelCopy:
+    """A model folder copied into tmp_path, to be broken on purpose."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def edit_config(self, **changes) -> None:
+        """Set config.json keys (None removes one)."""
+        config_path = self.path / "config.json"
+        config = json.loads(config_path.read_text())
+        for key, value in changes.items():
+            if value is None:
+                config.pop(key, None)
+            else:
+                config[key] = value
+        config_path.write_text(json.dumps(config))
+
+
+@pytest.fixture
+def stories_copy(tmp_path):
+    """A copy of stories260K that a test may edit."""
+    path = tmp_path / "stories260K"
+    shutil.copytree(STORIES_DIR, path)
+    return ModelCopy(path)

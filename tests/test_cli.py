@@ -170,6 +170,24 @@ def test_bad_engine_arguments(tiny_model_dir):
                                   "/nonexistent/prompts.txt"), "prompts.txt")
 
 
+@pytest.mark.parametrize("args, pattern", [
+    (["--kv-cache-memory", "100T"], r"a KV pool of \d+ blocks x .* needs [\d.]+ TiB, and only "
+                                    r".* is available: lower num_blocks or kv_cache_memory"),
+    (["--kv-cache-memory", "infG"], "invalid size 'infG'"),
+    (["--kv-cache-memory=-1M"], "invalid size '-1M'"),
+    (["--beam-width", "3", "--n", "2"], "--beam-width 3 returns that many beams .* give one"),
+])
+def test_sizes_and_conflicts_are_one_line(tiny_model_dir, args, pattern):
+    assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir, *args), pattern)
+
+
+def test_an_undecodable_prompt_is_one_line(tiny_model_dir):
+    result = subprocess.run([sys.executable, str(CLI), "generate", b"caf\xe9 \xff",
+                             "--model", str(tiny_model_dir)], capture_output=True, timeout=300)
+    result.stderr = result.stderr.decode()
+    assert_one_line_error(result, "prompt is not valid text: '\\\\udce9' at character 3")
+
+
 def test_cuda_backend_without_a_gpu(tiny_model_dir):
     import os
     from tinypaged.kernels.cuda import cuda_usable
