@@ -41,8 +41,12 @@ def parse_bytes(text: str) -> int:
 def collect_prompts(args) -> list[str]:
     prompts = ([args.prompt] if args.prompt is not None else []) + (args.prompt_opt or [])
     if args.prompts_file:
-        with open(args.prompts_file, encoding="utf-8") as f:
-            prompts += [line.rstrip("\n") for line in f if line.strip()]
+        try:
+            with open(args.prompts_file, encoding="utf-8") as f:
+                prompts += [line.rstrip("\n") for line in f if line.strip()]
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{args.prompts_file} is not UTF-8 text (byte {e.start}: "
+                             f"{e.object[e.start:e.start + 1]!r})") from None
     if not prompts:
         raise ValueError("no prompt: give one as an argument, with --prompt or --prompts-file")
     return prompts

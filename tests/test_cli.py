@@ -181,6 +181,12 @@ def test_sizes_and_conflicts_are_one_line(tiny_model_dir, args, pattern):
     assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir, *args), pattern)
 
 
+def test_a_prompts_file_that_is_not_utf8_is_one_line(tiny_model_dir, tmp_path):
+    (tmp_path / "p.txt").write_bytes(b"fine\ncaf\xe9\n")
+    assert_one_line_error(run_cli("generate", "--model", tiny_model_dir, "--prompts-file",
+                                  tmp_path / "p.txt"), r"p\.txt is not UTF-8 text \(byte 8: b'\\xe9'\)")
+
+
 def test_an_undecodable_prompt_is_one_line(tiny_model_dir):
     result = subprocess.run([sys.executable, str(CLI), "generate", b"caf\xe9 \xff",
                              "--model", str(tiny_model_dir)], capture_output=True, timeout=300)
