@@ -128,8 +128,8 @@ class BeamSearch:
 
     def best(self) -> list[Beam]:
         beams = sorted(self.finished, key=lambda b: -b.score)[:self.width]
-        for beam in beams:
-            beam.text = self.engine.tokenizer.decode(beam.token_ids).rstrip("\ufffd")  # no cut-short character
+        for beam in beams:  # a character cut short at the end is left out of the text
+            beam.text = self.engine.tokenizer.decode(beam.token_ids).rstrip("\ufffd")
         return beams
 
 

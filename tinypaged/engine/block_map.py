@@ -32,10 +32,6 @@ class PoolPicture:
         cached = frozenset(bm.cached_free_block_ids()) if where_cached else None
         return cls(bm.num_blocks, bm.block_size, tables, bm.num_cached_free_blocks, cached)
 
-    @property
-    def num_used(self) -> int:
-        return len({b for *_, blocks in self.tables for b in blocks})
-
     def render(self) -> str:
         holders = [0] * self.num_blocks
         for *_, blocks in self.tables:

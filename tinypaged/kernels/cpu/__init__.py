@@ -8,8 +8,8 @@ from .elementwise import add_rms_norm, rms_norm, rope, silu_mul
 from .linear import linear, prepare_linear_weights as prepare_weights
 
 name = "cpu"
-__all__ = ["name", "default_kv_memory", "memory_available", "prepare_weights", "allocate_kv", "prepare_inputs",
-           "to_host", "rope_tables", "embedding", "add_rms_norm", "rms_norm", "linear",
+__all__ = ["name", "default_kv_memory", "memory_available", "prepare_weights", "allocate_kv",
+           "prepare_inputs", "to_host", "rope_tables", "embedding", "add_rms_norm", "rms_norm", "linear",
            "qkv_proj", "gate_up_silu", "rope_write_kv", "paged_attention", "silu_mul",
            "gather_rows", "copy_blocks", "write_kv", "rope"]
 
