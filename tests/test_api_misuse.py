@@ -193,6 +193,13 @@ def test_stream_checks_everything_at_the_call(llm, expected):
     assert_whole(llm, expected)
 
 
+def test_a_request_id_is_text(llm, expected):
+    with pytest.raises(TypeError, match=r"request_id must be a str, got 5 \(int\)"):
+        llm.submit("Hi", GREEDY, request_id=5)
+    assert llm.submit("Hi", GREEDY, request_id="mine").result().request_id == "mine"
+    assert_whole(llm, expected)
+
+
 def test_chat_messages_and_beam_arguments_are_checked(llm, expected):
     with pytest.raises(TypeError, match="messages must be a list of .* got str 'hello'"):
         llm.chat("hello")

@@ -52,6 +52,8 @@ class LLM:
                request_id: str | None = None) -> RequestHandle:
         """Queue one request (or a prepared one) and return at once; bad input raises
         ValueError here."""
+        if request_id is not None:
+            checks.text("request_id", request_id)
         if not isinstance(prompt, PreparedRequest):
             prompt = self.prepare(prompt, params)
         elif params is not None:
