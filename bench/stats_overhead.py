@@ -26,11 +26,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tinypaged import LLM, SamplingParams  # noqa: E402
 from tinypaged.config import DEFAULT_KV_MEMORY_FRACTION, available_memory_bytes, format_bytes  # noqa: E402
-from tinypaged.engine import engine_loop, llm_engine, loop_metrics  # noqa: E402
+from tinypaged.engine import engine_loop, engine_stats, loop_metrics  # noqa: E402
 
 STORIES = os.path.join(os.path.dirname(__file__), "..", "tests", "models", "stories260K")
 # the functions that exist only for statistics (class, method)
-STATISTICS = [(llm_engine.LLMEngine, "note_peak"), (llm_engine.LLMEngine, "_record_utilization"),
+STATISTICS = [(engine_stats.EngineStats, "note_peak"),
+              (engine_stats.EngineStats, "record_utilization"),
               (loop_metrics.LoopMetrics, "observe_step"), (engine_loop.EngineLoop, "_publish_state")]
 
 

@@ -215,4 +215,4 @@ def test_block_map_shows_sharing_and_tables(tiny):
     while engine.has_unfinished():
         engine.step()
     assert set(engine.block_map().splitlines()[1]) <= {"c", "."}  # freed, prompt blocks cached
-    assert "3" in engine.peak_block_map.splitlines()[1]
+    assert "3" in engine.statistics.peak_block_map.splitlines()[1]

@@ -195,7 +195,8 @@ class LLM:
 
     def block_map(self, peak: bool = False) -> str:
         """A picture of the KV pool: now, or (peak=True) when it held the most blocks."""
-        return self._loop.call(lambda: self.engine.peak_block_map if peak else self.engine.block_map())
+        engine = self.engine
+        return self._loop.call(lambda: engine.statistics.peak_block_map if peak else engine.block_map())
 
     def close(self) -> None:
         """Stop the engine loop; unfinished requests are aborted. Later calls raise."""

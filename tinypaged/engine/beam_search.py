@@ -60,7 +60,7 @@ class BeamSearch:
         for seq, n in batch.chunks:
             seq.num_computed_tokens += n
             self.bm.register_full_blocks(seq, seq.num_computed_tokens)
-        self.engine.note_peak([s for s, _ in self.live])
+        self.engine.statistics.note_peak([s for s, _ in self.live])
         used = self.bm.num_blocks - self.bm.num_free_blocks
         unshared = sum(blocks_for(len(s), self.bm.block_size) for s, _ in self.live)
         self.peak_blocks, self.peak_unshared = max(self.peak_blocks, used), max(self.peak_unshared, unshared)

@@ -11,10 +11,11 @@ from ..model.llama import LlamaModel, PagedKVCache
 from ..model.weights import load_model
 from ..outputs import KV_CACHE_FULL, RequestOutput, TokenLogprobs
 from ..prompts import normalize_prompt
-from ..sampling import SamplingParams, sample
+from ..sampling import SamplingParams, sample_tokens
 from ..tokenizer import Tokenizer
 from .block_manager import BlockManager, blocks_for
-from .block_map import PoolPicture, render_block_map
+from .block_map import render_block_map
+from .engine_stats import EngineStats
 from .kv_pool import check_pool_fits, check_rope_fits, pool_blocks
 from .model_runner import ModelRunner
 from .request import PreparedRequest, Request
@@ -47,9 +48,7 @@ class LLMEngine:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
-        self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0,
-                         "kv_utilization_sum": 0.0, "kv_utilization_steps": 0, "peak_blocks": 0}
-        self.peak_picture: PoolPicture | None = None  # the pool when it held the most blocks
+        self.statistics = EngineStats(self.block_manager)
 
     # -- requests --------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -142,9 +141,7 @@ class LLMEngine:
             self._finish(seq, KV_CACHE_FULL)
             touched[seq.request_id] = self.requests[seq.request_id]
         if batch:
-            self.counters["steps"] += 1
-            self.counters["prefill_tokens"] += sum(n for _, n in batch.prefills)
-            self.counters["decode_tokens"] += len(batch.decodes)
+            self.statistics.count_step(batch)
             # a chunk whose prompt logprobs are wanted needs logits at every row
             wants = [self.requests[seq.request_id].wants_prompt_logprobs for seq, _ in batch.chunks]
             rows = [n if want else 1 for (_, n), want in zip(batch.chunks, wants)]
@@ -154,9 +151,10 @@ class LLMEngine:
                 self._fail_batch(batch, e, touched)
                 logits = None
             if logits is not None:
-                self.note_peak(self.scheduler.running)  # before this step's finished ones leave
+                # before this step's finished sequences leave
+                self.statistics.note_peak(self.scheduler.running)
                 self._postprocess(batch, rows, wants, logits, touched)
-            self._record_utilization()
+            self.statistics.record_utilization(self.scheduler.running)
         outputs = [r.output() for r in touched.values()]
         for out in outputs:
             if out.finished:
@@ -164,7 +162,9 @@ class LLMEngine:
         return outputs
 
     def _postprocess(self, batch, rows: list[int], wants: list[bool], logits, touched: dict) -> None:
-        end = 0
+        """Advance every chunk; the samples due a token (a prompt just finished, or a
+        decode) are drawn together, in one batched call."""
+        end, due = 0, []  # due: (sequence, its row of logits)
         for (seq, n), n_rows, want in zip(batch.chunks, rows, wants):
             start, end = end, end + n_rows
             request = self.requests[seq.request_id]
@@ -177,11 +177,12 @@ class LLMEngine:
                 if want:
                     self._collect_prompt_logprobs(request, logits[start:end], first)
                 if seq.num_computed_tokens == len(seq):  # not part-way through a prompt
-                    self._sample(seq, logits[end - 1])
+                    due += [(s, end - 1) for s in self._samples_of(seq)]
                     touched[seq.request_id] = request
             except Exception as e:
                 self._fail_request(request, e)
                 touched[seq.request_id] = request
+        self._sample_due(due, logits, touched)
 
     def _collect_prompt_logprobs(self, request: Request, logits, first: int) -> None:
         """logits (r, V) at positions first .. first + r - 1; position j predicts prompt
@@ -210,22 +211,55 @@ class LLMEngine:
         for seq in self.scheduler.abort(request.request_id, "error"):
             request.texts[seq.sample_index].finish()
 
-    def _sample(self, seq: Sequence, logits) -> None:
+    def _samples_of(self, seq: Sequence) -> list[Sequence]:
+        """seq, and before its first token its n - 1 forks (sharing the prompt's blocks)."""
         request = self.requests[seq.request_id]
-        targets = [seq]
+        samples = [seq]
         if seq.num_output_tokens == 0 and len(request.seqs) < seq.params.n:
-            for i in range(1, seq.params.n):  # n samples: fork after the shared prefill
+            for i in range(1, seq.params.n):
                 child = seq.fork(i)
                 self.block_manager.fork(seq, child)
                 self.scheduler.add_forked(child)
                 request.add_sample(child)
-                targets.append(child)
-        for s in targets:
-            token = sample(logits, s.params, s.rng, s.token_ids, s.num_prompt_tokens)
-            lp = None
-            if s.params.logprobs is not None:
-                lp = token_logprobs(logits[None, :], [token], s.params.logprobs)[0]
-            self._append(s, token, lp)
+                samples.append(child)
+        return samples
+
+    def _sample_due(self, due: list[tuple[Sequence, int]], logits, touched: dict) -> None:
+        """Draw every due token in one batch. Should that fail, each request draws
+        alone, so only a request whose own sampling fails is failed. Each sample's
+        uniform is drawn once, so a retry changes no seeded result."""
+        uniforms = [0.0 if s.params.greedy else s.rng.random() for s, _ in due]
+        try:
+            tokens = self._draw(due, uniforms, logits)
+        except Exception:
+            tokens = []
+            for i in range(len(due)):
+                try:
+                    tokens += self._draw(due[i:i + 1], uniforms[i:i + 1], logits)
+                except Exception as e:
+                    self._fail_sample(due[i][0], e, touched)
+                    tokens.append(None)
+        for (seq, row), token in zip(due, tokens):
+            if token is None or seq.is_finished:  # failed, or a sibling sample failed
+                continue
+            try:
+                lp = None
+                if seq.params.logprobs is not None:
+                    lp = token_logprobs(logits[row:row + 1], [token], seq.params.logprobs)[0]
+                self._append(seq, token, lp)
+            except Exception as e:
+                self._fail_sample(seq, e, touched)
+
+    @staticmethod
+    def _draw(due, uniforms: list[float], logits) -> list[int]:
+        return sample_tokens(logits[[row for _, row in due]], [s.params for s, _ in due], uniforms,
+                             [(s.token_ids, s.num_prompt_tokens) for s, _ in due])
+
+    def _fail_sample(self, seq: Sequence, error: Exception, touched: dict) -> None:
+        request = self.requests[seq.request_id]
+        if request.error is None:
+            self._fail_request(request, error)
+        touched[seq.request_id] = request
 
     def _append(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> None:
         params = seq.params
@@ -242,64 +276,13 @@ class LLMEngine:
         self.scheduler.finish(seq, reason)
         self.requests[seq.request_id].texts[seq.sample_index].finish()
 
-    # -- statistics (kept off the hot path: a few list copies per step at most) -------
-    def note_peak(self, live: list[Sequence]) -> None:
-        """Keep a picture of the pool whenever it holds more blocks than ever before
-        (only the block tables are copied; it is drawn when asked for)."""
-        used = self.block_manager.num_blocks - self.block_manager.num_free_blocks
-        if used > self.counters["peak_blocks"]:
-            self.counters["peak_blocks"] = used
-            self.peak_picture = PoolPicture.take(self.block_manager, live)
-
-    @property
-    def peak_block_map(self) -> str:
-        """The pool's picture when it held the most blocks ("" before any step)."""
-        return self.peak_picture.render() if self.peak_picture else ""
-
+    # -- statistics ---------------------------------------------------------------------
     def block_map(self) -> str:
         """The pool now: one character per block, and every live sequence's block table."""
         return render_block_map(self.block_manager, self.scheduler.running)
 
-    def _record_utilization(self) -> None:
-        if self.scheduler.running:
-            self.counters["kv_utilization_sum"] += self.kv_utilization()
-            self.counters["kv_utilization_steps"] += 1
-
-    def kv_utilization(self) -> float:
-        """Tokens stored / slots in allocated blocks (a shared block counts once).
-        Only full blocks are shared, except the part-filled last block that n samples
-        share from their fork until copy-on-write; so a sequence's empty slots are
-        its slots past its computed tokens, counted once for samples of a fork."""
-        bs, empty, seen = self.config.block_size, 0, set()
-        for seq in self.scheduler.running:
-            computed = seq.num_computed_tokens
-            slack = len(seq.block_table) * bs - computed
-            if slack and seq.params.n > 1:
-                last = seq.block_table[computed // bs]
-                if last in seen:  # counted with the sample it was forked from
-                    slack -= bs - computed % bs
-                seen.add(last)
-            empty += slack
-        used = self.block_manager.num_blocks - self.block_manager.num_free_blocks
-        return (used * bs - empty) / (used * bs) if used else 1.0
-
     def stats(self) -> dict:
-        bm, c = self.block_manager, self.counters
-        cached_free = bm.num_cached_free_blocks
-        return {
-            "blocks_total": bm.num_blocks,
-            "blocks_used": bm.num_blocks - bm.num_free_blocks,
-            "blocks_cached_free": cached_free,
-            "blocks_free": bm.num_free_blocks - cached_free,
-            "block_size": bm.block_size,
-            "kv_cache_bytes": self.runner.kv.nbytes,
-            "prefix_cache_query_tokens": bm.prefix_query_tokens,
-            "prefix_cache_hit_tokens": bm.prefix_hit_tokens,
-            "preemptions": self.scheduler.num_preemptions,
-            "prefill_tokens_computed": c["prefill_tokens"],
-            "decode_tokens_computed": c["decode_tokens"],
-            "steps": c["steps"],
-            "peak_blocks": c["peak_blocks"],
-            "kv_utilization": (c["kv_utilization_sum"] / c["kv_utilization_steps"]
-                               if c["kv_utilization_steps"] else None),
-        }
+        """Pool, cache and token figures (EngineStats), with the pool's bytes and the
+        preemptions so far."""
+        return {**self.statistics.as_dict(), "kv_cache_bytes": self.runner.kv.nbytes,
+                "preemptions": self.scheduler.num_preemptions}
