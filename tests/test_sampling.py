@@ -1,7 +1,9 @@
 import numpy as np
 import pytest
 
-from tinypaged.sampling import SamplingParams, sample
+from tinypaged.kernels.cpu.sampling import sample_rows
+from tinypaged.kernels.reference import sample_filtered
+from tinypaged.sampling import SamplingParams, sample, sample_tokens
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -62,3 +64,56 @@ def test_the_same_seed_gives_the_same_draws():
     draws = [[sample(logits, SamplingParams(), np.random.default_rng(42)) for _ in range(5)]
              for _ in range(2)]
     assert draws[0] == draws[1]
+
+
+def _random_weights(rng, n_vocab):
+    """exp(logits / T - max) rows of several shapes: peaked, flat, tied, underflowing."""
+    kind = rng.integers(4)
+    if kind == 0:  # an LLM-like spread of logits
+        logits = rng.standard_normal(n_vocab) * rng.uniform(1, 6)
+    elif kind == 1:  # nearly flat: the nucleus holds most of the vocabulary
+        logits = rng.standard_normal(n_vocab) * 0.05
+    elif kind == 2:  # few distinct values: ties everywhere
+        logits = rng.integers(0, 4, n_vocab).astype(np.float64)
+    else:  # one dominant token and an underflowing tail
+        logits = rng.standard_normal(n_vocab) * 40
+    scaled = (logits / rng.uniform(0.2, 2.0)).astype(np.float32)
+    return np.exp(scaled - scaled.max())
+
+
+@pytest.mark.parametrize("n_vocab, rows", [(7, 300), (1000, 300), (49152, 12)])
+def test_the_sampling_kernel_equals_the_reference_bit_for_bit(n_vocab, rows):
+    rng = np.random.default_rng(n_vocab)
+    weights = np.stack([_random_weights(rng, n_vocab) for _ in range(rows)])
+    top_k = rng.choice([0, 1, 2, 5, 40, n_vocab - 1, n_vocab], rows).astype(np.int64)
+    top_p = rng.choice([1.0, 0.9, 0.5, 0.999, 1e-6], rows)
+    min_p = rng.choice([0.0, 0.0, 0.05, 0.3], rows).astype(np.float32)
+    u = rng.random(rows)
+    out = np.empty(rows, dtype=np.int64)
+    sample_rows(weights, top_k, top_p, min_p, u, out)
+    expected = [sample_filtered(weights[r], top_k[r], top_p[r], min_p[r], u[r]) for r in range(rows)]
+    assert out.tolist() == expected
+
+
+def test_a_row_samples_the_same_alone_or_in_a_batch():
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((6, 500)).astype(np.float32) * 3
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=1), SamplingParams(temperature=0),
+              SamplingParams(temperature=1.3, top_k=20, seed=2), SamplingParams(min_p=0.1, seed=3),
+              SamplingParams(temperature=0.7, repetition_penalty=1.3, logit_bias={3: 5.0}, seed=4),
+              SamplingParams(temperature=0.5, presence_penalty=1.0, seed=5)]
+    history = [([1, 2, 3, 3], 2)] * 6
+    for _ in range(5):
+        uniforms = list(rng.random(6))
+        batched = sample_tokens(logits, params, uniforms, history)
+        alone = [sample_tokens(logits[r:r + 1], [params[r]], uniforms[r:r + 1], history[r:r + 1])[0]
+                 for r in range(6)]
+        assert batched == alone
+        logits = rng.standard_normal((6, 500)).astype(np.float32) * 3
+
+
+def test_non_finite_logits_are_a_clear_error():
+    logits = np.zeros((1, 10), np.float32)
+    logits[0, 3] = np.nan
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        sample_tokens(logits, [SamplingParams()], [0.5])

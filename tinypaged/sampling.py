@@ -1,4 +1,4 @@
-"""SamplingParams (what a request asks for) and sample() (logits -> next token)."""
+"""SamplingParams (what a request asks for) and sample_tokens() (logits -> next tokens)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from . import checks
+from .kernels.cpu.sampling import sample_rows
 
 MAX_LOGPROBS = 20  # top alternatives per position at most (OpenAI's and vLLM's limit)
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily (vLLM's epsilon)
@@ -113,26 +114,46 @@ def adjust_logits(logits: np.ndarray, params: SamplingParams, token_ids=(),
     return logits
 
 
+def sample_tokens(logits: np.ndarray, params: list[SamplingParams], uniforms: list[float],
+                  histories: list[tuple] | None = None) -> list[int]:
+    """The next token of each row of logits (R, V), batched: penalties and bias
+    (adjust_logits, only for rows that ask), then greedy rows take the argmax and
+    the others draw with their uniform in [0, 1) (each row's own rng draws it, so a
+    seed gives the same tokens whatever else is in the batch): temperature, then
+    top-k, top-p and min-p without sorting the vocabulary (kernels/cpu/sampling.py).
+    histories[r]: (token_ids, num_prompt_tokens) of row r, for the penalties."""
+    rows = np.asarray(logits, dtype=np.float32)
+    for r, p in enumerate(params):
+        if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty or p.logit_bias:
+            token_ids, num_prompt = histories[r] if histories else ((), 0)
+            rows = rows if rows is not logits else rows.copy()  # never change the caller's
+            rows[r] = adjust_logits(rows[r], p, token_ids, num_prompt)
+    tokens = [0] * len(params)
+    greedy = [r for r, p in enumerate(params) if p.greedy]
+    if greedy:
+        for r, token in zip(greedy, np.argmax(rows[greedy], axis=1)):
+            tokens[r] = int(token)
+    drawn = [r for r, p in enumerate(params) if not p.greedy]
+    if drawn:
+        chosen = [params[r] for r in drawn]
+        temperature = np.array([p.temperature for p in chosen], dtype=np.float32)
+        scaled = rows[drawn] / temperature[:, None]  # (D, V)
+        best = scaled.max(axis=1, keepdims=True)  # NaN if a row holds one, inf if it holds inf
+        if not np.isfinite(best).all():
+            raise ValueError("the model's logits hold NaN or infinity: nothing to sample from")
+        weights = np.exp(scaled - best)  # the most likely token weighs 1
+        out = np.empty(len(drawn), dtype=np.int64)
+        sample_rows(weights, np.array([p.top_k for p in chosen], dtype=np.int64),
+                    np.array([p.top_p for p in chosen], dtype=np.float64),
+                    np.array([p.min_p for p in chosen], dtype=np.float32),
+                    np.array([uniforms[r] for r in drawn], dtype=np.float64), out)
+        for r, token in zip(drawn, out):
+            tokens[r] = int(token)
+    return tokens
+
+
 def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
            token_ids=(), num_prompt_tokens: int = 0) -> int:
-    """Pick the next token from logits (V,): penalties and bias (adjust_logits), then
-    greedy or temperature -> top-k -> top-p -> min-p. token_ids: prompt + output so far."""
-    logits = adjust_logits(logits, params, token_ids, num_prompt_tokens)
-    if params.greedy:
-        return int(np.argmax(logits))
-    scaled = logits.astype(np.float64) / params.temperature
-    if 0 < params.top_k < len(scaled):
-        kth = np.partition(scaled, -params.top_k)[-params.top_k]
-        scaled = np.where(scaled >= kth, scaled, -np.inf)
-    probs = np.exp(scaled - scaled.max())
-    probs /= probs.sum()
-    if params.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        before = np.cumsum(probs[order]) - probs[order]  # mass of strictly more likely tokens
-        drop = order[before >= params.top_p]  # the smallest set reaching top_p is kept
-        probs[drop] = 0.0
-        probs /= probs.sum()
-    if params.min_p > 0.0:
-        probs[probs < params.min_p * probs.max()] = 0.0
-        probs /= probs.sum()
-    return int(rng.choice(len(probs), p=probs))
+    """The next token for one row of logits (V,): sample_tokens for a batch of one."""
+    uniform = 0.0 if params.greedy else rng.random()
+    return sample_tokens(logits[None, :], [params], [uniform], [(token_ids, num_prompt_tokens)])[0]

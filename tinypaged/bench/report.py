@@ -42,6 +42,12 @@ def table(r: dict) -> str:
               f"(at most {t['contiguous_max_concurrent']} at once)",
               f"{wc['seconds']:.1f} s ({wc['tokens_per_s']:.0f} tokens/s; paged "
               f"x{wc['seconds'] / wp['seconds']:.2f} faster)")]
+    sp = r.get("sampling")
+    if sp:
+        rates = sp["tokens_per_s"]
+        rows.append(("sampling", f"decode, {sp['concurrency']} concurrent: greedy vs "
+                     f"temperature 0.8 + top-p 0.9", f"{rates['greedy']:.0f} vs {rates['top_p']:.0f} "
+                     f"tokens/s (x{sp['top_p_vs_greedy']:.2f})"))
     hf = t.get("hf_transformers")
     if hf:
         rows += [("throughput", f"HF transformers generate, batch 1 ({hf['batch1_requests']} requests)",

@@ -96,24 +96,49 @@ def prefix_caching(model_dir, log) -> dict:
     return out
 
 
+def decode_rate(llm, concurrency: int, params: SamplingParams) -> float:
+    """Tokens/s of the decode steps (sampling included) with `concurrency` requests
+    running, from steps with nothing left to admit."""
+    engine = llm.engine
+    for i in range(concurrency):
+        engine.add_request(f"Write a short story about a lighthouse keeper. Story number {i}.",
+                           params)
+    tokens, seconds = 0, 0.0
+    while engine.has_unfinished():
+        decoding = not engine.scheduler.waiting
+        t = time.perf_counter()
+        outs = engine.step()
+        if decoding:
+            seconds += time.perf_counter() - t
+            tokens += sum(len(o.outputs) for o in outs)
+    return tokens / seconds if seconds else float("nan")
+
+
+def sampling(model_dir, log, concurrency: int = 32, rounds: int = 3) -> dict:
+    """Decode at `concurrency` requests: greedy against temperature 0.8 + top-p 0.9,
+    alternated over a few rounds (medians), since runs a minute apart differ by ~10%."""
+    llm = LLM(model_dir, kv_cache_memory=KV_BUDGET, max_model_len=MAX_MODEL_LEN)
+    llm.generate(["warm up"] * 4, SamplingParams(temperature=0.8, top_p=0.9, max_tokens=4))
+    kinds = {"greedy": SamplingParams(temperature=0, max_tokens=48, ignore_eos=True),
+             "top_p": SamplingParams(temperature=0.8, top_p=0.9, seed=0, max_tokens=48,
+                                     ignore_eos=True)}
+    runs = {name: [] for name in kinds}
+    for _ in range(rounds):
+        for name, params in kinds.items():
+            runs[name].append(decode_rate(llm, concurrency, params))
+    rates = {name: float(np.median(r)) for name, r in runs.items()}
+    log(f"decode at {concurrency} concurrent: greedy {rates['greedy']:.0f}, top-p "
+        f"{rates['top_p']:.0f} tokens/s")
+    return {"concurrency": concurrency, "tokens_per_s": rates, "runs": runs,
+            "top_p_vs_greedy": rates["top_p"] / rates["greedy"]}
+
+
 def throughput(model_dir, requests, log) -> dict:
     llm = LLM(model_dir, kv_cache_memory=KV_BUDGET, max_model_len=MAX_MODEL_LEN)
     rates = {}
     for concurrency in (1, 8, 32, 64):
-        prompts = [f"Write a short story about a lighthouse keeper. Story number {i}."
-                   for i in range(concurrency)]
-        engine = llm.engine
-        for p in prompts:
-            engine.add_request(p, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
-        tokens, seconds = 0, 0.0
-        while engine.has_unfinished():
-            decoding = not engine.scheduler.waiting
-            t = time.perf_counter()
-            outs = engine.step()
-            if decoding:
-                seconds += time.perf_counter() - t
-                tokens += sum(len(o.outputs) for o in outs)
-        rates[concurrency] = tokens / seconds
+        rates[concurrency] = decode_rate(llm, concurrency, SamplingParams(
+            temperature=0, max_tokens=32, ignore_eos=True))
         log(f"decode at {concurrency} concurrent: {rates[concurrency]:.0f} tokens/s")
     per_token = PagedKVCache.bytes_per_block(llm.config, 1)
     contiguous_fit = int(KV_BUDGET // (MAX_MODEL_LEN * per_token))
@@ -138,7 +163,8 @@ def run_all(model_dir, out_path: str, log=print) -> dict:
     results = {"model": str(model_dir), "memory": memory(model_dir, requests, log),
                "sharing": sharing(model_dir, prompt_ids, log),
                "prefix_caching": prefix_caching(model_dir, log),
-               "throughput": throughput(model_dir, requests, log)}
+               "throughput": throughput(model_dir, requests, log),
+               "sampling": sampling(model_dir, log)}
     with open(out_path, "w") as f:
         json.dump(results, f, indent=2, default=float)
     return results

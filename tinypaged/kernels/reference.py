@@ -197,3 +197,32 @@ def rope(x: np.ndarray, positions: np.ndarray, cos_table: np.ndarray,
     cos = np.concatenate([cos_table[positions]] * 2, axis=-1)  # (T, D)
     sin = np.concatenate([sin_table[positions]] * 2, axis=-1)
     return apply_rope(x, cos, sin)
+
+
+# -- sampling (on the host for every backend: logits come back to the host) ----------
+
+def sample_filtered(weights: np.ndarray, top_k: int, top_p: float, min_p: float,
+                    u: float) -> int:
+    """The sampling spec, for one row. weights (V,) float32: exp(logits / T - max), so
+    the most likely token weighs 1. Kept: the top_k heaviest (0: all; ties with the
+    k-th are kept), of those the nucleus (the fewest heaviest, ties by lower id, whose
+    weight before them is < top_p of the kept total), of those the tokens weighing
+    >= min_p. The draw walks the kept tokens in id order and returns the first whose
+    running weight exceeds u * their total (u uniform in [0, 1)). Sums are float64,
+    in id order, so the numba kernel (kernels/cpu/sampling.py) matches bit for bit."""
+    w = weights.astype(np.float64)
+    keep = np.ones(len(w), dtype=bool)
+    if 0 < top_k < len(w):
+        keep &= weights >= np.sort(weights)[-top_k]
+    if top_p < 1.0:
+        total = np.cumsum(np.where(keep, w, 0.0))[-1]
+        ids = np.flatnonzero(keep)
+        order = ids[np.argsort(-weights[ids], kind="stable")]  # heaviest first, ties by id
+        before = np.concatenate([[0.0], np.cumsum(w[order])[:-1]])
+        nucleus = np.zeros_like(keep)
+        nucleus[order[before < top_p * total]] = True
+        keep &= nucleus
+    if min_p > 0.0:
+        keep &= weights >= np.float32(min_p)
+    cdf = np.cumsum(np.where(keep, w, 0.0))
+    return int(np.searchsorted(cdf, u * cdf[-1], side="right"))
