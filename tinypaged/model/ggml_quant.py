@@ -71,3 +71,38 @@ def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...], name: st
                 m = blocks[:, 2:4].copy().view("<f2").astype(np.float32)
                 out = d * q + m
     return np.ascontiguousarray(out.reshape(shape), dtype=np.float32)
+
+
+def quantize(w: np.ndarray, ggml_type: int) -> np.ndarray:
+    """float (..., K) -> the uint8 bytes of Q8_0, Q4_0 or Q4_1 blocks along the last axis
+    (..., K / 32 * block bytes), rounding as llama.cpp's reference quantizers do."""
+    w = np.asarray(w, dtype=np.float32)
+    _, block_bytes = BLOCK_LAYOUT[ggml_type]
+    blocks = w.reshape(-1, QK)  # (n_blocks, 32)
+    out = np.zeros((len(blocks), block_bytes), dtype=np.uint8)
+    if ggml_type == Q8_0:
+        d = np.abs(blocks).max(axis=1) / 127.0
+        q = np.round(blocks / np.where(d == 0, 1, d)[:, None])
+        out[:, 2:] = np.clip(q, -127, 127).astype(np.int8).view(np.uint8)
+    elif ggml_type == Q4_0:  # d from the value of largest magnitude, signed: it maps to -8
+        extreme = blocks[np.arange(len(blocks)), np.abs(blocks).argmax(axis=1)]
+        d = np.where(extreme == 0, 0.0, extreme / -8.0)  # never -0.0
+        q = np.clip(np.round(blocks / np.where(d == 0, 1, d)[:, None] + 8), 0, 15)
+        out[:, 2:] = _pack_nibbles(q)
+    elif ggml_type == Q4_1:
+        low, high = blocks.min(axis=1), blocks.max(axis=1)
+        d = (high - low) / 15.0
+        q = np.clip(np.round((blocks - low[:, None]) / np.where(d == 0, 1, d)[:, None]), 0, 15)
+        out[:, 2:4] = low.astype(np.float16)[:, None].view(np.uint8)
+        out[:, 4:] = _pack_nibbles(q)
+    else:
+        raise ValueError(f"quantizing to {GGML_TYPE_NAMES.get(ggml_type, ggml_type)} is not "
+                         f"supported (Q8_0, Q4_0, Q4_1)")
+    out[:, 0:2] = d.astype(np.float16)[:, None].view(np.uint8)
+    return out.reshape(*w.shape[:-1], -1)
+
+
+def _pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """(n, 32) values 0..15 -> (n, 16) bytes: value j low nibble, value j + 16 high."""
+    q = q.astype(np.uint8)
+    return q[:, :16] | (q[:, 16:] << 4)

@@ -11,22 +11,13 @@ OpenBLAS's threads both spin after their work, and interleaving them on two core
 costs milliseconds per switch.
 """
 import numpy as np
-from llvmlite import ir
-from numba import float32, njit, prange, types
-from numba.extending import intrinsic
+from numba import float32, njit, prange
 
-GEMV_MAX_ROWS = 4  # up to this many rows of x take the float16 path
-N_CHUNKS = 64  # work items per call: rows of W are split into this many ranges
+from ...model.packed import PackedWeight
+from .common import N_CHUNKS, f16_bits_to_f32
+from .quantized import gemv_packed, matmul_packed
 
-
-@intrinsic
-def f16_bits_to_f32(typingctx, bits):
-    """uint16 holding an IEEE half -> float32 (exact; vectorises to vcvtph2ps)."""
-    sig = types.float32(types.uint16)
-
-    def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-    return sig, codegen
+GEMV_MAX_ROWS = 4  # up to this many rows of x take the float16 / packed decode path
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -74,14 +65,18 @@ def prepare_linear_weights(weights: dict[str, np.ndarray]) -> dict:
     """The model's weights with every 2-D matrix wrapped as a LinearWeight."""
     out = dict(weights)
     for name, w in weights.items():
-        if w.ndim == 2 and name != "model.embed_tokens.weight":
+        if w.ndim == 2 and name != "model.embed_tokens.weight" and not isinstance(w, PackedWeight):
             out[name] = LinearWeight(w)
     return out
 
 
 def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
-    """x (T, K) @ weight.T (+ bias) -> (T, N); weight a LinearWeight or a float32 array."""
-    if isinstance(weight, LinearWeight):
+    """x (T, K) @ weight.T (+ bias) -> (T, N); weight a LinearWeight, a PackedWeight
+    (quantized) or a float32 array."""
+    if isinstance(weight, PackedWeight):
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = gemv_packed(x, weight) if len(x) <= GEMV_MAX_ROWS else matmul_packed(x, weight)
+    elif isinstance(weight, LinearWeight):
         if weight.f16_bits is not None and len(x) <= GEMV_MAX_ROWS:
             out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
             _gemv_f16(np.ascontiguousarray(x, dtype=np.float32), weight.f16_bits, out)

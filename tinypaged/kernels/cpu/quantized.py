@@ -1,0 +1,123 @@
+"""CPU matrix products with packed weights (model/packed.py): Q8_0, Q4_0, Q4_1.
+
+Decode (a few rows of x) is bound by the bytes of weights read. Each weight row is
+widened once into an L1-resident float32 buffer (scale * q, + min), then dotted
+with every row of x, as the float16 GEMV does (linear.py): one pass over the
+packed bytes (1.06 bytes per weight for Q8_0, 0.56-0.63 for Q4_x, against 2 for
+float16), float32 accumulation, no rounding of x. Loops run flat over the row
+(the block's scale looked up as k >> 5), which LLVM vectorizes for Q8_0; loops
+nested per 32-weight block did not. Quantizing x to int8 for an integer inner
+loop (llama.cpp's way) was tried first: numba's LLVM did not vectorize it either.
+
+Prefill and larger batches are bound by arithmetic: rows of W are dequantized a
+tile at a time into a reused float32 buffer and BLAS multiplies each tile. That
+loop is serial numba: alternating numba's thread pool with OpenBLAS's on two cores
+costs milliseconds per switch (see linear.py).
+"""
+import numpy as np
+from numba import float32, njit, prange
+
+from ...model.ggml_quant import Q4_0, Q4_1, Q8_0
+from .common import N_CHUNKS, f16_bits_to_f32
+
+TILE_FLOATS = 1 << 18  # a dequantized tile holds this many float32 (1 MiB): rows = this // K
+EIGHT = float32(8.0)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _gemv_q8_0(x, quants, scales, out):
+    """out (M, N) = x (M, K) @ W.T for Q8_0 W, small M. Threads split W's rows into
+    N_CHUNKS ranges; each row is widened once into an L1-resident buffer (one flat
+    loop, the block's scale looked up as k >> 5), then dotted with every row of x.
+    Traffic: the packed bytes once."""
+    n_rows, width = x.shape
+    n_out = quants.shape[0]
+    per_chunk = -(-n_out // N_CHUNKS)
+    for c in prange(N_CHUNKS):
+        row = np.empty(width, dtype=np.float32)
+        for n in range(c * per_chunk, min(n_out, (c + 1) * per_chunk)):
+            for k in range(width):
+                row[k] = f16_bits_to_f32(scales[n, k >> 5]) * float32(quants[n, k])
+            for m in range(n_rows):
+                acc = float32(0.0)
+                for k in range(width):
+                    acc += row[k] * x[m, k]
+                out[m, n] = acc
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _gemv_q4(x, quants, scales, mins, with_min, out):
+    """_gemv_q8_0 for Q4_0 (scale * (q - 8)) and Q4_1 (with_min: scale * q + min).
+    Each half of the row is widened by its own loop into its own view of the buffer.
+    Correct, but not yet vectorized by LLVM: ~8x slower than Q8_0 (bench/NOTES.md)."""
+    n_rows, width = x.shape
+    n_out = quants.shape[0]
+    half = width >> 1
+    per_chunk = -(-n_out // N_CHUNKS)
+    for c in prange(N_CHUNKS):
+        row = np.empty(width, dtype=np.float32)
+        low, high = row[:half], row[half:]
+        for n in range(c * per_chunk, min(n_out, (c + 1) * per_chunk)):
+            for k in range(half):  # weight k
+                d = f16_bits_to_f32(scales[n, k >> 5])
+                base = f16_bits_to_f32(mins[n, k >> 5]) if with_min else -EIGHT * d
+                low[k] = d * float32(quants[n, k] & np.uint8(15)) + base
+            for k in range(half):  # weight half + k
+                d = f16_bits_to_f32(scales[n, (half + k) >> 5])
+                base = f16_bits_to_f32(mins[n, (half + k) >> 5]) if with_min else -EIGHT * d
+                high[k] = d * float32(quants[n, k] >> np.uint8(4)) + base
+            for m in range(n_rows):
+                acc = float32(0.0)
+                for k in range(width):
+                    acc += row[k] * x[m, k]
+                out[m, n] = acc
+
+
+@njit(cache=True)
+def dequantize_rows(ggml_type, quants, scales, mins, first, out):
+    """out (r, K) float32 = rows first .. first + r - 1 of packed W, widened with the
+    float32 operations of PackedWeight.dequantize (equal bit for bit: no fastmath)."""
+    half = out.shape[1] >> 1
+    for i in range(out.shape[0]):
+        n = first + i
+        for k in range(out.shape[1]):
+            d = f16_bits_to_f32(scales[n, k >> 5])
+            if ggml_type == Q8_0:
+                out[i, k] = d * float32(quants[n, k])
+                continue
+            q = quants[n, k] & 15 if k < half else quants[n, k - half] >> 4
+            if ggml_type == Q4_0:
+                out[i, k] = d * (float32(q) - EIGHT)
+            else:
+                out[i, k] = d * float32(q) + f16_bits_to_f32(mins[n, k >> 5])
+
+
+def _mins(weight) -> np.ndarray:
+    return weight.mins if weight.mins is not None else weight.scales  # (unread for Q8_0, Q4_0)
+
+
+def gemv_packed(x: np.ndarray, weight) -> np.ndarray:
+    """x (M, K) float32, small M, @ packed weight (N, K).T -> (M, N)."""
+    out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
+    if weight.ggml_type == Q8_0:
+        _gemv_q8_0(x, weight.quants, weight.scales, out)
+    else:
+        _gemv_q4(x, weight.quants, weight.scales, _mins(weight), weight.ggml_type == Q4_1, out)
+    return out
+
+
+def matmul_packed(x: np.ndarray, weight) -> np.ndarray:
+    """x (M, K) float32 @ packed weight (N, K).T -> (M, N), a dequantized tile at a time."""
+    n_out, k = weight.shape
+    rows = max(1, min(n_out, TILE_FLOATS // k))
+    tile = np.empty((rows, k), dtype=np.float32)
+    out = np.empty((len(x), n_out), dtype=np.float32)
+    for first in range(0, n_out, rows):
+        r = min(rows, n_out - first)
+        dequantize_rows(weight.ggml_type, weight.quants, weight.scales, _mins(weight), first,
+                        tile[:r])
+        out[:, first:first + r] = x @ tile[:r].T
+    return out
+
+
+PACKED_TYPES = (Q8_0, Q4_0, Q4_1)

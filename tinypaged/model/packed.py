@@ -1,0 +1,105 @@
+"""PackedWeight: a quantized weight matrix kept quantized, never widened whole.
+
+GGUF stores Q8_0 / Q4_0 / Q4_1 as blocks of 32 weights with a float16 scale (and
+min) in front of each (ggml_quant.py has the layouts). Kept like that, the scales
+interrupt the quants every 18-34 bytes and numba's loops do not vectorize (a Q8_0
+GEMV ran 4-6x slower than the float16 one). So at load the blocks are split into
+arrays of the same bytes:
+    quants  (N, K) int8 for Q8_0; (N, K/2) uint8 for Q4_x, byte p of a row holding
+            weight p in its low nibble and weight p + K/2 in its high one
+    scales  (N, K/32) float16 bits (uint16), one per block of 32 weights along K
+    mins    (N, K/32) float16 bits, Q4_1 only
+Weight (n, k) = scale * q (Q8_0), scale * (q - 8) (Q4_0), scale * q + min (Q4_1),
+with the scale and min of block k // 32. `dequantize()` is the NumPy reference.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .ggml_quant import GGML_TYPE_NAMES, Q4_0, Q4_1, Q8_0, QK, dequantize
+
+PACKED_TYPES = (Q8_0, Q4_0, Q4_1)
+
+
+class PackedWeight:
+    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins")
+
+    def __init__(self, ggml_type: int, shape: tuple[int, int], quants: np.ndarray,
+                 scales: np.ndarray, mins: np.ndarray | None = None):
+        self.ggml_type, self.shape = ggml_type, (int(shape[0]), int(shape[1]))
+        self.quants, self.scales, self.mins = quants, scales, mins
+
+    @staticmethod
+    def can_pack(ggml_type: int, columns: int) -> bool:
+        """Q8_0 rows need whole blocks; Q4_x rows an even number of them (the nibbles
+        pair weight p with weight p + K/2)."""
+        return ggml_type in PACKED_TYPES and columns % (QK if ggml_type == Q8_0 else 2 * QK) == 0
+
+    @classmethod
+    def from_bytes(cls, raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> "PackedWeight":
+        """From a tensor's bytes as GGUF stores them (uint8, any shape)."""
+        n, k = shape
+        if not cls.can_pack(ggml_type, k):
+            raise ValueError(f"a {GGML_TYPE_NAMES.get(ggml_type, ggml_type)} matrix of {k} "
+                             f"columns cannot be kept packed (Q8_0: a multiple of 32 columns; "
+                             f"Q4_0, Q4_1: of 64)")
+        quad = ggml_type != Q8_0
+        head = {Q8_0: 2, Q4_0: 2, Q4_1: 4}[ggml_type]
+        blocks = np.asarray(raw, dtype=np.uint8).reshape(n, k // QK, -1)  # (N, K/32, bytes)
+        scales = np.ascontiguousarray(blocks[:, :, 0:2]).view(np.uint16)[:, :, 0]
+        mins = np.ascontiguousarray(blocks[:, :, 2:4]).view(np.uint16)[:, :, 0] \
+            if ggml_type == Q4_1 else None
+        body = blocks[:, :, head:]
+        if not quad:
+            return cls(ggml_type, shape, np.ascontiguousarray(body).view(np.int8).reshape(n, k),
+                       scales, mins)
+        values = np.concatenate([body & 15, body >> 4], axis=2).reshape(n, k)  # GGUF order
+        quants = values[:, :k // 2] | (values[:, k // 2:] << 4)
+        return cls(ggml_type, shape, quants.astype(np.uint8), scales, mins)
+
+    @classmethod
+    def quantize(cls, w: np.ndarray, ggml_type: int) -> "PackedWeight":
+        """A float matrix quantized as llama.cpp's reference quantizers round."""
+        from .ggml_quant import quantize
+        return cls.from_bytes(quantize(w, ggml_type), ggml_type, w.shape)
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPE_NAMES[self.ggml_type]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.quants, self.scales, self.mins) if a is not None)
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    def values(self, rows=slice(None)) -> np.ndarray:
+        """The stored integers q of the selected rows, (r, K) in column order."""
+        q = self.quants[rows]
+        if self.ggml_type == Q8_0:
+            return q.astype(np.float32)
+        return np.concatenate([q & 15, q >> 4], axis=1).astype(np.float32)
+
+    def dequantize(self, rows=slice(None)) -> np.ndarray:
+        """float32 (r, K) of the selected rows (all by default): the reference."""
+        q = self.values(rows)
+        scale = np.repeat(self.scales[rows].view(np.float16).astype(np.float32), QK, axis=1)
+        if self.ggml_type == Q8_0:
+            return scale * q
+        if self.ggml_type == Q4_0:
+            return scale * (q - np.float32(8.0))
+        low = np.repeat(self.mins[rows].view(np.float16).astype(np.float32), QK, axis=1)
+        return scale * q + low
+
+    def take_rows(self, rows: np.ndarray) -> "PackedWeight":
+        """The same weights with rows reordered (Q/K rows are unpermuted at load)."""
+        take = (lambda a: None if a is None else np.ascontiguousarray(a[rows]))
+        return PackedWeight(self.ggml_type, self.shape, take(self.quants), take(self.scales),
+                            take(self.mins))
+
+
+def gguf_dequantize(raw: np.ndarray, ggml_type: int, shape) -> np.ndarray:
+    """The file format's own reference (ggml_quant.dequantize), for tests."""
+    return dequantize(np.asarray(raw, dtype=np.uint8).reshape(-1), ggml_type, tuple(shape), "w")
