@@ -36,6 +36,14 @@ def smollm2_dir():
 
 
 @pytest.fixture(scope="session")
+def smollm2_gguf(smollm2_dir):
+    """The default model's Q4_1 GGUF, which pull keeps beside the converted folder."""
+    from tinypaged.pull import default_gguf
+
+    return default_gguf()
+
+
+@pytest.fixture(scope="session")
 def smollm2(smollm2_dir):
     from tinypaged import LLM
 

@@ -30,16 +30,20 @@ def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_llama_gguf(path, arch="llama", ffn_up_type=gw.GGML_Q8_0):
-    """Returns (the HF config dict, the weights a correct converter must reproduce)."""
-    cfg_dict = tiny_config_dict(vocab_size=len(TOKENS), eos_token_id=2, bos_token_id=0)
+def write_tiny_llama_gguf(path, arch="llama", ffn_up_type=gw.GGML_Q8_0, matrix_type=gw.GGML_F32,
+                          hidden=32, intermediate=48):
+    """Returns (the HF config dict, the weights a correct converter must reproduce).
+    ffn_up is stored as ffn_up_type, every other layer matrix as matrix_type."""
+    cfg_dict = tiny_config_dict(vocab_size=len(TOKENS), eos_token_id=2, bos_token_id=0,
+                                hidden_size=hidden, intermediate_size=intermediate)
     cfg = ModelConfig.from_dict(cfg_dict)
     weights = random_weights(cfg, seed=7)
     w = gw.GGUFWriter()
     for key, vtype, value in [
             ("general.architecture", gw.STRING, arch), (f"{arch}.block_count", gw.U32, 2),
-            (f"{arch}.context_length", gw.U32, 64), (f"{arch}.embedding_length", gw.U32, 32),
-            (f"{arch}.feed_forward_length", gw.U32, 48), (f"{arch}.attention.head_count", gw.U32, 4),
+            (f"{arch}.context_length", gw.U32, 64), (f"{arch}.embedding_length", gw.U32, hidden),
+            (f"{arch}.feed_forward_length", gw.U32, intermediate),
+            (f"{arch}.attention.head_count", gw.U32, 4),
             (f"{arch}.attention.head_count_kv", gw.U32, 2), (f"{arch}.rope.freq_base", gw.F32_T, 10000.0),
             (f"{arch}.attention.layer_norm_rms_epsilon", gw.F32_T, 1e-5),
             ("tokenizer.ggml.model", gw.STRING, "gpt2"), ("tokenizer.ggml.pre", gw.STRING, "smollm"),
@@ -59,13 +63,14 @@ def write_tiny_llama_gguf(path, arch="llama", ffn_up_type=gw.GGML_Q8_0):
                 x = llama_cpp_permute(x, cfg.num_attention_heads)
             elif gg == "attn_k.weight":
                 x = llama_cpp_permute(x, cfg.num_key_value_heads)
-            t = ffn_up_type if gg == "ffn_up.weight" else gw.GGML_F32
+            t = ffn_up_type if gg == "ffn_up.weight" else gw.GGML_F32 if "norm" in gg else matrix_type
             if t == gw.GGML_Q4_K:  # no quantiser here: zero bytes of the right size (144 per 256)
                 w.add_raw_tensor(f"blk.{layer}.{gg}", x.shape, t, bytes(x.size // 256 * 144))
                 continue
-            decoded = w.add_tensor(f"blk.{layer}.{gg}", x, t)
-            if t != gw.GGML_F32:
-                weights[f"model.layers.{layer}.{hf}"] = decoded
+            w.add_tensor(f"blk.{layer}.{gg}", x, t)
+            if t != gw.GGML_F32:  # what the file decodes to, in HF's row order (quantizing
+                hf_rows = weights[f"model.layers.{layer}.{hf}"]  # works row by row)
+                weights[f"model.layers.{layer}.{hf}"] = gw.encode_tensor(hf_rows, t)[1]
     w.write(path)
     return cfg_dict, weights
 

@@ -7,19 +7,34 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinypaged import SamplingParams
-from tinypaged.perplexity import perplexity
-from tinypaged.pull import is_model_folder, pull
+from tinypaged import LLM, SamplingParams
+from tinypaged.perplexity import engine_perplexity, perplexity
+from tinypaged.pull import GGUF_SIZE, is_model_folder, pull
 
 ROOT = Path(__file__).resolve().parents[1]
 PROSE = (ROOT / "tests" / "data" / "prose.txt").read_text()
 
 
-def test_pull_is_idempotent(smollm2_dir):
+def test_pull_is_idempotent(smollm2_dir, smollm2_gguf):
     messages = []
     assert pull(smollm2_dir, messages.append) == smollm2_dir
-    assert messages == [f"{smollm2_dir} is already there"]
-    assert is_model_folder(smollm2_dir)
+    assert messages == [f"{smollm2_dir} and {smollm2_gguf} are already there"]
+    assert is_model_folder(smollm2_dir) and smollm2_gguf.stat().st_size == GGUF_SIZE
+
+
+def test_the_gguf_runs_directly_with_its_weights_packed(smollm2_gguf):
+    llm = LLM(smollm2_gguf, kv_cache_memory=64 << 20)
+    out = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=6))
+    assert out[0].outputs[0].text.startswith(" Paris.")
+    kinds = {type(w).__name__ for w in llm.engine.runner.model.w.values()}
+    assert "PackedWeight" in kinds and "LinearWeight" not in kinds  # no float copy of a matrix
+
+
+def test_q4_1_from_the_gguf_is_within_half_a_percent_of_the_float_path(smollm2, smollm2_gguf):
+    """The converted folder holds the same weights, dequantized to float16."""
+    ids = smollm2.tokenizer.encode(PROSE)
+    packed = engine_perplexity(LLM(smollm2_gguf, kv_cache_memory=64 << 20), ids)
+    assert packed == pytest.approx(engine_perplexity(smollm2, ids), rel=5e-3)
 
 
 def test_capital_of_france_is_paris(smollm2_dir):

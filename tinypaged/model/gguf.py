@@ -130,6 +130,13 @@ class GGUFFile:
         t = self.tensors[name].ggml_type
         return GGML_TYPE_NAMES.get(t, f"type {t}")
 
+    def raw(self, name: str) -> np.ndarray:
+        """Tensor `name`'s bytes as stored (a uint8 view of the memory-mapped file)."""
+        if name not in self.tensors:
+            raise ValueError(f"{self.path}: tensor {name!r} is missing")
+        info = self.tensors[name]
+        return self._buf[info.offset:info.offset + info.nbytes]
+
     def load(self, name: str) -> np.ndarray:
         """Tensor `name` dequantised to float32, in NumPy shape order."""
         if name not in self.tensors:

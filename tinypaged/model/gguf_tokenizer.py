@@ -61,8 +61,13 @@ def build_tokenizer(gguf: GGUFFile) -> Tokenizer:
 
 def write_tokenizer_files(gguf: GGUFFile, out_dir: str) -> None:
     """tokenizer.json and tokenizer_config.json (chat template, BOS/EOS) into out_dir."""
-    tokenizer = build_tokenizer(gguf)
-    tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
+    build_tokenizer(gguf).save(os.path.join(out_dir, "tokenizer.json"))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer_config(gguf), f, indent=2, ensure_ascii=False)
+
+
+def tokenizer_config(gguf: GGUFFile) -> dict:
+    """What HF keeps in tokenizer_config.json: special tokens and the chat template."""
     tokens = gguf.require("tokenizer.ggml.tokens")
 
     def token_at(key: str) -> str | None:
@@ -79,5 +84,4 @@ def write_tokenizer_files(gguf: GGUFFile, out_dir: str) -> None:
     template = gguf.get("tokenizer.chat_template")
     if template is not None:
         config["chat_template"] = template
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2, ensure_ascii=False)
+    return config

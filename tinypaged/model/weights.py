@@ -82,8 +82,12 @@ def load_weights(model_dir: str | os.PathLike, cfg: ModelConfig) -> dict[str, np
 
 
 def load_model(model_dir: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-    """Config and checked float32 weights of a HF model folder."""
+    """Config and checked weights of a HF model folder (float32) or of a GGUF file
+    (quantized matrices kept packed: gguf_model.py)."""
     model_dir = os.fspath(model_dir)
+    if model_dir.lower().endswith(".gguf"):
+        from .gguf_model import load_gguf_model
+        return load_gguf_model(model_dir)
     if not os.path.isdir(model_dir):
         raise FileNotFoundError(f"model folder not found: {model_dir}")
     cfg = ModelConfig.from_json(model_dir)

@@ -12,6 +12,7 @@ import math
 import numpy as np
 from numba import cuda
 
+from ...model.packed import PackedWeight
 from ..reference import rope_tables as host_rope_tables
 from . import attention, elementwise, matmul
 from .memory import MetadataUploader, StepWorkspace
@@ -60,9 +61,12 @@ class CudaBackend:
     def prepare_weights(self, weights: dict[str, np.ndarray]) -> dict:
         """Upload once: 2-D matrices as weight_dtype, everything else as float32. A tied
         lm_head gets its own copy in weight_dtype (the embedding table stays float32
-        for the gather)."""
+        for the gather). Packed (quantized) matrices are widened on the way: packed
+        GPU kernels come with the GPU issue."""
         out = {}
         for name, w in weights.items():
+            if isinstance(w, PackedWeight):
+                w = w.dequantize()
             dtype = self.weight_dtype if w.ndim == 2 and name != EMBEDDING else np.float32
             out[name] = cuda.to_device(np.ascontiguousarray(w, dtype=dtype))
         return out

@@ -1,0 +1,51 @@
+"""A GGUF file as a model, without conversion: config from its metadata, weights
+from the memory-mapped tensors, quantized matrices kept packed (PackedWeight).
+
+Q8_0 / Q4_0 / Q4_1 matrices become PackedWeights (the same bytes, split into
+quants and scales; packed.py says why); F32 / F16 / BF16 tensors, the norms, and a
+Q4 matrix whose rows are not a multiple of 64 are read as float32. llama.cpp stores Llama's Q and K rows permuted for the
+interleaved RoPE form: the rows are put back in rotate-half order here, on the
+packed rows (a row of blocks moves as a whole).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .config import ModelConfig
+from .gguf import GGUFFile
+from .gguf_convert import ARCHITECTURES, gguf_model_config, hf_name, unpermute_rows
+from .packed import PackedWeight
+from .weights import check_weights, expected_shapes
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+    return os.fspath(path).lower().endswith(".gguf") and os.path.isfile(path)
+
+
+def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
+    """(config, weights) of a GGUF file: HF tensor names, checked shapes."""
+    gguf = GGUFFile(path)
+    cfg = ModelConfig.from_dict(gguf_model_config(gguf), gguf.path)
+    permuted = ARCHITECTURES[gguf.require("general.architecture")][1]
+    heads = {"attn_q.weight": cfg.num_attention_heads, "attn_k.weight": cfg.num_key_value_heads}
+    weights = {}
+    for name, info in gguf.tensors.items():
+        target = hf_name(name)
+        if target is None:
+            continue
+        if len(info.shape) == 2 and PackedWeight.can_pack(info.ggml_type, info.shape[1]):
+            w = PackedWeight.from_bytes(gguf.raw(name), info.ggml_type, info.shape)
+        else:
+            w = gguf.load(name)  # float32; an unsupported type is named here
+        suffix = name.split(".", 2)[-1]
+        if permuted and suffix in heads:
+            order = unpermute_rows(np.arange(info.shape[0]), heads[suffix])
+            w = w.take_rows(order) if isinstance(w, PackedWeight) else w[order]
+        weights[target] = w
+    check_weights(weights, cfg, gguf.path)
+    weights = {name: weights[name] for name in expected_shapes(cfg)}
+    if cfg.tie_word_embeddings:
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    return cfg, weights
