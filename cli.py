@@ -18,7 +18,7 @@ from tinypaged.sampling import SamplingParams
 SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 ENGINE_OPTIONS = ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
-                  "max_model_len", "backend")  # plus --no-prefix-caching
+                  "max_model_len", "backend", "quantization")  # plus --no-prefix-caching
 
 
 class _Parser(argparse.ArgumentParser):
@@ -195,6 +195,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="prompt + output tokens per request (default: the model's context)")
     parser.add_argument("--no-prefix-caching", action="store_true",
                         help="do not share prompt prefixes between requests")
+    parser.add_argument("--quantization", choices=["q8_0", "q4_0", "q4_1"],
+                        default=ENGINE_DEFAULTS["quantization"],
+                        help="quantize a float model's matrices at load (kept packed)")
     parser.add_argument("--backend", choices=["auto", "cpu", "cuda"],
                         default=ENGINE_DEFAULTS["backend"],
                         help="auto: CUDA when an NVIDIA GPU is usable, else the CPU")

@@ -224,6 +224,7 @@ def test_chat_messages_and_beam_arguments_are_checked(llm, expected):
     (dict(block_size=0), ValueError, "block_size=0 must be in"),
     (dict(backend="gpu"), ValueError, "backend='gpu' is not one of"),
     (dict(gpu_memory_utilization=0), ValueError, r"gpu_memory_utilization=0 must be in \(0, 1\]"),
+    (dict(quantization="q3_k"), ValueError, "quantization='q3_k' is not one of 'q8_0', 'q4_0', 'q4_1'"),
 ])
 def test_bad_engine_options_name_the_field(kwargs, error, pattern):
     with pytest.raises(error, match=pattern):

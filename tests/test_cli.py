@@ -229,3 +229,14 @@ def test_serve_mistakes_are_one_line(tiny_model_dir):
         assert_one_line_error(run_cli("serve", "--model", tiny_model_dir, "--port", port),
                               rf"cannot listen on 127.0.0.1:{port}: Address already in use")
     assert_one_line_error(run_cli("serve", "--model", "/no/such/model"), r"/no/such/model")
+
+
+def test_quantization_on_the_command_line(tiny_model_dir):
+    result = run_cli("generate", "hello there", "--model", tiny_model_dir, "--max-tokens", 6,
+                     "--temperature", 0, "--quantization", "q8_0")
+    assert result.returncode == 0, result.stderr
+    expected = LLM(tiny_model_dir, quantization="q8_0").generate(
+        "hello there", SamplingParams(max_tokens=6, temperature=0))
+    assert result.stdout == expected[0].text + "\n"
+    assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir, "--quantization",
+                                  "q2"), "invalid choice: 'q2'")

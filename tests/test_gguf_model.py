@@ -64,3 +64,23 @@ def test_a_broken_gguf_is_one_clear_error(tmp_path):
         LLM(bad, backend="cpu")
     with pytest.raises(FileNotFoundError, match="missing.gguf"):
         load_model(tmp_path / "missing.gguf")
+
+
+def test_weight_bytes_are_the_file_tensor_bytes(quantized_gguf):
+    path, _, _ = quantized_gguf
+    from tinypaged.model.gguf import GGUFFile
+    on_file = sum(info.nbytes for info in GGUFFile(path).tensors.values())
+    assert LLM(path, backend="cpu").stats()["weight_bytes"] == on_file
+
+
+@pytest.mark.parametrize("quantization", ["q8_0", "q4_0", "q4_1"])
+def test_quantization_at_load_packs_a_float_model(stories_dir, quantization):
+    prompts = ["Once upon a time", "The little dog"]
+    packed = LLM(stories_dir, backend="cpu", quantization=quantization)
+    kinds = [type(w).__name__ for w in packed.engine.runner.model.w.values()]
+    assert kinds.count("PackedWeight") >= 5 * 6  # every matrix whose rows split into blocks
+    dense = LLM(stories_dir, backend="reference", quantization=quantization)  # widened again
+    got, want = packed.generate(prompts, GREEDY), dense.generate(prompts, GREEDY)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    float_bytes = LLM(stories_dir, backend="cpu").stats()["weight_bytes"]
+    assert packed.stats()["weight_bytes"] < float_bytes / 2

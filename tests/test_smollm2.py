@@ -30,6 +30,13 @@ def test_the_gguf_runs_directly_with_its_weights_packed(smollm2_gguf):
     assert "PackedWeight" in kinds and "LinearWeight" not in kinds  # no float copy of a matrix
 
 
+def test_q8_0_at_load_is_within_one_percent_of_float16(smollm2, smollm2_dir):
+    ids = smollm2.tokenizer.encode(PROSE)
+    q8 = LLM(smollm2_dir, kv_cache_memory=64 << 20, quantization="q8_0")
+    assert q8.stats()["weight_bytes"] < smollm2.stats()["weight_bytes"] / 4
+    assert engine_perplexity(q8, ids) == pytest.approx(engine_perplexity(smollm2, ids), rel=1e-2)
+
+
 def test_q4_1_from_the_gguf_is_within_half_a_percent_of_the_float_path(smollm2, smollm2_gguf):
     """The converted folder holds the same weights, dequantized to float16."""
     ids = smollm2.tokenizer.encode(PROSE)

@@ -9,6 +9,7 @@ from . import checks
 
 BACKENDS = ("auto", "cpu", "cuda", "reference")
 DEFAULT_KV_MEMORY_FRACTION = 0.2  # of available RAM at most, when no pool size is given
+QUANTIZATIONS = ("q8_0", "q4_0", "q4_1")  # what quantization= may ask for
 MAX_BLOCK_SIZE = 1024  # tokens per block; larger blocks waste up to a block per sequence
 
 
@@ -59,6 +60,7 @@ class EngineConfig:
     backend: str = "auto"
     gpu_memory_utilization: float = 0.9  # CUDA: share of free device memory for the KV pool
     gpu_weight_dtype: str = "float16"  # CUDA: how weight matrices are stored on the device
+    quantization: str | None = None  # "q8_0", "q4_0", "q4_1": quantize float matrices at load
 
     def __post_init__(self):
         """Check every field (TypeError: wrong type, ValueError: out of range)."""
@@ -80,3 +82,5 @@ class EngineConfig:
                                                     self.gpu_memory_utilization, maximum=1, above=0)
         self.gpu_weight_dtype = checks.one_of("gpu_weight_dtype", self.gpu_weight_dtype,
                                               ("float16", "float32"))
+        if self.quantization is not None:
+            self.quantization = checks.one_of("quantization", self.quantization, QUANTIZATIONS)

@@ -48,6 +48,10 @@ def table(r: dict) -> str:
         rows.append(("sampling", f"decode, {sp['concurrency']} concurrent: greedy vs "
                      f"temperature 0.8 + top-p 0.9", f"{rates['greedy']:.0f} vs {rates['top_p']:.0f} "
                      f"tokens/s (x{sp['top_p_vs_greedy']:.2f})"))
+    for name, f in r.get("weight_formats", {}).items():
+        rows.append(("weights", f"{name}: decode at batch 1 / 32 concurrent, weight bytes",
+                     f"{f['batch1_tokens_per_s']:.0f} / {f['concurrent32_tokens_per_s']:.0f} "
+                     f"tokens/s, {f['weight_bytes'] / (1 << 20):.0f} MiB"))
     hf = t.get("hf_transformers")
     if hf:
         rows += [("throughput", f"HF transformers generate, batch 1 ({hf['batch1_requests']} requests)",

@@ -133,6 +133,27 @@ def sampling(model_dir, log, concurrency: int = 32, rounds: int = 3) -> dict:
             "top_p_vs_greedy": rates["top_p"] / rates["greedy"]}
 
 
+def weight_formats(model_dir, log, gguf_path=None) -> dict:
+    """Decode tokens/s at 1 and 32 concurrent requests, and the weights' bytes, for the
+    float16 folder, the same with quantization="q8_0", and the model's GGUF (packed)."""
+    kinds = {"float16": (model_dir, None), "q8_0": (model_dir, "q8_0")}
+    if gguf_path is not None:
+        kinds["gguf"] = (gguf_path, None)
+    out = {}
+    for name, (path, quantization) in kinds.items():
+        llm = LLM(path, kv_cache_memory=KV_BUDGET, max_model_len=MAX_MODEL_LEN,
+                  quantization=quantization)
+        params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+        decode_rate(llm, 1, SamplingParams(temperature=0, max_tokens=4))  # compile, warm
+        out[name] = {"batch1_tokens_per_s": decode_rate(llm, 1, params),
+                     "concurrent32_tokens_per_s": decode_rate(llm, 32, params),
+                     "weight_bytes": llm.stats()["weight_bytes"]}
+        log(f"{name}: batch 1 {out[name]['batch1_tokens_per_s']:.0f}, 32 concurrent "
+            f"{out[name]['concurrent32_tokens_per_s']:.0f} tokens/s, weights "
+            f"{out[name]['weight_bytes'] / 2 ** 20:.0f} MiB")
+    return out
+
+
 def throughput(model_dir, requests, log) -> dict:
     llm = LLM(model_dir, kv_cache_memory=KV_BUDGET, max_model_len=MAX_MODEL_LEN)
     rates = {}
@@ -156,6 +177,13 @@ def throughput(model_dir, requests, log) -> dict:
     return out
 
 
+def _default_gguf(model_dir):
+    """The default model's GGUF when the folder is the default model's."""
+    from ..pull import DEFAULT_GGUF, DEFAULT_MODEL_DIR
+    same = str(model_dir) == str(DEFAULT_MODEL_DIR) and DEFAULT_GGUF.is_file()
+    return DEFAULT_GGUF if same else None
+
+
 def run_all(model_dir, out_path: str, log=print) -> dict:
     llm = LLM(model_dir, kv_cache_memory=64 << 20)
     requests = long_tailed_workload(llm.tokenizer)
@@ -164,7 +192,8 @@ def run_all(model_dir, out_path: str, log=print) -> dict:
                "sharing": sharing(model_dir, prompt_ids, log),
                "prefix_caching": prefix_caching(model_dir, log),
                "throughput": throughput(model_dir, requests, log),
-               "sampling": sampling(model_dir, log)}
+               "sampling": sampling(model_dir, log),
+               "weight_formats": weight_formats(model_dir, log, _default_gguf(model_dir))}
     with open(out_path, "w") as f:
         json.dump(results, f, indent=2, default=float)
     return results

@@ -8,6 +8,8 @@ from ..config import EngineConfig
 from ..kernels import get_backend
 from ..logprobs import token_logprobs
 from ..model.llama import LlamaModel, PagedKVCache
+from ..model.ggml_quant import Q4_0, Q4_1, Q8_0
+from ..model.packed import quantize_matrices
 from ..model.weights import load_model
 from ..outputs import KV_CACHE_FULL, RequestOutput, TokenLogprobs
 from ..prompts import normalize_prompt
@@ -23,10 +25,15 @@ from .scheduler import Scheduler
 from .sequence import Sequence
 
 
+QUANTIZATION_TYPES = {"q8_0": Q8_0, "q4_0": Q4_0, "q4_1": Q4_1}
+
+
 class LLMEngine:
     def __init__(self, model_dir: str | os.PathLike, config: EngineConfig):
         self.config = config
         self.model_config, weights = load_model(model_dir)
+        if config.quantization:
+            weights = quantize_matrices(weights, QUANTIZATION_TYPES[config.quantization])
         self.tokenizer = Tokenizer(model_dir)
         cfg, bs = self.model_config, config.block_size
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
@@ -42,6 +49,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens)
         self.runner = ModelRunner(model, PagedKVCache(cfg, num_blocks, bs, ops), bs)
+        unique = {id(w): w for w in model.w.values()}.values()  # a tied lm_head counts once
+        self.weight_bytes = sum(int(w.nbytes) for w in unique)  # as the backend holds them
         self.backend_name = ops.name
         self.eos_token_ids = set(cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -282,7 +291,7 @@ class LLMEngine:
         return render_block_map(self.block_manager, self.scheduler.running)
 
     def stats(self) -> dict:
-        """Pool, cache and token figures (EngineStats), with the pool's bytes and the
-        preemptions so far."""
+        """Pool, cache and token figures (EngineStats), with the bytes of the pool and
+        of the weights (as the backend holds them), and the preemptions so far."""
         return {**self.statistics.as_dict(), "kv_cache_bytes": self.runner.kv.nbytes,
-                "preemptions": self.scheduler.num_preemptions}
+                "weight_bytes": self.weight_bytes, "preemptions": self.scheduler.num_preemptions}

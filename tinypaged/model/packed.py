@@ -100,6 +100,21 @@ class PackedWeight:
                             take(self.mins))
 
 
+def quantize_matrices(weights: dict, ggml_type: int) -> dict:
+    """The weights with every float matrix quantized (EngineConfig.quantization); a
+    matrix whose rows do not split into the type's blocks, the norms and anything
+    already packed stay as they are. A tied lm_head stays the embedding itself."""
+    done: dict[int, object] = {}  # id(float matrix) -> its packed form (tied tensors)
+    out = {}
+    for name, w in weights.items():
+        if isinstance(w, np.ndarray) and w.ndim == 2 and PackedWeight.can_pack(ggml_type, w.shape[1]):
+            if id(w) not in done:
+                done[id(w)] = PackedWeight.quantize(w, ggml_type)
+            w = done[id(w)]
+        out[name] = w
+    return out
+
+
 def gguf_dequantize(raw: np.ndarray, ggml_type: int, shape) -> np.ndarray:
     """The file format's own reference (ggml_quant.dequantize), for tests."""
     return dequantize(np.asarray(raw, dtype=np.uint8).reshape(-1), ggml_type, tuple(shape), "w")

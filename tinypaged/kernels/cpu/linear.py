@@ -60,6 +60,10 @@ class LinearWeight:
         exact = np.array_equal(half.astype(np.float32), weight)
         self.f16_bits = half.view(np.uint16) if exact else None
 
+    @property
+    def nbytes(self) -> int:
+        return self.f32_t.nbytes + (self.f16_bits.nbytes if self.f16_bits is not None else 0)
+
 
 def prepare_linear_weights(weights: dict[str, np.ndarray]) -> dict:
     """The model's weights with every 2-D matrix wrapped as a LinearWeight."""
