@@ -5,12 +5,17 @@ Quantised types pack the last (fastest) axis in blocks of 32 values:
     Q4_0: f16 d, u8 qs[16]                     x = d * (q - 8)
     Q4_1: f16 d, f16 m, u8 qs[16]              x = d * q + m
 In Q4_x, byte j holds value j in its low nibble and value j + 16 in its high one.
+
+K-quants (what most GGUF files on the hub use) pack 256 values in a super-block of
+sub-blocks that carry their own 6- or 8-bit scales (kquant.py has the layouts):
+    Q4_K: 144 bytes, Q5_K: 176, Q6_K: 210.
 """
 from __future__ import annotations
 
 import numpy as np
 
 F32, F16, Q4_0, Q4_1, Q8_0, BF16 = 0, 1, 2, 3, 8, 30
+Q4_K, Q5_K, Q6_K = 12, 13, 14
 
 GGML_TYPE_NAMES = {
     0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
@@ -22,8 +27,11 @@ GGML_TYPE_NAMES = {
 
 QK = 32  # values per quantisation block
 # type -> (values per block, bytes per block)
+QK_K = 256  # values per K-quant super-block
 BLOCK_LAYOUT = {F32: (1, 4), F16: (1, 2), BF16: (1, 2),
-                Q8_0: (QK, 2 + QK), Q4_0: (QK, 2 + QK // 2), Q4_1: (QK, 4 + QK // 2)}
+                Q8_0: (QK, 2 + QK), Q4_0: (QK, 2 + QK // 2), Q4_1: (QK, 4 + QK // 2),
+                Q4_K: (QK_K, 144), Q5_K: (QK_K, 176), Q6_K: (QK_K, 210)}
+K_QUANTS = (Q4_K, Q5_K, Q6_K)
 SUPPORTED = ", ".join(GGML_TYPE_NAMES[t] for t in BLOCK_LAYOUT)
 
 
@@ -56,6 +64,9 @@ def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...], name: st
         out = raw.view("<f2").astype(np.float32)
     elif ggml_type == BF16:
         out = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    elif ggml_type in K_QUANTS:
+        from .kquant import dequantize_k
+        out = dequantize_k(raw, ggml_type)
     else:
         _, block_bytes = BLOCK_LAYOUT[ggml_type]
         blocks = raw.reshape(-1, block_bytes)  # (n_blocks, block_bytes)

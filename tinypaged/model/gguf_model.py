@@ -2,8 +2,10 @@
 from the memory-mapped tensors, quantized matrices kept packed (PackedWeight).
 
 Q8_0 / Q4_0 / Q4_1 matrices become PackedWeights (the same bytes, split into
-quants and scales; packed.py says why); F32 / F16 / BF16 tensors, the norms, and a
-Q4 matrix whose rows are not a multiple of 64 are read as float32. llama.cpp stores Llama's Q and K rows permuted for the
+quants and scales; packed.py says why). K-quant matrices (Q4_K, Q5_K, Q6_K) are
+requantized to Q8_0 (1.06 bytes a weight, against 0.56-0.82 on file). F32 / F16 /
+BF16 tensors, the norms, and a Q4 matrix whose rows are not a multiple of 64 are
+read as float32. llama.cpp stores Llama's Q and K rows permuted for the
 interleaved RoPE form: the rows are put back in rotate-half order here, on the
 packed rows (a row of blocks moves as a whole).
 """
@@ -16,6 +18,7 @@ import numpy as np
 from .config import ModelConfig
 from .gguf import GGUFFile
 from .gguf_convert import ARCHITECTURES, gguf_model_config, hf_name, unpermute_rows
+from .ggml_quant import K_QUANTS, Q8_0
 from .packed import PackedWeight
 from .weights import check_weights, expected_shapes
 
@@ -37,6 +40,8 @@ def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
             continue
         if len(info.shape) == 2 and PackedWeight.can_pack(info.ggml_type, info.shape[1]):
             w = PackedWeight.from_bytes(gguf.raw(name), info.ggml_type, info.shape)
+        elif len(info.shape) == 2 and info.ggml_type in K_QUANTS:  # rows of 256: whole Q8_0
+            w = PackedWeight.quantize(gguf.load(name), Q8_0)  # blocks; our kernels read Q8_0
         else:
             w = gguf.load(name)  # float32; an unsupported type is named here
         suffix = name.split(".", 2)[-1]

@@ -1,0 +1,59 @@
+"""K-quants (Q4_K, Q5_K, Q6_K), as most GGUF files on the hub hold them: our NumPy
+dequantizer against llama.cpp's own Python package (`gguf`, tests only), and a
+model with K-quant matrices loaded directly (requantized to Q8_0)."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, quants
+
+import gguf_writer as gw
+from test_gguf_convert import write_tiny_llama_gguf
+from tinypaged import LLM, SamplingParams
+from tinypaged.model.ggml_quant import Q4_K, Q5_K, Q6_K, Q8_0, dequantize
+from tinypaged.model.gguf_model import load_gguf_model
+from tinypaged.model.packed import PackedWeight
+
+TYPES = {"Q4_K": (Q4_K, GGMLQuantizationType.Q4_K, 144, [0, 2]),
+         "Q5_K": (Q5_K, GGMLQuantizationType.Q5_K, 176, [0, 2]),
+         "Q6_K": (Q6_K, GGMLQuantizationType.Q6_K, 210, [208])}
+
+
+def random_blocks(rng, n, block_bytes, scale_offsets):
+    """n super-blocks of random bits, with finite float16 super-block scales."""
+    raw = rng.integers(0, 256, (n, block_bytes), dtype=np.uint8)
+    for offset in scale_offsets:
+        scale = (rng.standard_normal(n) * rng.choice([1e-3, 0.05, 1.0])).astype(np.float16)
+        raw[:, offset:offset + 2] = scale.view(np.uint8).reshape(n, 2)
+    return raw
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_dequantizing_equals_llama_cpp_bit_for_bit(name):
+    ours, theirs, block_bytes, scale_offsets = TYPES[name]
+    rng = np.random.default_rng(block_bytes)
+    for _ in range(5):
+        raw = random_blocks(rng, 40, block_bytes, scale_offsets)
+        expected = quants.dequantize(raw, theirs).reshape(-1)
+        got = dequantize(raw.reshape(-1), ours, (40 * 256,), name)
+        assert np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_a_k_quant_matrix_is_requantized_to_q8_0_and_runs(tmp_path, name):
+    ours = TYPES[name][0]
+    path = tmp_path / f"{name}.gguf"
+    _, weights = write_tiny_llama_gguf(path, ffn_up_type=gw.RAW_TYPES[name], hidden=256,
+                                       intermediate=256)
+    cfg, loaded = load_gguf_model(path)
+    up = loaded["model.layers.0.mlp.up_proj.weight"]
+    assert isinstance(up, PackedWeight) and up.ggml_type == Q8_0 and ours != Q8_0
+    on_file = weights["model.layers.0.mlp.up_proj.weight"]  # llama.cpp's decoding
+    step = np.abs(on_file).reshape(-1, 32).max(1) / 127  # Q8_0's rounding step per block
+    # half a step, plus 127 times the float16 rounding of the step (absolute 2^-25 when
+    # the step is a float16 subnormal, below 2^-14)
+    scale_error = np.maximum(step * 2.0 ** -11, 2.0 ** -25)
+    error = np.abs(up.dequantize() - on_file).reshape(-1, 32)
+    assert (error <= (step * 0.5 + 127 * scale_error)[:, None] + 1e-9).all() and error.max() > 0
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    got = LLM(path, backend="cpu").generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
+    want = LLM(path, backend="reference").generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
+    assert got == want and len(got) == 6
