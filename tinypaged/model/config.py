@@ -81,23 +81,27 @@ class ModelConfig:
         get = _Reader(cfg, where)
         vocab = get.integer("vocab_size", positive=True)
         heads = get.integer("num_attention_heads", positive=True)
-        return cls(
-            architecture=arch,
-            vocab_size=vocab,
-            hidden_size=get.integer("hidden_size"),
-            intermediate_size=get.integer("intermediate_size"),
-            num_hidden_layers=get.integer("num_hidden_layers"),
-            num_attention_heads=heads,
-            num_key_value_heads=get.integer("num_key_value_heads", heads),
-            head_dim=get.integer("head_dim", 0),
-            max_position_embeddings=get.integer("max_position_embeddings", 2048),
-            rms_norm_eps=get.number("rms_norm_eps", 1e-6),
-            rope_theta=get.number("rope_theta", 10000.0),
-            tie_word_embeddings=get.boolean("tie_word_embeddings", False),
-            attention_bias=get.boolean("attention_bias", SUPPORTED_ARCHITECTURES[arch]),
-            bos_token_id=get.token_ids("bos_token_id", vocab, single=True),
-            eos_token_ids=get.token_ids("eos_token_id", vocab),
-        )
+        try:
+            return cls(
+                architecture=arch,
+                vocab_size=vocab,
+                hidden_size=get.integer("hidden_size"),
+                intermediate_size=get.integer("intermediate_size"),
+                num_hidden_layers=get.integer("num_hidden_layers"),
+                num_attention_heads=heads,
+                num_key_value_heads=get.integer("num_key_value_heads", heads),
+                head_dim=get.integer("head_dim", 0),
+                max_position_embeddings=get.integer("max_position_embeddings", 2048),
+                rms_norm_eps=get.number("rms_norm_eps", 1e-6),
+                rope_theta=get.number("rope_theta", 10000.0),
+                tie_word_embeddings=get.boolean("tie_word_embeddings", False),
+                attention_bias=get.boolean("attention_bias", SUPPORTED_ARCHITECTURES[arch]),
+                bos_token_id=get.token_ids("bos_token_id", vocab, single=True),
+                eos_token_ids=get.token_ids("eos_token_id", vocab),
+            )
+        except ValueError as e:  # ModelConfig's own checks do not know the file
+            message = str(e)
+            raise ValueError(message if message.startswith(where) else f"{where}: {message}") from None
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "ModelConfig":

@@ -12,6 +12,8 @@ sub-blocks that carry their own 6- or 8-bit scales (kquant.py has the layouts):
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 F32, F16, Q4_0, Q4_1, Q8_0, BF16 = 0, 1, 2, 3, 8, 30
@@ -47,7 +49,7 @@ def tensor_nbytes(ggml_type: int, shape: tuple[int, ...], name: str) -> int:
     if ggml_type not in BLOCK_LAYOUT:
         return 0
     per_block, block_bytes = BLOCK_LAYOUT[ggml_type]
-    n = int(np.prod(shape, dtype=np.int64))
+    n = math.prod(shape)  # exact: dims a file lies about must not wrap around int64
     if shape and shape[-1] % per_block:
         raise ValueError(f"tensor {name!r}: last dimension {shape[-1]} is not a multiple of "
                          f"the {GGML_TYPE_NAMES[ggml_type]} block size {per_block}")

@@ -70,6 +70,9 @@ class _Cursor:
             return self.string()
         if vtype == _ARRAY:
             item_type, count = self.scalar("<I"), self.scalar("<Q")
+            if item_type == _ARRAY:  # unused by any model; and a lying file could nest deep
+                raise ValueError(f"{self.path}: GGUF metadata array of arrays at byte "
+                                 f"{self.pos} is not supported")
             if item_type in _ARRAY_DTYPES:
                 dtype = np.dtype(_ARRAY_DTYPES[item_type])
                 return np.frombuffer(self.take(count * dtype.itemsize), dtype=dtype).copy()
@@ -85,6 +88,9 @@ class GGUFFile:
         self.path = str(path)
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"GGUF file not found: {self.path}")
+        if os.path.getsize(self.path) < 24:  # magic, version and the two counts
+            raise ValueError(f"{self.path}: truncated GGUF file ({os.path.getsize(self.path)} "
+                             f"bytes; its header alone takes 24)")
         self._buf = np.memmap(self.path, dtype=np.uint8, mode="r")
         cur = _Cursor(self._buf, self.path)
         if bytes(cur.take(4)) != GGUF_MAGIC:
@@ -107,11 +113,13 @@ class GGUFFile:
                 raise ValueError(f"{self.path}: corrupt tensor info for {name!r} ({n_dims} dims)")
             dims = [cur.scalar("<Q") for _ in range(n_dims)]
             raw_infos.append((name, tuple(reversed(dims)), cur.scalar("<I"), cur.scalar("<Q")))
-        alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        alignment = self.integer("general.alignment", DEFAULT_ALIGNMENT)
+        if not 0 < alignment <= 1 << 20:
+            raise ValueError(f"{self.path}: corrupt GGUF header (general.alignment={alignment})")
         data_start = -(-cur.pos // alignment) * alignment
         self.tensors: dict[str, GGUFTensorInfo] = {}
         for name, shape, ggml_type, rel_offset in raw_infos:
-            nbytes = tensor_nbytes(ggml_type, shape, name)
+            nbytes = self._checked(lambda: tensor_nbytes(ggml_type, shape, name))
             info = GGUFTensorInfo(name, shape, ggml_type, data_start + rel_offset, nbytes)
             if info.offset + nbytes > len(self._buf):
                 raise ValueError(f"{self.path}: truncated GGUF file: tensor {name!r} needs bytes "
@@ -120,6 +128,21 @@ class GGUFFile:
 
     def get(self, key: str, default=None):
         return self.metadata.get(key, default)
+
+    def integer(self, key: str, default: int | None = None) -> int:
+        """Metadata `key` as an int (required when no default): a ValueError naming it
+        when it is missing or not an integer."""
+        value = self.require(key) if default is None else self.metadata.get(key, default)
+        if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{self.path}: GGUF metadata {key} must be an integer, got {value!r:.60}")
+        return int(value)
+
+    def number(self, key: str, default: float) -> float:
+        value = self.metadata.get(key, default)
+        if not isinstance(value, (int, float, np.number)) or not np.isfinite(value):
+            raise ValueError(f"{self.path}: GGUF metadata {key} must be a finite number, "
+                             f"got {value!r:.60}")
+        return float(value)
 
     def require(self, key: str):
         if key not in self.metadata:
@@ -143,4 +166,11 @@ class GGUFFile:
             raise ValueError(f"{self.path}: tensor {name!r} is missing")
         info = self.tensors[name]
         raw = self._buf[info.offset:info.offset + info.nbytes]
-        return dequantize(raw, info.ggml_type, info.shape, name)
+        return self._checked(lambda: dequantize(raw, info.ggml_type, info.shape, name))
+
+    def _checked(self, work):
+        """work(), its ValueError (about one tensor) prefixed with this file's path."""
+        try:
+            return work()
+        except ValueError as e:
+            raise ValueError(f"{self.path}: {e}") from None

@@ -63,7 +63,8 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def gguf_model_config(gguf: GGUFFile) -> dict:
-    """A HF config.json dict from GGUF metadata."""
+    """A HF config.json dict from GGUF metadata; a value of the wrong type is a
+    ValueError naming the file and the key (ModelConfig then checks the values)."""
     arch = gguf.require("general.architecture")
     if arch not in ARCHITECTURES:
         raise ValueError(f"{gguf.path}: GGUF architecture {arch!r} is not supported "
@@ -71,30 +72,32 @@ def gguf_model_config(gguf: GGUFFile) -> dict:
     scaling = gguf.get(f"{arch}.rope.scaling.type", "none")
     if scaling != "none":
         raise ValueError(f"{gguf.path}: rope scaling {scaling!r} is not supported yet")
-    n_heads = int(gguf.require(f"{arch}.attention.head_count"))
-    hidden = int(gguf.require(f"{arch}.embedding_length"))
-    vocab = gguf.get(f"{arch}.vocab_size") or len(gguf.require("tokenizer.ggml.tokens"))
+    n_heads = gguf.integer(f"{arch}.attention.head_count")
+    hidden = gguf.integer(f"{arch}.embedding_length")
+    if n_heads < 1:
+        raise ValueError(f"{gguf.path}: {arch}.attention.head_count={n_heads} must be >= 1")
+    tokens = gguf.require("tokenizer.ggml.tokens")
     config = {
         "architectures": [ARCHITECTURES[arch][0]],
         "model_type": arch,
-        "vocab_size": int(vocab),
+        "vocab_size": gguf.integer(f"{arch}.vocab_size", len(tokens)),
         "hidden_size": hidden,
-        "intermediate_size": int(gguf.require(f"{arch}.feed_forward_length")),
-        "num_hidden_layers": int(gguf.require(f"{arch}.block_count")),
+        "intermediate_size": gguf.integer(f"{arch}.feed_forward_length"),
+        "num_hidden_layers": gguf.integer(f"{arch}.block_count"),
         "num_attention_heads": n_heads,
-        "num_key_value_heads": int(gguf.get(f"{arch}.attention.head_count_kv", n_heads)),
-        "head_dim": int(gguf.get(f"{arch}.attention.key_length", hidden // n_heads)),
-        "max_position_embeddings": int(gguf.get(f"{arch}.context_length", 2048)),
+        "num_key_value_heads": gguf.integer(f"{arch}.attention.head_count_kv", n_heads),
+        "head_dim": gguf.integer(f"{arch}.attention.key_length", hidden // n_heads),
+        "max_position_embeddings": gguf.integer(f"{arch}.context_length", 2048),
         # GGUF keeps eps as float32: print it back as the short decimal it came from
-        "rms_norm_eps": float(f"{gguf.get(f'{arch}.attention.layer_norm_rms_epsilon', 1e-5):.7g}"),
-        "rope_theta": float(gguf.get(f"{arch}.rope.freq_base", 10000.0)),
+        "rms_norm_eps": float(f"{gguf.number(f'{arch}.attention.layer_norm_rms_epsilon', 1e-5):.7g}"),
+        "rope_theta": gguf.number(f"{arch}.rope.freq_base", 10000.0),
         "tie_word_embeddings": "output.weight" not in gguf.tensors,
         "hidden_act": "silu",
         "torch_dtype": "float16",
     }
-    for key, hf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
+    for key in ("bos_token_id", "eos_token_id"):
         if gguf.get(f"tokenizer.ggml.{key}") is not None:
-            config[hf_key] = int(gguf.get(f"tokenizer.ggml.{key}"))
+            config[key] = gguf.integer(f"tokenizer.ggml.{key}")
     return config
 
 

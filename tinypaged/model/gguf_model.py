@@ -20,7 +20,7 @@ from .gguf import GGUFFile
 from .gguf_convert import ARCHITECTURES, gguf_model_config, hf_name, unpermute_rows
 from .ggml_quant import K_QUANTS, Q8_0
 from .packed import PackedWeight
-from .weights import check_weights, expected_shapes
+from .weights import check_layer_count, check_weights, expected_shapes
 
 
 def is_gguf(path: str | os.PathLike) -> bool:
@@ -33,11 +33,17 @@ def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
     cfg = ModelConfig.from_dict(gguf_model_config(gguf), gguf.path)
     permuted = ARCHITECTURES[gguf.require("general.architecture")][1]
     heads = {"attn_q.weight": cfg.num_attention_heads, "attn_k.weight": cfg.num_key_value_heads}
+    expected = expected_shapes(cfg)
+    targets = {name: hf_name(name) for name in gguf.tensors if hf_name(name) is not None}
+    check_layer_count(targets.values(), cfg, gguf.path)
     weights = {}
-    for name, info in gguf.tensors.items():
-        target = hf_name(name)
-        if target is None:
+    for name, target in targets.items():
+        info = gguf.tensors[name]
+        if target not in expected:  # e.g. q/k/v biases of a model that uses none
             continue
+        if tuple(info.shape) != expected[target]:
+            raise ValueError(f"{gguf.path}: tensor {name!r} has shape {list(info.shape)}, "
+                             f"the metadata implies {list(expected[target])}")
         if len(info.shape) == 2 and PackedWeight.can_pack(info.ggml_type, info.shape[1]):
             w = PackedWeight.from_bytes(gguf.raw(name), info.ggml_type, info.shape)
         elif len(info.shape) == 2 and info.ggml_type in K_QUANTS:  # rows of 256: whole Q8_0
