@@ -10,10 +10,11 @@ nested per 32-weight block did not. Quantizing x to int8 for an integer inner
 loop (llama.cpp's way) was tried first: numba's LLVM did not vectorize it either.
 
 Prefill and larger batches are bound by arithmetic: rows of W are dequantized a
-tile at a time into a reused float32 buffer and BLAS multiplies each tile. That
-loop is serial numba: alternating numba's thread pool with OpenBLAS's on two cores
-costs milliseconds per switch (see linear.py).
+tile at a time into a reused float32 buffer and BLAS multiplies each tile. Numba
+runs that loop on one thread: alternating numba's thread pool with OpenBLAS's on
+two cores costs milliseconds per switch (see linear.py).
 """
+import numba
 import numpy as np
 from numba import float32, njit, prange
 
@@ -47,49 +48,81 @@ def _gemv_q8_0(x, quants, scales, out):
 
 @njit(parallel=True, fastmath=True, cache=True)
 def _gemv_q4(x, quants, scales, mins, with_min, out):
-    """_gemv_q8_0 for Q4_0 (scale * (q - 8)) and Q4_1 (with_min: scale * q + min).
-    Each half of the row is widened by its own loop into its own view of the buffer.
-    Correct, but not yet vectorized by LLVM: ~8x slower than Q8_0 (bench/NOTES.md)."""
+    """_gemv_q8_0 for Q4_0 (weight = scale * (q - 8)) and Q4_1 (with_min: scale * q +
+    min; for Q4_0, mins is any array of the scales' shape, never read). Byte p of a
+    row holds weight p (low nibble) and weight K/2 + p (high); each half is widened
+    by its own loop into its own buffer.
+
+    Vectorizing this took care: the upper half's first block (`upper`) is computed
+    inside the row loop. Computed once before the parallel loop, it reaches the loop
+    body as a value numba passes in, and LLVM then leaves the widening loops scalar
+    (4x slower)."""
     n_rows, width = x.shape
     n_out = quants.shape[0]
-    half = width >> 1
     per_chunk = -(-n_out // N_CHUNKS)
     for c in prange(N_CHUNKS):
-        row = np.empty(width, dtype=np.float32)
-        low, high = row[:half], row[half:]
+        half = width >> 1
+        low = np.empty(half, dtype=np.float32)
+        high = np.empty(half, dtype=np.float32)
         for n in range(c * per_chunk, min(n_out, (c + 1) * per_chunk)):
-            for k in range(half):  # weight k
-                d = f16_bits_to_f32(scales[n, k >> 5])
-                base = f16_bits_to_f32(mins[n, k >> 5]) if with_min else -EIGHT * d
-                low[k] = d * float32(quants[n, k] & np.uint8(15)) + base
-            for k in range(half):  # weight half + k
-                d = f16_bits_to_f32(scales[n, (half + k) >> 5])
-                base = f16_bits_to_f32(mins[n, (half + k) >> 5]) if with_min else -EIGHT * d
-                high[k] = d * float32(quants[n, k] >> np.uint8(4)) + base
+            upper = half >> 5  # the block holding weight K/2 (K is a multiple of 64)
+            if with_min:
+                for k in range(half):
+                    low[k] = (f16_bits_to_f32(scales[n, k >> 5]) * float32(quants[n, k] & np.uint8(15))
+                              + f16_bits_to_f32(mins[n, k >> 5]))
+                for k in range(half):
+                    b = upper + (k >> 5)
+                    high[k] = (f16_bits_to_f32(scales[n, b]) * float32(quants[n, k] >> np.uint8(4))
+                               + f16_bits_to_f32(mins[n, b]))
+            else:
+                for k in range(half):
+                    low[k] = f16_bits_to_f32(scales[n, k >> 5]) * (
+                        float32(quants[n, k] & np.uint8(15)) - EIGHT)
+                for k in range(half):
+                    high[k] = f16_bits_to_f32(scales[n, upper + (k >> 5)]) * (
+                        float32(quants[n, k] >> np.uint8(4)) - EIGHT)
             for m in range(n_rows):
                 acc = float32(0.0)
-                for k in range(width):
-                    acc += row[k] * x[m, k]
+                for k in range(half):
+                    acc += low[k] * x[m, k]
+                for k in range(half):
+                    acc += high[k] * x[m, half + k]
                 out[m, n] = acc
 
 
-@njit(cache=True)
+@njit(parallel=True, cache=True)
 def dequantize_rows(ggml_type, quants, scales, mins, first, out):
     """out (r, K) float32 = rows first .. first + r - 1 of packed W, widened with the
-    float32 operations of PackedWeight.dequantize (equal bit for bit: no fastmath)."""
-    half = out.shape[1] >> 1
-    for i in range(out.shape[0]):
-        n = first + i
-        for k in range(out.shape[1]):
-            d = f16_bits_to_f32(scales[n, k >> 5])
+    float32 operations of PackedWeight.dequantize (equal bit for bit: no fastmath).
+
+    The body is a parallel region of one chunk, run by matmul_packed with numba set
+    to one thread: inside such a region LLVM vectorizes these loops (3.7 ms for a
+    49152 x 576 Q8_0 matrix, against 64 ms as plain njit code), and one thread does
+    not fight OpenBLAS's threads between tiles."""
+    for _ in prange(1):
+        width = out.shape[1]
+        half = width >> 1
+        for i in range(out.shape[0]):  # (out[i, k], not a view of row i: views stay scalar)
+            n = first + i
+            upper = half >> 5
             if ggml_type == Q8_0:
-                out[i, k] = d * float32(quants[n, k])
-                continue
-            q = quants[n, k] & 15 if k < half else quants[n, k - half] >> 4
-            if ggml_type == Q4_0:
-                out[i, k] = d * (float32(q) - EIGHT)
-            else:
-                out[i, k] = d * float32(q) + f16_bits_to_f32(mins[n, k >> 5])
+                for k in range(width):
+                    out[i, k] = f16_bits_to_f32(scales[n, k >> 5]) * float32(quants[n, k])
+            elif ggml_type == Q4_0:
+                for k in range(half):
+                    out[i, k] = f16_bits_to_f32(scales[n, k >> 5]) * (
+                        float32(quants[n, k] & np.uint8(15)) - EIGHT)
+                for k in range(half):
+                    out[i, half + k] = f16_bits_to_f32(scales[n, upper + (k >> 5)]) * (
+                        float32(quants[n, k] >> np.uint8(4)) - EIGHT)
+            else:  # Q4_1
+                for k in range(half):
+                    out[i, k] = (f16_bits_to_f32(scales[n, k >> 5]) * float32(quants[n, k] & np.uint8(15))
+                                 + f16_bits_to_f32(mins[n, k >> 5]))
+                for k in range(half):
+                    b = upper + (k >> 5)
+                    out[i, half + k] = (f16_bits_to_f32(scales[n, b]) * float32(quants[n, k] >> np.uint8(4))
+                                        + f16_bits_to_f32(mins[n, b]))
 
 
 def _mins(weight) -> np.ndarray:
@@ -107,16 +140,22 @@ def gemv_packed(x: np.ndarray, weight) -> np.ndarray:
 
 
 def matmul_packed(x: np.ndarray, weight) -> np.ndarray:
-    """x (M, K) float32 @ packed weight (N, K).T -> (M, N), a dequantized tile at a time."""
+    """x (M, K) float32 @ packed weight (N, K).T -> (M, N), a dequantized tile at a time
+    (1 MiB of float32, so it stays in cache for BLAS)."""
     n_out, k = weight.shape
     rows = max(1, min(n_out, TILE_FLOATS // k))
     tile = np.empty((rows, k), dtype=np.float32)
     out = np.empty((len(x), n_out), dtype=np.float32)
-    for first in range(0, n_out, rows):
-        r = min(rows, n_out - first)
-        dequantize_rows(weight.ggml_type, weight.quants, weight.scales, _mins(weight), first,
-                        tile[:r])
-        out[:, first:first + r] = x @ tile[:r].T
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)  # this thread's numba calls only (see dequantize_rows)
+    try:
+        for first in range(0, n_out, rows):
+            r = min(rows, n_out - first)
+            dequantize_rows(weight.ggml_type, weight.quants, weight.scales, _mins(weight), first,
+                            tile[:r])
+            out[:, first:first + r] = x @ tile[:r].T
+    finally:
+        numba.set_num_threads(threads)
     return out
 
 
