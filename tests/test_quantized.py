@@ -72,8 +72,8 @@ def test_the_decode_gemv_equals_dequantize_then_multiply(name, rows):
 
 @pytest.mark.parametrize("name", TYPES)
 def test_the_tiled_matmul_equals_dequantize_then_multiply(name, monkeypatch):
-    from tinypaged.kernels.cpu import quantized
-    monkeypatch.setattr(quantized, "TILE_FLOATS", 128 * 5)  # 5-row tiles: several, one partial
+    from tinypaged.kernels.cpu import tiles
+    monkeypatch.setattr(tiles, "TILE_FLOATS", 128 * 5)  # 5-row tiles: several, one partial
     rng = np.random.default_rng(5)
     weight = PackedWeight.quantize(random_matrix(rng, 23, 128), TYPES[name])
     x = rng.standard_normal((9, 128)).astype(np.float32)

@@ -10,18 +10,15 @@ nested per 32-weight block did not. Quantizing x to int8 for an integer inner
 loop (llama.cpp's way) was tried first: numba's LLVM did not vectorize it either.
 
 Prefill and larger batches are bound by arithmetic: rows of W are dequantized a
-tile at a time into a reused float32 buffer and BLAS multiplies each tile. Numba
-runs that loop on one thread: alternating numba's thread pool with OpenBLAS's on
-two cores costs milliseconds per switch (see linear.py).
+tile at a time and BLAS multiplies each tile (tiles.py).
 """
-import numba
 import numpy as np
 from numba import float32, njit, prange
 
 from ...model.ggml_quant import Q4_0, Q4_1, Q8_0
 from .common import N_CHUNKS, f16_bits_to_f32
+from .tiles import tiled_matmul
 
-TILE_FLOATS = 1 << 18  # a dequantized tile holds this many float32 (1 MiB): rows = this // K
 EIGHT = float32(8.0)
 
 
@@ -95,10 +92,9 @@ def dequantize_rows(ggml_type, quants, scales, mins, first, out):
     """out (r, K) float32 = rows first .. first + r - 1 of packed W, widened with the
     float32 operations of PackedWeight.dequantize (equal bit for bit: no fastmath).
 
-    The body is a parallel region of one chunk, run by matmul_packed with numba set
-    to one thread: inside such a region LLVM vectorizes these loops (3.7 ms for a
-    49152 x 576 Q8_0 matrix, against 64 ms as plain njit code), and one thread does
-    not fight OpenBLAS's threads between tiles."""
+    A parallel region of one chunk, run by tiles.tiled_matmul with numba on one
+    thread: inside such a region LLVM vectorizes these loops (3.7 ms for a
+    49152 x 576 Q8_0 matrix, against 64 ms as plain njit code)."""
     for _ in prange(1):
         width = out.shape[1]
         half = width >> 1
@@ -140,23 +136,10 @@ def gemv_packed(x: np.ndarray, weight) -> np.ndarray:
 
 
 def matmul_packed(x: np.ndarray, weight) -> np.ndarray:
-    """x (M, K) float32 @ packed weight (N, K).T -> (M, N), a dequantized tile at a time
-    (1 MiB of float32, so it stays in cache for BLAS)."""
-    n_out, k = weight.shape
-    rows = max(1, min(n_out, TILE_FLOATS // k))
-    tile = np.empty((rows, k), dtype=np.float32)
-    out = np.empty((len(x), n_out), dtype=np.float32)
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)  # this thread's numba calls only (see dequantize_rows)
-    try:
-        for first in range(0, n_out, rows):
-            r = min(rows, n_out - first)
-            dequantize_rows(weight.ggml_type, weight.quants, weight.scales, _mins(weight), first,
-                            tile[:r])
-            out[:, first:first + r] = x @ tile[:r].T
-    finally:
-        numba.set_num_threads(threads)
-    return out
+    """x (M, K) float32 @ packed weight (N, K).T -> (M, N), a widened tile at a time."""
+    mins = _mins(weight)
+    return tiled_matmul(x, weight.shape[0], lambda first, tile: dequantize_rows(
+        weight.ggml_type, weight.quants, weight.scales, mins, first, tile))
 
 
 PACKED_TYPES = (Q8_0, Q4_0, Q4_1)
