@@ -20,6 +20,17 @@ def test_stories260k_greedy_generation_matches_the_cpu_backend(stories_dir):
         assert gpu.token_ids == cpu.token_ids, (weight_dtype, gpu.text, cpu.text)
 
 
+def test_a_packed_model_runs_on_the_gpu_widened_at_upload(stories_dir):
+    """quantization= (or a GGUF) gives packed matrices; the CUDA upload widens them
+    (packed GPU kernels come with the GPU issue), so both backends compute with the
+    same numbers."""
+    prompt = "Once upon a time"
+    cpu = LLM(stories_dir, backend="cpu", num_blocks=16, quantization="q8_0").generate(prompt, GREEDY)[0]
+    gpu = LLM(stories_dir, backend="cuda", num_blocks=16, quantization="q8_0",
+              gpu_weight_dtype="float32").generate(prompt, GREEDY)[0]
+    assert len(gpu.token_ids) == 8 and gpu.token_ids == cpu.token_ids
+
+
 def test_a_batch_1_decode_step_launches_at_most_10_kernels_per_layer(stories_dir):
     llm = LLM(stories_dir, backend="cuda", num_blocks=16)
     engine, ops = llm.engine, llm.engine.runner.model.ops
