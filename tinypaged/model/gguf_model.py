@@ -23,10 +23,6 @@ from .packed import PackedWeight
 from .weights import check_layer_count, check_weights, expected_shapes
 
 
-def is_gguf(path: str | os.PathLike) -> bool:
-    return os.fspath(path).lower().endswith(".gguf") and os.path.isfile(path)
-
-
 def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
     """(config, weights) of a GGUF file: HF tensor names, checked shapes."""
     gguf = GGUFFile(path)

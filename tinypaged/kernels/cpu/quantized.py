@@ -140,6 +140,3 @@ def matmul_packed(x: np.ndarray, weight) -> np.ndarray:
     mins = _mins(weight)
     return tiled_matmul(x, weight.shape[0], lambda first, tile: dequantize_rows(
         weight.ggml_type, weight.quants, weight.scales, mins, first, tile))
-
-
-PACKED_TYPES = (Q8_0, Q4_0, Q4_1)
