@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from tinypaged.kernels.cpu.quantized import dequantize_rows, gemv_packed, matmul_packed
-from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q8_0, quantize
-from tinypaged.model.packed import PackedWeight, gguf_dequantize
+from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q8_0, dequantize, quantize
+from tinypaged.model.packed import PackedWeight
 
 TYPES = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}
 cpu_linear = importlib.import_module("tinypaged.kernels.cpu.linear")  # (the package exports
@@ -27,7 +27,7 @@ def test_the_split_layout_holds_exactly_the_gguf_blocks(name):
     w = random_matrix(rng, 16, 256, spread=3.0)
     raw = quantize(w, TYPES[name])  # GGUF's block bytes
     weight = PackedWeight.from_bytes(raw, TYPES[name], w.shape)
-    assert np.array_equal(weight.dequantize(), gguf_dequantize(raw, TYPES[name], w.shape))
+    assert np.array_equal(weight.dequantize(), dequantize(raw.reshape(-1), TYPES[name], w.shape, name))
     assert weight.nbytes == raw.nbytes  # the same bytes, rearranged
     assert np.array_equal(quantize(weight.dequantize(), TYPES[name]), raw)  # and back
 

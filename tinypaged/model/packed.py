@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ggml_quant import GGML_TYPE_NAMES, Q4_0, Q4_1, Q8_0, QK, dequantize
+from .ggml_quant import GGML_TYPE_NAMES, Q4_0, Q4_1, Q8_0, QK
 
 PACKED_TYPES = (Q8_0, Q4_0, Q4_1)
 
@@ -113,8 +113,3 @@ def quantize_matrices(weights: dict, ggml_type: int) -> dict:
             w = done[id(w)]
         out[name] = w
     return out
-
-
-def gguf_dequantize(raw: np.ndarray, ggml_type: int, shape) -> np.ndarray:
-    """The file format's own reference (ggml_quant.dequantize), for tests."""
-    return dequantize(np.asarray(raw, dtype=np.uint8).reshape(-1), ggml_type, tuple(shape), "w")
