@@ -108,10 +108,10 @@ def cmd_generate(args) -> None:
 
 
 def cmd_perplexity(args) -> None:
-    from tinypaged.pull import default_model_dir
+    from tinypaged.pull import default_gguf
     from tinypaged.tokenizer import Tokenizer
 
-    model_dir = args.model or default_model_dir()
+    model_dir = args.model or default_gguf()
     with open(args.file, encoding="utf-8") as f:
         text = f.read()
     start = time.perf_counter()
@@ -161,7 +161,7 @@ def cmd_bench(args) -> None:
     from tinypaged.bench.suite import run_all
     from tinypaged.pull import default_model_dir
 
-    results = run_all(args.model or default_model_dir(), args.out, _log)
+    results = run_all(args.model or default_model_dir(), args.out, _log, args.llama_bench)
     print(table(results))
     print(f"\n(all figures also in {args.out})")
 
@@ -180,7 +180,8 @@ def cmd_pull(args) -> None:
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     """The engine options every model-running command takes (EngineConfig's fields)."""
-    parser.add_argument("--model", help="HF model folder (default: the pulled SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", help="HF model folder or GGUF file (default: the pulled "
+                        "SmolLM2-135M-Instruct GGUF, Q4_1)")
     parser.add_argument("--block-size", type=int, default=ENGINE_DEFAULTS["block_size"],
                         help="tokens per KV block")
     parser.add_argument("--kv-cache-memory", type=parse_bytes,
@@ -274,8 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_perplexity)
 
     b = sub.add_parser("bench", help="measure memory, sharing, prefix caching and throughput")
-    b.add_argument("--model", help="HF model folder (default: the pulled SmolLM2)")
+    b.add_argument("--model", help="HF model folder (default: the pulled SmolLM2 folder; "
+                   "its GGUF gets rows of its own)")
     b.add_argument("--out", default="bench-results.json", help="where the JSON goes")
+    b.add_argument("--llama-bench", metavar="PATH",
+                   help="a built llama.cpp llama-bench: adds its rows on the same GGUF")
     b.set_defaults(func=cmd_bench)
 
     c = sub.add_parser("convert", help="convert a GGUF file into a HF model folder")

@@ -111,31 +111,46 @@ def test_write_kv_and_copy_blocks(block_size):
     np.testing.assert_array_equal(pools[0][:, 7], pools[0][:, pairs[0][0]])
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 9])
-def test_linear_paths_match_the_reference(rows):
-    from tinypaged.kernels.cpu.linear import GEMV_MAX_ROWS, LinearWeight
+@pytest.mark.parametrize("rows", [1, 3, 4, 9, 64, 65, 130])
+def test_linear_paths_match_the_reference(rows, monkeypatch):
+    from tinypaged.kernels.cpu import tiles
+    from tinypaged.kernels.cpu.linear import LinearWeight
+    from tinypaged.model.ggml_quant import F16, F32
 
+    monkeypatch.setattr(tiles, "TILE_FLOATS", 48 * 16)  # prefill: several float16 tiles
     rng = np.random.default_rng(rows)
     exact = rand(rng, 70, 48).astype(np.float16).astype(np.float32)  # float16 holds it exactly
     inexact = rand(rng, 70, 48)
     x, bias = rand(rng, rows, 48), rand(rng, 70)
-    for w in (exact, inexact):
-        packed = LinearWeight(w)
-        assert (packed.f16_bits is not None) == (w is exact)
-        np.testing.assert_allclose(cpu.linear(x, packed, bias), reference.linear(x, w, bias),
+    for w, kind in ((exact, F16), (inexact, F32), (exact.astype(np.float16), F16)):
+        held = LinearWeight(w)
+        assert held.kind == kind and held.nbytes == w.size * (2 if kind == F16 else 4)  # one copy
+        np.testing.assert_array_equal(held.dequantize([3, 0]), w[[3, 0]].astype(np.float32))
+        np.testing.assert_allclose(cpu.linear(x, held, bias),
+                                   reference.linear(x, w.astype(np.float32), bias),
                                    rtol=1e-5, atol=1e-5)
-    assert (rows <= GEMV_MAX_ROWS) == (rows < 9)  # both paths are exercised
+
+
+def test_a_tied_lm_head_stays_the_embedding_object():
+    from tinypaged.kernels.cpu.linear import prepare_linear_weights
+
+    table = np.ones((8, 4), np.float32)
+    held = prepare_linear_weights({"model.embed_tokens.weight": table, "lm_head.weight": table,
+                                   "model.norm.weight": np.ones(4, np.float32)})
+    assert held["lm_head.weight"] is held["model.embed_tokens.weight"]
+    assert held["model.norm.weight"] is not None and held["model.norm.weight"].ndim == 1
 
 
 def test_f16_bits_widen_exactly_including_subnormals_and_extremes():
     from tinypaged.kernels.cpu.linear import LinearWeight, _gemv_f16
+    from tinypaged.model.ggml_quant import F16
 
     special = np.array([0.0, -0.0, 1.0, -2.5, 65504.0, 6e-8, -6.1e-5, 3.0e-6], np.float16)
     w = np.eye(8, dtype=np.float16) * special  # row i picks element i of x, scaled
     out = np.empty((1, 8), np.float32)
     _gemv_f16(np.ones((1, 8), np.float32), w.view(np.uint16), out)
     np.testing.assert_array_equal(out[0], special.astype(np.float32))
-    assert LinearWeight(w.astype(np.float32)).f16_bits is not None
+    assert LinearWeight(w.astype(np.float32)).kind == F16
 
 
 def test_fused_projection_ops_compose_the_reference():

@@ -6,8 +6,9 @@ import importlib
 import numpy as np
 import pytest
 
+from tinypaged.kernels.cpu.gemm import gemm_narrow
 from tinypaged.kernels.cpu.quantized import dequantize_rows, gemv_packed, matmul_packed
-from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q8_0, dequantize, quantize
+from tinypaged.model.ggml_quant import F16, Q4_0, Q4_1, Q8_0, dequantize, quantize
 from tinypaged.model.packed import PackedWeight
 
 TYPES = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}
@@ -58,6 +59,13 @@ def test_the_dequantize_kernel_equals_the_reference_bit_for_bit(name):
     assert np.array_equal(out, weight.dequantize(slice(7, 17)))
 
 
+def test_the_dequantize_kernel_widens_float16_bits_exactly():
+    bits = random_matrix(np.random.default_rng(3), 24, 128).astype(np.float16).view(np.uint16)
+    out = np.empty((10, 128), np.float32)
+    dequantize_rows(F16, bits, bits, bits, 7, out)
+    assert np.array_equal(out, bits[7:17].view(np.float16).astype(np.float32))
+
+
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("rows", [1, 3, 4])
 def test_the_decode_gemv_equals_dequantize_then_multiply(name, rows):
@@ -68,6 +76,27 @@ def test_the_decode_gemv_equals_dequantize_then_multiply(name, rows):
     expected = x.astype(np.float64) @ w.T
     bound = 1e-5 * (np.abs(x) @ np.abs(w).T) + 1e-6  # float32 accumulation over K = 192
     assert (np.abs(gemv_packed(x, weight) - expected) <= bound).all()
+
+
+@pytest.mark.parametrize("name", [*TYPES, "F16"])
+@pytest.mark.parametrize("rows, n_out", [(5, 70), (6, 4), (17, 33), (64, 72)])
+def test_the_small_batch_gemm_equals_dequantize_then_multiply(name, rows, n_out):
+    """Odd and even batches, and row counts that are not a multiple of the kernel's
+    group of four (its last group is shifted back)."""
+    rng = np.random.default_rng(rows * n_out)
+    w = random_matrix(rng, n_out, 192)
+    if name == "F16":
+        bits = w.astype(np.float16).view(np.uint16)
+        args, w = (F16, bits, bits, bits), bits.view(np.float16).astype(np.float64)
+    else:
+        weight = PackedWeight.quantize(w, TYPES[name])
+        mins = weight.mins if weight.mins is not None else weight.scales
+        args, w = (weight.ggml_type, weight.quants, weight.scales, mins), weight.dequantize().astype(np.float64)
+    x = rng.standard_normal((rows, 192)).astype(np.float32)
+    out = np.full((rows, n_out), np.nan, np.float32)
+    gemm_narrow(x, *args, out)
+    bound = 1e-5 * (np.abs(x) @ np.abs(w).T) + 1e-6  # float32 accumulation over K = 192
+    assert (np.abs(out - x.astype(np.float64) @ w.T) <= bound).all()
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -86,9 +115,16 @@ def test_linear_picks_the_path_by_rows_and_adds_the_bias(name):
     rng = np.random.default_rng(6)
     weight = PackedWeight.quantize(random_matrix(rng, 40, 64), TYPES[name])
     bias = rng.standard_normal(40).astype(np.float32)
-    for rows in (1, cpu_linear.GEMV_MAX_ROWS, cpu_linear.GEMV_MAX_ROWS + 1, 17):
+    gemv_rows, gemm_rows = cpu_linear.GEMV_MAX_ROWS, cpu_linear.NUMBA_MAX_ROWS
+    mins = weight.mins if weight.mins is not None else weight.scales
+
+    def gemm(x, weight):
+        out = np.empty((len(x), 40), np.float32)
+        gemm_narrow(x, weight.ggml_type, weight.quants, weight.scales, mins, out)
+        return out
+    for rows in (1, gemv_rows, gemv_rows + 1, gemm_rows, gemm_rows + 1):
         x = rng.standard_normal((rows, 64)).astype(np.float32)
-        path = gemv_packed if rows <= cpu_linear.GEMV_MAX_ROWS else matmul_packed
+        path = gemv_packed if rows <= gemv_rows else gemm if rows <= gemm_rows else matmul_packed
         assert np.array_equal(cpu_linear.linear(x, weight, bias), path(x, weight) + bias)
 
 

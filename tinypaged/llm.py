@@ -22,19 +22,20 @@ from .engine.request import PreparedRequest
 from . import checks
 from .outputs import RequestOutput
 from .prompts import as_prompt_list, is_single_prompt
-from .pull import default_model_dir
+from .pull import default_gguf
 from .request_handle import RequestHandle, async_text_deltas, text_deltas
 from .sampling import SamplingParams
 
 
 class LLM:
     def __init__(self, model: str | os.PathLike | None = None, **engine_options):
-        """model: a HF model folder; None = the default SmolLM2 (pulled if missing).
+        """model: a HF model folder or a GGUF file; None = the default SmolLM2, from its
+        GGUF file (Q4_1, pulled if missing).
         engine_options: EngineConfig fields (block_size, kv_cache_memory, num_blocks,
         enable_prefix_caching, max_num_seqs, max_num_batched_tokens, max_model_len, backend)."""
         start = time.perf_counter()
         config = EngineConfig(**engine_options)  # unknown options are a TypeError
-        self.model_dir = os.fspath(model) if model is not None else os.fspath(default_model_dir())
+        self.model_dir = os.fspath(model) if model is not None else os.fspath(default_gguf())
         # Only the loop's thread may touch the engine once requests run through this LLM.
         self.engine = LLMEngine(self.model_dir, config)
         self.tokenizer = self.engine.tokenizer

@@ -49,9 +49,24 @@ def table(r: dict) -> str:
                      f"temperature 0.8 + top-p 0.9", f"{rates['greedy']:.0f} vs {rates['top_p']:.0f} "
                      f"tokens/s (x{sp['top_p_vs_greedy']:.2f})"))
     for name, f in r.get("weight_formats", {}).items():
-        rows.append(("weights", f"{name}: decode at batch 1 / 32 concurrent, weight bytes",
+        rss = f.get("generate_peak_rss")
+        rows.append(("weights", f"{name}: decode at batch 1 / 32 concurrent, weight bytes"
+                     + (", `generate` peak RSS" if rss else ""),
                      f"{f['batch1_tokens_per_s']:.0f} / {f['concurrent32_tokens_per_s']:.0f} "
-                     f"tokens/s, {f['weight_bytes'] / (1 << 20):.0f} MiB"))
+                     f"tokens/s, {f['weight_bytes'] / mib:.0f} MiB"
+                     + (f", {rss / mib:.0f} MiB" if rss else "")))
+    peer = r.get("llama_cpp")
+    if peer:
+        gguf = r["weight_formats"].get("gguf", {})
+        b1 = peer["batch1"]["tokens_per_s"]
+        ratio = f" (tinypaged x{gguf['batch1_tokens_per_s'] / b1:.2f})" if gguf else ""
+        rows.append(("weights", "llama.cpp llama-bench, same GGUF, 2 threads: batch 1",
+                     f"{b1:.0f} tokens/s{ratio}"))
+        if "concurrent32" in peer:
+            c32 = peer["concurrent32"]["tokens_per_s"]
+            ratio = f" (tinypaged x{gguf['concurrent32_tokens_per_s'] / c32:.2f})" if gguf else ""
+            rows.append(("weights", "llama.cpp llama-batched-bench: 32 concurrent",
+                         f"{c32:.0f} tokens/s{ratio}"))
     hf = t.get("hf_transformers")
     if hf:
         rows += [("throughput", f"HF transformers generate, batch 1 ({hf['batch1_requests']} requests)",

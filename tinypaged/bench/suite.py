@@ -10,7 +10,7 @@ import numpy as np
 from .. import LLM, SamplingParams
 from ..engine.block_manager import blocks_for
 from ..model.llama import PagedKVCache
-from . import hf_peer
+from . import hf_peer, llama_cpp_peer, peak_rss
 from .workload import Request, chat_requests, long_tailed_workload, prose_prompt
 
 MAX_MODEL_LEN = 2048  # what a naive engine reserves per request
@@ -134,8 +134,9 @@ def sampling(model_dir, log, concurrency: int = 32, rounds: int = 3) -> dict:
 
 
 def weight_formats(model_dir, log, gguf_path=None) -> dict:
-    """Decode tokens/s at 1 and 32 concurrent requests, and the weights' bytes, for the
-    float16 folder, the same with quantization="q8_0", and the model's GGUF (packed)."""
+    """Decode tokens/s at 1 and 32 concurrent requests, the weights' bytes and the peak
+    RSS of a `generate` run, for the float16 folder, the same with
+    quantization="q8_0", and the model's GGUF (packed)."""
     kinds = {"float16": (model_dir, None), "q8_0": (model_dir, "q8_0")}
     if gguf_path is not None:
         kinds["gguf"] = (gguf_path, None)
@@ -148,9 +149,14 @@ def weight_formats(model_dir, log, gguf_path=None) -> dict:
         out[name] = {"batch1_tokens_per_s": decode_rate(llm, 1, params),
                      "concurrent32_tokens_per_s": decode_rate(llm, 32, params),
                      "weight_bytes": llm.stats()["weight_bytes"]}
+        del llm
+        if peak_rss.available():
+            extra = ["--quantization", quantization] if quantization else []
+            out[name]["generate_peak_rss"] = peak_rss.generate_peak_rss(path, extra)
         log(f"{name}: batch 1 {out[name]['batch1_tokens_per_s']:.0f}, 32 concurrent "
             f"{out[name]['concurrent32_tokens_per_s']:.0f} tokens/s, weights "
-            f"{out[name]['weight_bytes'] / 2 ** 20:.0f} MiB")
+            f"{out[name]['weight_bytes'] / 2 ** 20:.0f} MiB, generate peak RSS "
+            f"{out[name].get('generate_peak_rss', 0) / 2 ** 20:.0f} MiB")
     return out
 
 
@@ -184,7 +190,9 @@ def _default_gguf(model_dir):
     return DEFAULT_GGUF if same else None
 
 
-def run_all(model_dir, out_path: str, log=print) -> dict:
+def run_all(model_dir, out_path: str, log=print, llama_bench: str | None = None) -> dict:
+    """Every row; llama_bench: a built llama.cpp `llama-bench`, run on the default
+    model's GGUF beside our own rows."""
     llm = LLM(model_dir, kv_cache_memory=64 << 20)
     requests = long_tailed_workload(llm.tokenizer)
     prompt_ids = prose_prompt(llm.tokenizer, 200)
@@ -194,6 +202,9 @@ def run_all(model_dir, out_path: str, log=print) -> dict:
                "throughput": throughput(model_dir, requests, log),
                "sampling": sampling(model_dir, log),
                "weight_formats": weight_formats(model_dir, log, _default_gguf(model_dir))}
+    gguf = _default_gguf(model_dir)
+    if llama_bench and gguf is not None:
+        results["llama_cpp"] = llama_cpp_peer.run(llama_bench, gguf, log)
     with open(out_path, "w") as f:
         json.dump(results, f, indent=2, default=float)
     return results

@@ -10,6 +10,7 @@ so a NumPy shape is the reversed dims.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -91,7 +92,9 @@ class GGUFFile:
         if os.path.getsize(self.path) < 24:  # magic, version and the two counts
             raise ValueError(f"{self.path}: truncated GGUF file ({os.path.getsize(self.path)} "
                              f"bytes; its header alone takes 24)")
-        self._buf = np.memmap(self.path, dtype=np.uint8, mode="r")
+        with open(self.path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._buf = np.frombuffer(self._map, dtype=np.uint8)
         cur = _Cursor(self._buf, self.path)
         if bytes(cur.take(4)) != GGUF_MAGIC:
             raise ValueError(f"{self.path}: not a GGUF file (bad magic)")
@@ -159,6 +162,15 @@ class GGUFFile:
             raise ValueError(f"{self.path}: tensor {name!r} is missing")
         info = self.tensors[name]
         return self._buf[info.offset:info.offset + info.nbytes]
+
+    def release(self, name: str) -> None:
+        """Drop tensor `name`'s file pages from this process's resident memory, once a
+        copy of it is made (they come back from the page cache if read again): a model
+        loaded from the file then holds its weights once, not twice."""
+        info = self.tensors[name]
+        start = info.offset - info.offset % mmap.PAGESIZE
+        if info.nbytes:
+            self._map.madvise(mmap.MADV_DONTNEED, start, info.offset + info.nbytes - start)
 
     def load(self, name: str) -> np.ndarray:
         """Tensor `name` dequantised to float32, in NumPy shape order."""

@@ -1,6 +1,8 @@
 """A GGUF file as a model, without conversion: config from its metadata, weights
 from the memory-mapped tensors, quantized matrices kept packed (PackedWeight).
 
+Every weight is a copy, and each tensor's file pages are released once copied,
+so the weights are resident once (the file stays mapped for the tokenizer).
 Q8_0 / Q4_0 / Q4_1 matrices become PackedWeights (the same bytes, split into
 quants and scales; packed.py says why). K-quant matrices (Q4_K, Q5_K, Q6_K) are
 requantized to Q8_0 (1.06 bytes a weight, against 0.56-0.82 on file). F32 / F16 /
@@ -44,13 +46,14 @@ def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
             w = PackedWeight.from_bytes(gguf.raw(name), info.ggml_type, info.shape)
         elif len(info.shape) == 2 and info.ggml_type in K_QUANTS:  # rows of 256: whole Q8_0
             w = PackedWeight.quantize(gguf.load(name), Q8_0)  # blocks; our kernels read Q8_0
-        else:
-            w = gguf.load(name)  # float32; an unsupported type is named here
+        else:  # float32 (a copy: an F32 tensor would be a view of the file); an
+            w = np.array(gguf.load(name), dtype=np.float32)  # unsupported type is named here
         suffix = name.split(".", 2)[-1]
         if permuted and suffix in heads:
             order = unpermute_rows(np.arange(info.shape[0]), heads[suffix])
             w = w.take_rows(order) if isinstance(w, PackedWeight) else w[order]
         weights[target] = w
+        gguf.release(name)  # every weight is a copy: the file's pages can go
     check_weights(weights, cfg, gguf.path)
     weights = {name: weights[name] for name in expected_shapes(cfg)}
     if cfg.tie_word_embeddings:

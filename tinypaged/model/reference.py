@@ -30,7 +30,8 @@ class ReferenceModel:
     def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], dtype=np.float32):
         self.cfg = cfg
         self.dtype = np.dtype(dtype)
-        self.w = {name: np.asarray(t).astype(self.dtype, copy=False) for name, t in weights.items()}
+        self.w = {name: np.asarray(t.dequantize() if hasattr(t, "dequantize") else t)
+                  .astype(self.dtype, copy=False) for name, t in weights.items()}  # packed: widened
 
     def new_cache(self, max_len: int | None = None) -> DenseKVCache:
         return DenseKVCache(self.cfg, max_len or self.cfg.max_position_embeddings, self.dtype)

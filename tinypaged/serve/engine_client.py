@@ -23,7 +23,8 @@ _PARAM_IN_MESSAGE = re.compile(r"^(\w+)[=:]")
 class EngineClient:
     def __init__(self, llm: LLM, config: ServerConfig):
         self.llm, self.config = llm, config
-        self.model_name = config.served_model_name or llm.model_dir.rstrip("/").split("/")[-1]
+        file_name = llm.model_dir.rstrip("/").split("/")[-1]
+        self.model_name = config.served_model_name or file_name.removesuffix(".gguf")
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:

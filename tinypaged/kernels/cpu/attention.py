@@ -14,59 +14,88 @@ At batch 64 and 125-token contexts this is 2x the previous two-pass kernel
 (which walked the pool once per KV head, K and V separately): the pool is far
 larger than the caches, and this step is bound by reading it.
 
-It runs on one thread: the steps that have much attention work are the ones
-whose matrix products run in BLAS's threads, and numba's OpenMP workers would
-fight those for the two cores (measured: 1.5 ms serial vs 8.5 ms with prange
-right after a BLAS call; see linear.py).
+Decode batches (up to linear.NUMBA_MAX_ROWS tokens, whose matrix products are
+numba kernels too) run it on numba's threads, tokens dealt round-robin. Larger
+batches run it on one thread: their products run in BLAS's threads, and numba's
+OpenMP workers would fight those for the two cores (measured: 1.5 ms serial vs
+8.5 ms with prange right after a BLAS call).
 """
 import numpy as np
-from numba import float32, njit
+from numba import float32, njit, prange
+
+from .common import N_CHUNKS
+from .linear import NUMBA_MAX_ROWS
 
 NO_SCORE = float32(-3.0e38)  # below any score; finite, as fastmath assumes no infinities
 
 
-@njit(fastmath=True, cache=True)
-def _paged_attention(q, k_cache, v_cache, block_tables, positions, token_seq, scale, out):
-    n_tokens, n_heads, head_dim = q.shape
+@njit(fastmath=True, inline="always")
+def _attend_one_token(q, k_cache, v_cache, table, position, t, scale, acc, top, total, out):
+    """out[t] = softmax(q[t] . K) V over positions 0 .. position of one sequence's
+    blocks; acc (n_heads, D), top and total (n_heads,) are the caller's scratch."""
+    n_heads, head_dim = q.shape[1], q.shape[2]
     block_size, n_kv = k_cache.shape[1], k_cache.shape[2]
     group = n_heads // n_kv
+    acc[:] = 0.0
+    top[:] = NO_SCORE
+    total[:] = 0.0
+    for j in range(position + 1):
+        block, offset = table[j // block_size], j % block_size
+        for kvh in range(n_kv):
+            k_row, v_row = k_cache[block, offset, kvh], v_cache[block, offset, kvh]  # (D,)
+            for h in range(kvh * group, (kvh + 1) * group):
+                dot = float32(0.0)
+                for d in range(head_dim):
+                    dot += q[t, h, d] * k_row[d]
+                score = dot * scale
+                if score > top[h]:  # a new max: rescale what was summed so far
+                    shrink = np.exp(top[h] - score)
+                    total[h] *= shrink
+                    for d in range(head_dim):
+                        acc[h, d] *= shrink
+                    top[h] = score
+                p = np.exp(score - top[h])
+                total[h] += p
+                for d in range(head_dim):
+                    acc[h, d] += p * v_row[d]
+    for h in range(n_heads):
+        inv = float32(1.0) / total[h]
+        for d in range(head_dim):
+            out[t, h, d] = acc[h, d] * inv
+
+
+@njit(fastmath=True, cache=True)
+def _paged_attention(q, k_cache, v_cache, block_tables, positions, token_seq, scale, out):
+    n_heads, head_dim = q.shape[1], q.shape[2]
     acc = np.empty((n_heads, head_dim), dtype=np.float32)  # sum of p * V, per query head
     top = np.empty(n_heads, dtype=np.float32)  # running max score
     total = np.empty(n_heads, dtype=np.float32)  # running sum of exp(score - top)
-    for t in range(n_tokens):
-        acc[:] = 0.0
-        top[:] = NO_SCORE
-        total[:] = 0.0
-        table = block_tables[token_seq[t]]
-        for j in range(positions[t] + 1):
-            block, offset = table[j // block_size], j % block_size
-            for kvh in range(n_kv):
-                k_row, v_row = k_cache[block, offset, kvh], v_cache[block, offset, kvh]  # (D,)
-                for h in range(kvh * group, (kvh + 1) * group):
-                    dot = float32(0.0)
-                    for d in range(head_dim):
-                        dot += q[t, h, d] * k_row[d]
-                    score = dot * scale
-                    if score > top[h]:  # a new max: rescale what was summed so far
-                        shrink = np.exp(top[h] - score)
-                        total[h] *= shrink
-                        for d in range(head_dim):
-                            acc[h, d] *= shrink
-                        top[h] = score
-                    p = np.exp(score - top[h])
-                    total[h] += p
-                    for d in range(head_dim):
-                        acc[h, d] += p * v_row[d]
-        for h in range(n_heads):
-            inv = float32(1.0) / total[h]
-            for d in range(head_dim):
-                out[t, h, d] = acc[h, d] * inv
+    for t in range(q.shape[0]):
+        _attend_one_token(q, k_cache, v_cache, block_tables[token_seq[t]], positions[t], t,
+                          scale, acc, top, total, out)
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def _paged_attention_parallel(q, k_cache, v_cache, block_tables, positions, token_seq, scale, out):
+    """_paged_attention with the tokens dealt round-robin to N_CHUNKS work items (so
+    a causal prefill's long and short rows mix in every item)."""
+    n_tokens, n_heads, head_dim = q.shape
+    for c in prange(N_CHUNKS):
+        acc = np.empty((n_heads, head_dim), dtype=np.float32)
+        top = np.empty(n_heads, dtype=np.float32)
+        total = np.empty(n_heads, dtype=np.float32)
+        for t in range(c, n_tokens, N_CHUNKS):
+            _attend_one_token(q, k_cache, v_cache, block_tables[token_seq[t]], positions[t], t,
+                              scale, acc, top, total, out)
 
 
 def paged_attention(q, k_cache, v_cache, meta):
-    """q (T, n_heads, D) -> (T, n_heads, D); see kernels/reference.paged_attention."""
+    """q (T, n_heads, D) -> (T, n_heads, D); see kernels/reference.paged_attention.
+    Batches small enough for linear.py's numba kernels run on numba's threads too;
+    larger ones (whose products run in BLAS's threads) on this one."""
+    parallel = len(q) <= NUMBA_MAX_ROWS
     out = np.empty_like(q)
     scale = np.float32(1.0 / np.sqrt(q.shape[-1]))
-    _paged_attention(q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq,
-                     scale, out)
+    kernel = _paged_attention_parallel if parallel else _paged_attention
+    kernel(q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq, scale, out)
     return out

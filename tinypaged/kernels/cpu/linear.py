@@ -1,23 +1,33 @@
-"""CPU matrix products: a numba float16-weight GEMV for decode, BLAS for the rest.
+"""CPU matrix products: numba kernels for decode batches, BLAS for prefill.
 
-Decode reads every weight once per step for a handful of rows, so it is bound by
-memory bandwidth: weights are kept a second time as float16 bit patterns (half
-the bytes) and a numba kernel streams each row once, widening it with the CPU's
-half->float instruction (F16C) and accumulating in float32. Prefill and large
-batches are bound by arithmetic instead, and there BLAS on the float32 copy wins.
+Every weight matrix is held once, in its narrowest exact form: packed quantized
+blocks (PackedWeight), float16 bits when float16 holds the matrix exactly (F16
+checkpoints), float32 otherwise (LinearWeight). The path depends on M, the rows
+of x:
+    M <= GEMV_MAX_ROWS   a GEMV streaming each weight row once (bandwidth-bound):
+                         _gemv_f16 here, quantized.gemv_packed
+    M <= NUMBA_MAX_ROWS  gemm.gemm_narrow: four weight rows widened at a time into
+                         L1, eight accumulators (arithmetic-bound)
+    larger (prefill)     BLAS: on the float32 matrix, or on float32 tiles widened
+                         from the narrow form (tiles.py), the cost of widening
+                         spread over the many rows of x
 
-The two paths never alternate within a step's layers: numba's OpenMP workers and
-OpenBLAS's threads both spin after their work, and interleaving them on two cores
-costs milliseconds per switch.
+The numba and BLAS paths never alternate within a step's layers: numba's OpenMP
+workers and OpenBLAS's threads both spin after their work, and interleaving them
+on two cores costs milliseconds per switch.
 """
 import numpy as np
 from numba import float32, njit, prange
 
+from ...model.ggml_quant import F16, F32
 from ...model.packed import PackedWeight
 from .common import N_CHUNKS, f16_bits_to_f32
-from .quantized import gemv_packed, matmul_packed
+from .gemm import GROUP, gemm_narrow
+from .quantized import dequantize_rows, gemv_packed, matmul_packed
+from .tiles import tiled_matmul
 
-GEMV_MAX_ROWS = 4  # up to this many rows of x take the float16 / packed decode path
+GEMV_MAX_ROWS = 4  # up to this many rows of x take a GEMV
+NUMBA_MAX_ROWS = 64  # up to this many, numba's GEMM; beyond, BLAS
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -44,48 +54,83 @@ def _gemv_f16(x, w_bits, out):
 
 
 class LinearWeight:
-    """A weight matrix (N, K) as the CPU paths read it: transposed float32 (K, N) for
-    BLAS (x @ W.T as a plain NN product is 5-20% faster here than with a transposed
-    operand), plus its float16 bits (N, K) when float16 holds it exactly (weights
-    stored as F16, as our GGUF conversion writes them), so both paths compute with
-    the same numbers."""
-    __slots__ = ("f32_t", "f16_bits", "shape")
+    """A float weight matrix (N, K), held once: `data` is its float16 bits (uint16)
+    when float16 holds every value exactly (kind F16), else float32 (kind F32)."""
+    __slots__ = ("kind", "data", "shape")
 
     def __init__(self, weight: np.ndarray):
-        weight = np.asarray(weight, dtype=np.float32)
         self.shape = weight.shape
-        self.f32_t = np.ascontiguousarray(weight.T)  # (K, N)
+        if weight.dtype == np.float16:
+            self.kind, self.data = F16, np.ascontiguousarray(weight).view(np.uint16)
+            return
+        weight = np.ascontiguousarray(weight, dtype=np.float32)
         with np.errstate(over="ignore"):
-            half = np.ascontiguousarray(weight.astype(np.float16))
-        exact = np.array_equal(half.astype(np.float32), weight)
-        self.f16_bits = half.view(np.uint16) if exact else None
+            half = weight.astype(np.float16)
+        if np.array_equal(half.astype(np.float32), weight):
+            self.kind, self.data = F16, half.view(np.uint16)
+        else:
+            self.kind, self.data = F32, weight
 
     @property
     def nbytes(self) -> int:
-        return self.f32_t.nbytes + (self.f16_bits.nbytes if self.f16_bits is not None else 0)
+        return self.data.nbytes
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    def dequantize(self, rows=slice(None)) -> np.ndarray:
+        """float32 (r, K) of the selected rows (embedding lookups)."""
+        picked = self.data[rows]
+        return picked.view(np.float16).astype(np.float32) if self.kind == F16 else picked.copy()
 
 
 def prepare_linear_weights(weights: dict[str, np.ndarray]) -> dict:
-    """The model's weights with every 2-D matrix wrapped as a LinearWeight."""
+    """The model's weights with every 2-D float matrix (the embedding included) held
+    as a LinearWeight; a tied lm_head stays the embedding's own object."""
+    done: dict[int, LinearWeight] = {}  # id(array) -> its LinearWeight
     out = dict(weights)
     for name, w in weights.items():
-        if w.ndim == 2 and name != "model.embed_tokens.weight" and not isinstance(w, PackedWeight):
-            out[name] = LinearWeight(w)
+        if isinstance(w, np.ndarray) and w.ndim == 2:
+            if id(w) not in done:
+                done[id(w)] = LinearWeight(w)
+            out[name] = done[id(w)]
     return out
+
+
+def _numba_product(x: np.ndarray, weight) -> np.ndarray:
+    """x (M <= NUMBA_MAX_ROWS, K) @ weight.T for a LinearWeight or PackedWeight."""
+    out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
+    if isinstance(weight, PackedWeight):
+        if len(x) <= GEMV_MAX_ROWS:
+            return gemv_packed(x, weight)
+        mins = weight.mins if weight.mins is not None else weight.scales  # read by Q4_1 only
+        gemm_narrow(x, weight.ggml_type, weight.quants, weight.scales, mins, out)
+    elif weight.kind == F16 and len(x) <= GEMV_MAX_ROWS:
+        _gemv_f16(x, weight.data, out)
+    else:
+        gemm_narrow(x, weight.kind, weight.data, weight.data, weight.data, out)
+    return out
+
+
+def _blas_product(x: np.ndarray, weight) -> np.ndarray:
+    """x (M, K) @ weight.T through BLAS, widening narrow weights a tile at a time."""
+    if isinstance(weight, PackedWeight):
+        return matmul_packed(x, weight)
+    if weight.kind == F32:
+        return x @ weight.data.T
+    bits = weight.data
+    return tiled_matmul(x, weight.shape[0],
+                        lambda first, tile: dequantize_rows(F16, bits, bits, bits, first, tile))
 
 
 def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
     """x (T, K) @ weight.T (+ bias) -> (T, N); weight a LinearWeight, a PackedWeight
     (quantized) or a float32 array."""
-    if isinstance(weight, PackedWeight):
+    if isinstance(weight, (LinearWeight, PackedWeight)):
         x = np.ascontiguousarray(x, dtype=np.float32)
-        out = gemv_packed(x, weight) if len(x) <= GEMV_MAX_ROWS else matmul_packed(x, weight)
-    elif isinstance(weight, LinearWeight):
-        if weight.f16_bits is not None and len(x) <= GEMV_MAX_ROWS:
-            out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
-            _gemv_f16(np.ascontiguousarray(x, dtype=np.float32), weight.f16_bits, out)
-        else:
-            out = x @ weight.f32_t
+        small = len(x) <= NUMBA_MAX_ROWS and weight.shape[0] >= GROUP
+        out = _numba_product(x, weight) if small else _blas_product(x, weight)
     else:
         out = x @ weight.T
     return out if bias is None else out + bias
