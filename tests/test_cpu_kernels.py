@@ -162,3 +162,32 @@ def test_fused_projection_ops_compose_the_reference():
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(cpu.gate_up_silu(x, ws[3], ws[4]),
                                reference.gate_up_silu(x, ws[3], ws[4]), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("form", ["float16", "float32", "q4_1"])
+def test_stacked_layer_matrices_multiply_as_the_separate_ones(form):
+    from tinypaged.model.ggml_quant import Q4_1
+    from tinypaged.model.packed import PackedWeight
+
+    rng = np.random.default_rng(9)
+    names = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+             "mlp.gate_proj.weight", "mlp.up_proj.weight"]
+    mats = [rand(rng, n, 64) for n in (16, 8, 8, 20, 20)]
+    if form == "float16":
+        mats = [m.astype(np.float16).astype(np.float32) for m in mats]
+    elif form == "q4_1":
+        mats = [PackedWeight.quantize(m, Q4_1) for m in mats]
+    weights = {f"model.layers.0.{n}": m for n, m in zip(names, mats)}
+    weights["model.layers.1.self_attn.q_proj.weight"] = rand(rng, 16, 64)  # a group left whole
+    held = cpu.prepare_weights(weights)
+    parts = [held[f"model.layers.0.{n}"] for n in names]
+    assert parts[0].stack[0] is parts[2].stack[0] and parts[3].stack[0] is parts[4].stack[0]
+    assert held["model.layers.1.self_attn.q_proj.weight"].stack is None
+    dense = [m.dequantize() if form == "q4_1" else m for m in mats]
+    for rows in (1, 5, 70):  # each product path: GEMV, numba GEMM, BLAS
+        x = rand(rng, rows, 64)
+        for got, w in zip([*cpu.qkv_proj(x, *parts[:3]), ], dense[:3]):
+            np.testing.assert_allclose(got, x @ w.T, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(cpu.gate_up_silu(x, *parts[3:]),
+                                   reference.gate_up_silu(x, *dense[3:]), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(cpu.linear(x, parts[1]), x @ dense[1].T, rtol=1e-5, atol=1e-5)

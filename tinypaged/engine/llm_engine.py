@@ -41,6 +41,7 @@ class LLMEngine:
         ops = get_backend(config.backend, config.gpu_weight_dtype)
         check_rope_fits(self.max_model_len, cfg.head_dim, ops.memory_available())
         model = LlamaModel(cfg, weights, ops, self.max_model_len)  # weights go to the backend
+        del weights  # (the backend's form replaces them)
         bytes_per_block = PagedKVCache.bytes_per_block(cfg, bs)
         num_blocks = pool_blocks(config, bytes_per_block, self.max_model_len,
                                  ops.default_kv_memory)

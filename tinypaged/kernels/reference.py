@@ -125,8 +125,10 @@ def memory_available() -> int:
 
 def prepare_weights(weights: dict) -> dict:
     """The backend's own form of the weights: here float32 arrays, packed matrices
-    (PackedWeight) widened (the reference is the oracle, not the fast path)."""
-    return {name: w.dequantize() if hasattr(w, "dequantize") else w for name, w in weights.items()}
+    (PackedWeight) and float16 ones widened (the reference is the oracle, not the
+    fast path)."""
+    return {name: w.dequantize() if hasattr(w, "dequantize") else np.asarray(w, dtype=np.float32)
+            for name, w in weights.items()}
 
 
 def allocate_kv(shape: tuple[int, ...], dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:

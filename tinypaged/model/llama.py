@@ -31,7 +31,9 @@ class PagedKVCache:
 class LlamaModel:
     def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], ops,
                  max_positions: int | None = None):
-        """max_positions: positions the RoPE tables cover (the engine's max_model_len;
+        """weights: taken over; a backend may empty the dict as it converts it, so that
+        each original can be freed as soon as its converted form exists.
+        max_positions: positions the RoPE tables cover (the engine's max_model_len;
         None: the model's max_position_embeddings)."""
         self.cfg, self.w, self.ops = cfg, ops.prepare_weights(weights), ops
         self.cos, self.sin = ops.rope_tables(max_positions or cfg.max_position_embeddings,

@@ -22,12 +22,13 @@ PACKED_TYPES = (Q8_0, Q4_0, Q4_1)
 
 
 class PackedWeight:
-    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins")
+    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "stack")
 
     def __init__(self, ggml_type: int, shape: tuple[int, int], quants: np.ndarray,
                  scales: np.ndarray, mins: np.ndarray | None = None):
         self.ggml_type, self.shape = ggml_type, (int(shape[0]), int(shape[1]))
         self.quants, self.scales, self.mins = quants, scales, mins
+        self.stack = None  # (a matrix stacking this one's rows with others', (start, stop)): kernels/cpu/stacks.py
 
     @staticmethod
     def can_pack(ggml_type: int, columns: int) -> bool:
@@ -103,10 +104,13 @@ class PackedWeight:
 def quantize_matrices(weights: dict, ggml_type: int) -> dict:
     """The weights with every float matrix quantized (EngineConfig.quantization); a
     matrix whose rows do not split into the type's blocks, the norms and anything
-    already packed stay as they are. A tied lm_head stays the embedding itself."""
+    already packed stay as they are. A tied lm_head stays the embedding itself.
+    Takes the dict over: it is emptied as it goes, so each float matrix can be freed
+    as soon as its packed form exists (the peak holds one of them, not the model)."""
     done: dict[int, object] = {}  # id(float matrix) -> its packed form (tied tensors)
     out = {}
-    for name, w in weights.items():
+    for name in list(weights):
+        w = weights.pop(name)
         if isinstance(w, np.ndarray) and w.ndim == 2 and PackedWeight.can_pack(ggml_type, w.shape[1]):
             if id(w) not in done:
                 done[id(w)] = PackedWeight.quantize(w, ggml_type)

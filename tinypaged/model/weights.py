@@ -69,7 +69,8 @@ def check_weights(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str) 
 
 
 def load_weights(model_dir: str | os.PathLike, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """float32 weights of a HF model folder, checked against `cfg`.
+    """Weights of a HF model folder, checked against `cfg`: float32, except F16
+    matrices, which stay float16 (safetensors_io.py says why).
 
     With tied embeddings, `lm_head.weight` is the embedding matrix itself (no copy).
     """
@@ -82,7 +83,8 @@ def load_weights(model_dir: str | os.PathLike, cfg: ModelConfig) -> dict[str, np
 
 
 def load_model(model_dir: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-    """Config and checked weights of a HF model folder (float32) or of a GGUF file
+    """Config and checked weights of a HF model folder (float32; F16 matrices float16)
+    or of a GGUF file
     (quantized matrices kept packed: gguf_model.py)."""
     model_dir = os.fspath(model_dir)
     if model_dir.lower().endswith(".gguf"):

@@ -5,7 +5,8 @@ from ..reference import (allocate_kv, copy_blocks, default_kv_memory, embedding,
 from .attention import paged_attention
 from .cache_ops import write_kv
 from .elementwise import add_rms_norm, rms_norm, rope, silu_mul
-from .linear import linear, prepare_linear_weights as prepare_weights
+from .linear import linear, prepare_linear_weights
+from .stacks import stack_layer_matrices, stacked_linear
 
 name = "cpu"
 __all__ = ["name", "default_kv_memory", "memory_available", "prepare_weights", "allocate_kv",
@@ -20,11 +21,18 @@ def rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, sl
     return rope(q, positions, cos_table, sin_table)
 
 
+def prepare_weights(weights: dict) -> dict:
+    """Every float matrix held once (linear.py); each layer's q/k/v and gate/up
+    stacked, so each group is one product (stacks.py). Takes the dict over."""
+    return stack_layer_matrices(prepare_linear_weights(weights))
+
+
 def qkv_proj(x, wq, wk, wv, bq=None, bk=None, bv=None):
     """The attention's three projections of x: (q, k, v)."""
-    return linear(x, wq, bq), linear(x, wk, bk), linear(x, wv, bv)
+    q, k, v = stacked_linear(x, [wq, wk, wv])
+    return tuple(out if b is None else out + b for out, b in ((q, bq), (k, bk), (v, bv)))
 
 
 def gate_up_silu(x, w_gate, w_up):
     """silu(x @ w_gate.T) * (x @ w_up.T)."""
-    return silu_mul(linear(x, w_gate), linear(x, w_up))
+    return silu_mul(*stacked_linear(x, [w_gate, w_up]))

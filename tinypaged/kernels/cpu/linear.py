@@ -55,11 +55,12 @@ def _gemv_f16(x, w_bits, out):
 
 class LinearWeight:
     """A float weight matrix (N, K), held once: `data` is its float16 bits (uint16)
-    when float16 holds every value exactly (kind F16), else float32 (kind F32)."""
-    __slots__ = ("kind", "data", "shape")
+    when float16 holds every value exactly (kind F16), else float32 (kind F32).
+    `stack`: as PackedWeight's (stacks.py)."""
+    __slots__ = ("kind", "data", "shape", "stack")
 
     def __init__(self, weight: np.ndarray):
-        self.shape = weight.shape
+        self.shape, self.stack = weight.shape, None
         if weight.dtype == np.float16:
             self.kind, self.data = F16, np.ascontiguousarray(weight).view(np.uint16)
             return
@@ -70,6 +71,13 @@ class LinearWeight:
             self.kind, self.data = F16, half.view(np.uint16)
         else:
             self.kind, self.data = F32, weight
+
+    @classmethod
+    def of(cls, kind: int, data: np.ndarray) -> "LinearWeight":
+        """One from its held form: kind F16 with float16 bits, or F32 with float32."""
+        held = cls.__new__(cls)
+        held.kind, held.data, held.shape, held.stack = kind, data, data.shape, None
+        return held
 
     @property
     def nbytes(self) -> int:
@@ -87,14 +95,17 @@ class LinearWeight:
 
 def prepare_linear_weights(weights: dict[str, np.ndarray]) -> dict:
     """The model's weights with every 2-D float matrix (the embedding included) held
-    as a LinearWeight; a tied lm_head stays the embedding's own object."""
+    as a LinearWeight; a tied lm_head stays the embedding's own object. Takes the
+    dict over (empties it), so each float32 original can be freed once converted."""
     done: dict[int, LinearWeight] = {}  # id(array) -> its LinearWeight
-    out = dict(weights)
-    for name, w in weights.items():
+    out = {}
+    for name in list(weights):
+        w = weights.pop(name)
         if isinstance(w, np.ndarray) and w.ndim == 2:
             if id(w) not in done:
                 done[id(w)] = LinearWeight(w)
-            out[name] = done[id(w)]
+            w = done[id(w)]
+        out[name] = w
     return out
 
 
