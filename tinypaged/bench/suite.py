@@ -136,20 +136,15 @@ def sampling(model_dir, log, concurrency: int = 32, rounds: int = 3) -> dict:
 def weight_formats(model_dir, log, gguf_path=None) -> dict:
     """Decode tokens/s at 1 and 32 concurrent requests, the weights' bytes and the peak
     RSS of a `generate` run, for the float16 folder, the same with
-    quantization="q8_0", and the model's GGUF (packed)."""
+    quantization="q8_0", and the model's GGUF (packed); each format measured in a
+    process of its own (format_rates.py says why)."""
+    from .format_rates import measure_in_own_process  # (it imports this module)
     kinds = {"float16": (model_dir, None), "q8_0": (model_dir, "q8_0")}
     if gguf_path is not None:
         kinds["gguf"] = (gguf_path, None)
     out = {}
     for name, (path, quantization) in kinds.items():
-        llm = LLM(path, kv_cache_memory=KV_BUDGET, max_model_len=MAX_MODEL_LEN,
-                  quantization=quantization)
-        params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-        decode_rate(llm, 1, SamplingParams(temperature=0, max_tokens=4))  # compile, warm
-        out[name] = {"batch1_tokens_per_s": decode_rate(llm, 1, params),
-                     "concurrent32_tokens_per_s": decode_rate(llm, 32, params),
-                     "weight_bytes": llm.stats()["weight_bytes"]}
-        del llm
+        out[name] = measure_in_own_process(path, quantization)
         if peak_rss.available():
             extra = ["--quantization", quantization] if quantization else []
             out[name]["generate_peak_rss"] = peak_rss.generate_peak_rss(path, extra)

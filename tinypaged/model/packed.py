@@ -59,10 +59,14 @@ class PackedWeight:
         return cls(ggml_type, shape, quants.astype(np.uint8), scales, mins)
 
     @classmethod
-    def quantize(cls, w: np.ndarray, ggml_type: int) -> "PackedWeight":
-        """A float matrix quantized as llama.cpp's reference quantizers round."""
+    def quantize(cls, w: np.ndarray, ggml_type: int, rows_at_once: int = 2048) -> "PackedWeight":
+        """A float matrix quantized as llama.cpp's reference quantizers round; a few
+        rows at a time, so the quantizer's float temporaries stay small (whole, they
+        took ~500 MB for SmolLM2's 49152 x 576 embedding)."""
         from .ggml_quant import quantize
-        return cls.from_bytes(quantize(w, ggml_type), ggml_type, w.shape)
+        raw = np.concatenate([quantize(w[i:i + rows_at_once], ggml_type)
+                              for i in range(0, len(w), rows_at_once)])
+        return cls.from_bytes(raw, ggml_type, w.shape)
 
     @property
     def type_name(self) -> str:
