@@ -271,3 +271,20 @@ def test_stream_refuses_bad_input_at_the_call_and_n_over_one(stories):
         stories.stream("", GREEDY)  # before any next()
     with pytest.raises(ValueError, match="n=3"):
         stories.stream("hi", SamplingParams(n=3))
+
+
+def test_an_unreferenced_llm_is_collected_and_its_thread_ends_after_beam_search(tmp_path):
+    """The loop thread kept its last command, whose closure held the LLM: an LLM that
+    had run a beam search was never collected, and its thread never ended."""
+    import gc
+    import weakref
+
+    write_tiny_model(str(tmp_path / "tiny"), seed=7, max_position_embeddings=512)
+    llm = LLM(tmp_path / "tiny", block_size=4, num_blocks=400)
+    llm.generate(["hello"], GREEDY)
+    llm.beam_search(["hello"], beam_width=2, max_tokens=4)  # its last command: a closure
+    thread, gone = llm._loop._thread, weakref.ref(llm)
+    del llm
+    gc.collect()
+    thread.join(timeout=10)
+    assert gone() is None and not thread.is_alive()

@@ -139,6 +139,9 @@ class EngineLoop:
                     self._commands.clear()
                 for command in commands:
                     self._apply(command)
+                # Hold no command while waiting: a call's closure can hold its LLM,
+                # which then could never be collected nor this thread end.
+                commands = command = None
                 if self.engine.has_unfinished():
                     self._step()
                 elif self._exclusive:
