@@ -2,6 +2,7 @@
 dict of figures; `run_all` prints a table and writes them all as JSON."""
 from __future__ import annotations
 
+import gc
 import json
 import time
 
@@ -17,9 +18,21 @@ MAX_MODEL_LEN = 2048  # what a naive engine reserves per request
 KV_BUDGET = 1 << 30  # bytes of KV cache both schemes get
 
 
+def on_engine_thread(llm, work):
+    """work(engine) run on the LLM's own loop thread, the engine to itself. Every
+    figure is measured there, where users' requests run: numba's OpenMP layer gives
+    each thread that launches parallel kernels a team of its own, and while a
+    second team exists (the main thread's, or another live LLM's) every parallel
+    call pays a slower wake-up: batch-1 decode fell 35% (bench/NOTES.md)."""
+    return llm._loop.call(lambda: work(llm.engine), exclusive=True)
+
+
 def run_requests(llm, requests) -> dict:
     """Run (prompt ids, output length) requests to completion, greedy, no early EOS."""
-    engine = llm.engine
+    return on_engine_thread(llm, lambda engine: _run_requests(engine, requests))
+
+
+def _run_requests(engine, requests) -> dict:
     start = time.perf_counter()
     ids = [engine.add_request(r.prompt_ids, SamplingParams(temperature=0, max_tokens=r.output_len,
                                                            ignore_eos=True)) for r in requests]
@@ -99,7 +112,10 @@ def prefix_caching(model_dir, log) -> dict:
 def decode_rate(llm, concurrency: int, params: SamplingParams) -> float:
     """Tokens/s of the decode steps (sampling included) with `concurrency` requests
     running, from steps with nothing left to admit."""
-    engine = llm.engine
+    return on_engine_thread(llm, lambda engine: _decode_rate(engine, concurrency, params))
+
+
+def _decode_rate(engine, concurrency: int, params: SamplingParams) -> float:
     for i in range(concurrency):
         engine.add_request(f"Write a short story about a lighthouse keeper. Story number {i}.",
                            params)
@@ -191,12 +207,16 @@ def run_all(model_dir, out_path: str, log=print, llama_bench: str | None = None)
     llm = LLM(model_dir, kv_cache_memory=64 << 20)
     requests = long_tailed_workload(llm.tokenizer)
     prompt_ids = prose_prompt(llm.tokenizer, 200)
-    results = {"model": str(model_dir), "memory": memory(model_dir, requests, log),
-               "sharing": sharing(model_dir, prompt_ids, log),
-               "prefix_caching": prefix_caching(model_dir, log),
-               "throughput": throughput(model_dir, requests, log),
-               "sampling": sampling(model_dir, log),
-               "weight_formats": weight_formats(model_dir, log, _default_gguf(model_dir))}
+    rows = {"memory": lambda: memory(model_dir, requests, log),
+            "sharing": lambda: sharing(model_dir, prompt_ids, log),
+            "prefix_caching": lambda: prefix_caching(model_dir, log),
+            "throughput": lambda: throughput(model_dir, requests, log),
+            "sampling": lambda: sampling(model_dir, log),
+            "weight_formats": lambda: weight_formats(model_dir, log, _default_gguf(model_dir))}
+    results = {"model": str(model_dir)}
+    for name, row in rows.items():
+        results[name] = row()
+        gc.collect()  # the row's LLMs, their loop threads and OpenMP teams end here
     gguf = _default_gguf(model_dir)
     if llama_bench and gguf is not None:
         results["llama_cpp"] = llama_cpp_peer.run(llama_bench, gguf, log)
