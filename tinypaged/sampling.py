@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numba
 import numpy as np
 
 from . import checks
@@ -146,7 +147,8 @@ def sample_tokens(logits: np.ndarray, params: list[SamplingParams], uniforms: li
         sample_rows(weights, np.array([p.top_k for p in chosen], dtype=np.int64),
                     np.array([p.top_p for p in chosen], dtype=np.float64),
                     np.array([p.min_p for p in chosen], dtype=np.float32),
-                    np.array([uniforms[r] for r in drawn], dtype=np.float64), out)
+                    np.array([uniforms[r] for r in drawn], dtype=np.float64), out,
+                    min(numba.get_num_threads(), len(drawn)))
         for r, token in zip(drawn, out):
             tokens[r] = int(token)
     return tokens

@@ -1,10 +1,11 @@
 """Decode rates of one model, measured in a process of its own:
 `python -m tinypaged.bench.format_rates PATH [QUANTIZATION]` prints one JSON line.
 
-The weight-format rows run each format this way, as llama-bench runs: inside the
-long `cli.py bench` process, after the earlier rows, batch-1 rates came out
-20-40% below those of a fresh process (the GGUF: 58 against 86-100 tokens/s),
-and no in-process experiment (BLAS calls, other engines' prefills) reproduced it.
+The weight-format rows run each format this way, as llama-bench runs, so that
+nothing left by the earlier rows can touch them. Something did once: inside the
+long `cli.py bench` process batch-1 rates came out 20-40% below a fresh
+process's. The cause was an LLM that could not be collected (fixed in the engine
+loop): its thread's OpenMP team slowed every parallel kernel call of the others.
 """
 from __future__ import annotations
 

@@ -8,22 +8,25 @@ threshold only when they do not reach the k-th token or the nucleus's mass. The
 draw itself is one pass in id order.
 """
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 FIRST_THRESHOLD = 1e-3  # weight (relative to the most likely token) of the first candidates
 THRESHOLD_STEP = 1e-3  # each retry lowers the threshold by this factor
 LOWEST_THRESHOLD = 1e-30  # below this, every token is a candidate
 
 
-@njit(cache=True)
-def sample_rows(weights, top_k, top_p, min_p, u, out):
+@njit(parallel=True, cache=True)
+def sample_rows(weights, top_k, top_p, min_p, u, out, n_chunks=1):
     """out[r] = the token drawn for row r. weights (R, V) float32: exp(logits / T - max)
     per row; top_k (R,) int64 (0: off); top_p (R,) float64; min_p (R,) float32 (compared
     with float32 weights as the spec does); u (R,) float64. Reads each row
-    a few times (3-4 passes of V); sorts only the candidates."""
-    candidates = np.empty(weights.shape[1], dtype=np.int64)
-    for r in range(weights.shape[0]):
-        out[r] = _sample_row(weights[r], top_k[r], top_p[r], min_p[r], u[r], candidates)
+    a few times (3-4 passes of V); sorts only the candidates. Rows are independent:
+    n_chunks work items (numba's thread count) each take every n_chunks-th row, with
+    a candidates buffer of their own."""
+    for c in prange(n_chunks):
+        candidates = np.empty(weights.shape[1], dtype=np.int64)
+        for r in range(c, weights.shape[0], n_chunks):
+            out[r] = _sample_row(weights[r], top_k[r], top_p[r], min_p[r], u[r], candidates)
 
 
 @njit(cache=True)
