@@ -262,7 +262,9 @@ class LLMEngine:
 
     @staticmethod
     def _draw(due, uniforms: list[float], logits) -> list[int]:
-        return sample_tokens(logits[[row for _, row in due]], [s.params for s, _ in due], uniforms,
+        rows = [row for _, row in due]
+        picked = logits if rows == list(range(len(logits))) else logits[rows]  # (copy only if needed)
+        return sample_tokens(picked, [s.params for s, _ in due], uniforms,
                              [(s.token_ids, s.num_prompt_tokens) for s, _ in due])
 
     def _fail_sample(self, seq: Sequence, error: Exception, touched: dict) -> None:
