@@ -21,8 +21,8 @@ from numba.extending import overload
 
 from ...model.ggml_quant import F16, F32, Q4_1
 from .common import N_CHUNKS, f16_bits_to_f32
+from .quantized import EIGHT
 
-EIGHT = float32(8.0)
 GROUP = 4  # weight rows widened together
 
 
@@ -116,10 +116,10 @@ def _gemm(x, quants, scales, mins, out):
                 out[m, n0] = a0; out[m, n0 + 1] = a1; out[m, n0 + 2] = a2; out[m, n0 + 3] = a3
 
 
-def gemm_narrow(x: np.ndarray, kind: int, quants: np.ndarray, scales: np.ndarray,
-                mins: np.ndarray, out: np.ndarray) -> None:
+def gemm_narrow(x: np.ndarray, kind: int, quants: np.ndarray, scales: np.ndarray | None,
+                mins: np.ndarray | None, out: np.ndarray) -> None:
     """out (M, N) = x (M, K) float32 @ W.T for W (N >= GROUP rows) of the given kind:
     F32 and F16 (quants holds the matrix or its bits; scales, mins unread), Q8_0,
     Q4_0 (mins unread), Q4_1."""
-    narrow = kind in (F32, F16)
-    _gemm(x, quants, None if narrow else scales, mins if kind == Q4_1 else None, out)
+    unscaled = kind in (F32, F16)
+    _gemm(x, quants, None if unscaled else scales, mins if kind == Q4_1 else None, out)

@@ -115,8 +115,7 @@ def _numba_product(x: np.ndarray, weight) -> np.ndarray:
     if isinstance(weight, PackedWeight):
         if len(x) <= GEMV_MAX_ROWS:
             return gemv_packed(x, weight)
-        mins = weight.mins if weight.mins is not None else weight.scales  # read by Q4_1 only
-        gemm_narrow(x, weight.ggml_type, weight.quants, weight.scales, mins, out)
+        gemm_narrow(x, weight.ggml_type, weight.quants, weight.scales, weight.mins, out)
     elif weight.kind == F16 and len(x) <= GEMV_MAX_ROWS:
         _gemv_f16(x, weight.data, out)
     else:
