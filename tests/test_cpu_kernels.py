@@ -115,16 +115,20 @@ def test_write_kv_and_copy_blocks(block_size):
 def test_linear_paths_match_the_reference(rows, monkeypatch):
     from tinypaged.kernels.cpu import tiles
     from tinypaged.kernels.cpu.linear import LinearWeight
-    from tinypaged.model.ggml_quant import F16, F32
+    from tinypaged.model.ggml_quant import BF16, F16, F32
 
     monkeypatch.setattr(tiles, "TILE_FLOATS", 48 * 16)  # prefill: several float16 tiles
     rng = np.random.default_rng(rows)
     exact = rand(rng, 70, 48).astype(np.float16).astype(np.float32)  # float16 holds it exactly
     inexact = rand(rng, 70, 48)
+    tiny = inexact * np.where(np.arange(48) % 7 == 0, np.float32(1e-6), np.float32(1))  # (a real
+    bf16 = (tiny.view(np.uint32) & 0xFFFF0000).view(np.float32)  # model's tiny weights: float16's
+    #                                                               subnormals cannot hold them)
     x, bias = rand(rng, rows, 48), rand(rng, 70)
-    for w, kind in ((exact, F16), (inexact, F32), (exact.astype(np.float16), F16)):
+    cases = ((exact, F16), (inexact, F32), (exact.astype(np.float16), F16), (bf16, BF16))
+    for w, kind in cases:
         held = LinearWeight(w)
-        assert held.kind == kind and held.nbytes == w.size * (2 if kind == F16 else 4)  # one copy
+        assert held.kind == kind and held.nbytes == w.size * (4 if kind == F32 else 2)  # one copy
         np.testing.assert_array_equal(held.dequantize([3, 0]), w[[3, 0]].astype(np.float32))
         np.testing.assert_allclose(cpu.linear(x, held, bias),
                                    reference.linear(x, w.astype(np.float32), bias),

@@ -8,7 +8,7 @@ import pytest
 
 from tinypaged.kernels.cpu.gemm import gemm_narrow
 from tinypaged.kernels.cpu.quantized import dequantize_rows, gemv_packed, matmul_packed
-from tinypaged.model.ggml_quant import F16, Q4_0, Q4_1, Q8_0, dequantize, quantize
+from tinypaged.model.ggml_quant import BF16, F16, Q4_0, Q4_1, Q8_0, dequantize, quantize
 from tinypaged.model.packed import PackedWeight
 
 TYPES = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}
@@ -59,11 +59,15 @@ def test_the_dequantize_kernel_equals_the_reference_bit_for_bit(name):
     assert np.array_equal(out, weight.dequantize(slice(7, 17)))
 
 
-def test_the_dequantize_kernel_widens_float16_bits_exactly():
-    bits = random_matrix(np.random.default_rng(3), 24, 128).astype(np.float16).view(np.uint16)
+def test_the_dequantize_kernel_widens_float16_and_bfloat16_bits_exactly():
+    w = random_matrix(np.random.default_rng(3), 24, 128)
+    bits = w.astype(np.float16).view(np.uint16)
     out = np.empty((10, 128), np.float32)
     dequantize_rows(F16, bits, bits, bits, 7, out)
     assert np.array_equal(out, bits[7:17].view(np.float16).astype(np.float32))
+    bf16 = (w.view(np.uint32) >> 16).astype(np.uint16).view(np.int16)
+    dequantize_rows(BF16, bf16, bf16, bf16, 7, out)
+    assert np.array_equal(out, (w[7:17].view(np.uint32) & 0xFFFF0000).view(np.float32))
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -78,7 +82,7 @@ def test_the_decode_gemv_equals_dequantize_then_multiply(name, rows):
     assert (np.abs(gemv_packed(x, weight) - expected) <= bound).all()
 
 
-@pytest.mark.parametrize("name", [*TYPES, "F16"])
+@pytest.mark.parametrize("name", [*TYPES, "F16", "BF16"])
 @pytest.mark.parametrize("rows, n_out", [(5, 70), (6, 4), (17, 33), (64, 72)])
 def test_the_small_batch_gemm_equals_dequantize_then_multiply(name, rows, n_out):
     """Odd and even batches, and row counts that are not a multiple of the kernel's
@@ -88,6 +92,10 @@ def test_the_small_batch_gemm_equals_dequantize_then_multiply(name, rows, n_out)
     if name == "F16":
         bits = w.astype(np.float16).view(np.uint16)
         args, w = (F16, bits, bits, bits), bits.view(np.float16).astype(np.float64)
+    elif name == "BF16":  # bits held as int16 (LinearWeight)
+        bits = (w.view(np.uint32) >> 16).astype(np.uint16).view(np.int16)
+        args = (BF16, bits, None, None)
+        w = (bits.view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     else:
         weight = PackedWeight.quantize(w, TYPES[name])
         mins = weight.mins if weight.mins is not None else weight.scales

@@ -90,3 +90,22 @@ def test_folder_without_weights(tmp_path):
         load_model(tmp_path)
     with pytest.raises(FileNotFoundError, match="model folder not found"):
         load_model(os.path.join(tmp_path, "nope"))
+
+
+@pytest.mark.parametrize("dtype", ["F16", "BF16"])
+def test_a_half_precision_model_runs_from_one_two_byte_copy(tmp_path, dtype):
+    """F16 and BF16 checkpoints: every matrix held once at 2 bytes a weight on the CPU
+    backend, greedy output equal to the dense reference's."""
+    from helpers import dense_greedy
+    from tinypaged import LLM, SamplingParams
+    from tinypaged.model.reference import ReferenceModel
+
+    expected = write_tiny_model(str(tmp_path), seed=4, dtype=dtype)
+    llm = LLM(tmp_path, num_blocks=64)
+    matrices = sum(w.size for w in expected.values() if w.ndim == 2)  # (untied lm_head included)
+    vectors = sum(w.nbytes for w in expected.values() if w.ndim == 1)
+    assert llm.stats()["weight_bytes"] == 2 * matrices + vectors
+    prompt = [5, 17, 99, 3]
+    got = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    oracle = ReferenceModel(*load_model(tmp_path))
+    assert got[0].outputs[0].token_ids == dense_greedy(oracle, prompt, 12)

@@ -1,4 +1,5 @@
-"""A small-batch GEMM over narrow weights: float16 bits or packed Q8_0 / Q4_0 / Q4_1.
+"""A small-batch GEMM over narrow weights: float16 or bfloat16 bits, or packed Q8_0 /
+Q4_0 / Q4_1.
 
 Batched decode (M up to ~64 rows of x) is bound by arithmetic, not by the weights'
 bytes, and BLAS wants float32 weights: 4 bytes each, or a widened tile per call.
@@ -12,15 +13,15 @@ SmolLM2's 576-wide layer matrices, 2x faster for its 49152 x 576 lm_head, where
 BLAS's float32 copy no longer fits the caches.
 
 Weight (n, k), by kind (packed.py has the layouts):
-    F32   w[n, k];  F16   bits[n, k] widened
+    F32   w[n, k];  F16, BF16   bits[n, k] widened
     Q8_0  scale * q;  Q4_0  scale * (q - 8);  Q4_1  scale * q + min
 """
 import numpy as np
 from numba import float32, njit, prange, types
 from numba.extending import overload
 
-from ...model.ggml_quant import F16, F32, Q4_1
-from .common import N_CHUNKS, f16_bits_to_f32
+from ...model.ggml_quant import BF16, F16, F32, Q4_1
+from .common import N_CHUNKS, bf16_bits_to_f32, f16_bits_to_f32
 from .quantized import EIGHT
 
 GROUP = 4  # weight rows widened together
@@ -41,6 +42,11 @@ def _widen_rows_by_type(quants, scales, mins, first, w):
             for r in range(GROUP):
                 for k in range(w.shape[1]):
                     w[r, k] = quants[first + r, k]
+    elif quants.dtype == types.int16:  # BF16: its bits (held as int16 to tell them apart)
+        def widen(quants, scales, mins, first, w):
+            for r in range(GROUP):
+                for k in range(w.shape[1]):
+                    w[r, k] = bf16_bits_to_f32(quants[first + r, k])
     elif quants.dtype == types.uint16:  # F16: its bits
         def widen(quants, scales, mins, first, w):
             for r in range(GROUP):
@@ -119,7 +125,7 @@ def _gemm(x, quants, scales, mins, out):
 def gemm_narrow(x: np.ndarray, kind: int, quants: np.ndarray, scales: np.ndarray | None,
                 mins: np.ndarray | None, out: np.ndarray) -> None:
     """out (M, N) = x (M, K) float32 @ W.T for W (N >= GROUP rows) of the given kind:
-    F32 and F16 (quants holds the matrix or its bits; scales, mins unread), Q8_0,
+    F32, F16 and BF16 (quants holds the matrix or its bits; scales, mins unread), Q8_0,
     Q4_0 (mins unread), Q4_1."""
-    unscaled = kind in (F32, F16)
+    unscaled = kind in (F32, F16, BF16)
     _gemm(x, quants, None if unscaled else scales, mins if kind == Q4_1 else None, out)

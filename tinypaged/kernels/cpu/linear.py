@@ -1,8 +1,8 @@
 """CPU matrix products: numba kernels for decode batches, BLAS for prefill.
 
 Every weight matrix is held once, in its narrowest exact form: packed quantized
-blocks (PackedWeight), float16 bits when float16 holds the matrix exactly (F16
-checkpoints), float32 otherwise (LinearWeight). The path depends on M, the rows
+blocks (PackedWeight), float16 or bfloat16 bits when either holds the matrix
+exactly (F16 and BF16 checkpoints), float32 otherwise (LinearWeight). The path depends on M, the rows
 of x:
     M <= GEMV_MAX_ROWS   a GEMV streaming each weight row once (bandwidth-bound):
                          _gemv_f16 here, quantized.gemv_packed
@@ -19,7 +19,7 @@ on two cores costs milliseconds per switch.
 import numpy as np
 from numba import float32, njit, prange
 
-from ...model.ggml_quant import F16, F32
+from ...model.ggml_quant import BF16, F16, F32
 from ...model.packed import PackedWeight
 from .common import N_CHUNKS, f16_bits_to_f32
 from .gemm import GROUP, gemm_narrow
@@ -55,7 +55,9 @@ def _gemv_f16(x, w_bits, out):
 
 class LinearWeight:
     """A float weight matrix (N, K), held once: `data` is its float16 bits (uint16)
-    when float16 holds every value exactly (kind F16), else float32 (kind F32).
+    when float16 holds every value exactly (kind F16: F16 checkpoints), else its
+    bfloat16 bits (held as int16, to tell the two apart) when bfloat16 does (kind
+    BF16: BF16 checkpoints, loaded as float32), else float32 (kind F32).
     `stack`: as PackedWeight's (stacks.py)."""
     __slots__ = ("kind", "data", "shape", "stack")
 
@@ -67,8 +69,11 @@ class LinearWeight:
         weight = np.ascontiguousarray(weight, dtype=np.float32)
         with np.errstate(over="ignore"):
             half = weight.astype(np.float16)
+        bits = weight.view(np.uint32)
         if np.array_equal(half.astype(np.float32), weight):
             self.kind, self.data = F16, half.view(np.uint16)
+        elif not (bits & 0xFFFF).any():  # the low halves all zero: bfloat16 values
+            self.kind, self.data = BF16, (bits >> 16).astype(np.uint16).view(np.int16)
         else:
             self.kind, self.data = F32, weight
 
@@ -90,7 +95,11 @@ class LinearWeight:
     def dequantize(self, rows=slice(None)) -> np.ndarray:
         """float32 (r, K) of the selected rows (embedding lookups)."""
         picked = self.data[rows]
-        return picked.view(np.float16).astype(np.float32) if self.kind == F16 else picked.copy()
+        if self.kind == F16:
+            return picked.view(np.float16).astype(np.float32)
+        if self.kind == BF16:
+            return (picked.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        return picked.copy()
 
 
 def prepare_linear_weights(weights: dict[str, np.ndarray]) -> dict:
@@ -129,9 +138,9 @@ def _blas_product(x: np.ndarray, weight) -> np.ndarray:
         return matmul_packed(x, weight)
     if weight.kind == F32:
         return x @ weight.data.T
-    bits = weight.data
+    kind, bits = weight.kind, weight.data
     return tiled_matmul(x, weight.shape[0],
-                        lambda first, tile: dequantize_rows(F16, bits, bits, bits, first, tile))
+                        lambda first, tile: dequantize_rows(kind, bits, bits, bits, first, tile))
 
 
 def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:

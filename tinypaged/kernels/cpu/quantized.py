@@ -15,8 +15,8 @@ tile at a time and BLAS multiplies each tile (tiles.py).
 import numpy as np
 from numba import float32, njit, prange
 
-from ...model.ggml_quant import F16, Q4_0, Q4_1, Q8_0
-from .common import N_CHUNKS, f16_bits_to_f32
+from ...model.ggml_quant import BF16, F16, Q4_0, Q4_1, Q8_0
+from .common import N_CHUNKS, bf16_bits_to_f32, f16_bits_to_f32
 from .tiles import tiled_matmul
 
 EIGHT = float32(8.0)
@@ -91,7 +91,7 @@ def _gemv_q4(x, quants, scales, mins, with_min, out):
 def dequantize_rows(ggml_type, quants, scales, mins, first, out):
     """out (r, K) float32 = rows first .. first + r - 1 of packed W, widened with the
     float32 operations of PackedWeight.dequantize (equal bit for bit: no fastmath).
-    ggml_type F16 widens float16 bits held in quants (LinearWeight).
+    ggml_type F16 / BF16 widens float16 / bfloat16 bits held in quants (LinearWeight).
 
     A parallel region of one chunk, run by tiles.tiled_matmul with numba on one
     thread: inside such a region LLVM vectorizes these loops (3.7 ms for a
@@ -105,6 +105,9 @@ def dequantize_rows(ggml_type, quants, scales, mins, first, out):
             if ggml_type == F16:  # (quants holds float16 bits)
                 for k in range(width):
                     out[i, k] = f16_bits_to_f32(quants[n, k])
+            elif ggml_type == BF16:  # (quants holds bfloat16 bits as int16)
+                for k in range(width):
+                    out[i, k] = bf16_bits_to_f32(quants[n, k])
             elif ggml_type == Q8_0:
                 for k in range(width):
                     out[i, k] = f16_bits_to_f32(scales[n, k >> 5]) * float32(quants[n, k])
