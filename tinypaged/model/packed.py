@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .ggml_quant import GGML_TYPE_NAMES, Q4_0, Q4_1, Q8_0, QK
+from .weights import convert_matrices
 
 PACKED_TYPES = (Q8_0, Q4_0, Q4_1)
 
@@ -108,16 +109,9 @@ class PackedWeight:
 def quantize_matrices(weights: dict, ggml_type: int) -> dict:
     """The weights with every float matrix quantized (EngineConfig.quantization); a
     matrix whose rows do not split into the type's blocks, the norms and anything
-    already packed stay as they are. A tied lm_head stays the embedding itself.
-    Takes the dict over: it is emptied as it goes, so each float matrix can be freed
-    as soon as its packed form exists (the peak holds one of them, not the model)."""
-    done: dict[int, object] = {}  # id(float matrix) -> its packed form (tied tensors)
-    out = {}
-    for name in list(weights):
-        w = weights.pop(name)
+    already packed stay as they are. Takes the dict over (weights.convert_matrices)."""
+    def quantized(w):
         if isinstance(w, np.ndarray) and w.ndim == 2 and PackedWeight.can_pack(ggml_type, w.shape[1]):
-            if id(w) not in done:
-                done[id(w)] = PackedWeight.quantize(w, ggml_type)
-            w = done[id(w)]
-        out[name] = w
-    return out
+            return PackedWeight.quantize(w, ggml_type)
+        return None
+    return convert_matrices(weights, quantized)

@@ -11,79 +11,15 @@ vectorizes (AVX-512 here). Each weight is read and widened once per call.
 Measured (M = 32, 2 cores, bench/NOTES.md): level with BLAS on float32 for
 SmolLM2's 576-wide layer matrices, 2x faster for its 49152 x 576 lm_head, where
 BLAS's float32 copy no longer fits the caches.
-
-Weight (n, k), by kind (packed.py has the layouts):
-    F32   w[n, k];  F16, BF16   bits[n, k] widened
-    Q8_0  scale * q;  Q4_0  scale * (q - 8);  Q4_1  scale * q + min
+The kinds (F32, F16, BF16, Q8_0, Q4_0, Q4_1) and their widening: widen.py.
 """
 import numpy as np
-from numba import float32, njit, prange, types
-from numba.extending import overload
+from numba import float32, njit, prange
 
-from ...model.ggml_quant import BF16, F16, F32, Q4_1
-from .common import N_CHUNKS, bf16_bits_to_f32, f16_bits_to_f32
-from .quantized import EIGHT
+from .common import N_CHUNKS
+from .widen import kind_arguments, widen_rows
 
 GROUP = 4  # weight rows widened together
-
-
-def _widen_rows(quants, scales, mins, first, w):
-    """w (GROUP, K) float32 = rows first .. first + GROUP - 1 of W. Compiled per kind
-    (below), chosen by the types of the arguments (quants' dtype; mins None or not):
-    one kernel per kind, each with its own vectorized loops. A runtime branch on the
-    kind, even Q4_0 against Q4_1, left some of them scalar (2-4x slower)."""
-    raise NotImplementedError("numba-only: see the overload below")
-
-
-@overload(_widen_rows, inline="always")
-def _widen_rows_by_type(quants, scales, mins, first, w):
-    if quants.dtype == types.float32:  # F32: the matrix itself
-        def widen(quants, scales, mins, first, w):
-            for r in range(GROUP):
-                for k in range(w.shape[1]):
-                    w[r, k] = quants[first + r, k]
-    elif quants.dtype == types.int16:  # BF16: its bits (held as int16 to tell them apart)
-        def widen(quants, scales, mins, first, w):
-            for r in range(GROUP):
-                for k in range(w.shape[1]):
-                    w[r, k] = bf16_bits_to_f32(quants[first + r, k])
-    elif quants.dtype == types.uint16:  # F16: its bits
-        def widen(quants, scales, mins, first, w):
-            for r in range(GROUP):
-                for k in range(w.shape[1]):
-                    w[r, k] = f16_bits_to_f32(quants[first + r, k])
-    elif quants.dtype == types.int8:  # Q8_0
-        def widen(quants, scales, mins, first, w):
-            for r in range(GROUP):
-                n = first + r
-                for k in range(w.shape[1]):
-                    w[r, k] = f16_bits_to_f32(scales[n, k >> 5]) * float32(quants[n, k])
-    elif isinstance(mins, types.NoneType):  # Q4_0: byte p holds weights p and K/2 + p
-        def widen(quants, scales, mins, first, w):
-            half = w.shape[1] >> 1
-            for r in range(GROUP):
-                n = first + r
-                upper = half >> 5  # the block holding weight K/2 (K is a multiple of 64)
-                for k in range(half):
-                    w[r, k] = f16_bits_to_f32(scales[n, k >> 5]) * (
-                        float32(quants[n, k] & np.uint8(15)) - EIGHT)
-                for k in range(half):
-                    w[r, half + k] = f16_bits_to_f32(scales[n, upper + (k >> 5)]) * (
-                        float32(quants[n, k] >> np.uint8(4)) - EIGHT)
-    else:  # Q4_1
-        def widen(quants, scales, mins, first, w):
-            half = w.shape[1] >> 1
-            for r in range(GROUP):
-                n = first + r
-                upper = half >> 5
-                for k in range(half):
-                    w[r, k] = (f16_bits_to_f32(scales[n, k >> 5]) * float32(quants[n, k] & np.uint8(15))
-                               + f16_bits_to_f32(mins[n, k >> 5]))
-                for k in range(half):
-                    b = upper + (k >> 5)
-                    w[r, half + k] = (f16_bits_to_f32(scales[n, b]) * float32(quants[n, k] >> np.uint8(4))
-                                      + f16_bits_to_f32(mins[n, b]))
-    return widen
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -100,7 +36,7 @@ def _gemm(x, quants, scales, mins, out):
         w = np.empty((GROUP, width), dtype=np.float32)
         for g in range(c * per_chunk, min(n_groups, (c + 1) * per_chunk)):
             n0 = min(g * GROUP, n_out - GROUP)
-            _widen_rows(quants, scales, mins, n0, w)
+            widen_rows(quants, scales, mins, n0, w)
             for m in range(0, n_rows - 1, 2):  # two rows of x at a time
                 a0 = float32(0.0); a1 = float32(0.0); a2 = float32(0.0); a3 = float32(0.0)
                 b0 = float32(0.0); b1 = float32(0.0); b2 = float32(0.0); b3 = float32(0.0)
@@ -127,5 +63,4 @@ def gemm_narrow(x: np.ndarray, kind: int, quants: np.ndarray, scales: np.ndarray
     """out (M, N) = x (M, K) float32 @ W.T for W (N >= GROUP rows) of the given kind:
     F32, F16 and BF16 (quants holds the matrix or its bits; scales, mins unread), Q8_0,
     Q4_0 (mins unread), Q4_1."""
-    unscaled = kind in (F32, F16, BF16)
-    _gemm(x, quants, None if unscaled else scales, mins if kind == Q4_1 else None, out)
+    _gemm(x, quants, *kind_arguments(kind, scales, mins), out)

@@ -21,6 +21,7 @@ from numba import float32, njit, prange
 
 from ...model.ggml_quant import BF16, F16, F32
 from ...model.packed import PackedWeight
+from ...model.weights import convert_matrices
 from .common import N_CHUNKS, f16_bits_to_f32
 from .gemm import GROUP, gemm_narrow
 from .quantized import dequantize_rows, gemv_packed, matmul_packed
@@ -105,17 +106,9 @@ class LinearWeight:
 def prepare_linear_weights(weights: dict[str, np.ndarray]) -> dict:
     """The model's weights with every 2-D float matrix (the embedding included) held
     as a LinearWeight; a tied lm_head stays the embedding's own object. Takes the
-    dict over (empties it), so each float32 original can be freed once converted."""
-    done: dict[int, LinearWeight] = {}  # id(array) -> its LinearWeight
-    out = {}
-    for name in list(weights):
-        w = weights.pop(name)
-        if isinstance(w, np.ndarray) and w.ndim == 2:
-            if id(w) not in done:
-                done[id(w)] = LinearWeight(w)
-            w = done[id(w)]
-        out[name] = w
-    return out
+    dict over (model.weights.convert_matrices)."""
+    return convert_matrices(weights, lambda w: LinearWeight(w)
+                            if isinstance(w, np.ndarray) and w.ndim == 2 else None)
 
 
 def _numba_product(x: np.ndarray, weight) -> np.ndarray:

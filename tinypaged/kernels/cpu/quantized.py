@@ -15,11 +15,10 @@ tile at a time and BLAS multiplies each tile (tiles.py).
 import numpy as np
 from numba import float32, njit, prange
 
-from ...model.ggml_quant import BF16, F16, Q4_0, Q4_1, Q8_0
-from .common import N_CHUNKS, bf16_bits_to_f32, f16_bits_to_f32
+from ...model.ggml_quant import Q4_1, Q8_0
+from .common import N_CHUNKS, f16_bits_to_f32
 from .tiles import tiled_matmul
-
-EIGHT = float32(8.0)
+from .widen import EIGHT, kind_arguments, widen_rows
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -88,44 +87,20 @@ def _gemv_q4(x, quants, scales, mins, with_min, out):
 
 
 @njit(parallel=True, cache=True)
-def dequantize_rows(ggml_type, quants, scales, mins, first, out):
-    """out (r, K) float32 = rows first .. first + r - 1 of packed W, widened with the
-    float32 operations of PackedWeight.dequantize (equal bit for bit: no fastmath).
-    ggml_type F16 / BF16 widens float16 / bfloat16 bits held in quants (LinearWeight).
-
-    A parallel region of one chunk, run by tiles.tiled_matmul with numba on one
-    thread: inside such a region LLVM vectorizes these loops (3.7 ms for a
+def _widen_tile(quants, scales, mins, first, out):
+    """A parallel region of one chunk, run by tiles.tiled_matmul with numba on one
+    thread: inside such a region LLVM vectorizes the widening loops (3.7 ms for a
     49152 x 576 Q8_0 matrix, against 64 ms as plain njit code)."""
     for _ in prange(1):
-        width = out.shape[1]
-        half = width >> 1
-        for i in range(out.shape[0]):  # (out[i, k], not a view of row i: views stay scalar)
-            n = first + i
-            upper = half >> 5
-            if ggml_type == F16:  # (quants holds float16 bits)
-                for k in range(width):
-                    out[i, k] = f16_bits_to_f32(quants[n, k])
-            elif ggml_type == BF16:  # (quants holds bfloat16 bits as int16)
-                for k in range(width):
-                    out[i, k] = bf16_bits_to_f32(quants[n, k])
-            elif ggml_type == Q8_0:
-                for k in range(width):
-                    out[i, k] = f16_bits_to_f32(scales[n, k >> 5]) * float32(quants[n, k])
-            elif ggml_type == Q4_0:
-                for k in range(half):
-                    out[i, k] = f16_bits_to_f32(scales[n, k >> 5]) * (
-                        float32(quants[n, k] & np.uint8(15)) - EIGHT)
-                for k in range(half):
-                    out[i, half + k] = f16_bits_to_f32(scales[n, upper + (k >> 5)]) * (
-                        float32(quants[n, k] >> np.uint8(4)) - EIGHT)
-            else:  # Q4_1
-                for k in range(half):
-                    out[i, k] = (f16_bits_to_f32(scales[n, k >> 5]) * float32(quants[n, k] & np.uint8(15))
-                                 + f16_bits_to_f32(mins[n, k >> 5]))
-                for k in range(half):
-                    b = upper + (k >> 5)
-                    out[i, half + k] = (f16_bits_to_f32(scales[n, b]) * float32(quants[n, k] >> np.uint8(4))
-                                        + f16_bits_to_f32(mins[n, b]))
+        widen_rows(quants, scales, mins, first, out)
+
+
+def dequantize_rows(ggml_type: int, quants: np.ndarray, scales, mins, first: int,
+                    out: np.ndarray) -> None:
+    """out (r, K) float32 = rows first .. first + r - 1 of W, widened with the float32
+    operations of PackedWeight.dequantize (equal bit for bit: no fastmath). Kinds
+    F16 / BF16 widen float16 / bfloat16 bits held in quants (LinearWeight)."""
+    _widen_tile(quants, *kind_arguments(ggml_type, scales, mins), first, out)
 
 
 def _mins(weight) -> np.ndarray:
