@@ -1,13 +1,13 @@
-"""Experiment for issue 10's batch-1 target: a Q4_1 GEMV on int8 activations.
+"""Products with packed weights (kernels/cpu/quantized.py, packed_gemm.py) on
+SmolLM2's shapes, against the float16 paths measured in the same run.
 
-x is quantized per 32-block to int8 (scale dx, block sums sx), as llama.cpp does,
-and each block's dot product is an integer one: an llvmlite intrinsic loads 32
-weight bytes and 32 activations as LLVM vectors (zero-extended nibbles times
-sign-extended int8, reduce-add). LLVM turns that generic IR into vpdpbusd on a
-CPU with AVX-512 VNNI (other CPUs get their own instructions: the IR names no
-CPU feature). Prints the time of each SmolLM2 shape against the float kernel the
-engine uses, the error bound that quantizing x costs, and the dot-product
-instructions found in the assembly. Not wired into the engine yet (bench/NOTES.md).
+1. Batch 1 (the GEMV): microseconds a call, the weight bytes it streams per
+   second, and the float16 GEMV on the same matrix (what a float16 model pays).
+2. 32 rows of x (batched decode) and 128 (prefill): the group GEMM, its vpdpbusd
+   and float32-lane forms, against gemm.py's float GEMM (float16 weights) and, at
+   128 rows, BLAS on the float32 matrix.
+3. The integer dot-product instructions LLVM chose for the GEMVs on this CPU
+   (vpdpbusd with AVX-512 VNNI; vpmaddubsw + vpmaddwd on plain AVX2).
 Usage: python bench/int8_gemv.py
 """
 import collections
@@ -17,110 +17,72 @@ import sys
 import time
 
 import numpy as np
-from llvmlite import ir
-from numba import float32, njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tinypaged.kernels.cpu.common import N_CHUNKS, f16_bits_to_f32  # noqa: E402
-from tinypaged.kernels.cpu.quantized import gemv_packed  # noqa: E402
-from tinypaged.model.ggml_quant import Q4_1  # noqa: E402
+from tinypaged.kernels.cpu import quantized  # noqa: E402
+from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed  # noqa: E402
+from tinypaged.kernels.cpu.linear import LinearWeight, linear  # noqa: E402
+from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q8_0  # noqa: E402
 from tinypaged.model.packed import PackedWeight  # noqa: E402
 
-
-def _ptr(context, builder, arrty, arr, off):
-    """The address of element `off` of a C-contiguous array (flat index)."""
-    a = context.make_array(arrty)(context, builder, arr)
-    return builder.gep(a.data, [off])
+SHAPES = [(960, 576, "q/k/v stacked"), (3072, 576, "gate/up stacked"),
+          (576, 1536, "down"), (576, 576, "o"), (49152, 576, "lm_head")]
 
 
-@intrinsic
-def dot32_nibbles(typingctx, q, qoff, x, xoff, high):
-    """sum over j < 32 of nibble(q[qoff + j]) * x[xoff + j]; nibble = low 4 bits, or high
-    4 bits if high. q: uint8 1-D/2-D C array (flat offset), x: int8."""
-    sig = types.int32(q, types.intp, x, types.intp, types.boolean)
-
-    def codegen(context, builder, signature, args):
-        qarr, qo, xarr, xo, hi = args
-        v32 = ir.VectorType(ir.IntType(8), 32)
-        qp = builder.bitcast(_ptr(context, builder, signature.args[0], qarr, qo), v32.as_pointer())
-        xp = builder.bitcast(_ptr(context, builder, signature.args[2], xarr, xo), v32.as_pointer())
-        qv = builder.load(qp, align=1)
-        xv = builder.load(xp, align=1)
-        lo = builder.and_(qv, ir.Constant(v32, [15] * 32))
-        up = builder.lshr(qv, ir.Constant(v32, [4] * 32))
-        nib = builder.select(hi, up, lo)
-        v32i = ir.VectorType(ir.IntType(32), 32)
-        prod = builder.mul(builder.zext(nib, v32i), builder.sext(xv, v32i))
-        mod = builder.module
-        fn = cgutils.get_or_insert_function(mod, ir.FunctionType(ir.IntType(32), [v32i]),
-                                            "llvm.vector.reduce.add.v32i32")
-        return builder.call(fn, [prod])
-    return sig, codegen
-
-
-@njit(parallel=True, fastmath=True)
-def gemv_q41_int8(xq, dx, sx, quants, scales, mins, out):
-    """xq (K,) int8 quantized per 32-block with scales dx (K/32,), sx (K/32,) block sums of x."""
-    n_out, half = quants.shape
-    upper = half >> 5
-    flat = quants.reshape(-1)
-    per_chunk = -(-n_out // N_CHUNKS)
-    for c in prange(N_CHUNKS):
-        for n in range(c * per_chunk, min(n_out, (c + 1) * per_chunk)):
-            acc = float32(0.0)
-            base = n * half
-            for b in range(upper):
-                dl = dot32_nibbles(flat, base + b * 32, xq, b * 32, False)
-                dh = dot32_nibbles(flat, base + b * 32, xq, half + b * 32, True)
-                acc += (f16_bits_to_f32(scales[n, b]) * dx[b] * float32(dl)
-                        + f16_bits_to_f32(mins[n, b]) * sx[b]
-                        + f16_bits_to_f32(scales[n, upper + b]) * dx[upper + b] * float32(dh)
-                        + f16_bits_to_f32(mins[n, upper + b]) * sx[upper + b])
-            out[0, n] = acc
-
-
-def quantize_x(x):
-    """x (K,) -> int8 per 32-block (round to nearest), the blocks' scales and sums."""
-    blocks = x.reshape(-1, 32)
-    amax = np.abs(blocks).max(1)
-    d = (amax / 127).astype(np.float32)
-    q = np.round(blocks / np.where(d == 0, 1, d)[:, None]).astype(np.int8)
-    return q.reshape(-1), d, blocks.sum(1).astype(np.float32)
-
-
-def bench(f, reps=200) -> float:
-    """Microseconds a call, after one warm-up call."""
+def microseconds(f, reps: int) -> float:
+    """Median of 5 runs of reps calls, after one warm-up call."""
     f()
-    t = time.perf_counter()
-    for _ in range(reps):
-        f()
-    return (time.perf_counter() - t) / reps * 1e6
+    runs = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(reps):
+            f()
+        runs.append((time.perf_counter() - t) / reps * 1e6)
+    return float(np.median(runs))
 
 
 def main() -> None:
     rng = np.random.default_rng(0)
-    for (N, K) in [(576, 576), (1536, 576), (576, 1536), (49152, 576)]:
-        w = PackedWeight.quantize(rng.standard_normal((N, K)).astype(np.float32), Q4_1)
-        x = rng.standard_normal((1, K)).astype(np.float32)
-        xq, dx, sx = quantize_x(x[0])
-        o = np.empty((1, N), np.float32)
-        reps = 20 if N > 10000 else 300
-        t0 = bench(lambda: gemv_packed(x, w), reps)
-        t1 = bench(lambda: gemv_q41_int8(xq, dx, sx, w.quants, w.scales, w.mins, o), reps)
-        tq = bench(lambda: quantize_x(x[0]), reps)
-        ref = x.astype(np.float64) @ w.dequantize().T.astype(np.float64)
-        rel = np.abs(o - ref).max() / np.abs(ref).max()
-        print(f"{N}x{K}: float {t0:.0f} us, int8 {t1:.0f} us (+ quantize x {tq:.0f} us "
-              f"in numpy); max error / max |y| {rel:.1e}")
-    lib = gemv_q41_int8.overloads[gemv_q41_int8.signatures[0]].library
-    asm = lib.get_asm_str()
-    ops = collections.Counter(re.findall(r"^\s+(v\w+)", asm, re.M))
-    wanted = ("dpbusd", "pmaddubs", "pmaddwd", "pmovzx", "pmovsx", "pmulld")
-    print("integer dot-product instructions:",
-          {k: v for k, v in ops.items() if any(w in k for w in wanted)})
+    print(f"{'type':5} {'shape':>12} {'matrix':16} {'packed us':>9} {'GB/s':>6} {'f16 us':>7} {'x f16':>6}")
+    for ggml_type, name in ((Q8_0, "Q8_0"), (Q4_0, "Q4_0"), (Q4_1, "Q4_1")):
+        for n, k, what in SHAPES:
+            w = rng.standard_normal((n, k)).astype(np.float32)
+            packed, half = PackedWeight.quantize(w, ggml_type), LinearWeight(w.astype(np.float16))
+            x = rng.standard_normal((1, k)).astype(np.float32)
+            reps = 20 if n > 10000 else 200
+            t_packed = microseconds(lambda: linear(x, packed), reps)
+            t_half = microseconds(lambda: linear(x, half), reps)
+            print(f"{name:5} {n:>6}x{k:<5} {what:16} {t_packed:9.0f} "
+                  f"{packed.nbytes / t_packed / 1e3:6.1f} {t_half:7.0f} {t_half / t_packed:6.2f}")
+    print(f"\n{'type':5} {'shape':>12} {'rows':>4} {'vnni ms':>8} {'f32 lanes':>9} "
+          f"{'f16 GEMM':>8} {'BLAS f32':>8}")
+    for ggml_type, name in ((Q8_0, "Q8_0"), (Q4_1, "Q4_1")):
+        for n, k, what in SHAPES[1:3]:
+            w = rng.standard_normal((n, k)).astype(np.float32)
+            packed, half = PackedWeight.quantize(w, ggml_type), LinearWeight(w.astype(np.float16))
+            for rows in (32, 128):
+                x = rng.standard_normal((rows, k)).astype(np.float32)
+                out = np.empty((rows, n), np.float32)
+                forms = [microseconds(lambda: gemm_packed(x, packed.quants, packed.scales, packed.mins,
+                                                          out, vnni=v), 5) / 1e3
+                         for v in ((True,) if HAS_VNNI else ()) + (False,)]
+                vnni = f"{forms[0]:8.2f}" if HAS_VNNI else f"{'-':>8}"
+                f16 = microseconds(lambda: linear(x, half), 5) / 1e3  # gemm.py up to 64 rows
+                blas = microseconds(lambda: x @ w.T, 5) / 1e3 if rows > 64 else float("nan")
+                print(f"{name:5} {n:>6}x{k:<5} {rows:>4} {vnni} {forms[-1]:9.2f} {f16:8.2f} {blas:8.2f}")
+    wanted = ("dpbusd", "pmaddubs", "pmaddwd")
+    x = rng.standard_normal((1, 576)).astype(np.float32)
+    for kernel, ggml_type in ((quantized._gemv_q8_0, Q8_0), (quantized._gemv_q4, Q4_1)):
+        fresh = njit(parallel=True)(kernel.py_func)  # the cached one cannot show its assembly
+        w = PackedWeight.quantize(rng.standard_normal((64, 576)).astype(np.float32), ggml_type)
+        out = np.empty((1, 64), np.float32)
+        fresh(x, w.quants, w.scales, out) if ggml_type == Q8_0 else fresh(x, w.quants, w.scales, w.mins, out)
+        asm = fresh.overloads[fresh.signatures[0]].library.get_asm_str()
+        ops = collections.Counter(re.findall(r"^\s+(v\w+)", asm, re.M))
+        print(f"{kernel.py_func.__name__}: integer dot-product instructions",
+              {op: c for op, c in ops.items() if any(w in op for w in wanted)})
 
 
 if __name__ == "__main__":

@@ -187,11 +187,14 @@ def test_stacked_layer_matrices_multiply_as_the_separate_ones(form):
     parts = [held[f"model.layers.0.{n}"] for n in names]
     assert parts[0].stack[0] is parts[2].stack[0] and parts[3].stack[0] is parts[4].stack[0]
     assert held["model.layers.1.self_attn.q_proj.weight"].stack is None
-    dense = [m.dequantize() if form == "q4_1" else m for m in mats]
-    for rows in (1, 5, 70):  # each product path: GEMV, numba GEMM, BLAS
+    dense = reference.prepare_weights(dict(zip(names, mats)))  # packed: x is rounded first
+    dense = [dense[n] for n in names]
+
+    def close(got, want):  # float32 accumulation, relative to the products' scale
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+    for rows in (1, 5, 70):  # each product path: GEMV, numba GEMM, BLAS (float forms)
         x = rand(rng, rows, 64)
         for got, w in zip([*cpu.qkv_proj(x, *parts[:3]), ], dense[:3]):
-            np.testing.assert_allclose(got, x @ w.T, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(cpu.gate_up_silu(x, *parts[3:]),
-                                   reference.gate_up_silu(x, *dense[3:]), rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(cpu.linear(x, parts[1]), x @ dense[1].T, rtol=1e-5, atol=1e-5)
+            close(got, reference.linear(x, w))
+        close(cpu.gate_up_silu(x, *parts[3:]), reference.gate_up_silu(x, *dense[3:]))
+        close(cpu.linear(x, parts[1]), reference.linear(x, dense[1]))

@@ -41,6 +41,41 @@ def test_linear(gpu, rows, weight_dtype):
     np.testing.assert_allclose(got, reference.linear(x, w), **TOL)
 
 
+def test_activations_round_as_the_reference_bit_for_bit(gpu):
+    """The rounding that products with packed weights apply to x first: zero blocks,
+    exact ties (round half to even) and magnitudes far apart included."""
+    rng = np.random.default_rng(21)
+    x = rand(rng, 3, 96) * np.float32(10.0) ** rng.integers(-3, 4, (3, 3)).repeat(32, 1).astype(np.float32)
+    x[0, 32:64] = 0.0
+    x[2, :32] = np.arange(32) - 15.5  # values at halves of a step
+    x[2, 31] = 16.5
+    got = gpu.round_activations_of(cuda.to_device(x)).copy_to_host()
+    assert np.array_equal(got, reference.round_activations(x))
+
+
+def test_products_with_a_packed_weight_take_the_rounded_x():
+    """prepare_weights marks matrices widened from packed ones; linear, qkv_proj and
+    gate_up_silu round x for them, as the CPU kernels do."""
+    from tinypaged.model.ggml_quant import Q8_0
+    from tinypaged.model.packed import PackedWeight
+    rng = np.random.default_rng(22)
+    packed = {n: PackedWeight.quantize(rand(rng, rows, 64), Q8_0)
+              for n, rows in (("q", 16), ("k", 8), ("v", 8), ("g", 20), ("u", 20))}
+    gpu = CudaBackend(weight_dtype=np.float32)
+    dev, ref = gpu.prepare_weights(dict(packed)), reference.prepare_weights(dict(packed))
+    for rows in (2, 11):
+        x = rand(rng, rows, 64)
+        np.testing.assert_allclose(gpu.linear(cuda.to_device(x), dev["q"]).copy_to_host(),
+                                   reference.linear(x, ref["q"]), **TOL)
+        got = gpu.qkv_proj(cuda.to_device(x), dev["q"], dev["k"], dev["v"])
+        for g, w in zip(got, reference.qkv_proj(x, ref["q"], ref["k"], ref["v"])):
+            np.testing.assert_allclose(g.copy_to_host(), w, **TOL)
+        got = gpu.gate_up_silu(cuda.to_device(x), dev["g"], dev["u"]).copy_to_host()
+        np.testing.assert_allclose(got, reference.gate_up_silu(x, ref["g"], ref["u"]), **TOL)
+        unrounded = x @ packed["q"].dequantize().T
+        assert not np.allclose(reference.linear(x, ref["q"]), unrounded, **TOL)  # it matters
+
+
 @pytest.mark.parametrize("rows", [2, 11])  # fused GEMV kernels; tiled matmuls
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_qkv_proj_and_gate_up_silu(gpu, rows, with_bias):
@@ -152,5 +187,5 @@ def test_every_kernel_compiles_to_ptx_for_sm90():
                  for d in ("f16", "f32")}
     assert compiled == per_dtype | {"paged_attention_decode", "paged_attention_prefill",
                                     "add_rms_norm", "rope_write_kv", "silu_mul", "gather_rows",
-                                    "copy_blocks"}
+                                    "copy_blocks", "round_activations"}
     assert all("sm_90" in line for line in result.stdout.splitlines())

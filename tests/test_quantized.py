@@ -1,13 +1,18 @@
 """Packed weights (Q8_0, Q4_0, Q4_1) on the CPU: the split layout against GGUF's own
-block format, and the kernels against the NumPy reference dequantizer, on fresh
-random weights and activations."""
+block format, and the kernels against the NumPy reference: the dequantizer, and
+the rounding of activations that packed products use, on fresh random weights and
+activations."""
 import importlib
 
 import numpy as np
 import pytest
 
 from tinypaged.kernels.cpu.gemm import gemm_narrow
-from tinypaged.kernels.cpu.quantized import dequantize_rows, gemv_packed, matmul_packed
+from tinypaged.kernels import reference
+from tinypaged.kernels.cpu.activations import quantize_activations, round_activations
+from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed
+from tinypaged.kernels.cpu.quantized import GEMV_MAX_ROWS, gemv_packed, packed_product
+from tinypaged.kernels.cpu.tiles import dequantize_rows
 from tinypaged.model.ggml_quant import BF16, F16, Q4_0, Q4_1, Q8_0, dequantize, quantize
 from tinypaged.model.packed import PackedWeight
 
@@ -70,16 +75,54 @@ def test_the_dequantize_kernel_widens_float16_and_bfloat16_bits_exactly():
     assert np.array_equal(out, (w[7:17].view(np.uint32) & 0xFFFF0000).view(np.float32))
 
 
+def random_activations(rng, rows, k):
+    """Rows of x with the blocks the rounding must get right: an all-zero block, a
+    block whose values are exact halves of its step (ties round to even), and
+    magnitudes 1e-3 to 1e3 apart."""
+    x = (rng.standard_normal((rows, k)) * 10.0 ** rng.integers(-3, 4, (rows, k // 32)).repeat(32, 1))
+    x[0, 32:64] = 0.0
+    x[-1, :32] = np.arange(32) - 15.5  # steps of 15.5 / 127 ... : q = x * 127 / 16.5
+    x[-1, 31] = 16.5
+    return x.astype(np.float32)
+
+
+def test_activations_quantize_as_the_reference_bit_for_bit():
+    rng = np.random.default_rng(8)
+    x = random_activations(rng, 5, 256)
+    q, d, qsum = quantize_activations(x)
+    want_q, want_d = reference.quantize_activations(x)
+    assert np.array_equal(q, want_q) and np.array_equal(d, want_d)
+    assert np.array_equal(qsum, want_q.reshape(5, -1, 32).sum(2, dtype=np.int32))
+    assert (q[0, 32:64] == 0).all() and (d[0, 1] == 0) and np.abs(q).max() == 127
+    rounded = round_activations(x)
+    assert np.array_equal(rounded, reference.round_activations(x))
+    step = np.repeat(d, 32, axis=1)
+    assert (np.abs(rounded - x) <= step * (0.5 + 2.0 ** -20)).all()  # half a step
+
+
+def packed_product_bound(x, w):
+    """|error| allowed of a packed product against round_activations(x) @ W.T in float64:
+    float32 accumulation over K = 192 (and the rounding of the scaled block sums)."""
+    return 1e-5 * (np.abs(x) @ np.abs(w).T) + 1e-6
+
+
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("rows", [1, 3, 4])
-def test_the_decode_gemv_equals_dequantize_then_multiply(name, rows):
+def test_the_decode_gemv_equals_rounded_x_times_the_dequantized_weights(name, rows):
+    """An integer dot product per block, against the float product of the rounded x."""
     rng = np.random.default_rng(4 + rows)
     weight = PackedWeight.quantize(random_matrix(rng, 70, 192), TYPES[name])
-    x = rng.standard_normal((rows, 192)).astype(np.float32)
+    x = random_activations(rng, rows, 192)
     w = weight.dequantize().astype(np.float64)
-    expected = x.astype(np.float64) @ w.T
-    bound = 1e-5 * (np.abs(x) @ np.abs(w).T) + 1e-6  # float32 accumulation over K = 192
-    assert (np.abs(gemv_packed(x, weight) - expected) <= bound).all()
+    rounded = reference.round_activations(x).astype(np.float64)
+    got = gemv_packed(x, weight)
+    assert (np.abs(got - rounded @ w.T) <= packed_product_bound(rounded, w)).all()
+    # the stated cost of rounding x: at most half a step per value, times |W|
+    half_step = np.repeat(reference.quantize_activations(x)[1], 32, axis=1) / 2
+    exact = x.astype(np.float64) @ w.T
+    assert (np.abs(got - exact) <= half_step @ np.abs(w).T + packed_product_bound(x, w)).all()
+    for m in range(rows):  # a row's result does not depend on the rows beside it
+        assert np.array_equal(gemv_packed(x[m:m + 1], weight)[0], got[m])
 
 
 @pytest.mark.parametrize("name", [*TYPES, "F16", "BF16"])
@@ -108,32 +151,34 @@ def test_the_small_batch_gemm_equals_dequantize_then_multiply(name, rows, n_out)
 
 
 @pytest.mark.parametrize("name", TYPES)
-def test_the_tiled_matmul_equals_dequantize_then_multiply(name, monkeypatch):
-    from tinypaged.kernels.cpu import tiles
-    monkeypatch.setattr(tiles, "TILE_FLOATS", 128 * 5)  # 5-row tiles: several, one partial
-    rng = np.random.default_rng(5)
-    weight = PackedWeight.quantize(random_matrix(rng, 23, 128), TYPES[name])
-    x = rng.standard_normal((9, 128)).astype(np.float32)
-    np.testing.assert_allclose(matmul_packed(x, weight), x @ weight.dequantize().T,
-                               rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("rows, n_out", [(5, 70), (9, 16), (33, 40), (70, 33), (6, 8)])
+def test_every_batch_gives_a_row_the_bits_of_the_gemv(name, rows, n_out):
+    """packed_product at any M (the group GEMM beyond a few rows; the GEMV for W under
+    16 rows) equals the rounded-x product, and gives each row of x exactly the bits
+    the one-row GEMV gives it: a result never depends on the batch around it."""
+    rng = np.random.default_rng(rows * n_out)
+    weight = PackedWeight.quantize(random_matrix(rng, n_out, 192), TYPES[name])
+    x = random_activations(rng, rows, 192)
+    rounded, w = reference.round_activations(x).astype(np.float64), weight.dequantize().astype(np.float64)
+    got = packed_product(x, weight)
+    assert (np.abs(got - rounded @ w.T) <= packed_product_bound(rounded, w)).all()
+    alone = np.concatenate([gemv_packed(x[m:m + 1], weight) for m in range(rows)])
+    assert np.array_equal(got, alone)
+    if n_out >= 16:  # the group GEMM's two forms: float32 lanes, and vpdpbusd where the CPU has it
+        for vnni in [False] + [True] * HAS_VNNI:
+            out = np.full((rows, n_out), np.nan, np.float32)
+            gemm_packed(x, weight.quants, weight.scales, weight.mins, out, vnni=vnni)
+            assert np.array_equal(out, alone), vnni
 
 
 @pytest.mark.parametrize("name", TYPES)
-def test_linear_picks_the_path_by_rows_and_adds_the_bias(name):
+def test_linear_takes_packed_products_for_every_batch_and_adds_the_bias(name):
     rng = np.random.default_rng(6)
     weight = PackedWeight.quantize(random_matrix(rng, 40, 64), TYPES[name])
     bias = rng.standard_normal(40).astype(np.float32)
-    gemv_rows, gemm_rows = cpu_linear.GEMV_MAX_ROWS, cpu_linear.NUMBA_MAX_ROWS
-    mins = weight.mins if weight.mins is not None else weight.scales
-
-    def gemm(x, weight):
-        out = np.empty((len(x), 40), np.float32)
-        gemm_narrow(x, weight.ggml_type, weight.quants, weight.scales, mins, out)
-        return out
-    for rows in (1, gemv_rows, gemv_rows + 1, gemm_rows, gemm_rows + 1):
+    for rows in (1, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, cpu_linear.NUMBA_MAX_ROWS + 1):
         x = rng.standard_normal((rows, 64)).astype(np.float32)
-        path = gemv_packed if rows <= gemv_rows else gemm if rows <= gemm_rows else matmul_packed
-        assert np.array_equal(cpu_linear.linear(x, weight, bias), path(x, weight) + bias)
+        assert np.array_equal(cpu_linear.linear(x, weight, bias), packed_product(x, weight) + bias)
 
 
 def test_rows_can_be_reordered_and_odd_widths_are_refused():

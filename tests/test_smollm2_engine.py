@@ -56,3 +56,22 @@ def test_chunked_prefill_on_smollm2_gives_the_same_outputs(smollm2_dir, prompts_
     assert [o.token_ids for o in outputs] == expected
     assert max(len(llm.tokenizer.encode(p)) for p in prompts) > 13  # so it was read in chunks
     assert llm.stats()["steps"] > MAX_TOKENS + len(prompts)
+
+
+@pytest.mark.parametrize("weights", ["gguf_q4_1", "q8_0_at_load", "q4_0_at_load"])
+def test_packed_greedy_output_does_not_depend_on_the_batch(smollm2_dir, smollm2_gguf, weights):
+    """Packed products round x to int8 blocks: a step function, so float32 noise
+    between two kernels could flip a rounding and then the text. Every packed kernel
+    gives a row the same bits whatever the batch (kernels/cpu/packed_terms.py), so a
+    request's greedy text is the same alone, in a batch of 20 (prefill of 200+ rows
+    at once) and when the batch shrinks as others finish."""
+    if weights == "gguf_q4_1":
+        llm = LLM(smollm2_gguf, kv_cache_memory=128 << 20)
+    else:
+        llm = LLM(smollm2_dir, kv_cache_memory=128 << 20, quantization=weights.split("_")[0] + "_0")
+    prompts = [f"Write one sentence about the number {i}." for i in range(14)] + QUESTIONS[:6]
+    params = [SamplingParams(temperature=0, max_tokens=8 + 2 * i, ignore_eos=True)
+              for i in range(len(prompts))]  # different lengths: the batch shrinks step by step
+    together = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    for i in (0, 5, 13, 19):
+        assert llm.generate([prompts[i]], params[i])[0].outputs[0].token_ids == together[i], i

@@ -123,12 +123,35 @@ def memory_available() -> int:
     return available_memory_bytes()
 
 
+class WidenedPacked:
+    """A packed (quantized) matrix widened to float32 (`dense`, (N, K)). What makes it
+    more than its float values: its products round x first (round_activations)."""
+    __slots__ = ("dense",)
+
+    def __init__(self, dense: np.ndarray):
+        self.dense = dense
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.dense.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.dense.nbytes
+
+    def dequantize(self, rows=slice(None)) -> np.ndarray:
+        return self.dense[rows]
+
+
 def prepare_weights(weights: dict) -> dict:
-    """The backend's own form of the weights: here float32 arrays, packed matrices
-    (PackedWeight) and float16 ones widened (the reference is the oracle, not the
+    """The backend's own form of the weights: float32 arrays; packed matrices widened
+    into WidenedPacked, float16 ones widened (the reference is the oracle, not the
     fast path)."""
-    return {name: w.dequantize() if hasattr(w, "dequantize") else np.asarray(w, dtype=np.float32)
-            for name, w in weights.items()}
+    def widened(w):
+        if hasattr(w, "ggml_type"):  # a PackedWeight
+            return WidenedPacked(w.dequantize())
+        return w.dequantize() if hasattr(w, "dequantize") else np.asarray(w, dtype=np.float32)
+    return {name: widened(w) for name, w in weights.items()}
 
 
 def allocate_kv(shape: tuple[int, ...], dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
@@ -184,8 +207,33 @@ def rope_write_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.nda
     return rope(q, positions, cos_table, sin_table)
 
 
-def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    """x (T, K) @ weight (N, K).T (+ bias (N,)) -> (T, N)."""
+ACTIVATION_BLOCK = 32  # activations per int8 scale, as in the packed weights' blocks
+
+
+def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x (T, K) float32, K a multiple of 32 -> q (T, K) int8, d (T, K/32) float32: per
+    block of 32, d = max|x| / 127 and q = round-half-even(x * (1 / d)) (0 where d = 0),
+    all in float32 (llama.cpp's Q8 rounding of activations)."""
+    blocks = np.asarray(x, dtype=np.float32).reshape(len(x), -1, ACTIVATION_BLOCK)
+    d = np.abs(blocks).max(axis=2) / np.float32(127)
+    inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    q = np.rint(blocks * inverse[:, :, None]).astype(np.int8)
+    return q.reshape(x.shape), d
+
+
+def round_activations(x: np.ndarray) -> np.ndarray:
+    """x (T, K) as a packed weight takes it: each value as its block's d * q (float32).
+    The error is at most half a step, d / 2, per value."""
+    q, d = quantize_activations(x)
+    rounded = q.reshape(len(x), -1, ACTIVATION_BLOCK).astype(np.float32) * d[:, :, None]
+    return rounded.reshape(x.shape)
+
+
+def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
+    """x (T, K) @ weight (N, K).T (+ bias (N,)) -> (T, N); a WidenedPacked weight
+    multiplies round_activations(x)."""
+    if isinstance(weight, WidenedPacked):
+        x, weight = round_activations(x), weight.dense
     y = x @ weight.T
     return y if bias is None else y + bias
 

@@ -32,6 +32,14 @@ class ReferenceModel:
         self.dtype = np.dtype(dtype)
         self.w = {name: np.asarray(t.dequantize() if hasattr(t, "dequantize") else t)
                   .astype(self.dtype, copy=False) for name, t in weights.items()}  # packed: widened
+        # products with a packed matrix take x rounded to int8 blocks, as every backend does
+        self.rounds_x = {name for name, t in weights.items() if hasattr(t, "ggml_type")}
+
+    def _product(self, x: np.ndarray, name: str) -> np.ndarray:
+        """x (T, K) @ W.T for the matrix `name` (x rounded first if it was packed)."""
+        if name in self.rounds_x:
+            x = ops.round_activations(x.astype(np.float32)).astype(self.dtype)
+        return x @ self.w[name].T
 
     def new_cache(self, max_len: int | None = None) -> DenseKVCache:
         return DenseKVCache(self.cfg, max_len or self.cfg.max_position_embeddings, self.dtype)
@@ -60,9 +68,9 @@ class ReferenceModel:
         for layer in range(cfg.num_hidden_layers):
             p = f"model.layers.{layer}."
             h = ops.rms_norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-            q = h @ w[p + "self_attn.q_proj.weight"].T  # (T, n_heads * D)
-            k = h @ w[p + "self_attn.k_proj.weight"].T  # (T, n_kv * D)
-            v = h @ w[p + "self_attn.v_proj.weight"].T
+            q = self._product(h, p + "self_attn.q_proj.weight")  # (T, n_heads * D)
+            k = self._product(h, p + "self_attn.k_proj.weight")  # (T, n_kv * D)
+            v = self._product(h, p + "self_attn.v_proj.weight")
             if cfg.attention_bias:
                 q = q + w[p + "self_attn.q_proj.bias"]
                 k = k + w[p + "self_attn.k_proj.bias"]
@@ -72,15 +80,16 @@ class ReferenceModel:
             cache.k[layer, start:end] = k
             cache.v[layer, start:end] = v.reshape(n_tokens, n_kv, head_dim)
             attn = ops.causal_attention(q, cache.k[layer, :end], cache.v[layer, :end], positions)
-            x = x + attn.reshape(n_tokens, n_heads * head_dim) @ w[p + "self_attn.o_proj.weight"].T
+            x = x + self._product(attn.reshape(n_tokens, n_heads * head_dim),
+                                  p + "self_attn.o_proj.weight")
 
             h = ops.rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-            gate = h @ w[p + "mlp.gate_proj.weight"].T  # (T, I)
-            up = h @ w[p + "mlp.up_proj.weight"].T
-            x = x + ops.silu_mul(gate, up) @ w[p + "mlp.down_proj.weight"].T
+            gate = self._product(h, p + "mlp.gate_proj.weight")  # (T, I)
+            up = self._product(h, p + "mlp.up_proj.weight")
+            x = x + self._product(ops.silu_mul(gate, up), p + "mlp.down_proj.weight")
         cache.length = end
 
         if not all_logits:
             x = x[-1:]
         x = ops.rms_norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
-        return x @ w["lm_head.weight"].T  # (T or 1, vocab)
+        return self._product(x, "lm_head.weight")  # (T or 1, vocab)

@@ -31,10 +31,9 @@ def _gemm(x, quants, scales, mins, out):
     n_rows, width = x.shape
     n_out = out.shape[1]
     n_groups = -(-n_out // GROUP)
-    per_chunk = -(-n_groups // N_CHUNKS)
     for c in prange(N_CHUNKS):
         w = np.empty((GROUP, width), dtype=np.float32)
-        for g in range(c * per_chunk, min(n_groups, (c + 1) * per_chunk)):
+        for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):  # (even shares)
             n0 = min(g * GROUP, n_out - GROUP)
             widen_rows(quants, scales, mins, n0, w)
             for m in range(0, n_rows - 1, 2):  # two rows of x at a time

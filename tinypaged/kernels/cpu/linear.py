@@ -2,10 +2,13 @@
 
 Every weight matrix is held once, in its narrowest exact form: packed quantized
 blocks (PackedWeight), float16 or bfloat16 bits when either holds the matrix
-exactly (F16 and BF16 checkpoints), float32 otherwise (LinearWeight). The path depends on M, the rows
-of x:
+exactly (F16 and BF16 checkpoints), float32 otherwise (LinearWeight).
+
+A packed weight multiplies x rounded to int8 blocks, through numba kernels for
+every M that give a row the same bits whatever M is (quantized.packed_product).
+For a LinearWeight the path depends on M, the rows of x:
     M <= GEMV_MAX_ROWS   a GEMV streaming each weight row once (bandwidth-bound):
-                         _gemv_f16 here, quantized.gemv_packed
+                         _gemv_f16 here
     M <= NUMBA_MAX_ROWS  gemm.gemm_narrow: four weight rows widened at a time into
                          L1, eight accumulators (arithmetic-bound)
     larger (prefill)     BLAS: on the float32 matrix, or on float32 tiles widened
@@ -24,8 +27,8 @@ from ...model.packed import PackedWeight
 from ...model.weights import convert_matrices
 from .common import N_CHUNKS, f16_bits_to_f32
 from .gemm import GROUP, gemm_narrow
-from .quantized import dequantize_rows, gemv_packed, matmul_packed
-from .tiles import tiled_matmul
+from .quantized import packed_product
+from .tiles import dequantize_rows, tiled_matmul
 
 GEMV_MAX_ROWS = 4  # up to this many rows of x take a GEMV
 NUMBA_MAX_ROWS = 64  # up to this many, numba's GEMM; beyond, BLAS
@@ -112,13 +115,9 @@ def prepare_linear_weights(weights: dict[str, np.ndarray]) -> dict:
 
 
 def _numba_product(x: np.ndarray, weight) -> np.ndarray:
-    """x (M <= NUMBA_MAX_ROWS, K) @ weight.T for a LinearWeight or PackedWeight."""
+    """x (M <= NUMBA_MAX_ROWS, K) @ weight.T for a LinearWeight."""
     out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
-    if isinstance(weight, PackedWeight):
-        if len(x) <= GEMV_MAX_ROWS:
-            return gemv_packed(x, weight)
-        gemm_narrow(x, weight.ggml_type, weight.quants, weight.scales, weight.mins, out)
-    elif weight.kind == F16 and len(x) <= GEMV_MAX_ROWS:
+    if weight.kind == F16 and len(x) <= GEMV_MAX_ROWS:
         _gemv_f16(x, weight.data, out)
     else:
         gemm_narrow(x, weight.kind, weight.data, weight.data, weight.data, out)
@@ -127,8 +126,6 @@ def _numba_product(x: np.ndarray, weight) -> np.ndarray:
 
 def _blas_product(x: np.ndarray, weight) -> np.ndarray:
     """x (M, K) @ weight.T through BLAS, widening narrow weights a tile at a time."""
-    if isinstance(weight, PackedWeight):
-        return matmul_packed(x, weight)
     if weight.kind == F32:
         return x @ weight.data.T
     kind, bits = weight.kind, weight.data
@@ -139,7 +136,9 @@ def _blas_product(x: np.ndarray, weight) -> np.ndarray:
 def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
     """x (T, K) @ weight.T (+ bias) -> (T, N); weight a LinearWeight, a PackedWeight
     (quantized) or a float32 array."""
-    if isinstance(weight, (LinearWeight, PackedWeight)):
+    if isinstance(weight, PackedWeight):
+        out = packed_product(np.ascontiguousarray(x, dtype=np.float32), weight)
+    elif isinstance(weight, LinearWeight):
         x = np.ascontiguousarray(x, dtype=np.float32)
         small = len(x) <= NUMBA_MAX_ROWS and weight.shape[0] >= GROUP
         out = _numba_product(x, weight) if small else _blas_product(x, weight)

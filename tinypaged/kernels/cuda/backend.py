@@ -47,6 +47,7 @@ class CudaBackend:
         self._no_bias = cuda.device_array(1, dtype=np.float32)
         self.launches = 0  # kernel launches so far (the GPU check reports them per step)
         self._pairs = None  # device buffer for copy-on-write pairs
+        self._rounds_x = set()  # ids of the matrices uploaded from packed ones
 
     # -- moving data ---------------------------------------------------------------
     def default_kv_memory(self, config) -> int:
@@ -61,14 +62,18 @@ class CudaBackend:
     def prepare_weights(self, weights: dict[str, np.ndarray]) -> dict:
         """Upload once: 2-D matrices as weight_dtype, everything else as float32. A tied
         lm_head gets its own copy in weight_dtype (the embedding table stays float32
-        for the gather). Packed (quantized) matrices are widened on the way: packed
-        GPU kernels come with the GPU issue."""
+        for the gather). Packed (quantized) matrices are widened on the way (packed
+        GPU kernels come with the GPU issue); their products still round x to int8
+        blocks first, as on every backend (reference.round_activations)."""
         out = {}
         for name, w in weights.items():
-            if isinstance(w, PackedWeight):
+            packed = isinstance(w, PackedWeight)
+            if packed:
                 w = w.dequantize()
             dtype = self.weight_dtype if w.ndim == 2 and name != EMBEDDING else np.float32
             out[name] = cuda.to_device(np.ascontiguousarray(w, dtype=dtype))
+            if packed:
+                self._rounds_x.add(id(out[name]))
         return out
 
     def allocate_kv(self, shape: tuple[int, ...]):
@@ -113,7 +118,22 @@ class CudaBackend:
                      x, residual if has_residual else x, has_residual, weight, np.float32(eps), out)
         return out, (residual if has_residual else x)
 
+    def _input_for(self, x, weight):
+        """x, or x rounded to int8 blocks when weight was packed."""
+        return self.round_activations_of(x) if id(weight) in self._rounds_x else x
+
+    def round_activations_of(self, x):
+        """x (M, K) as products with packed weights take it (reference.round_activations)."""
+        out = self._empty(*x.shape)
+        n_blocks = x.shape[0] * x.shape[1] // 32
+        self._launch(elementwise.round_activations, ceil_div(n_blocks, elementwise.ROUND_THREADS),
+                     elementwise.ROUND_THREADS, x, out)
+        return out
+
     def linear(self, x, weight, bias=None):
+        return self._product(self._input_for(x, weight), weight, bias)
+
+    def _product(self, x, weight, bias=None):
         n_rows, n_out = x.shape[0], weight.shape[0]
         out = self._empty(n_rows, n_out)
         has_bias = bias is not None
@@ -128,8 +148,9 @@ class CudaBackend:
         return out
 
     def qkv_proj(self, x, wq, wk, wv, bq=None, bk=None, bv=None):
+        x = self._input_for(x, wq)  # (q, k and v are packed alike, or not at all)
         if x.shape[0] > matmul.GEMV_MAX_ROWS:
-            return self.linear(x, wq, bq), self.linear(x, wk, bk), self.linear(x, wv, bv)
+            return self._product(x, wq, bq), self._product(x, wk, bk), self._product(x, wv, bv)
         q, k, v = (self._empty(x.shape[0], w.shape[0]) for w in (wq, wk, wv))
         has_bias = bq is not None
         bq, bk, bv = (b if has_bias else self._no_bias for b in (bq, bk, bv))
@@ -139,8 +160,9 @@ class CudaBackend:
         return q, k, v
 
     def gate_up_silu(self, x, w_gate, w_up):
+        x = self._input_for(x, w_gate)
         if x.shape[0] > matmul.GEMV_MAX_ROWS:
-            return self.silu_mul(self.linear(x, w_gate), self.linear(x, w_up))
+            return self.silu_mul(self._product(x, w_gate), self._product(x, w_up))
         out = self._empty(x.shape[0], w_gate.shape[0])
         self._launch(matmul.gemv_gate_up_silu, ceil_div(w_gate.shape[0], matmul.GEMV_THREADS),
                      matmul.GEMV_THREADS, x, w_gate, w_up, out)

@@ -97,3 +97,29 @@ def copy_blocks(k_pool, v_pool, pairs):
         hh, d = rest // head_dim, rest % head_dim
         k_pool[layer, dst, o, hh, d] = k_pool[layer, src, o, hh, d]
         v_pool[layer, dst, o, hh, d] = v_pool[layer, src, o, hh, d]
+
+
+ROUND_THREADS = 64  # round_activations: threads per block, one 32-value block of x each
+_ACTIVATION_BLOCK = 32
+_HALF_EVEN = float32(12582912.0)  # 1.5 * 2^23: (v + this) - this rounds |v| < 2^22 half to even
+
+
+@cuda.jit
+def round_activations(x, out):
+    """x (M, K) as a packed weight takes it (reference.round_activations): per block of
+    32 values, d = max|x| / 127 and out = d * round-half-even(x / d). 1-D grid, one
+    thread per block of 32 (M * K / 32 threads): two passes over 128 bytes."""
+    g = cuda.grid(1)
+    per_row = x.shape[1] // _ACTIVATION_BLOCK
+    if g >= x.shape[0] * per_row:
+        return
+    m, k0 = g // per_row, (g % per_row) * _ACTIVATION_BLOCK
+    amax = float32(0.0)
+    for k in range(k0, k0 + _ACTIVATION_BLOCK):
+        amax = max(amax, abs(x[m, k]))
+    d = float32(amax / float32(127.0))  # (the quotient is float64: rounded once to float32)
+    inverse = float32(float32(1.0) / d) if d > float32(0.0) else float32(0.0)
+    for k in range(k0, k0 + _ACTIVATION_BLOCK):
+        v = float32(x[m, k] * inverse)
+        q = float32(float32(v + _HALF_EVEN) - _HALF_EVEN)
+        out[m, k] = d * q

@@ -45,6 +45,7 @@ def signatures() -> list[tuple[str, object, tuple]]:
         ("silu_mul", elementwise.silu_mul, (arr(F32, 2), arr(F32, 2), arr(F32, 2))),
         ("gather_rows", elementwise.gather_rows, (arr(F32, 2), arr(I32, 1), arr(F32, 2))),
         ("copy_blocks", elementwise.copy_blocks, (arr(F32, 5), arr(F32, 5), arr(I32, 2))),
+        ("round_activations", elementwise.round_activations, (arr(F32, 2), arr(F32, 2))),
     ]
     return sigs
 

@@ -1,0 +1,262 @@
+"""LLVM IR for packed_gemm.py's inner loops: 16 rows of W (a group) in the 16 lanes of
+a vector, 8 rows of x at a time, so no dot product ever needs a horizontal sum.
+
+Two ways to the exact integer dot products of one 32-column block:
+  float   the group widened to float32, k-major (wt[k * 16 + j]); 32 steps of one
+          load and 8 fused multiply-adds with x[m, k] broadcast. Exact: products and
+          sums of small integers. Any CPU (LLVM lowers the 16-lane vectors).
+  vnni    the group kept as unsigned bytes, 4 columns per lane (wb[c * 64 + j * 4 + t]
+          is row j, column 4c + t); 8 steps of one load and 8 vpdpbusd with x's 4
+          bytes broadcast. 4x the multiply-adds per instruction; CPUs with AVX-512
+          VNNI only (packed_gemm.py picks).
+Both then scale the dots with block_term's float32 operations, in its order
+(packed_terms.py), so both give the GEMV's bits.
+"""
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+LANES = 16  # W rows per group: one 512-bit vector of float32 / int32
+X_ROWS = 8  # rows of x per call: eight accumulators
+BLOCK = 32  # columns per scale
+
+_I8, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+_FLOATS = ir.VectorType(_F32, LANES)
+_INTS = ir.VectorType(_I32, LANES)
+_BYTES = ir.VectorType(_I8, LANES)
+_QUAD_BYTES = ir.VectorType(_I8, 4 * LANES)
+
+
+def _index(value: int) -> ir.Constant:
+    return ir.Constant(_I64, value)
+
+
+def _mask(values) -> ir.Constant:
+    values = list(values)
+    return ir.Constant(ir.VectorType(_I32, len(values)), values)
+
+
+def _splat(builder, value, vector_type):
+    one = builder.insert_element(ir.Constant(vector_type, None), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vector_type, None), _mask([0] * vector_type.count))
+
+
+def _pointer(context, builder, array_type, array, offset, as_type=None):
+    """The address of element `offset` (flat) of a C-contiguous array, optionally cast
+    to a pointer to as_type."""
+    address = builder.gep(context.make_array(array_type)(context, builder, array).data, [offset])
+    return address if as_type is None else builder.bitcast(address, as_type.as_pointer())
+
+
+def _c_array(array_type, dtypes) -> bool:
+    return isinstance(array_type, types.Array) and array_type.layout == "C" and array_type.dtype in dtypes
+
+
+# -- widening a group ----------------------------------------------------------------
+
+def _transpose_16x16(builder, rows: list) -> list:
+    """16 vectors of 16 bytes -> 16 vectors, vector p holding byte p of each input in
+    order: four rounds of pairing vector i with i + 8 by byte interleaves."""
+    low = _mask(i // 2 + (LANES if i % 2 else 0) for i in range(LANES))
+    high = _mask(LANES // 2 + i // 2 + (LANES if i % 2 else 0) for i in range(LANES))
+    for _ in range(4):
+        paired = []
+        for i in range(LANES // 2):
+            a, b = rows[i], rows[i + LANES // 2]
+            paired += [builder.shuffle_vector(a, b, low), builder.shuffle_vector(a, b, high)]
+        rows = paired
+    return rows
+
+
+def _group_columns(context, builder, array_type, quants, n0, p0):
+    """Bytes p0 .. p0 + 15 of rows n0 .. n0 + 15 of a 2-D byte array, as 16 vectors:
+    vector p holds column p0 + p of the 16 rows. Returns them and the row length."""
+    q = context.make_array(array_type)(context, builder, quants)
+    row_bytes = builder.extract_value(q.shape, 1)
+    rows = []
+    for j in range(LANES):
+        at = builder.add(builder.mul(builder.add(n0, _index(j)), row_bytes), p0)
+        rows.append(builder.load(builder.bitcast(builder.gep(q.data, [at]), _BYTES.as_pointer()),
+                                 align=1))
+    return _transpose_16x16(builder, rows), row_bytes
+
+
+def _nibbles(builder, column):
+    """A column of Q4 bytes -> (low nibbles, high nibbles), as bytes."""
+    return (builder.and_(column, ir.Constant(_BYTES, [15] * LANES)),
+            builder.lshr(column, ir.Constant(_BYTES, [4] * LANES)))
+
+
+@intrinsic
+def widen_chunk_float(typingctx, quants, n0, p0, offset, wt):
+    """Bytes p0 .. p0 + 15 of the group's rows n0 .. n0 + 15 into wt (float32, k-major):
+    Q8_0 (int8 quants): wt[(p0 + p) * 16 + j] = q; Q4_x (uint8): column p0 + p from the
+    low nibble and K/2 + p0 + p from the high one, each minus offset (8: Q4_0)."""
+    if not (quants.ndim == 2 and _c_array(quants, (types.int8, types.uint8))
+            and _c_array(wt, (types.float32,))):
+        return None
+    signed = quants.dtype == types.int8
+
+    def codegen(context, builder, sig, args):
+        q_arr, n0, p0, offset, wt_arr = args
+        columns, row_bytes = _group_columns(context, builder, sig.args[0], q_arr, n0, p0)
+        minus = _splat(builder, builder.trunc(offset, _I32), _INTS)
+
+        def store(values, column):
+            pointer = _pointer(context, builder, sig.args[4], wt_arr,
+                               builder.mul(column, _index(LANES)), _FLOATS)
+            builder.store(builder.sitofp(values, _FLOATS), pointer, align=4)
+        for p, column in enumerate(columns):
+            at = builder.add(p0, _index(p))
+            if signed:
+                store(builder.sext(column, _INTS), at)
+            else:
+                low, high = _nibbles(builder, column)
+                store(builder.sub(builder.zext(low, _INTS), minus), at)
+                store(builder.sub(builder.zext(high, _INTS), minus), builder.add(at, row_bytes))
+        return context.get_dummy_value()
+    return types.void(quants, types.intp, types.intp, types.intp, wt), codegen
+
+
+def _interleave_4(builder, columns):
+    """4 vectors of 16 bytes (columns c..c+3 of the 16 rows) -> 64 bytes, row j's four
+    at 4j .. 4j + 3: the layout vpdpbusd reads."""
+    pairs = _mask(i // 2 + (LANES if i % 2 else 0) for i in range(2 * LANES))
+    first = builder.shuffle_vector(columns[0], columns[1], pairs)  # [2j + s] = column s, row j
+    second = builder.shuffle_vector(columns[2], columns[3], pairs)
+    quads = _mask(2 * (i // 4) + (i % 4) % 2 + (2 * LANES if i % 4 >= 2 else 0) for i in range(4 * LANES))
+    return builder.shuffle_vector(first, second, quads)
+
+
+@intrinsic
+def widen_chunk_bytes(typingctx, quants, n0, p0, wb):
+    """Bytes p0 .. p0 + 15 of the group's rows into wb (uint8, the vnni layout):
+    Q8_0 (int8): q + 128 (so unsigned); Q4_x (uint8): the nibbles, the low ones as
+    columns p0 + p, the high ones as K/2 + p0 + p (offsets are applied to the dots)."""
+    if not (quants.ndim == 2 and _c_array(quants, (types.int8, types.uint8))
+            and _c_array(wb, (types.uint8,))):
+        return None
+    signed = quants.dtype == types.int8
+
+    def codegen(context, builder, sig, args):
+        q_arr, n0, p0, wb_arr = args
+        columns, row_bytes = _group_columns(context, builder, sig.args[0], q_arr, n0, p0)
+
+        def store(chunk, first_column):  # 4 columns from first_column (a multiple of 4)
+            at = builder.mul(first_column, _index(LANES))  # (4 columns x 16 rows = 64 bytes)
+            builder.store(_interleave_4(builder, chunk),
+                          _pointer(context, builder, sig.args[3], wb_arr, at, _QUAD_BYTES), align=1)
+        for c in range(0, LANES, 4):
+            at = builder.add(p0, _index(c))
+            if signed:
+                bias = ir.Constant(_BYTES, [128] * LANES)
+                store([builder.xor(col, bias) for col in columns[c:c + 4]], at)
+            else:
+                halves = [_nibbles(builder, col) for col in columns[c:c + 4]]
+                store([low for low, _ in halves], at)
+                store([high for _, high in halves], builder.add(at, row_bytes))
+        return context.get_dummy_value()
+    return types.void(quants, types.intp, types.intp, wb), codegen
+
+
+# -- one block's products for 8 rows of x --------------------------------------------
+
+def _accumulate(context, builder, sig, args, dots):
+    """acc[i, :] = acc[i, :] + block_term(scale[b, :], low[b, :], dx[m0 + i, b], dots[i],
+    qsum[m0 + i, b]) for i < 8, lane by lane (args as in the intrinsics below)."""
+    t_scale, t_low, t_dx, t_qsum, t_acc = (sig.args[i] for i in (4, 5, 7, 8, 10))
+    _, _, _, _, scale_arr, low_arr, b, dx_arr, qsum_arr, m0, acc_arr = args[:11]
+    with_min = not isinstance(t_low, types.NoneType)
+    n_blocks = builder.extract_value(context.make_array(t_dx)(context, builder, dx_arr).shape, 1)
+    row_at = builder.mul(b, _index(LANES))
+    scale = builder.load(_pointer(context, builder, t_scale, scale_arr, row_at, _FLOATS), align=4)
+    if with_min:
+        low = builder.load(_pointer(context, builder, t_low, low_arr, row_at, _FLOATS), align=4)
+    for i in range(X_ROWS):
+        at = builder.add(builder.mul(builder.add(m0, _index(i)), n_blocks), b)
+        x_scale = _splat(builder, builder.load(_pointer(context, builder, t_dx, dx_arr, at)), _FLOATS)
+        term = builder.fmul(builder.fmul(scale, x_scale), dots[i])
+        if with_min:
+            total = builder.sitofp(builder.load(_pointer(context, builder, t_qsum, qsum_arr, at)), _F32)
+            term = builder.fadd(term, builder.fmul(builder.fmul(low, x_scale),
+                                                   _splat(builder, total, _FLOATS)))
+        pointer = _pointer(context, builder, t_acc, acc_arr, _index(i * LANES), _FLOATS)
+        builder.store(builder.fadd(builder.load(pointer, align=4), term), pointer, align=4)
+
+
+def _block_types_ok(w, wdtype, x, xdtype, scale, low, dx, qsum, acc) -> bool:
+    floats = (scale, dx, acc) + (() if isinstance(low, types.NoneType) else (low,))
+    return (_c_array(w, (wdtype,)) and _c_array(x, (xdtype,)) and _c_array(qsum, (types.int32,))
+            and all(_c_array(a, (types.float32,)) for a in floats))
+
+
+@intrinsic
+def accumulate_block_float(typingctx, wt, w_at, xf, x_at, scale, low, b, dx, qsum, m0, acc):
+    """For rows m0 + i (i < 8) of x and the group's rows j (< 16), block b (columns from
+    x_at, wt from w_at): dot = sum over k < 32 of wt[w_at + 16 k + j] * xf[m0 + i, x_at + k]
+    (float32 of integers: exact), then _accumulate. low: the group's mins, or None."""
+    if not _block_types_ok(wt, types.float32, xf, types.float32, scale, low, dx, qsum, acc):
+        return None
+    signature = types.void(wt, types.intp, xf, types.intp, scale, low, types.intp, dx, qsum,
+                           types.intp, acc)
+
+    def codegen(context, builder, sig, args):
+        wt_arr, w_at, xf_arr, x_at = args[:4]
+        m0 = args[9]
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_FLOATS, [_FLOATS] * 3),
+                                             "llvm.fma.v16f32")
+        x = context.make_array(sig.args[2])(context, builder, xf_arr)
+        width = builder.extract_value(x.shape, 1)
+        dots = [ir.Constant(_FLOATS, [0.0] * LANES) for _ in range(X_ROWS)]
+        for k in range(BLOCK):
+            w = builder.load(_pointer(context, builder, sig.args[0], wt_arr,
+                                      builder.add(w_at, _index(k * LANES)), _FLOATS), align=4)
+            for i in range(X_ROWS):
+                at = builder.add(builder.add(builder.mul(builder.add(m0, _index(i)), width), x_at),
+                                 _index(k))
+                value = builder.load(_pointer(context, builder, sig.args[2], xf_arr, at))
+                dots[i] = builder.call(fma, [w, _splat(builder, value, _FLOATS), dots[i]])
+        _accumulate(context, builder, sig, args, dots)
+        return context.get_dummy_value()
+    return signature, codegen
+
+
+@intrinsic
+def accumulate_block_vnni(typingctx, wb, w_at, xq, x_at, scale, low, b, dx, qsum, m0, acc, offset):
+    """accumulate_block_float's result from the byte layout: per 4 columns, one vpdpbusd
+    per row of x (unsigned weight bytes times x's int8 values, 4 per lane), then the
+    integer offset (128 for Q8_0's biased bytes, 8 for Q4_0, 0 for Q4_1) times the
+    block's sum of x, all exact, then _accumulate."""
+    if not _block_types_ok(wb, types.uint8, xq, types.int8, scale, low, dx, qsum, acc):
+        return None
+    signature = types.void(wb, types.intp, xq, types.intp, scale, low, types.intp, dx, qsum,
+                           types.intp, acc, types.intp)
+
+    def codegen(context, builder, sig, args):
+        wb_arr, w_at, xq_arr, x_at = args[:4]
+        dx_arr, qsum_arr, m0, offset = args[7], args[8], args[9], args[11]
+        dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_INTS, [_INTS] * 3),
+                                                "llvm.x86.avx512.vpdpbusd.512")
+        x = context.make_array(sig.args[2])(context, builder, xq_arr)
+        width = builder.extract_value(x.shape, 1)
+        n_blocks = builder.extract_value(context.make_array(sig.args[7])(context, builder, dx_arr).shape, 1)
+        sums = [ir.Constant(_INTS, [0] * LANES) for _ in range(X_ROWS)]
+        for c in range(BLOCK // 4):
+            w = builder.load(_pointer(context, builder, sig.args[0], wb_arr,
+                                      builder.add(w_at, _index(c * 4 * LANES)), _INTS), align=1)
+            for i in range(X_ROWS):
+                at = builder.add(builder.add(builder.mul(builder.add(m0, _index(i)), width), x_at),
+                                 _index(4 * c))
+                quad = builder.load(_pointer(context, builder, sig.args[2], xq_arr, at, _I32), align=1)
+                sums[i] = builder.call(dpbusd, [sums[i], w, _splat(builder, quad, _INTS)])
+        shift = builder.trunc(offset, _I32)
+        dots = []
+        for i in range(X_ROWS):
+            at = builder.add(builder.mul(builder.add(m0, _index(i)), n_blocks), args[6])
+            total = builder.load(_pointer(context, builder, sig.args[8], qsum_arr, at))
+            exact = builder.sub(sums[i], _splat(builder, builder.mul(shift, total), _INTS))
+            dots.append(builder.sitofp(exact, _FLOATS))
+        _accumulate(context, builder, sig, args, dots)
+        return context.get_dummy_value()
+    return signature, codegen

@@ -1,0 +1,62 @@
+"""Integer dot products of one 32-weight block with 32 int8 activations, written as
+LLVM IR so that LLVM picks the CPU's own instruction for them.
+
+numba's loops over int8 arrays stay scalar (its LLVM does not vectorize the widen,
+multiply, reduce pattern through numba's loop code). Written here as whole vectors
+(load 32 bytes, zero-extend the weights, sign-extend the activations, multiply,
+reduce-add), LLVM emits vpdpbusd on a CPU with AVX-512 VNNI / AVX-VNNI, and
+vpmaddubsw + vpmaddwd on plain AVX2: the IR names no CPU feature
+(bench/int8_gemv.py prints what it finds in the assembly).
+
+Each function returns sum over j < 32 of u[j] * x[xoff + j] (int32, exact), where
+u is an unsigned byte taken from q[qoff + j]:
+    dot32_low     u = q & 15          (Q4_x: the low nibble, weights 0 .. K/2 - 1)
+    dot32_high    u = q >> 4          (Q4_x: the high nibble, weights K/2 .. K - 1)
+    dot32_biased  u = q xor 128       (Q8_0: the signed byte plus 128, so
+                                       q . x = dot32_biased - 128 * sum(x))
+The unsigned-times-signed form is the one the dot-product instructions take.
+"""
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+_BYTES = ir.VectorType(ir.IntType(8), 32)
+_WORDS = ir.VectorType(ir.IntType(32), 32)
+
+
+def _address(context, builder, array_type, array, offset):
+    """The address of element `offset` of a C-contiguous array, counted flat."""
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.bitcast(builder.gep(data, [offset]), _BYTES.as_pointer())
+
+
+def _block_dot(unsigned_bytes):
+    """An intrinsic (q, qoff, x, xoff) -> int32 for one way of reading q's bytes."""
+    def typer(typingctx, q, qoff, x, xoff):
+        if not (isinstance(q, types.Array) and q.layout == "C" and q.dtype.bitwidth == 8
+                and isinstance(x, types.Array) and x.layout == "C" and x.dtype == types.int8):
+            return None
+        signature = types.int32(q, types.intp, x, types.intp)
+
+        def codegen(context, builder, sig, args):
+            q_arr, q_off, x_arr, x_off = args
+            qv = builder.load(_address(context, builder, sig.args[0], q_arr, q_off), align=1)
+            xv = builder.load(_address(context, builder, sig.args[2], x_arr, x_off), align=1)
+            products = builder.mul(builder.zext(unsigned_bytes(builder, qv), _WORDS),
+                                   builder.sext(xv, _WORDS))
+            reduce_add = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.IntType(32), [_WORDS]),
+                "llvm.vector.reduce.add.v32i32")
+            return builder.call(reduce_add, [products])
+        return signature, codegen
+    return intrinsic(typer)
+
+
+def _splat(value: int) -> ir.Constant:
+    return ir.Constant(_BYTES, [value] * 32)
+
+
+dot32_low = _block_dot(lambda builder, q: builder.and_(q, _splat(15)))
+dot32_high = _block_dot(lambda builder, q: builder.lshr(q, _splat(4)))
+dot32_biased = _block_dot(lambda builder, q: builder.xor(q, _splat(128)))

@@ -1,0 +1,130 @@
+"""The product with a packed weight for more than a few rows of x (batched decode,
+prefill): bit for bit the decode GEMV's result (packed_terms.py), at the speed of a
+float GEMM or better.
+
+Each thread takes W's rows 16 at a time (a group): it lays the group out once per
+call, then for 8 rows of x at a time and block after block computes the 16 x 8
+exact integer dot products in vector lanes and scales them as block_term does
+(group_ir.py). With AVX-512 VNNI the group stays in bytes and vpdpbusd does 64
+multiply-adds an instruction; elsewhere it is widened to float32 and fused
+multiply-adds do 16. Both give the same bits (the tests run both where they can).
+
+Measured (2 cores, AVX-512 VNNI; SmolLM2's layer shapes, bench/NOTES.md): at 32
+rows of x, as fast as the float GEMM of gemm.py on widened weights; at 128 rows,
+as BLAS.
+"""
+import llvmlite.binding as llvm
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import overload
+
+from .activations import quantize_activations
+from .common import N_CHUNKS, f16_bits_to_f32
+from .group_ir import (BLOCK, LANES, X_ROWS, accumulate_block_float, accumulate_block_vnni,
+                       widen_chunk_bytes, widen_chunk_float)
+from .packed_terms import min_of, nibble_offset
+
+HAS_VNNI = bool(llvm.get_host_cpu_features().get("avx512vnni", False))
+
+
+def _lows(mins, low):
+    """low (the group's mins), or None for the kinds without mins."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(_lows, inline="always")
+def _lows_by_kind(mins, low):
+    if isinstance(mins, types.NoneType):
+        return lambda mins, low: None
+    return lambda mins, low: low
+
+
+def dot_offset(quants, mins):
+    """What the vnni kernel subtracts, times the block's sum of x, from its dots:
+    128 for Q8_0 (its bytes are biased to unsigned), then as nibble_offset."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(dot_offset, inline="always")
+def _dot_offset_by_kind(quants, mins):
+    offset = 128 if quants.dtype == types.int8 else 8 if isinstance(mins, types.NoneType) else 0
+    return lambda quants, mins: offset
+
+
+@njit(inline="always")
+def _group_scales(scales, mins, n0, scale, low):
+    """scale[b, j], low[b, j] = row n0 + j's scale and min (0 without mins) of block b."""
+    for j in range(LANES):
+        for b in range(scale.shape[0]):
+            scale[b, j] = f16_bits_to_f32(scales[n0 + j, b])
+            low[b, j] = min_of(mins, n0 + j, b)
+
+
+@njit(inline="always")
+def _store_rows(acc, out, m0, n0):
+    for i in range(min(X_ROWS, out.shape[0] - m0)):
+        for j in range(LANES):
+            out[m0 + i, n0 + j] = acc[i * LANES + j]
+
+
+@njit(parallel=True, cache=True)
+def _gemm_float(xq, dx, qsum, quants, scales, mins, out):
+    """out (M, N) for packed W (N >= 16 rows); xq (M8, K) x's int8 values, M8 = M
+    rounded up to a multiple of 8 (zero rows after M); dx, qsum (M8, K/32). Groups are
+    spread evenly over the chunks (ceil-sized ranges would leave the last chunks, and
+    so one thread, idle when there are fewer groups than chunks). The last group is
+    shifted back to end at row N - 1: a few outputs computed twice, identically."""
+    n_out = out.shape[1]
+    padded_rows, width = xq.shape
+    n_blocks = width // BLOCK
+    n_groups = -(-n_out // LANES)
+    xf = xq.astype(np.float32)
+    for c in prange(N_CHUNKS):
+        wt = np.empty(width * LANES, dtype=np.float32)
+        scale = np.empty((n_blocks, LANES), dtype=np.float32)
+        low = np.empty((n_blocks, LANES), dtype=np.float32)
+        acc = np.empty(X_ROWS * LANES, dtype=np.float32)
+        for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):
+            n0 = min(g * LANES, n_out - LANES)
+            for p0 in range(0, quants.shape[1], LANES):
+                widen_chunk_float(quants, n0, p0, nibble_offset(mins), wt)
+            _group_scales(scales, mins, n0, scale, low)
+            for m0 in range(0, padded_rows, X_ROWS):
+                acc[:] = 0.0
+                for b in range(n_blocks):
+                    accumulate_block_float(wt, b * BLOCK * LANES, xf, b * BLOCK, scale,
+                                           _lows(mins, low), b, dx, qsum, m0, acc)
+                _store_rows(acc, out, m0, n0)
+
+
+@njit(parallel=True, cache=True)
+def _gemm_vnni(xq, dx, qsum, quants, scales, mins, out):
+    """_gemm_float with the group in bytes and vpdpbusd (AVX-512 VNNI only)."""
+    n_out = out.shape[1]
+    padded_rows, width = xq.shape
+    n_blocks = width // BLOCK
+    n_groups = -(-n_out // LANES)
+    for c in prange(N_CHUNKS):
+        wb = np.empty(width * LANES, dtype=np.uint8)
+        scale = np.empty((n_blocks, LANES), dtype=np.float32)
+        low = np.empty((n_blocks, LANES), dtype=np.float32)
+        acc = np.empty(X_ROWS * LANES, dtype=np.float32)
+        for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):
+            n0 = min(g * LANES, n_out - LANES)
+            for p0 in range(0, quants.shape[1], LANES):
+                widen_chunk_bytes(quants, n0, p0, wb)
+            _group_scales(scales, mins, n0, scale, low)
+            for m0 in range(0, padded_rows, X_ROWS):
+                acc[:] = 0.0
+                for b in range(n_blocks):
+                    accumulate_block_vnni(wb, b * BLOCK * LANES, xq, b * BLOCK, scale,
+                                          _lows(mins, low), b, dx, qsum, m0, acc,
+                                          dot_offset(quants, mins))
+                _store_rows(acc, out, m0, n0)
+
+
+def gemm_packed(x: np.ndarray, quants, scales, mins, out: np.ndarray, vnni: bool = HAS_VNNI) -> None:
+    """out (M, N) = round_activations(x) @ W.T for packed W (N >= 16 rows), bit for bit
+    as the decode GEMV computes each row. vnni: the byte kernel (needs AVX-512 VNNI)."""
+    xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
+    (_gemm_vnni if vnni else _gemm_float)(xq, dx, qsum, quants, scales, mins, out)

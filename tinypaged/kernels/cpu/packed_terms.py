@@ -1,0 +1,67 @@
+"""The float arithmetic of a product with a packed weight, written once, so that every
+kernel computing it gives the same bits: a row's result then does not depend on
+how many rows were multiplied with it (which kernel ran), and greedy output does
+not depend on the batch.
+
+With x rounded to int8 blocks (activations.py: scale dx, values qx, sum qsum) and
+W's block b of row n holding integers w (Q8_0: q; Q4_0: q - 8; Q4_1: q, plus a
+min), out[m, n] is, with blocks taken in order b = 0, 1, ...:
+
+    acc = 0
+    acc = acc + block_term(...)   where, with dot = sum of w * qx over the block,
+        Q8_0, Q4_0:  (scale * dx) * dot
+        Q4_1:        (scale * dx) * dot + (min * dx) * qsum
+
+`dot` is an exact integer in every kernel: the decode GEMV takes it from an integer
+dot product (int8_dot.py), the group GEMM from vpdpbusd or from float32
+multiply-adds of small integers, exact below 2^24 (at most 32 * 255 * 127 here)
+(group_ir.py). Only block_term rounds: the same code in the numba kernels, the
+same float32 operations in the same order in group_ir's vector lanes, never under
+fastmath (which would let LLVM reorder the sum over blocks differently in each
+kernel). The tests hold every kernel to the GEMV's bits.
+"""
+from numba import float32, types
+from numba.extending import overload
+
+from .common import f16_bits_to_f32
+
+
+def block_term(scale, mins, min_value, x_scale, dot, qsum):
+    """One block's float32 contribution (see the module docstring). mins: the weight's
+    mins array, or None (Q8_0, Q4_0): chosen at compile time by its type; min_value:
+    this block's min (unread when mins is None)."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(block_term, inline="always")
+def _block_term_by_kind(scale, mins, min_value, x_scale, dot, qsum):
+    if isinstance(mins, types.NoneType):
+        def term(scale, mins, min_value, x_scale, dot, qsum):
+            return (scale * x_scale) * float32(dot)
+    else:
+        def term(scale, mins, min_value, x_scale, dot, qsum):
+            return (scale * x_scale) * float32(dot) + (min_value * x_scale) * float32(qsum)
+    return term
+
+
+def min_of(mins, n, b):
+    """mins[n, b] widened to float32, or 0 when mins is None (Q8_0, Q4_0)."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(min_of, inline="always")
+def _min_of_by_kind(mins, n, b):
+    if isinstance(mins, types.NoneType):
+        return lambda mins, n, b: float32(0.0)
+    return lambda mins, n, b: f16_bits_to_f32(mins[n, b])
+
+
+def nibble_offset(mins):
+    """What a Q4 kind subtracts from its nibbles: 8 for Q4_0 (mins None), 0 for Q4_1."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(nibble_offset, inline="always")
+def _nibble_offset_by_kind(mins):
+    offset = 8 if isinstance(mins, types.NoneType) else 0
+    return lambda mins: offset
