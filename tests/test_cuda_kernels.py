@@ -72,8 +72,13 @@ def test_products_with_a_packed_weight_take_the_rounded_x():
             np.testing.assert_allclose(g.copy_to_host(), w, **TOL)
         got = gpu.gate_up_silu(cuda.to_device(x), dev["g"], dev["u"]).copy_to_host()
         np.testing.assert_allclose(got, reference.gate_up_silu(x, ref["g"], ref["u"]), **TOL)
-        unrounded = x @ packed["q"].dequantize().T
+        w = packed["q"].dequantize().astype(np.float64)
+        unrounded = x.astype(np.float64) @ w.T
         assert not np.allclose(reference.linear(x, ref["q"]), unrounded, **TOL)  # it matters
+        # the stated cost of rounding x: at most half a step per value, times |W|
+        half_step = np.repeat(reference.quantize_activations(x)[1], 32, axis=1) / 2
+        got = gpu.linear(cuda.to_device(x), dev["q"]).copy_to_host()
+        assert (np.abs(got - unrounded) <= half_step @ np.abs(w).T + 1e-5 * (np.abs(x) @ np.abs(w).T)).all()
 
 
 @pytest.mark.parametrize("rows", [2, 11])  # fused GEMV kernels; tiled matmuls

@@ -67,59 +67,77 @@ def _store_rows(acc, out, m0, n0):
             out[m0 + i, n0 + j] = acc[i * LANES + j]
 
 
+def _x_for(layout, xq):
+    """x as the form's blocks take it: int8 for vnni (layout uint8), float32 else."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(_x_for)
+def _x_for_by_form(layout, xq):
+    if layout.dtype == types.uint8:
+        return lambda layout, xq: xq
+    return lambda layout, xq: xq.astype(np.float32)
+
+
+def _lay_out_chunk(group, quants, n0, p0, mins):
+    """Columns p0 .. p0 + 15 of the group's 16 rows into group, in the form's layout."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(_lay_out_chunk, inline="always")
+def _lay_out_chunk_by_form(group, quants, n0, p0, mins):
+    if group.dtype == types.uint8:
+        return lambda group, quants, n0, p0, mins: widen_chunk_bytes(quants, n0, p0, group)
+    return lambda group, quants, n0, p0, mins: widen_chunk_float(quants, n0, p0,
+                                                                 nibble_offset(mins), group)
+
+
+def _accumulate_block(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc, quants, mins):
+    """One block's products for 8 rows of x, in the form's way (group_ir.py)."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(_accumulate_block, inline="always")
+def _accumulate_block_by_form(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc, quants, mins):
+    if group.dtype == types.uint8:
+        def accumulate(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc, quants, mins):
+            accumulate_block_vnni(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc,
+                                  dot_offset(quants, mins))
+    else:
+        def accumulate(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc, quants, mins):
+            accumulate_block_float(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc)
+    return accumulate
+
+
 @njit(parallel=True, cache=True)
-def _gemm_float(xq, dx, qsum, quants, scales, mins, out):
+def _gemm(xq, dx, qsum, quants, scales, mins, out, layout):
     """out (M, N) for packed W (N >= 16 rows); xq (M8, K) x's int8 values, M8 = M
-    rounded up to a multiple of 8 (zero rows after M); dx, qsum (M8, K/32). Groups are
-    spread evenly over the chunks (ceil-sized ranges would leave the last chunks, and
-    so one thread, idle when there are fewer groups than chunks). The last group is
-    shifted back to end at row N - 1: a few outputs computed twice, identically."""
+    rounded up to a multiple of 8 (zero rows after M); dx, qsum (M8, K/32). layout, an
+    empty array, picks the form at compile time: uint8 vnni, float32 float lanes.
+    Groups are spread evenly over the chunks (ceil-sized ranges would leave the last
+    chunks, and so one thread, idle when there are fewer groups than chunks). The
+    last group is shifted back to end at row N - 1: a few outputs computed twice,
+    identically."""
     n_out = out.shape[1]
     padded_rows, width = xq.shape
     n_blocks = width // BLOCK
     n_groups = -(-n_out // LANES)
-    xf = xq.astype(np.float32)
+    x = _x_for(layout, xq)
     for c in prange(N_CHUNKS):
-        wt = np.empty(width * LANES, dtype=np.float32)
+        group = np.empty(width * LANES, dtype=layout.dtype)
         scale = np.empty((n_blocks, LANES), dtype=np.float32)
         low = np.empty((n_blocks, LANES), dtype=np.float32)
         acc = np.empty(X_ROWS * LANES, dtype=np.float32)
         for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):
             n0 = min(g * LANES, n_out - LANES)
             for p0 in range(0, quants.shape[1], LANES):
-                widen_chunk_float(quants, n0, p0, nibble_offset(mins), wt)
+                _lay_out_chunk(group, quants, n0, p0, mins)
             _group_scales(scales, mins, n0, scale, low)
             for m0 in range(0, padded_rows, X_ROWS):
                 acc[:] = 0.0
                 for b in range(n_blocks):
-                    accumulate_block_float(wt, b * BLOCK * LANES, xf, b * BLOCK, scale,
-                                           _lows(mins, low), b, dx, qsum, m0, acc)
-                _store_rows(acc, out, m0, n0)
-
-
-@njit(parallel=True, cache=True)
-def _gemm_vnni(xq, dx, qsum, quants, scales, mins, out):
-    """_gemm_float with the group in bytes and vpdpbusd (AVX-512 VNNI only)."""
-    n_out = out.shape[1]
-    padded_rows, width = xq.shape
-    n_blocks = width // BLOCK
-    n_groups = -(-n_out // LANES)
-    for c in prange(N_CHUNKS):
-        wb = np.empty(width * LANES, dtype=np.uint8)
-        scale = np.empty((n_blocks, LANES), dtype=np.float32)
-        low = np.empty((n_blocks, LANES), dtype=np.float32)
-        acc = np.empty(X_ROWS * LANES, dtype=np.float32)
-        for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):
-            n0 = min(g * LANES, n_out - LANES)
-            for p0 in range(0, quants.shape[1], LANES):
-                widen_chunk_bytes(quants, n0, p0, wb)
-            _group_scales(scales, mins, n0, scale, low)
-            for m0 in range(0, padded_rows, X_ROWS):
-                acc[:] = 0.0
-                for b in range(n_blocks):
-                    accumulate_block_vnni(wb, b * BLOCK * LANES, xq, b * BLOCK, scale,
-                                          _lows(mins, low), b, dx, qsum, m0, acc,
-                                          dot_offset(quants, mins))
+                    _accumulate_block(group, b * BLOCK * LANES, x, b * BLOCK, scale,
+                                      _lows(mins, low), b, dx, qsum, m0, acc, quants, mins)
                 _store_rows(acc, out, m0, n0)
 
 
@@ -127,4 +145,5 @@ def gemm_packed(x: np.ndarray, quants, scales, mins, out: np.ndarray, vnni: bool
     """out (M, N) = round_activations(x) @ W.T for packed W (N >= 16 rows), bit for bit
     as the decode GEMV computes each row. vnni: the byte kernel (needs AVX-512 VNNI)."""
     xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
-    (_gemm_vnni if vnni else _gemm_float)(xq, dx, qsum, quants, scales, mins, out)
+    layout = np.empty(0, dtype=np.uint8 if vnni else np.float32)
+    _gemm(xq, dx, qsum, quants, scales, mins, out, layout)
