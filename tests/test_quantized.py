@@ -9,7 +9,7 @@ import pytest
 
 from tinypaged.kernels.cpu.gemm import gemm_narrow
 from tinypaged.kernels import reference
-from tinypaged.kernels.cpu.activations import quantize_activations, round_activations
+from tinypaged.kernels.cpu.activations import quantize_activations
 from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed
 from tinypaged.kernels.cpu.quantized import GEMV_MAX_ROWS, gemv_packed, packed_product
 from tinypaged.kernels.cpu.tiles import dequantize_rows
@@ -94,10 +94,10 @@ def test_activations_quantize_as_the_reference_bit_for_bit():
     assert np.array_equal(q, want_q) and np.array_equal(d, want_d)
     assert np.array_equal(qsum, want_q.reshape(5, -1, 32).sum(2, dtype=np.int32))
     assert (q[0, 32:64] == 0).all() and (d[0, 1] == 0) and np.abs(q).max() == 127
-    rounded = round_activations(x)
-    assert np.array_equal(rounded, reference.round_activations(x))
-    step = np.repeat(d, 32, axis=1)
-    assert (np.abs(rounded - x) <= step * (0.5 + 2.0 ** -20)).all()  # half a step
+    q8, _, _ = quantize_activations(x, 8)  # padded with zero rows for the group GEMM
+    assert q8.shape == (8, 256) and np.array_equal(q8[:5], q) and not q8[5:].any()
+    rounded = reference.round_activations(x)  # the spec's own bound: half a step
+    assert (np.abs(rounded - x) <= np.repeat(d, 32, axis=1) * (0.5 + 2.0 ** -20)).all()
 
 
 def packed_product_bound(x, w):

@@ -2,10 +2,9 @@
 
 A packed (Q8_0 / Q4_0 / Q4_1) weight multiplies x rounded as llama.cpp rounds it:
 per block of 32 values, d = max|x| / 127 and q = round-half-even(x / d) in int8, so
-x is taken as d * q. The decode GEMV (quantized.py) then computes each block's dot
-product in integers (int8_dot.py); the wider paths (gemm.py, BLAS tiles) multiply
-the same rounded values as float32. Every path computes the same function of x,
-within float32 accumulation error; the NumPy spec is reference.round_activations.
+x is taken as d * q. The kernels then compute each block's dot product in
+integers (quantized.py, packed_gemm.py); the NumPy spec is
+reference.quantize_activations / round_activations.
 
 The rounding is done once per row of x in plain njit code (no fastmath): it must
 equal the NumPy spec bit for bit. Cost: one pass over x, microseconds.
@@ -44,14 +43,3 @@ def quantize_activations(x, padded_rows=0):
             d[m, b] = scale
             qsum[m, b] = total
     return q, d, qsum
-
-
-@njit(cache=True)
-def round_activations(x):
-    """x (M, K) float32 -> (M, K) float32: each value as its block's d * q."""
-    q, d, _ = quantize_activations(x)
-    out = np.empty(x.shape, dtype=np.float32)
-    for m in range(x.shape[0]):
-        for k in range(x.shape[1]):
-            out[m, k] = d[m, k // BLOCK] * float32(q[m, k])
-    return out
