@@ -13,6 +13,11 @@ import pytest  # noqa: E402
 
 from helpers import write_tiny_model  # noqa: E402
 
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":  # the simulator lacks warp intrinsics
+    import warp_shim  # noqa: E402
+
+    warp_shim.install()
+
 ROOT = Path(__file__).resolve().parents[1]
 # a tiny real Llama kept in the tree, so a fresh clone (or a GPU machine) runs every test
 STORIES_DIR = ROOT / "tests" / "models" / "stories260K"
