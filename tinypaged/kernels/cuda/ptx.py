@@ -1,8 +1,10 @@
 """Compile every CUDA kernel to PTX for a compute capability, without a GPU.
 
 `python -m tinypaged.kernels.cuda.ptx [MAJOR.MINOR]` prints one line per kernel
-and signature: name, weight dtype, PTX size. Needs numba-cuda with NVVM (the
-`cuda` extra) and must run without NUMBA_ENABLE_CUDASIM.
+and signature: name, weight dtype, PTX size. `--resources` instead compiles each
+to sm_90 SASS and prints its registers, stack frame, spills, shared memory and
+theoretical occupancy (resources.py). Needs numba-cuda with NVVM (the `cuda`
+extra) and must run without NUMBA_ENABLE_CUDASIM.
 """
 from __future__ import annotations
 
@@ -50,6 +52,25 @@ def signatures() -> list[tuple[str, object, tuple]]:
     return sigs
 
 
+def block_threads(label: str) -> int:
+    """Threads per block the backend launches the kernel with (RoPE: a 128-wide head)."""
+    name = label.split("[")[0]
+    return {"matmul_tiled": matmul.TILE * matmul.TILE, "gemv_rows": matmul.GEMV_THREADS,
+            "gemv_qkv": matmul.GEMV_THREADS, "gemv_gate_up_silu": matmul.GEMV_THREADS,
+            "paged_attention_decode": attention.DECODE_THREADS,
+            "paged_attention_prefill": attention.PREFILL_THREADS,
+            "add_rms_norm": elementwise.NORM_THREADS, "rope_write_kv": attention.MAX_HEAD_DIM // 2,
+            "silu_mul": 256, "gather_rows": elementwise.ROW_THREADS,
+            "copy_blocks": elementwise.ROW_THREADS,
+            "round_activations": elementwise.ROUND_THREADS}[name]
+
+
+def resources() -> list:
+    """Every kernel's resources on sm_90 (resources.KernelResources)."""
+    from .resources import measure
+    return [measure(label, ptx, block_threads(label)) for label, ptx in compile_all((9, 0)).items()]
+
+
 def compile_all(cc: tuple[int, int] = (9, 0)) -> dict[str, str]:
     """label -> PTX text."""
     return {label: cuda.compile_ptx(kernel.py_func, args, cc=cc)[0]
@@ -57,6 +78,10 @@ def compile_all(cc: tuple[int, int] = (9, 0)) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--resources"]:
+        from .resources import table
+        print(table(resources()))
+        return
     cc = tuple(int(p) for p in argv[0].split(".")) if argv else (9, 0)
     for label, ptx in compile_all(cc).items():
         print(f"{label} sm_{cc[0]}{cc[1]} {len(ptx)} bytes of PTX")
