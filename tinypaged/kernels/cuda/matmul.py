@@ -50,14 +50,17 @@ def matmul_tiled(x, w, bias, has_bias, out):
 
 @cuda.jit(device=True, inline="always")
 def _row_dots(x, w, n, acc):
-    """acc[m] = x[m] . W[n] for every row m of x (float32 accumulation)."""
+    """acc[m] = x[m] . W[n] for every row m of x (float32 accumulation). Every loop over
+    acc has the constant length GEMV_MAX_ROWS (rows past M guarded), so the compiler
+    keeps acc in registers; a loop to M indexed it at run time, in local memory."""
     n_rows, width = x.shape
     for m in range(GEMV_MAX_ROWS):
         acc[m] = float32(0.0)
     for k in range(width):
         wk = float32(w[n, k])
-        for m in range(n_rows):
-            acc[m] += wk * x[m, k]
+        for m in range(GEMV_MAX_ROWS):
+            if m < n_rows:
+                acc[m] += wk * x[m, k]
 
 
 @cuda.jit
@@ -69,8 +72,9 @@ def gemv_rows(x, w, bias, has_bias, out):
     if n < w.shape[0]:
         acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
         _row_dots(x, w, n, acc)
-        for m in range(x.shape[0]):
-            out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
+        for m in range(GEMV_MAX_ROWS):
+            if m < x.shape[0]:
+                out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
 
 
 @cuda.jit
@@ -89,8 +93,9 @@ def gemv_qkv(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out):
         w, b, out, n = wv, bv, v_out, g - nq - nk
     acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
     _row_dots(x, w, n, acc)
-    for m in range(x.shape[0]):
-        out[m, n] = acc[m] + b[n] if has_bias else acc[m]
+    for m in range(GEMV_MAX_ROWS):
+        if m < x.shape[0]:
+            out[m, n] = acc[m] + b[n] if has_bias else acc[m]
 
 
 @cuda.jit
@@ -103,6 +108,7 @@ def gemv_gate_up_silu(x, w_gate, w_up, out):
         up = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
         _row_dots(x, w_gate, n, gate)
         _row_dots(x, w_up, n, up)
-        for m in range(x.shape[0]):
-            g = gate[m]
-            out[m, n] = g / (float32(1.0) + math.exp(-g)) * up[m]
+        for m in range(GEMV_MAX_ROWS):
+            if m < x.shape[0]:
+                g = gate[m]
+                out[m, n] = g / (float32(1.0) + math.exp(-g)) * up[m]
