@@ -1,12 +1,12 @@
 """Integer dot products of one 32-weight block with 32 int8 activations, written as
 LLVM IR so that LLVM picks the CPU's own instruction for them.
 
-numba's loops over int8 arrays stay scalar (its LLVM does not vectorize the widen,
-multiply, reduce pattern through numba's loop code). Written here as whole vectors
-(load 32 bytes, zero-extend the weights, sign-extend the activations, multiply,
-reduce-add), LLVM emits vpdpbusd on a CPU with AVX-512 VNNI / AVX-VNNI, and
-vpmaddubsw + vpmaddwd on plain AVX2: the IR names no CPU feature
-(bench/int8_gemv.py prints what it finds in the assembly).
+numba's loops over int8 arrays stay scalar (it types int8 * int8 as int64, and its
+LLVM does not vectorize that widen, multiply, reduce pattern). Written here as
+whole vectors (load 32 bytes, zero-extend the weights, sign-extend the
+activations, multiply, reduce-add), LLVM emits vpdpbusd on this AVX-512 VNNI CPU;
+the IR names no CPU feature, so elsewhere LLVM picks that CPU's own instructions
+(bench/int8_gemv.py prints what it finds in the assembly; measured here only).
 
 Each function returns sum over j < 32 of u[j] * x[xoff + j] (int32, exact), where
 u is an unsigned byte taken from q[qoff + j]:
