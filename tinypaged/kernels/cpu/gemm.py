@@ -1,5 +1,5 @@
-"""A small-batch GEMM over narrow weights: float16 or bfloat16 bits, or packed Q8_0 /
-Q4_0 / Q4_1.
+"""A small-batch GEMM over float weights held narrow: float16 or bfloat16 bits (or
+float32).
 
 Batched decode (M up to ~64 rows of x) is bound by arithmetic, not by the weights'
 bytes, and BLAS wants float32 weights: 4 bytes each, or a widened tile per call.
@@ -11,19 +11,19 @@ vectorizes (AVX-512 here). Each weight is read and widened once per call.
 Measured (M = 32, 2 cores, bench/NOTES.md): level with BLAS on float32 for
 SmolLM2's 576-wide layer matrices, 2x faster for its 49152 x 576 lm_head, where
 BLAS's float32 copy no longer fits the caches.
-The kinds (F32, F16, BF16, Q8_0, Q4_0, Q4_1) and their widening: widen.py.
+The forms and their widening: widen.py. (Packed weights: packed_gemm.py.)
 """
 import numpy as np
 from numba import float32, njit, prange
 
 from .common import N_CHUNKS
-from .widen import kind_arguments, widen_rows
+from .widen import widen_rows
 
 GROUP = 4  # weight rows widened together
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _gemm(x, quants, scales, mins, out):
+def _gemm(x, data, out):
     """out (M, N) = x (M, K) float32 @ W.T, W (N, K) of the given kind, N >= GROUP.
 
     The last group of rows is shifted back to end at row N - 1 (it recomputes a
@@ -35,7 +35,7 @@ def _gemm(x, quants, scales, mins, out):
         w = np.empty((GROUP, width), dtype=np.float32)
         for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):  # (even shares)
             n0 = min(g * GROUP, n_out - GROUP)
-            widen_rows(quants, scales, mins, n0, w)
+            widen_rows(data, n0, w)
             for m in range(0, n_rows - 1, 2):  # two rows of x at a time
                 a0 = float32(0.0); a1 = float32(0.0); a2 = float32(0.0); a3 = float32(0.0)
                 b0 = float32(0.0); b1 = float32(0.0); b2 = float32(0.0); b3 = float32(0.0)
@@ -57,9 +57,7 @@ def _gemm(x, quants, scales, mins, out):
                 out[m, n0] = a0; out[m, n0 + 1] = a1; out[m, n0 + 2] = a2; out[m, n0 + 3] = a3
 
 
-def gemm_narrow(x: np.ndarray, kind: int, quants: np.ndarray, scales: np.ndarray | None,
-                mins: np.ndarray | None, out: np.ndarray) -> None:
-    """out (M, N) = x (M, K) float32 @ W.T for W (N >= GROUP rows) of the given kind:
-    F32, F16 and BF16 (quants holds the matrix or its bits; scales, mins unread), Q8_0,
-    Q4_0 (mins unread), Q4_1."""
-    _gemm(x, quants, *kind_arguments(kind, scales, mins), out)
+def gemm_narrow(x: np.ndarray, data: np.ndarray, out: np.ndarray) -> None:
+    """out (M, N) = x (M, K) float32 @ W.T for W (N >= GROUP rows) held in data: float32,
+    float16 bits (uint16) or bfloat16 bits (int16)."""
+    _gemm(x, data, out)

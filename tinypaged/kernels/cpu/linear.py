@@ -28,7 +28,7 @@ from ...model.weights import convert_matrices
 from .common import N_CHUNKS, f16_bits_to_f32
 from .gemm import GROUP, gemm_narrow
 from .quantized import packed_product
-from .tiles import dequantize_rows, tiled_matmul
+from .tiles import tiled_matmul, widen_tile
 
 GEMV_MAX_ROWS = 4  # up to this many rows of x take a GEMV
 NUMBA_MAX_ROWS = 64  # up to this many, numba's GEMM; beyond, BLAS
@@ -120,7 +120,7 @@ def _numba_product(x: np.ndarray, weight) -> np.ndarray:
     if weight.kind == F16 and len(x) <= GEMV_MAX_ROWS:
         _gemv_f16(x, weight.data, out)
     else:
-        gemm_narrow(x, weight.kind, weight.data, weight.data, weight.data, out)
+        gemm_narrow(x, weight.data, out)
     return out
 
 
@@ -128,9 +128,7 @@ def _blas_product(x: np.ndarray, weight) -> np.ndarray:
     """x (M, K) @ weight.T through BLAS, widening narrow weights a tile at a time."""
     if weight.kind == F32:
         return x @ weight.data.T
-    kind, bits = weight.kind, weight.data
-    return tiled_matmul(x, weight.shape[0],
-                        lambda first, tile: dequantize_rows(kind, bits, bits, bits, first, tile))
+    return tiled_matmul(x, weight.shape[0], lambda first, tile: widen_tile(weight.data, first, tile))
 
 
 def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:

@@ -1,6 +1,6 @@
-"""x @ W.T for a weight matrix kept narrower than float32 (float16 or bfloat16 bits;
-packed blocks widen the same way): rows of W are widened a tile at a time into a
-reused float32 buffer (1 MiB, so it stays in cache) and BLAS multiplies each tile.
+"""x @ W.T for a weight matrix kept narrower than float32 (float16 or bfloat16 bits):
+rows of W are widened a tile at a time into a reused float32 buffer (1 MiB, so it
+stays in cache) and BLAS multiplies each tile.
 
 The widening kernels are written as a parallel region of one chunk, and run here
 with numba on one thread: inside such a region LLVM vectorizes their loops, which
@@ -14,7 +14,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .widen import kind_arguments, widen_rows
+from .widen import widen_rows
 
 TILE_FLOATS = 1 << 18  # a widened tile holds this many float32: rows = this // K
 
@@ -39,17 +39,15 @@ def tiled_matmul(x: np.ndarray, n_out: int, widen: Callable[[int, np.ndarray], N
 
 
 @njit(parallel=True, cache=True)
-def _widen_tile(quants, scales, mins, first, out):
-    """A parallel region of one chunk, run by tiles.tiled_matmul with numba on one
-    thread: inside such a region LLVM vectorizes the widening loops (3.7 ms for a
-    49152 x 576 Q8_0 matrix, against 64 ms as plain njit code)."""
+def _widen_tile(data, first, out):
+    """A parallel region of one chunk, run by tiled_matmul with numba on one thread:
+    inside such a region LLVM vectorizes the widening loops (3.7 ms for a 49152 x 576
+    matrix, against 64 ms as plain njit code)."""
     for _ in prange(1):
-        widen_rows(quants, scales, mins, first, out)
+        widen_rows(data, first, out)
 
 
-def dequantize_rows(ggml_type: int, quants: np.ndarray, scales, mins, first: int,
-                    out: np.ndarray) -> None:
-    """out (r, K) float32 = rows first .. first + r - 1 of W, widened with the float32
-    operations of PackedWeight.dequantize (equal bit for bit: no fastmath). Kinds
-    F16 / BF16 widen float16 / bfloat16 bits held in quants (LinearWeight)."""
-    _widen_tile(quants, *kind_arguments(ggml_type, scales, mins), first, out)
+def widen_tile(data: np.ndarray, first: int, out: np.ndarray) -> None:
+    """out (r, K) float32 = rows first .. first + r - 1 of the matrix held in data
+    (widen.py's forms), exactly."""
+    _widen_tile(data, first, out)
