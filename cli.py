@@ -18,7 +18,7 @@ from tinypaged.sampling import SamplingParams
 SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 ENGINE_OPTIONS = ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
-                  "max_model_len", "backend", "quantization")  # plus --no-prefix-caching
+                  "max_model_len", "backend", "quantization")  # plus --no-prefix-caching, --no-cuda-graphs
 
 
 class _Parser(argparse.ArgumentParser):
@@ -199,6 +199,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantization", choices=["q8_0", "q4_0", "q4_1"],
                         default=ENGINE_DEFAULTS["quantization"],
                         help="quantize a float model's matrices at load (kept packed)")
+    parser.add_argument("--no-cuda-graphs", action="store_true",
+                        help="CUDA: launch every decode step's kernels from Python instead "
+                        "of replaying recorded steps as CUDA graphs")
     parser.add_argument("--backend", choices=["auto", "cpu", "cuda"],
                         default=ENGINE_DEFAULTS["backend"],
                         help="auto: CUDA when an NVIDIA GPU is usable, else the CPU")
@@ -206,7 +209,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
 
 def engine_options(args) -> dict:
     options = {name: getattr(args, name) for name in ENGINE_OPTIONS}
-    return {**options, "enable_prefix_caching": not args.no_prefix_caching}
+    return {**options, "enable_prefix_caching": not args.no_prefix_caching,
+            "cuda_graphs": False if args.no_cuda_graphs else ENGINE_DEFAULTS["cuda_graphs"]}
 
 
 def _server_config():

@@ -61,6 +61,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # CUDA: share of free device memory for the KV pool
     gpu_weight_dtype: str = "float16"  # CUDA: how weight matrices are stored on the device
     quantization: str | None = None  # "q8_0", "q4_0", "q4_1": quantize float matrices at load
+    cuda_graphs: bool | None = None  # CUDA: replay recorded decode steps; None: on with a GPU
 
     def __post_init__(self):
         """Check every field (TypeError: wrong type, ValueError: out of range)."""
@@ -82,5 +83,7 @@ class EngineConfig:
                                                     self.gpu_memory_utilization, maximum=1, above=0)
         self.gpu_weight_dtype = checks.one_of("gpu_weight_dtype", self.gpu_weight_dtype,
                                               ("float16", "float32"))
+        if self.cuda_graphs is not None:
+            self.cuda_graphs = checks.boolean("cuda_graphs", self.cuda_graphs)
         if self.quantization is not None:
             self.quantization = checks.one_of("quantization", self.quantization, QUANTIZATIONS)

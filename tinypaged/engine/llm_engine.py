@@ -28,6 +28,23 @@ from .sequence import Sequence
 QUANTIZATION_TYPES = {"q8_0": Q8_0, "q4_0": Q4_0, "q4_1": Q4_1}
 
 
+def decode_graphs(config: EngineConfig, model: LlamaModel, kv: PagedKVCache,
+                  max_model_len: int):
+    """The CUDA backend's recorded decode steps (kernels/cuda/decode_graphs.py) when
+    config.cuda_graphs asks for them; None (every step eager) otherwise. cuda_graphs
+    None means on with a real GPU; on the simulator True replays launch by launch."""
+    if model.ops.name != "cuda":
+        return None
+    from ..kernels.cuda import cuda_usable
+    from ..kernels.cuda.decode_graphs import DecodeGraphs
+
+    gpu = cuda_usable()
+    if not (gpu if config.cuda_graphs is None else config.cuda_graphs):
+        return None
+    return DecodeGraphs(model, kv, config.max_num_seqs,
+                        blocks_for(max_model_len, config.block_size), capture=gpu)
+
+
 class LLMEngine:
     def __init__(self, model_dir: str | os.PathLike, config: EngineConfig):
         self.config = config
@@ -39,6 +56,9 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
         ops = get_backend(config.backend, config.gpu_weight_dtype)
+        if config.cuda_graphs and ops.name != "cuda":
+            raise ValueError(f"cuda_graphs=True needs the CUDA backend; this engine runs on "
+                             f"{ops.name} (backend={config.backend!r})")
         check_rope_fits(self.max_model_len, cfg.head_dim, ops.memory_available())
         model = LlamaModel(cfg, weights, ops, self.max_model_len)  # weights go to the backend
         del weights  # (the backend's form replaces them)
@@ -49,7 +69,9 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens)
-        self.runner = ModelRunner(model, PagedKVCache(cfg, num_blocks, bs, ops), bs)
+        kv = PagedKVCache(cfg, num_blocks, bs, ops)
+        self.runner = ModelRunner(model, kv, bs, decode_graphs(config, model, kv,
+                                                               self.max_model_len))
         unique = {id(w): w for w in model.w.values()}.values()  # a tied lm_head counts once
         self.weight_bytes = sum(int(w.nbytes) for w in unique)  # as the backend holds them
         self.backend_name = ops.name

@@ -9,8 +9,12 @@ from .scheduler import ScheduledBatch
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv: PagedKVCache, block_size: int):
+    def __init__(self, model: LlamaModel, kv: PagedKVCache, block_size: int,
+                 decode_graphs=None):
+        """decode_graphs: a CUDA DecodeGraphs that runs pure decode steps as recorded
+        static steps (None: every step eager)."""
         self.model, self.kv, self.block_size = model, kv, block_size
+        self.decode_graphs = decode_graphs
 
     def prepare(self, batch: ScheduledBatch,
                 logits_rows: list[int] | None = None) -> tuple[np.ndarray, AttentionMetadata]:
@@ -29,4 +33,7 @@ class ModelRunner:
         if batch.block_copies:
             self.model.ops.copy_blocks(self.kv.k, self.kv.v, batch.block_copies)
         token_ids, meta = self.prepare(batch, logits_rows)
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.accepts([n for _, n in batch.chunks], logits_rows):
+            return graphs.run(token_ids, meta)
         return self.model.forward(token_ids, meta, self.kv)

@@ -43,8 +43,14 @@ class LlamaModel:
                 kv: PagedKVCache) -> np.ndarray:
         """token_ids (T,) -> logits (S, vocab) of each sequence's last token in the batch
         (a host array; everything else stays where the backend keeps it)."""
+        token_ids, meta = self.ops.prepare_inputs(token_ids, meta)
+        return self.ops.to_host(self.forward_on_device(token_ids, meta, kv))
+
+    def forward_on_device(self, token_ids, meta, kv: PagedKVCache):
+        """The forward on inputs the backend already holds (prepare_inputs' results, or
+        a static decode step's fixed buffers): logits (R, vocab) where the backend
+        keeps them. Every shape comes from the inputs' shapes, never their values."""
         cfg, w, ops = self.cfg, self.w, self.ops
-        token_ids, meta = ops.prepare_inputs(token_ids, meta)
         n_tokens = len(token_ids)
         n_heads, n_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         bias = cfg.attention_bias
@@ -75,4 +81,4 @@ class LlamaModel:
         last = ops.gather_rows(x, meta.logits_indices)  # (S, H): only these need logits
         h, _ = ops.add_rms_norm(last, ops.gather_rows(residual, meta.logits_indices),
                                 w["model.norm.weight"], cfg.rms_norm_eps)
-        return ops.to_host(ops.linear(h, w["lm_head.weight"]))  # (S, vocab)
+        return ops.linear(h, w["lm_head.weight"])  # (R, vocab)

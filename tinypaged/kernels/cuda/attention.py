@@ -34,6 +34,10 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_s
     t, h = cuda.threadIdx.x, cuda.blockIdx.y
     r = decode_rows[cuda.blockIdx.x]
     head_dim = q.shape[2]
+    if positions[r] < 0:  # a padding row of a static decode step: zeros, no reads
+        if t < head_dim:
+            out[r, h, t] = float32(0.0)
+        return
     block_size = k_cache.shape[1]
     kvh = h // (q.shape[1] // k_cache.shape[2])
     s = token_seq[r]

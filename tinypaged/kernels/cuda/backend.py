@@ -8,6 +8,7 @@ the logits of the rows that sample come back.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 from numba import cuda
@@ -45,7 +46,10 @@ class CudaBackend:
         self.workspace = StepWorkspace()
         self.uploader = MetadataUploader()
         self._no_bias = cuda.device_array(1, dtype=np.float32)
-        self.launches = 0  # kernel launches so far (the GPU check reports them per step)
+        self.launches = 0  # kernel launches from the host so far (a recording's first run too)
+        self.graph_launches = 0  # recorded steps launched again (one CUDA graph each on a GPU)
+        self.transfers = 0  # host <-> device copies of step inputs, logits and CoW pairs
+        self._recording = None  # the StepRecording that launches are added to, if any
         self._pairs = None  # device buffer for copy-on-write pairs
         self._rounds_x = set()  # ids of the matrices uploaded from packed ones
 
@@ -83,10 +87,26 @@ class CudaBackend:
 
     def prepare_inputs(self, token_ids: np.ndarray, meta):
         self.workspace.reset()
+        self.transfers += 1
         return self.uploader.upload(token_ids, meta, attention.Q_TILE)
 
     def to_host(self, x) -> np.ndarray:
+        self.transfers += 1
         return x.copy_to_host()
+
+    @contextmanager
+    def recording(self, recording):
+        """Within: every launch also goes into `recording` (cleared first), and
+        activations come from the recording's own workspace, so the arrays its
+        launches name stay theirs."""
+        assert self._recording is None, "recordings do not nest"
+        recording.clear()
+        recording.workspace.reset()
+        eager_workspace, self.workspace, self._recording = self.workspace, recording.workspace, recording
+        try:
+            yield recording
+        finally:
+            self.workspace, self._recording = eager_workspace, None
 
     def rope_tables(self, max_positions: int, head_dim: int, theta: float):
         cos, sin = host_rope_tables(max_positions, head_dim, theta)
@@ -97,6 +117,8 @@ class CudaBackend:
 
     def _launch(self, kernel, grid, block, *args):
         self.launches += 1
+        if self._recording is not None:
+            self._recording.add(kernel, grid, block, args)
         kernel[grid, block](*args)
 
     # -- ops -------------------------------------------------------------------------
@@ -203,5 +225,6 @@ class CudaBackend:
             self._pairs = cuda.device_array((max(64, 2 * len(pairs)), 2), dtype=np.int32)
         pairs_dev = self._pairs[:len(pairs)]
         pairs_dev.copy_to_device(pairs)
+        self.transfers += 1
         self._launch(elementwise.copy_blocks, (len(pairs), k_pool.shape[0]), elementwise.ROW_THREADS,
                      k_pool, v_pool, pairs_dev)

@@ -41,12 +41,13 @@ def rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, sl
     """Grid (T, n_heads + n_kv), block (D / 2,). Block (t, j): for a query head
     (j < n_heads) rotate q[t, j] in place; for a KV head rotate k and write k and v
     to slot slot_mapping[t]. Rotate-half: pair (i, i + D/2) turns by the angle of
-    position positions[t]."""
+    position positions[t]. A padding row of a static decode step (position -1)
+    exits at once: nothing to rotate, nothing to write."""
     t, j, i = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
     half = q.shape[2] // 2
-    if i >= half:
-        return
     p = positions[t]
+    if i >= half or p < 0:
+        return
     c, s = cos_table[p, i], sin_table[p, i]
     n_heads = q.shape[1]
     if j < n_heads:

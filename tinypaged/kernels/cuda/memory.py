@@ -21,6 +21,7 @@ class StepWorkspace:
     def __init__(self):
         self.buffer = None
         self.used = 0
+        self.allocations = 0  # buffers made so far (a recorded step checks it did not grow)
 
     def reset(self) -> None:
         self.used = 0
@@ -30,6 +31,7 @@ class StepWorkspace:
         if self.buffer is None or self.used + n > self.buffer.size:
             self.buffer = cuda.device_array(max(2 * (self.used + n), 1 << 20), dtype=np.float32)
             self.used = 0
+            self.allocations += 1
         view = self.buffer[self.used:self.used + n].reshape(shape)
         self.used += -(-n // 64) * 64  # keep every array 256-byte aligned
         return view

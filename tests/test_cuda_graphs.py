@@ -1,0 +1,98 @@
+"""Recorded decode steps (kernels/cuda/decode_graphs.py) against the eager step.
+
+On the simulator a recording is replayed launch by launch; on a GPU it is a CUDA
+graph. Either way, a replayed step with rewritten input buffers must give exactly
+the eager step's logits, through batches that grow, shrink, fork (copy-on-write),
+preempt and cross block boundaries.
+"""
+import numpy as np
+import pytest
+
+from tinypaged import SamplingParams
+from tinypaged.config import EngineConfig
+from tinypaged.engine.attention_metadata import AttentionMetadata
+from tinypaged.engine.llm_engine import LLMEngine
+from tinypaged.kernels.cuda.static_decode import (PAD_POSITION, bucket_for, bucket_sizes,
+                                                   pack_decode_step)
+
+pytestmark = pytest.mark.cuda
+
+
+def test_buckets_are_powers_of_two_up_to_the_batch_limit():
+    assert bucket_sizes(1) == [1]
+    assert bucket_sizes(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert bucket_sizes(40) == [1, 2, 4, 8, 16, 32, 64]
+    buckets = bucket_sizes(64)
+    assert [bucket_for(n, buckets) for n in (1, 2, 3, 5, 8, 9, 33, 64)] == [1, 2, 4, 8, 8, 16, 64, 64]
+    with pytest.raises(ValueError, match="65 rows exceeds the largest bucket 64"):
+        bucket_for(65, buckets)
+
+
+def test_a_packed_decode_step_pads_rows_and_block_tables():
+    meta = AttentionMetadata.build([([5, 9], 20, 21), ([3], 2, 3), ([7, 8, 1], 40, 41)],
+                                   block_size=16)
+    packed = pack_decode_step(np.array([11, 12, 13]), meta, bucket=4, max_blocks=5)
+    ids, positions, slots = packed[:4], packed[4:8], packed[8:12]
+    tables = packed[12:].reshape(4, 5)
+    np.testing.assert_array_equal(ids, [11, 12, 13, 0])
+    np.testing.assert_array_equal(positions, [20, 2, 40, PAD_POSITION])
+    np.testing.assert_array_equal(slots, [9 * 16 + 4, 3 * 16 + 2, 1 * 16 + 8, -1])
+    np.testing.assert_array_equal(tables, [[5, 9, -1, -1, -1], [3, -1, -1, -1, -1],
+                                           [7, 8, 1, -1, -1], [-1] * 5])
+    assert packed.dtype == np.int32
+
+
+def _engine(stories_dir, cuda_graphs: bool) -> LLMEngine:
+    """Small blocks (4 tokens) and a tight pool: block boundaries every few steps,
+    copy-on-write for parallel samples, preemption when the batch grows."""
+    return LLMEngine(stories_dir, EngineConfig(backend="cuda", block_size=4, num_blocks=10,
+                                                max_num_seqs=8, cuda_graphs=cuda_graphs))
+
+
+def _drive(engine: LLMEngine) -> tuple[list[np.ndarray], dict]:
+    """One request, then three more joining (one with two parallel samples), all
+    finishing at different steps: the logits of every step, and the outputs."""
+    logits, run = [], engine.runner.run
+
+    def recorded_run(batch, rows=None):
+        out = run(batch, rows)
+        logits.append(np.array(out))
+        return out
+    engine.runner.run = recorded_run
+    greedy = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True)
+    engine.add_request("Once upon a time", greedy, request_id="a")
+    outputs = {}
+    for step in range(60):
+        if step == 2:
+            engine.add_request("The little dog ran to the park", SamplingParams(
+                temperature=0, max_tokens=5, ignore_eos=True), request_id="b")
+            engine.add_request("Lily", SamplingParams(temperature=0.8, seed=7, n=2,
+                                                      max_tokens=7, ignore_eos=True),
+                               request_id="c")
+        if step == 4:
+            engine.add_request("Tom had a red ball", greedy, request_id="d")
+        for out in engine.step():
+            outputs[out.request_id] = [c.token_ids for c in out.outputs]
+        if step > 4 and not engine.has_unfinished():
+            break
+    return logits, outputs
+
+
+def test_replayed_decode_steps_equal_eager_steps_logit_for_logit(stories_dir):
+    eager_engine, graph_engine = _engine(stories_dir, False), _engine(stories_dir, True)
+    assert eager_engine.runner.decode_graphs is None
+    eager_logits, eager_out = _drive(eager_engine)
+    graph_logits, graph_out = _drive(graph_engine)
+    assert graph_out == eager_out
+    assert len(graph_out) == 4 and len(graph_out["c"]) == 2
+    assert len(graph_logits) == len(eager_logits)
+    for i, (got, want) in enumerate(zip(graph_logits, eager_logits)):
+        np.testing.assert_array_equal(got, want, err_msg=f"step {i}")
+    graphs = graph_engine.runner.decode_graphs
+    ops = graph_engine.runner.model.ops
+    assert ops.graph_launches >= 5  # most decode steps were replays
+    assert len(graphs.steps) >= 3  # the batch moved through several buckets
+    for engine in (eager_engine, graph_engine):
+        assert engine.scheduler.num_preemptions > 0
+        assert engine.stats()["preemptions"] > 0
+    assert graph_engine.scheduler.num_preemptions == eager_engine.scheduler.num_preemptions

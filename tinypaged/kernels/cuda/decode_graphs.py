@@ -1,0 +1,70 @@
+"""DecodeGraphs: decode steps recorded once per batch-size bucket, then replayed.
+
+The first decode step at a bucket runs eagerly while the backend records its
+launches (StepRecording); later steps at that bucket upload their inputs into the
+bucket's fixed buffer (one transfer), launch the recording (one CUDA graph on a
+GPU) and copy back the logits of the real rows (a second transfer). Prefill,
+mixed steps and steps that want more than one logits row per sequence stay eager.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .static_decode import StaticDecodeInputs, bucket_for, bucket_sizes
+from .step_recording import StepRecording
+
+
+@dataclass(slots=True)
+class BucketStep:
+    inputs: StaticDecodeInputs
+    recording: StepRecording
+    logits: object = None  # (bucket, vocab) device view the recording writes; None until recorded
+
+
+class DecodeGraphs:
+    def __init__(self, model, kv, max_batch: int, max_blocks: int, capture: bool):
+        """model: a LlamaModel on the CUDA backend; kv: its PagedKVCache. max_batch:
+        the engine's max_num_seqs; max_blocks: max_model_len / block_size, rounded up.
+        capture: make CUDA graphs (on a GPU); False replays launch by launch."""
+        self.model, self.kv, self.ops = model, kv, model.ops
+        self.buckets = bucket_sizes(max_batch)
+        self.max_blocks, self.capture = max_blocks, capture
+        self.steps: dict[int, BucketStep] = {}
+
+    def accepts(self, rows_per_sequence: list[int], logits_rows: list[int] | None) -> bool:
+        """A pure decode step (one token, one logits row per sequence) that a bucket holds."""
+        return (len(rows_per_sequence) <= self.buckets[-1]
+                and all(n == 1 for n in rows_per_sequence)
+                and (logits_rows is None or all(n == 1 for n in logits_rows)))
+
+    def run(self, token_ids: np.ndarray, meta) -> np.ndarray:
+        """token_ids (B,), meta of B one-token sequences -> logits (B, vocab) on the host."""
+        bucket = bucket_for(len(token_ids), self.buckets)
+        step = self.steps.get(bucket)
+        if step is None:
+            step = self.steps[bucket] = BucketStep(StaticDecodeInputs(bucket, self.max_blocks),
+                                                   StepRecording())
+        step.inputs.upload(token_ids, meta)
+        self.ops.transfers += 1
+        if step.logits is None:
+            self._record(step)
+        else:
+            step.recording.launch()
+            self.ops.graph_launches += 1
+        return self.ops.to_host(step.logits[:len(token_ids)])
+
+    def _record(self, step: BucketStep) -> None:
+        """Run the step eagerly while recording it. If the recording's workspace had to
+        grow midway, record again into the grown one, so that a step's activations
+        live in one buffer; then capture the graph."""
+        while True:
+            before = step.recording.workspace.allocations
+            with self.ops.recording(step.recording):
+                step.logits = self.model.forward_on_device(step.inputs.token_ids,
+                                                           step.inputs.meta, self.kv)
+            if step.recording.workspace.allocations == before:
+                break
+        if self.capture:
+            step.recording.capture_graph()

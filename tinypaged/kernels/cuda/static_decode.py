@@ -1,0 +1,72 @@
+"""The inputs of a static decode step: fixed shapes per batch-size bucket, one
+fixed device buffer per bucket, rewritten by one upload each step.
+
+A decode step of B sequences (one new token each) runs as the step of the
+smallest bucket >= B (1, 2, 4, 8, ...). Rows B.. are padding: token 0, position
+-1 (the kernels that read the KV pool or write it exit at once on it), slot -1,
+a block-table row of PAD_BLOCK. Block tables are padded to max_blocks columns
+(max_model_len / block_size), so no shape depends on the batch.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from ...engine.block_table import PAD_BLOCK
+from .memory import DeviceMetadata
+
+PAD_POSITION = -1
+
+
+def bucket_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, ... up to the first power of two >= max_batch."""
+    sizes = [1]
+    while sizes[-1] < max_batch:
+        sizes.append(2 * sizes[-1])
+    return sizes
+
+
+def bucket_for(n_rows: int, buckets: list[int]) -> int:
+    """The smallest bucket that holds n_rows (ValueError past the largest)."""
+    for size in buckets:
+        if n_rows <= size:
+            return size
+    raise ValueError(f"a decode batch of {n_rows} rows exceeds the largest bucket {buckets[-1]}")
+
+
+def pack_decode_step(token_ids: np.ndarray, meta, bucket: int, max_blocks: int) -> np.ndarray:
+    """The per-step part of a bucket's buffer, (bucket * (3 + max_blocks),) int32:
+    token ids | positions | slots | block tables (bucket, max_blocks), padded."""
+    n = len(token_ids)
+    assert n <= bucket and meta.block_tables.shape[1] <= max_blocks
+    ids = np.zeros(bucket, dtype=np.int32)
+    positions = np.full(bucket, PAD_POSITION, dtype=np.int32)
+    slots = np.full(bucket, PAD_POSITION, dtype=np.int32)
+    tables = np.full((bucket, max_blocks), PAD_BLOCK, dtype=np.int32)
+    ids[:n], positions[:n], slots[:n] = token_ids, meta.positions, meta.slot_mapping
+    tables[:n, :meta.block_tables.shape[1]] = meta.block_tables
+    return np.concatenate([ids, positions, slots, tables.ravel()])
+
+
+class StaticDecodeInputs:
+    """One bucket's device buffer: [per-step part | 0..bucket-1], the second part
+    (token_seq, decode_rows and logits_indices: row i is sequence i) written once."""
+
+    def __init__(self, bucket: int, max_blocks: int):
+        self.bucket, self.max_blocks = bucket, max_blocks
+        self.step_size = bucket * (3 + max_blocks)
+        rows = np.arange(bucket, dtype=np.int32)
+        self.device = cuda.to_device(np.concatenate([np.zeros(self.step_size, np.int32), rows]))
+        b = bucket
+        self.token_ids = self.device[:b]
+        rows_dev = self.device[self.step_size:]
+        self.meta = DeviceMetadata(
+            positions=self.device[b:2 * b], slot_mapping=self.device[2 * b:3 * b],
+            token_seq=rows_dev, block_tables=self.device[3 * b:self.step_size].reshape(b, max_blocks),
+            logits_indices=rows_dev, decode_rows=rows_dev,
+            prefill_tiles=self.device[:0].reshape(0, 2), num_decode=b, num_tiles=0)
+
+    def upload(self, token_ids: np.ndarray, meta) -> None:
+        """One host-to-device copy of the step's token ids and metadata."""
+        packed = pack_decode_step(token_ids, meta, self.bucket, self.max_blocks)
+        self.device[:self.step_size].copy_to_device(packed)
