@@ -7,6 +7,7 @@ preempt and cross block boundaries.
 """
 import numpy as np
 import pytest
+from helpers import write_tiny_model
 
 from tinypaged import SamplingParams
 from tinypaged.config import EngineConfig
@@ -96,3 +97,24 @@ def test_replayed_decode_steps_equal_eager_steps_logit_for_logit(stories_dir):
         assert engine.scheduler.num_preemptions > 0
         assert engine.stats()["preemptions"] > 0
     assert graph_engine.scheduler.num_preemptions == eager_engine.scheduler.num_preemptions
+
+
+def test_a_graph_mode_decode_step_is_one_launch_and_two_transfers(tmp_path):
+    """At SmolLM2's depth (30 layers), an eager decode step launches 245 kernels from
+    Python (8 a layer, 5 a step) and copies twice; a replayed step launches the
+    recording once (one CUDA graph on a GPU) with the same two copies."""
+    write_tiny_model(str(tmp_path), num_hidden_layers=30)
+    per_step = {}
+    for cuda_graphs in (False, True):
+        engine = LLMEngine(tmp_path, EngineConfig(backend="cuda", num_blocks=8,
+                                                  cuda_graphs=cuda_graphs))
+        engine.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        engine.step()  # prefill
+        engine.step()  # the first decode step (recorded, in graph mode)
+        ops = engine.runner.model.ops
+        before = np.array([ops.launches, ops.graph_launches, ops.transfers])
+        engine.step()
+        per_step[cuda_graphs] = tuple(np.array([ops.launches, ops.graph_launches,
+                                                ops.transfers]) - before)
+    assert per_step[False] == (245, 0, 2)
+    assert per_step[True] == (0, 1, 2)

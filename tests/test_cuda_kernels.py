@@ -159,6 +159,32 @@ def test_paged_attention_decode_and_prefill(gpu, block_size, n_heads, n_kv):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("head_dim", [40, 128])
+def test_split_k_decode_attention_over_long_contexts(gpu, head_dim):
+    """Contexts of 300, 7 and 129 keys: 3, 1 and 2 partitions of attention.PARTITION
+    (the grid has 4, a power of two; blocks past a context exit), merged by
+    log-sum-exp; a GQA group of 3 (a warp per query head); head_dim 40 leaves lanes
+    8-31 one dimension each, 128 gives every lane four."""
+    from tinypaged.kernels.cuda import attention
+
+    rng = np.random.default_rng(head_dim)
+    block_size, n_heads, n_kv, context_lens = 16, 6, 2, [300, 7, 129]
+    free = list(rng.permutation(64))
+    tables = [[int(free.pop()) for _ in range(-(-n // block_size))] for n in context_lens]
+    k_cache, v_cache = (rand(rng, 64, block_size, n_kv, head_dim) for _ in range(2))
+    meta = AttentionMetadata.build([(t, n - 1, n) for t, n in zip(tables, context_lens)],
+                                   block_size)
+    q = rand(rng, meta.num_tokens, n_heads, head_dim)
+    want = reference.paged_attention(q, k_cache, v_cache, meta)
+    _, dev_meta = gpu.prepare_inputs(np.zeros(meta.num_tokens, np.int64), meta)
+    assert attention.PARTITION == 128 and dev_meta.decode_partitions == 4
+    before = gpu.launches
+    got = gpu.paged_attention(cuda.to_device(q), cuda.to_device(k_cache), cuda.to_device(v_cache),
+                              dev_meta).copy_to_host()
+    assert gpu.launches - before == 2  # the split kernel and the merge
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_copy_blocks(gpu):
     rng = np.random.default_rng(3)
     k_pool, v_pool = rand(rng, 2, 5, 4, 2, 3), rand(rng, 2, 5, 4, 2, 3)
@@ -190,7 +216,8 @@ def test_every_kernel_compiles_to_ptx_for_sm90():
     compiled = {line.split()[0] for line in result.stdout.splitlines()}
     per_dtype = {f"{k}[{d}]" for k in ("matmul_tiled", "gemv_rows", "gemv_qkv", "gemv_gate_up_silu")
                  for d in ("f16", "f32")}
-    assert compiled == per_dtype | {"paged_attention_decode", "paged_attention_prefill",
+    assert compiled == per_dtype | {"paged_attention_decode", "merge_partitions",
+                                    "paged_attention_prefill",
                                     "add_rms_norm", "rope_write_kv", "silu_mul", "gather_rows",
                                     "copy_blocks", "round_activations"}
     assert all("sm_90" in line for line in result.stdout.splitlines())

@@ -6,77 +6,159 @@ KV head h // (n_heads // n_kv). Scores are scaled by `scale` = 1/sqrt(D).
 """
 import math
 
-from numba import cuda, float32
+from numba import config, cuda, float32
 
-MAX_HEAD_DIM = 128  # bound for local and shared per-head arrays
-DECODE_THREADS = 32  # decode: threads per (token, head), each over its own keys
+MAX_HEAD_DIM = 128  # bound for shared per-head arrays; decode lanes hold 4 dimensions each
+PARTITION = 128  # decode: keys per split-K partition (one block per KV head and partition)
+MERGE_THREADS = MAX_HEAD_DIM  # merge_partitions: one thread per dimension
+FULL_WARP = 0xFFFFFFFF
+MAX_DECODE_THREADS = 1024  # decode: 32 warps, a GQA group of up to 32 query heads; as a
+#   launch bound it also holds the kernel to 64 registers (65,536 / 1,024)
 Q_TILE = 16  # prefill: queries per block
 KV_TILE = 16  # prefill: keys staged in shared memory per step
-PREFILL_THREADS = 64
+PREFILL_THREADS = 128
+PREFILL_BLOCKS_PER_SM = 6  # what its ~34 KB of shared memory allows; as a launch bound it
+#   keeps registers at or under 85 a thread so that registers do not lower it further
 NEG_INF = float32(-math.inf)
 
 
-@cuda.jit
-def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_seq,
-                           decode_rows, scale, out):
-    """Grid (len(decode_rows), n_heads), block DECODE_THREADS.
+def jit_bounded(launch_bounds):
+    """cuda.jit with launch bounds (ptxas budgets registers by them); the simulator's
+    jit takes none, and has no registers to budget."""
+    return cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=launch_bounds)
 
-    Block (i, h) answers query token r = decode_rows[i], head h, over positions
-    0..positions[r]. Thread t takes keys t, t + DECODE_THREADS, ... and keeps its own
-    online softmax (max m, sum l, weighted V sum acc[D]): one pass over K and V.
-    The block then merges the threads' states in shared memory. Traffic: each K and
-    V row of the context read once per head.
+
+@cuda.jit(device=True, inline="always")
+def _warp_sum(value):
+    """Sum over the 32 lanes of a warp, every lane gets it (butterfly of shfl_xor)."""
+    offset = 16
+    while offset > 0:
+        value += cuda.shfl_xor_sync(FULL_WARP, value, offset)
+        offset //= 2
+    return value
+
+
+@cuda.jit(device=True, inline="always")
+def _lane_value(a, i, j, k, d, head_dim):
+    """a[i, j, k, d], or 0 for a lane's dimension past the head."""
+    return a[i, j, k, d] if d < head_dim else float32(0.0)
+
+
+@jit_bounded(MAX_DECODE_THREADS)
+def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_seq,
+                           decode_rows, scale, part_acc, part_ml, out):
+    """Split-K, GQA-grouped decode attention, FlashDecoding style.
+
+    Grid (len(decode_rows), n_kv, n_partitions), block (32 * group,): block (i, kvh, p)
+    takes query row r = decode_rows[i], the `group` query heads that share KV head
+    kvh (one warp each), and the keys p * PARTITION ... of that row's context (blocks
+    past the context exit). Lane l holds dimensions l, l + 32, l + 64, l + 96 of q,
+    and of its online-softmax sum, in registers (no local arrays): per key the
+    warp's loads are 128 consecutive bytes per dimension slot, the dot product is a
+    shfl_xor butterfly, and the group's warps read the same K/V row (one fetch from
+    memory, L1 for the rest). One partition: out = acc / l directly; several: each
+    leaves its unnormalised acc (part_acc[i, h, p]) and (max, sum) (part_ml[i, h, p])
+    for merge_partitions. Traffic: each K/V row of the context once per KV head.
+    A padding row of a static step (position -1) has no keys: zeros.
     """
-    m_all = cuda.shared.array(DECODE_THREADS, dtype=float32)
-    l_all = cuda.shared.array(DECODE_THREADS, dtype=float32)
-    acc_all = cuda.shared.array(MAX_HEAD_DIM, dtype=float32)
-    acc = cuda.local.array(MAX_HEAD_DIM, dtype=float32)
-    t, h = cuda.threadIdx.x, cuda.blockIdx.y
-    r = decode_rows[cuda.blockIdx.x]
-    head_dim = q.shape[2]
-    if positions[r] < 0:  # a padding row of a static decode step: zeros, no reads
-        if t < head_dim:
-            out[r, h, t] = float32(0.0)
+    lane, g = cuda.threadIdx.x % 32, cuda.threadIdx.x // 32
+    i, kvh, part = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+    r = decode_rows[i]
+    head_dim, block_size = q.shape[2], k_cache.shape[1]
+    h = kvh * (q.shape[1] // k_cache.shape[2]) + g
+    n_keys = positions[r] + 1
+    start = part * PARTITION
+    single = cuda.gridDim.z == 1
+    if start >= n_keys:
+        if single:  # a padding row
+            for d in range(lane, head_dim, 32):
+                out[r, h, d] = float32(0.0)
         return
-    block_size = k_cache.shape[1]
-    kvh = h // (q.shape[1] // k_cache.shape[2])
-    s = token_seq[r]
+    end = min(start + PARTITION, n_keys)
+    d0, d1, d2, d3 = lane, lane + 32, lane + 64, lane + 96
+    q0 = q[r, h, d0] if d0 < head_dim else float32(0.0)
+    q1 = q[r, h, d1] if d1 < head_dim else float32(0.0)
+    q2 = q[r, h, d2] if d2 < head_dim else float32(0.0)
+    q3 = q[r, h, d3] if d3 < head_dim else float32(0.0)
+    a0 = a1 = a2 = a3 = float32(0.0)
     m, l = NEG_INF, float32(0.0)
-    for d in range(head_dim):
-        acc[d] = float32(0.0)
-    for j in range(t, positions[r] + 1, DECODE_THREADS):
+    s = token_seq[r]
+    for j in range(start, end):
         block, offset = block_tables[s, j // block_size], j % block_size
-        score = float32(0.0)
-        for d in range(head_dim):
-            score += q[r, h, d] * k_cache[block, offset, kvh, d]
-        score *= scale
+        partial = (q0 * _lane_value(k_cache, block, offset, kvh, d0, head_dim)
+                   + q1 * _lane_value(k_cache, block, offset, kvh, d1, head_dim)
+                   + q2 * _lane_value(k_cache, block, offset, kvh, d2, head_dim)
+                   + q3 * _lane_value(k_cache, block, offset, kvh, d3, head_dim))
+        score = _warp_sum(partial) * scale
         m_new = max(m, score)
         correction = math.exp(m - m_new)  # 0 on the first key (m = -inf)
         p = math.exp(score - m_new)
         l = l * correction + p
-        for d in range(head_dim):
-            acc[d] = acc[d] * correction + p * v_cache[block, offset, kvh, d]
+        a0 = a0 * correction + p * _lane_value(v_cache, block, offset, kvh, d0, head_dim)
+        a1 = a1 * correction + p * _lane_value(v_cache, block, offset, kvh, d1, head_dim)
+        a2 = a2 * correction + p * _lane_value(v_cache, block, offset, kvh, d2, head_dim)
+        a3 = a3 * correction + p * _lane_value(v_cache, block, offset, kvh, d3, head_dim)
         m = m_new
-    m_all[t] = m
-    if t < head_dim:
-        acc_all[t] = float32(0.0)
-    cuda.syncthreads()  # every thread's max is visible
-    m_max = NEG_INF
-    for i in range(DECODE_THREADS):
-        m_max = max(m_max, m_all[i])
-    weight = math.exp(m - m_max) if l > 0 else float32(0.0)  # threads without keys add nothing
-    l_all[t] = l * weight
-    for d in range(head_dim):
-        cuda.atomic.add(acc_all, d, acc[d] * weight)
-    cuda.syncthreads()  # all partial sums are accumulated
-    if t < head_dim:
-        total = float32(0.0)
-        for i in range(DECODE_THREADS):
-            total += l_all[i]
-        out[r, h, t] = acc_all[t] / total
+    if single:
+        inv = float32(1.0) / l
+        _store_lanes(out, r, h, lane, head_dim, a0 * inv, a1 * inv, a2 * inv, a3 * inv)
+    else:
+        _store_part(part_acc, i, h, part, lane, head_dim, a0, a1, a2, a3)
+        if lane == 0:
+            part_ml[i, h, part, 0] = m
+            part_ml[i, h, part, 1] = l
+
+
+@cuda.jit(device=True, inline="always")
+def _store_lanes(out, r, h, lane, head_dim, a0, a1, a2, a3):
+    if lane < head_dim:
+        out[r, h, lane] = a0
+    if lane + 32 < head_dim:
+        out[r, h, lane + 32] = a1
+    if lane + 64 < head_dim:
+        out[r, h, lane + 64] = a2
+    if lane + 96 < head_dim:
+        out[r, h, lane + 96] = a3
+
+
+@cuda.jit(device=True, inline="always")
+def _store_part(part_acc, i, h, part, lane, head_dim, a0, a1, a2, a3):
+    if lane < head_dim:
+        part_acc[i, h, part, lane] = a0
+    if lane + 32 < head_dim:
+        part_acc[i, h, part, lane + 32] = a1
+    if lane + 64 < head_dim:
+        part_acc[i, h, part, lane + 64] = a2
+    if lane + 96 < head_dim:
+        part_acc[i, h, part, lane + 96] = a3
 
 
 @cuda.jit
+def merge_partitions(positions, decode_rows, part_acc, part_ml, out):
+    """Grid (len(decode_rows), n_heads), block (MERGE_THREADS,): thread d combines
+    dimension d of the partitions of row decode_rows[i], head h, by log-sum-exp:
+    out = sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p. Reads only
+    the partitions the row's context reaches (none for a padding row: zeros)."""
+    i, h, d = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+    if d >= out.shape[2]:
+        return
+    r = decode_rows[i]
+    n_parts = (positions[r] + PARTITION) // PARTITION  # ceil((position + 1) / PARTITION)
+    if n_parts <= 0:
+        out[r, h, d] = float32(0.0)
+        return
+    m_max = NEG_INF
+    for p in range(n_parts):
+        m_max = max(m_max, part_ml[i, h, p, 0])
+    total, acc = float32(0.0), float32(0.0)
+    for p in range(n_parts):
+        weight = math.exp(part_ml[i, h, p, 0] - m_max)
+        total += part_ml[i, h, p, 1] * weight
+        acc += part_acc[i, h, p, d] * weight
+    out[r, h, d] = acc / total
+
+
+@jit_bounded((PREFILL_THREADS, PREFILL_BLOCKS_PER_SM))
 def paged_attention_prefill(q, k_cache, v_cache, block_tables, positions, token_seq,
                             prefill_tiles, scale, out):
     """Grid (len(prefill_tiles), n_heads), block PREFILL_THREADS; flash-style.

@@ -88,7 +88,7 @@ class CudaBackend:
     def prepare_inputs(self, token_ids: np.ndarray, meta):
         self.workspace.reset()
         self.transfers += 1
-        return self.uploader.upload(token_ids, meta, attention.Q_TILE)
+        return self.uploader.upload(token_ids, meta, attention.Q_TILE, attention.PARTITION)
 
     def to_host(self, x) -> np.ndarray:
         self.transfers += 1
@@ -205,12 +205,30 @@ class CudaBackend:
         scale = np.float32(1.0 / np.sqrt(q.shape[2]))
         args = (q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq)
         if meta.num_decode:
-            self._launch(attention.paged_attention_decode, (meta.num_decode, q.shape[1]),
-                         attention.DECODE_THREADS, *args, meta.decode_rows, scale, out)
+            self._decode_attention(args, meta, scale, out)
         if meta.num_tiles:
             self._launch(attention.paged_attention_prefill, (meta.num_tiles, q.shape[1]),
                          attention.PREFILL_THREADS, *args, meta.prefill_tiles, scale, out)
         return out
+
+    def _decode_attention(self, args, meta, scale, out):
+        """Split-K decode: a block per (row, KV head, partition), a warp per query head
+        of the GQA group; partitions merged by log-sum-exp when there are several."""
+        q, k_cache = args[0], args[1]
+        n_rows, n_heads, head_dim = meta.num_decode, q.shape[1], q.shape[2]
+        group = n_heads // k_cache.shape[2]
+        if 32 * group > 1024:
+            raise ValueError(f"a GQA group of {group} query heads per KV head exceeds the "
+                             "decode kernel's 32 warps a block")
+        parts = meta.decode_partitions
+        # (one partition writes out directly; the partials are then placeholders)
+        part_acc = self._empty(n_rows, n_heads, parts, head_dim) if parts > 1 else self._empty(1, 1, 1, 1)
+        part_ml = self._empty(n_rows, n_heads, parts, 2) if parts > 1 else self._empty(1, 1, 1, 2)
+        self._launch(attention.paged_attention_decode, (n_rows, k_cache.shape[2], parts),
+                     32 * group, *args, meta.decode_rows, scale, part_acc, part_ml, out)
+        if parts > 1:
+            self._launch(attention.merge_partitions, (n_rows, n_heads), attention.MERGE_THREADS,
+                         meta.positions, meta.decode_rows, part_acc, part_ml, out)
 
     def silu_mul(self, gate, up):
         out = self._empty(*gate.shape)

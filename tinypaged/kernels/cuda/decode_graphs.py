@@ -8,17 +8,22 @@ mixed steps and steps that want more than one logits row per sequence stay eager
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .attention import PARTITION
+from .memory import partitions_for
 from .static_decode import StaticDecodeInputs, bucket_for, bucket_sizes
 from .step_recording import StepRecording
 
 
 @dataclass(slots=True)
-class BucketStep:
-    inputs: StaticDecodeInputs
+class RecordedStep:
+    """The step of one bucket and one count of attention partitions (the decode
+    attention's grid grows with the longest context, in powers of two)."""
+    inputs: StaticDecodeInputs  # the bucket's buffer (shared by its recordings)
+    partitions: int
     recording: StepRecording
     logits: object = None  # (bucket, vocab) device view the recording writes; None until recorded
 
@@ -31,7 +36,8 @@ class DecodeGraphs:
         self.model, self.kv, self.ops = model, kv, model.ops
         self.buckets = bucket_sizes(max_batch)
         self.max_blocks, self.capture = max_blocks, capture
-        self.steps: dict[int, BucketStep] = {}
+        self.inputs: dict[int, StaticDecodeInputs] = {}
+        self.steps: dict[tuple[int, int], RecordedStep] = {}  # by (bucket, partitions)
 
     def accepts(self, rows_per_sequence: list[int], logits_rows: list[int] | None) -> bool:
         """A pure decode step (one token, one logits row per sequence) that a bucket holds."""
@@ -42,10 +48,13 @@ class DecodeGraphs:
     def run(self, token_ids: np.ndarray, meta) -> np.ndarray:
         """token_ids (B,), meta of B one-token sequences -> logits (B, vocab) on the host."""
         bucket = bucket_for(len(token_ids), self.buckets)
-        step = self.steps.get(bucket)
+        partitions = partitions_for(int(meta.positions.max()) + 1, PARTITION)
+        step = self.steps.get((bucket, partitions))
         if step is None:
-            step = self.steps[bucket] = BucketStep(StaticDecodeInputs(bucket, self.max_blocks),
-                                                   StepRecording())
+            if bucket not in self.inputs:
+                self.inputs[bucket] = StaticDecodeInputs(bucket, self.max_blocks)
+            step = self.steps[bucket, partitions] = RecordedStep(self.inputs[bucket], partitions,
+                                                                 StepRecording())
         step.inputs.upload(token_ids, meta)
         self.ops.transfers += 1
         if step.logits is None:
@@ -55,15 +64,15 @@ class DecodeGraphs:
             self.ops.graph_launches += 1
         return self.ops.to_host(step.logits[:len(token_ids)])
 
-    def _record(self, step: BucketStep) -> None:
+    def _record(self, step: RecordedStep) -> None:
         """Run the step eagerly while recording it. If the recording's workspace had to
         grow midway, record again into the grown one, so that a step's activations
         live in one buffer; then capture the graph."""
         while True:
             before = step.recording.workspace.allocations
             with self.ops.recording(step.recording):
-                step.logits = self.model.forward_on_device(step.inputs.token_ids,
-                                                           step.inputs.meta, self.kv)
+                meta = replace(step.inputs.meta, decode_partitions=step.partitions)
+                step.logits = self.model.forward_on_device(step.inputs.token_ids, meta, self.kv)
             if step.recording.workspace.allocations == before:
                 break
         if self.capture:

@@ -51,6 +51,16 @@ class DeviceMetadata:
     prefill_tiles: object
     num_decode: int
     num_tiles: int
+    decode_partitions: int = 1  # split-K partitions the decode grid has (attention.PARTITION keys each)
+
+
+def partitions_for(n_keys: int, partition: int) -> int:
+    """Split-K partitions for contexts of up to n_keys keys: a power of two, so that
+    a recorded step serves a range of context lengths."""
+    n = 1
+    while n * partition < n_keys:
+        n *= 2
+    return n
 
 
 def attention_work(token_seq: np.ndarray, q_tile: int) -> tuple[np.ndarray, np.ndarray]:
@@ -75,8 +85,9 @@ class MetadataUploader:
     def __init__(self):
         self.device = None
 
-    def upload(self, token_ids: np.ndarray, meta, q_tile: int):
+    def upload(self, token_ids: np.ndarray, meta, q_tile: int, partition: int):
         decode_rows, tiles = attention_work(meta.token_seq, q_tile)
+        longest = int(meta.positions[decode_rows].max()) + 1 if len(decode_rows) else 1
         parts = [token_ids, meta.positions, meta.slot_mapping, meta.token_seq,
                  meta.logits_indices, decode_rows, tiles.ravel(), meta.block_tables.ravel()]
         packed = np.concatenate([np.asarray(p, dtype=np.int32).ravel() for p in parts])
@@ -92,4 +103,5 @@ class MetadataUploader:
             positions=positions, slot_mapping=slots, token_seq=token_seq,
             block_tables=tables.reshape(meta.block_tables.shape), logits_indices=logits_rows,
             decode_rows=rows, prefill_tiles=tile_flat.reshape(tiles.shape),
-            num_decode=len(decode_rows), num_tiles=len(tiles))
+            num_decode=len(decode_rows), num_tiles=len(tiles),
+            decode_partitions=partitions_for(longest, partition))

@@ -37,7 +37,9 @@ def signatures() -> list[tuple[str, object, tuple]]:
     attn = (q, pool, pool, arr(I32, 2), arr(I32, 1), arr(I32, 1))
     sigs += [
         ("paged_attention_decode", attention.paged_attention_decode,
-         (*attn, arr(I32, 1), F32, arr(F32, 3))),
+         (*attn, arr(I32, 1), F32, arr(F32, 4), arr(F32, 4), arr(F32, 3))),
+        ("merge_partitions", attention.merge_partitions,
+         (arr(I32, 1), arr(I32, 1), arr(F32, 4), arr(F32, 4), arr(F32, 3))),
         ("paged_attention_prefill", attention.paged_attention_prefill,
          (*attn, arr(I32, 2), F32, arr(F32, 3))),
         ("add_rms_norm", elementwise.add_rms_norm,
@@ -57,7 +59,8 @@ def block_threads(label: str) -> int:
     name = label.split("[")[0]
     return {"matmul_tiled": matmul.TILE * matmul.TILE, "gemv_rows": matmul.GEMV_THREADS,
             "gemv_qkv": matmul.GEMV_THREADS, "gemv_gate_up_silu": matmul.GEMV_THREADS,
-            "paged_attention_decode": attention.DECODE_THREADS,
+            "paged_attention_decode": 4 * 32,  # a GQA group of 4 (SmolLM2's is 3)
+            "merge_partitions": attention.MERGE_THREADS,
             "paged_attention_prefill": attention.PREFILL_THREADS,
             "add_rms_norm": elementwise.NORM_THREADS, "rope_write_kv": attention.MAX_HEAD_DIM // 2,
             "silu_mul": 256, "gather_rows": elementwise.ROW_THREADS,
@@ -73,7 +76,8 @@ def resources() -> list:
 
 def compile_all(cc: tuple[int, int] = (9, 0)) -> dict[str, str]:
     """label -> PTX text."""
-    return {label: cuda.compile_ptx(kernel.py_func, args, cc=cc)[0]
+    return {label: cuda.compile_ptx(kernel.py_func, args, cc=cc,
+                                    launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
             for label, kernel, args in signatures()}
 
 
