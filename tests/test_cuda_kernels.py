@@ -41,6 +41,21 @@ def test_linear(gpu, rows, weight_dtype):
     np.testing.assert_allclose(got, reference.linear(x, w), **TOL)
 
 
+@pytest.mark.parametrize("blocks", [None, 2])  # a warp per row; 8 warps striding over 45
+def test_warp_gemv_over_long_rows_and_every_decode_row(gpu, blocks):
+    """K = 300: each lane takes several 4-weight chunks of a row (the warp covers 128
+    weights a step, the last step partly); M = 8 = GEMV_MAX_ROWS."""
+    rng = np.random.default_rng(8)
+    w = rand(rng, 45, 300).astype(np.float16)
+    x, bias = rand(rng, matmul.GEMV_MAX_ROWS, 300), rand(rng, 45)
+    out = cuda.device_array((x.shape[0], 45), np.float32)
+    grid = blocks or matmul.gemv_blocks(45)
+    matmul.gemv_rows[grid, matmul.GEMV_THREADS](cuda.to_device(x), cuda.to_device(w),
+                                                cuda.to_device(bias), True, out)
+    np.testing.assert_allclose(out.copy_to_host(), reference.linear(x, w.astype(np.float32), bias),
+                               **TOL)
+
+
 def test_activations_round_as_the_reference_bit_for_bit(gpu):
     """The rounding that products with packed weights apply to x first: zero blocks,
     exact ties (round half to even) and magnitudes far apart included."""

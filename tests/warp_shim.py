@@ -23,7 +23,8 @@ warp and lanes) instead of passing by luck when:
 
 In-kernel arrays are the plain NumPy arrays behind the simulated device arrays
 (same indexing and values; the simulator's wrapper only adds record-style field
-access, several calls per element read).
+access, several calls per element read); device functions called from a kernel
+of their module and `float32(x)` casts skip per-call bookkeeping.
 
 Limits: only full-warp masks (no sub-warp groups or width argument); values are
 any Python / NumPy scalars, returned as they were given; blocks run one after
@@ -279,3 +280,27 @@ def install() -> None:
         costs several calls per element read."""
         return wrapper(array) if array._ary.dtype.fields is not None else array._ary
     kernel.FakeWithinKernelCUDAArray = within_kernel
+    _speed_up_calls(kernel, kernelapi)
+
+
+def _speed_up_calls(kernel, kernelapi) -> None:
+    """Two per-call costs of simulated code, gone: a device function called from a
+    kernel of its own module swaps that module's `cuda` global again (a lock and a
+    scan of the globals per call), and `float32(x)` imports numba's typing each time."""
+    from numba.core.types import abstract
+    from numba.core.typing import signature
+
+    fake_kernel = kernel.FakeCUDAKernel
+    original_call = fake_kernel.__call__
+
+    def call(self, *args):
+        if self._device and isinstance(self.fn.__globals__.get("cuda"), kernelapi.FakeCUDAModule):
+            return self.fn(*args)  # already running against the fake module
+        return original_call(self, *args)
+    fake_kernel.__call__ = call
+
+    def cast_or_signature(self, *args):
+        if len(args) == 1 and not isinstance(args[0], abstract.Type):
+            return self.cast_python_value(args[0])
+        return signature(self, *args)
+    abstract.Type.__call__ = cast_or_signature

@@ -6,7 +6,9 @@ KV head h // (n_heads // n_kv). Scores are scaled by `scale` = 1/sqrt(D).
 """
 import math
 
-from numba import config, cuda, float32
+from numba import cuda, float32
+
+from .bounded_jit import jit_bounded
 
 MAX_HEAD_DIM = 128  # bound for shared per-head arrays; decode lanes hold 4 dimensions each
 PARTITION = 128  # decode: keys per split-K partition (one block per KV head and partition)
@@ -20,12 +22,6 @@ PREFILL_THREADS = 128
 PREFILL_BLOCKS_PER_SM = 6  # what its ~34 KB of shared memory allows; as a launch bound it
 #   keeps registers at or under 85 a thread so that registers do not lower it further
 NEG_INF = float32(-math.inf)
-
-
-def jit_bounded(launch_bounds):
-    """cuda.jit with launch bounds (ptxas budgets registers by them); the simulator's
-    jit takes none, and has no registers to budget."""
-    return cuda.jit if config.ENABLE_CUDASIM else cuda.jit(launch_bounds=launch_bounds)
 
 
 @cuda.jit(device=True, inline="always")

@@ -161,8 +161,7 @@ class CudaBackend:
         has_bias = bias is not None
         bias = bias if has_bias else self._no_bias
         if n_rows <= matmul.GEMV_MAX_ROWS:
-            grid = ceil_div(n_out, matmul.GEMV_THREADS)
-            self._launch(matmul.gemv_rows, grid, matmul.GEMV_THREADS, x, weight, bias, has_bias, out)
+            self._launch(matmul.gemv_rows, matmul.gemv_blocks(n_out), matmul.GEMV_THREADS, x, weight, bias, has_bias, out)
         else:
             grid = (ceil_div(n_out, matmul.TILE), ceil_div(n_rows, matmul.TILE))
             self._launch(matmul.matmul_tiled, grid, (matmul.TILE, matmul.TILE),
@@ -177,7 +176,7 @@ class CudaBackend:
         has_bias = bq is not None
         bq, bk, bv = (b if has_bias else self._no_bias for b in (bq, bk, bv))
         rows = wq.shape[0] + wk.shape[0] + wv.shape[0]
-        self._launch(matmul.gemv_qkv, ceil_div(rows, matmul.GEMV_THREADS), matmul.GEMV_THREADS,
+        self._launch(matmul.gemv_qkv, matmul.gemv_blocks(rows), matmul.GEMV_THREADS,
                      x, wq, wk, wv, bq, bk, bv, has_bias, q, k, v)
         return q, k, v
 
@@ -186,7 +185,7 @@ class CudaBackend:
         if x.shape[0] > matmul.GEMV_MAX_ROWS:
             return self.silu_mul(self._product(x, w_gate), self._product(x, w_up))
         out = self._empty(x.shape[0], w_gate.shape[0])
-        self._launch(matmul.gemv_gate_up_silu, ceil_div(w_gate.shape[0], matmul.GEMV_THREADS),
+        self._launch(matmul.gemv_gate_up_silu, matmul.gemv_blocks(w_gate.shape[0]),
                      matmul.GEMV_THREADS, x, w_gate, w_up, out)
         return out
 

@@ -4,21 +4,27 @@ W is float16 (half the bytes; the default on the device) or float32. Two shapes:
 - `matmul_tiled`: prefill and large batches. Each 16x16 block stages a 16x16 tile
   of x and of W in shared memory per step along K, so every element loaded from
   global memory is used 16 times. Traffic: x read N/16 times, W read M/16 times.
-- `gemv_rows`: decode (M <= GEMV_MAX_ROWS). Each thread streams one weight row once
-  and dots it with every row of x: no shared memory, no synchronisation. Traffic:
-  W once, x from cache. `gemv_qkv` and `gemv_gate_up_silu` run the same loop over
-  two or three matrices, to save launches at decode (~10 us each from Python).
-  (A warp per row, reduced with shuffles, coalesces W better; the CUDA simulator
-  that CI runs has no shuffles and its barriers cost milliseconds, so that version
-  waits for a GPU session to show it pays.)
+- `gemv_rows`: decode (M <= GEMV_MAX_ROWS). A warp per weight row: its lanes read
+  consecutive VEC-weight chunks of the row (coalesced), dot them with every row of
+  x, and sum across the warp with shfl_xor_sync. Traffic: W once, x from cache.
+  `gemv_qkv` and `gemv_gate_up_silu` run the same loop over two or three matrices,
+  to save launches at decode (~10 us each from Python). On the CUDA simulator the
+  shuffles come from tests/warp_shim.py.
 """
 import math
 
 from numba import cuda, float32
 
+from .bounded_jit import jit_bounded
+
 TILE = 16  # matmul_tiled: block (TILE, TILE), shared tiles TILE x TILE
 GEMV_MAX_ROWS = 8  # rows of x the decode path takes; beyond this, matmul_tiled
-GEMV_THREADS = 128  # gemv kernels: threads (= weight rows) per block
+WARP = 32
+GEMV_WARPS = 4  # gemv kernels: warps (one weight row each at a time) per block
+GEMV_THREADS = GEMV_WARPS * WARP
+VEC = 4  # consecutive weights a lane reads per step (8 bytes of float16)
+FULL_MASK = 0xFFFFFFFF
+GEMV_BOUNDS = (GEMV_THREADS, 8)  # 8 blocks of 128 threads an SM (50%): at most 64 registers
 
 
 @cuda.jit
@@ -49,66 +55,97 @@ def matmul_tiled(x, w, bias, has_bias, out):
 
 
 @cuda.jit(device=True, inline="always")
-def _row_dots(x, w, n, acc):
-    """acc[m] = x[m] . W[n] for every row m of x (float32 accumulation). Every loop over
-    acc has the constant length GEMV_MAX_ROWS (rows past M guarded), so the compiler
-    keeps acc in registers; a loop to M indexed it at run time, in local memory."""
+def _warp_row_dots(x, w, n, lane, acc):
+    """acc[m] (in every lane) = x[m] . W[n] for the rows m of x, the warp's lanes
+    sharing the row: lane l takes the VEC consecutive weights at 32 VEC i + VEC l, so
+    at each step the warp reads 32 x VEC consecutive weights (256 bytes of float16,
+    coalesced). Partial sums meet in a butterfly of shfl_xor_sync. acc has
+    GEMV_MAX_ROWS entries and every loop over it has that constant length (rows past
+    M guarded, the same in every lane), so it lives in registers."""
     n_rows, width = x.shape
     for m in range(GEMV_MAX_ROWS):
         acc[m] = float32(0.0)
-    for k in range(width):
-        wk = float32(w[n, k])
-        for m in range(GEMV_MAX_ROWS):
-            if m < n_rows:
-                acc[m] += wk * x[m, k]
-
-
-@cuda.jit
-def gemv_rows(x, w, bias, has_bias, out):
-    """1-D grid, GEMV_THREADS per block: thread n owns W row n and dots it with every
-    row of x. The x row is the same for a whole warp at each step (a broadcast); each
-    thread walks its own W row, whose 32-byte sectors stay in L1 between steps."""
-    n = cuda.grid(1)
-    if n < w.shape[0]:
-        acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-        _row_dots(x, w, n, acc)
-        for m in range(GEMV_MAX_ROWS):
-            if m < x.shape[0]:
-                out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
-
-
-@cuda.jit
-def gemv_qkv(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out):
-    """The q, k and v projections in one launch: 1-D grid over Nq + 2 Nk threads;
-    thread g owns row g of Wq, then of Wk, then of Wv (layout as gemv_rows)."""
-    g = cuda.grid(1)
-    nq, nk = wq.shape[0], wk.shape[0]
-    if g >= nq + 2 * nk:
-        return
-    if g < nq:
-        w, b, out, n = wq, bq, q_out, g
-    elif g < nq + nk:
-        w, b, out, n = wk, bk, k_out, g - nq
-    else:
-        w, b, out, n = wv, bv, v_out, g - nq - nk
-    acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-    _row_dots(x, w, n, acc)
+    for k0 in range(lane * VEC, width, WARP * VEC):
+        for v in range(VEC):
+            k = k0 + v
+            if k < width:
+                wk = float32(w[n, k])
+                for m in range(GEMV_MAX_ROWS):
+                    if m < n_rows:
+                        acc[m] += wk * x[m, k]
     for m in range(GEMV_MAX_ROWS):
-        if m < x.shape[0]:
-            out[m, n] = acc[m] + b[n] if has_bias else acc[m]
+        if m < n_rows:
+            offset = WARP // 2
+            while offset > 0:
+                acc[m] += cuda.shfl_xor_sync(FULL_MASK, acc[m], offset)
+                offset //= 2
 
 
-@cuda.jit
+@cuda.jit(device=True, inline="always")
+def _first_warp_and_stride():
+    """(this warp's index in the grid, warps in the grid): the GEMVs' row loops are
+    grid-stride and warp-uniform (every lane of a warp takes the same rows)."""
+    return (cuda.blockIdx.x * GEMV_WARPS + cuda.threadIdx.x // WARP,
+            cuda.gridDim.x * GEMV_WARPS)
+
+
+@jit_bounded(GEMV_BOUNDS)
+def gemv_rows(x, w, bias, has_bias, out):
+    """Blocks of GEMV_WARPS warps; warp g of the grid owns W rows g, g + warps, ...
+    (_warp_row_dots); lane 0 writes their outputs. Traffic: W once, coalesced; x
+    (M x K floats) from L1/L2 once per row."""
+    lane = cuda.threadIdx.x % WARP
+    first, stride = _first_warp_and_stride()
+    acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+    for n in range(first, w.shape[0], stride):
+        _warp_row_dots(x, w, n, lane, acc)
+        if lane == 0:
+            for m in range(GEMV_MAX_ROWS):
+                if m < x.shape[0]:
+                    out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
+
+
+@jit_bounded(GEMV_BOUNDS)
+def gemv_qkv(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out):
+    """The q, k and v projections in one launch: warps stride over Nq + 2 Nk rows;
+    row g is row g of Wq, then of Wk, then of Wv (layout as gemv_rows)."""
+    lane = cuda.threadIdx.x % WARP
+    first, stride = _first_warp_and_stride()
+    nq, nk = wq.shape[0], wk.shape[0]
+    acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+    for g in range(first, nq + 2 * nk, stride):
+        if g < nq:
+            w, b, out, n = wq, bq, q_out, g
+        elif g < nq + nk:
+            w, b, out, n = wk, bk, k_out, g - nq
+        else:
+            w, b, out, n = wv, bv, v_out, g - nq - nk
+        _warp_row_dots(x, w, n, lane, acc)
+        if lane == 0:
+            for m in range(GEMV_MAX_ROWS):
+                if m < x.shape[0]:
+                    out[m, n] = acc[m] + b[n] if has_bias else acc[m]
+
+
+@jit_bounded(GEMV_BOUNDS)
 def gemv_gate_up_silu(x, w_gate, w_up, out):
-    """The MLP's middle in one launch: out = silu(x @ Wg.T) * (x @ Wu.T). 1-D grid over
-    I threads; thread n owns row n of both matrices (layout as gemv_rows)."""
-    n = cuda.grid(1)
-    if n < w_gate.shape[0]:
-        gate = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-        up = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-        _row_dots(x, w_gate, n, gate)
-        _row_dots(x, w_up, n, up)
-        for m in range(GEMV_MAX_ROWS):
-            if m < x.shape[0]:
-                g = gate[m]
-                out[m, n] = g / (float32(1.0) + math.exp(-g)) * up[m]
+    """The MLP's middle in one launch: out = silu(x @ Wg.T) * (x @ Wu.T); warps stride
+    over the I rows, each taking row n of both matrices (layout as gemv_rows)."""
+    lane = cuda.threadIdx.x % WARP
+    first, stride = _first_warp_and_stride()
+    gate = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+    up = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+    for n in range(first, w_gate.shape[0], stride):
+        _warp_row_dots(x, w_gate, n, lane, gate)
+        _warp_row_dots(x, w_up, n, lane, up)
+        if lane == 0:
+            for m in range(GEMV_MAX_ROWS):
+                if m < x.shape[0]:
+                    g = gate[m]
+                    out[m, n] = g / (float32(1.0) + math.exp(-g)) * up[m]
+
+
+def gemv_blocks(rows: int) -> int:
+    """Blocks for a GEMV over `rows` weight rows: a warp per row (the row loops are
+    grid-stride, so fewer blocks would also be correct)."""
+    return -(-rows // GEMV_WARPS)
