@@ -1,12 +1,18 @@
 """GPU check, for a machine with an NVIDIA GPU (made for an H200, no network).
 
-Runs the `cuda` tests for real, then prints one table: the card's copy bandwidth
-measured here; paged-attention decode at batch 64 x 1024-token contexts (GB/s and
-fraction of that bandwidth); matmul GFLOP/s for SmolLM2's decode and prefill
-shapes; end-to-end SmolLM2 decode tokens/s at batch 1 and 64 with kernel launches
-per step. Usage: python bench/gpu_check.py [--skip-tests] [--model DIR]
-Needs numpy, numba, numba-cuda, safetensors, tokenizers, pytest (the machine's image
-has them); the model folder travels with the working tree or is pulled beforehand.
+Runs the `cuda` tests for real, then prints one table, each timed row beside a
+predicted one (bytes / measured copy bandwidth + launches x measured launch cost):
+- the card's copy bandwidth, a Python kernel launch's host cost, and a CUDA graph
+  node's device cost, all measured here;
+- paged-attention decode at 64 x 1024 and 1 x 8192 tokens (GB/s, share of copy
+  bandwidth);
+- the decode GEMVs and prefill matmuls on SmolLM2's shapes (GB/s of weights);
+- end-to-end SmolLM2 decode tokens/s at batch 1, 8 and 64, eager and as replayed
+  CUDA graphs, with launches per step.
+Usage: python bench/gpu_check.py [--skip-tests] [--model DIR | --shape-only DIR] [--tiny]
+Needs numpy, numba, numba-cuda, safetensors, tokenizers, pytest, greenlet (the
+machine's image has them); the model folder travels with the working tree or is
+pulled beforehand. Budget: under 8 minutes on an H200, tests included.
 """
 import argparse
 import os
@@ -28,9 +34,20 @@ ROWS = []
 TINY = False  # --tiny: small shapes, to rehearse this script on the CUDA simulator
 
 
-def report(name, value, unit, note=""):
-    ROWS.append((name, value, unit, note))
-    print(f"{name:<48} {value:>12.2f} {unit:<10} {note}", flush=True)
+COSTS = {}  # measured: copy GB/s, host seconds a launch, device seconds a graph node
+
+
+def report(name, value, unit, note="", predicted=None):
+    """One row: the measured value, and the predicted one where there is a model."""
+    ROWS.append((name, value, unit, note, predicted))
+    guess = f"{predicted:>12.2f}" if predicted is not None else " " * 12
+    print(f"{name:<48} {value:>12.2f} {guess} {unit:<10} {note}", flush=True)
+
+
+def predicted_seconds(n_bytes: float, launches: int = 1, graph_nodes: int = 0) -> float:
+    """bytes / copy bandwidth + launches x host launch cost + nodes x graph node cost."""
+    return (n_bytes / (COSTS["copy_gbps"] * 1e9) + launches * COSTS["launch_s"]
+            + graph_nodes * COSTS.get("node_s", 0.0))
 
 
 def timed(fn, repeat=20):
@@ -53,15 +70,52 @@ def copy_bandwidth():
     seconds = timed(lambda: dst.copy_to_device(src), repeat=10)
     gbps = 2 * n * 4 / seconds / 1e9  # read + write
     report("device copy bandwidth (read + write)", gbps, "GB/s")
+    COSTS["copy_gbps"] = gbps
     return gbps
 
 
+@cuda.jit
+def _empty_kernel(a, b, c, d, e, f):
+    """Six array arguments, like the step's kernels; does nothing."""
+    pass
+
+
+def launch_costs():
+    """Host seconds a Python launch costs (six array arguments), and device seconds a
+    kernel node of a replayed CUDA graph costs."""
+    from tinypaged.kernels.cuda.step_recording import StepRecording
+    arrays = [cuda.device_array(16, np.float32) for _ in range(6)]
+    n = 200 if TINY else 2000
+    _empty_kernel[1, 32](*arrays)
+    cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        _empty_kernel[1, 32](*arrays)
+    cuda.synchronize()
+    COSTS["launch_s"] = (time.perf_counter() - start) / n
+    report("kernel launch from Python, 6 array args", COSTS["launch_s"] * 1e6, "us/launch",
+           "(numba-cuda PR #288: ~6.6 us + ~3.5 us an array argument)")
+    recording = StepRecording()
+    nodes = 245
+    for _ in range(nodes):
+        recording.add(_empty_kernel, 1, 32, tuple(arrays))
+    if cuda.is_available() and not TINY:
+        recording.capture_graph()
+    seconds = timed(recording.launch, repeat=5 if TINY else 50)
+    COSTS["node_s"] = seconds / nodes
+    report(f"CUDA graph of {nodes} empty kernels, a node", COSTS["node_s"] * 1e6, "us/node",
+           f"{seconds * 1e6:.0f} us a graph launch")
+
+
 def attention_decode(copy_gbps):
+    for batch, ctx in ((2, 32), (1, 300)) if TINY else ((64, 1024), (1, 8192)):
+        _attention_row(copy_gbps, batch, ctx)
+
+
+def _attention_row(copy_gbps, batch, ctx):
     gpu = CudaBackend()
-    batch, ctx, bs, n_heads, n_kv, d = 64, 1024, 16, 9, 3, 64  # SmolLM2's attention shape
-    if TINY:
-        batch, ctx = 2, 32
-    blocks_per_seq = ctx // bs
+    bs, n_heads, n_kv, d = 16, 9, 3, 64  # SmolLM2's attention shape
+    blocks_per_seq = -(-ctx // bs)
     n_blocks = batch * blocks_per_seq
     rng = np.random.default_rng(0)
     k = cuda.to_device(rng.standard_normal((n_blocks, bs, n_kv, d), dtype=np.float32))
@@ -71,18 +125,28 @@ def attention_decode(copy_gbps):
     meta = AttentionMetadata.build([(t, ctx - 1, ctx) for t in tables], bs)
     _, dev_meta = gpu.prepare_inputs(np.zeros(batch, np.int64), meta)
     q = cuda.to_device(rng.standard_normal((batch, n_heads, d), dtype=np.float32))
-    seconds = timed(lambda: gpu.paged_attention(q, k, v, dev_meta))
+
+    def run():
+        gpu.workspace.reset()
+        gpu.paged_attention(q, k, v, dev_meta)
+    before = gpu.launches
+    run()
+    launches = gpu.launches - before  # 1, or 2 with the partitions' merge
+    seconds = timed(run)
     unique = 2 * batch * ctx * n_kv * d * 4  # every K and V element of the batch's contexts
     gbps = unique / seconds / 1e9
+    want = predicted_seconds(unique, launches)
     report(f"paged attention decode, {batch} x {ctx} ctx", gbps, "GB/s",
-           f"{gbps / copy_gbps:.0%} of copy bandwidth; {seconds * 1e6:.0f} us")
+           f"{gbps / copy_gbps:.0%} of copy bandwidth; {seconds * 1e6:.0f} us "
+           f"(predicted {want * 1e6:.0f}); {dev_meta.decode_partitions} partitions",
+           predicted=unique / want / 1e9)
 
 
 def matmuls():
     gpu = CudaBackend()
     rng = np.random.default_rng(1)
     shapes = ((576, 576), (1536, 576), (576, 1536), (49152, 576))
-    for rows in ((1, 9) if TINY else (1, 64, 512)):
+    for rows in ((1, 9) if TINY else (1, 8, 64, 512)):
         for n_out, width in (((8, 16),) if TINY else shapes):
             w = cuda.to_device(rng.standard_normal((n_out, width)).astype(np.float16))
             x = cuda.to_device(rng.standard_normal((rows, width), dtype=np.float32))
@@ -91,10 +155,13 @@ def matmuls():
                 gpu.workspace.reset()
                 gpu.linear(x, w)
             seconds = timed(run)
-            gflops = 2 * rows * n_out * width / seconds / 1e9
-            weight_gbps = n_out * width * 2 / seconds / 1e9
-            report(f"linear M={rows} {width}->{n_out} (f16 W)", gflops, "GFLOP/s",
-                   f"{weight_gbps:.0f} GB/s of weights")
+            weight_bytes = n_out * width * 2
+            weight_gbps = weight_bytes / seconds / 1e9
+            want = predicted_seconds(weight_bytes + rows * (width + n_out) * 4)
+            report(f"linear M={rows} {width}->{n_out} (f16 W)", weight_gbps, "GB/s of W",
+                   f"{weight_gbps / COSTS['copy_gbps']:.0%} of copy; "
+                   f"{2 * rows * n_out * width / seconds / 1e12:.2f} TFLOP/s; {seconds * 1e6:.0f} us",
+                   predicted=weight_bytes / want / 1e9)
 
 
 def random_model_like(config_dir, out_dir):
@@ -119,27 +186,44 @@ def random_model_like(config_dir, out_dir):
 
 
 def end_to_end(model_dir):
+    """Decode tokens/s, eager and replayed, at batch 1, 8 and 64, beside the prediction
+    bytes / bandwidth + host launches x launch cost + graph nodes x node cost."""
     from tinypaged import LLM, SamplingParams
-    llm = LLM(model_dir, backend="cuda", kv_cache_memory=(64 << 20) if TINY else (8 << 30))
-    ops = llm.engine.runner.model.ops
     params = SamplingParams(temperature=0, max_tokens=4 if TINY else 64, ignore_eos=True)
-    llm.generate(["warm up"] * 2, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    n_layers = llm.config.num_hidden_layers
-    for batch in ((1, 2) if TINY else (1, 64)):
-        engine = llm.engine
-        for i in range(batch):
-            engine.add_request(f"Write a story about a lighthouse, number {i}.", params)
-        engine.step()  # prefill
-        steps, tokens, launches = 0, 0, ops.launches
-        start = time.perf_counter()
-        while engine.has_unfinished():
-            tokens += sum(len(o.outputs) for o in engine.step())
-            steps += 1
-        cuda.synchronize()
-        rate = tokens / (time.perf_counter() - start)
-        per_step = (ops.launches - launches) / steps
-        report(f"model decode, batch {batch}", rate, "tokens/s",
-               f"{per_step:.0f} launches/step ({per_step / n_layers:.1f} per layer)")
+    for cuda_graphs in (False, True):
+        llm = LLM(model_dir, backend="cuda", cuda_graphs=cuda_graphs,
+                  kv_cache_memory=(64 << 20) if TINY else (8 << 30))
+        engine, ops = llm.engine, llm.engine.runner.model.ops
+        weight_bytes = engine.weight_bytes
+        llm.generate(["warm up"] * 2, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        cfg = engine.model_config
+        kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
+        for batch in ((1, 2) if TINY else (1, 8, 64)):
+            for i in range(batch):
+                engine.add_request(f"Write a story about a lighthouse, number {i}.", params)
+            engine.step()  # prefill
+            engine.step()  # the first decode step at this batch (recorded, in graph mode)
+            steps, tokens = 0, 0
+            launches, graphs, transfers = ops.launches, ops.graph_launches, ops.transfers
+            start = time.perf_counter()
+            while engine.has_unfinished():
+                tokens += sum(len(o.outputs) for o in engine.step())
+                steps += 1
+            cuda.synchronize()
+            rate = tokens / (time.perf_counter() - start)
+            per_step = (ops.launches - launches) / steps
+            graph_steps = (ops.graph_launches - graphs) / steps
+            nodes = max((len(s.recording) for s in getattr(engine.runner.decode_graphs, "steps",
+                                                           {}).values()), default=0)
+            kv_bytes = batch * 48 * kv_per_token  # ~48 tokens of context on average
+            step_s = predicted_seconds(weight_bytes + kv_bytes, launches=per_step + graph_steps,
+                                       graph_nodes=nodes * graph_steps)
+            mode = "graph" if cuda_graphs else "eager"
+            report(f"model decode, batch {batch}, {mode}", rate, "tokens/s",
+                   f"{per_step:.0f} launches + {graph_steps:.0f} graph launches + "
+                   f"{(ops.transfers - transfers) / steps:.1f} copies a step",
+                   predicted=batch / step_s)
+        del llm
 
 
 def main():
@@ -153,6 +237,11 @@ def main():
     args = ap.parse_args()
     global TINY
     TINY = args.tiny
+    from numba import config
+    if config.ENABLE_CUDASIM:  # a rehearsal: the simulator needs the tests' warp shim
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        import warp_shim
+        warp_shim.install()
     name = getattr(cuda.get_current_device(), "name", "CUDA simulator")
     print(f"device: {name.decode() if isinstance(name, bytes) else name}", flush=True)
     if TINY:
@@ -162,6 +251,7 @@ def main():
                                 os.path.join(ROOT, "tests")], cwd=ROOT)
         print(f"cuda tests exit status: {tests.returncode}", flush=True)
     copy_gbps = copy_bandwidth()
+    launch_costs()
     attention_decode(copy_gbps)
     matmuls()
     if args.shape_only:
@@ -170,9 +260,10 @@ def main():
         end_to_end(args.model)
     else:
         print(f"(no model at {args.model}: end-to-end rows skipped)")
-    print("\n| figure | value | unit | note |\n|---|---|---|---|")
-    for name, value, unit, note in ROWS:
-        print(f"| {name} | {value:.2f} | {unit} | {note} |")
+    print("\n| figure | measured | predicted | unit | note |\n|---|---|---|---|---|")
+    for name, value, unit, note, predicted in ROWS:
+        guess = f"{predicted:.2f}" if predicted is not None else ""
+        print(f"| {name} | {value:.2f} | {guess} | {unit} | {note} |")
 
 
 if __name__ == "__main__":
