@@ -18,7 +18,7 @@ from tinypaged.sampling import SamplingParams
 SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 ENGINE_OPTIONS = ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
-                  "max_model_len", "backend", "quantization")  # plus --no-prefix-caching, --no-cuda-graphs
+                  "max_model_len", "backend", "quantization", "kv_cache_dtype")  # plus --no-prefix-caching, --no-cuda-graphs
 
 
 class _Parser(argparse.ArgumentParser):
@@ -199,6 +199,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantization", choices=["q8_0", "q4_0", "q4_1"],
                         default=ENGINE_DEFAULTS["quantization"],
                         help="quantize a float model's matrices at load (kept packed)")
+    parser.add_argument("--kv-cache-dtype", choices=["float32", "float16"],
+                        default=ENGINE_DEFAULTS["kv_cache_dtype"],
+                        help="KV pool element type (float16: twice the tokens in the same memory)")
     parser.add_argument("--no-cuda-graphs", action="store_true",
                         help="CUDA: launch every decode step's kernels from Python instead "
                         "of replaying recorded steps as CUDA graphs")

@@ -225,10 +225,19 @@ def test_chat_messages_and_beam_arguments_are_checked(llm, expected):
     (dict(backend="gpu"), ValueError, "backend='gpu' is not one of"),
     (dict(gpu_memory_utilization=0), ValueError, r"gpu_memory_utilization=0 must be in \(0, 1\]"),
     (dict(quantization="q3_k"), ValueError, "quantization='q3_k' is not one of 'q8_0', 'q4_0', 'q4_1'"),
+    (dict(kv_cache_dtype="bfloat16"), ValueError,
+     "kv_cache_dtype='bfloat16' is not one of 'float32', 'float16'"),
+    (dict(cuda_graphs="yes"), TypeError, "cuda_graphs must be True or False"),
 ])
 def test_bad_engine_options_name_the_field(kwargs, error, pattern):
     with pytest.raises(error, match=pattern):
         EngineConfig(**kwargs)
+
+
+def test_cuda_graphs_on_a_cpu_engine_is_a_clear_error(stories_dir):
+    with pytest.raises(ValueError, match="cuda_graphs=True needs the CUDA backend; this "
+                                         "engine runs on cpu"):
+        LLM(stories_dir, backend="cpu", cuda_graphs=True)
 
 
 def test_size_strings_are_bytes():

@@ -240,3 +240,14 @@ def test_quantization_on_the_command_line(tiny_model_dir):
     assert result.stdout == expected[0].text + "\n"
     assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir, "--quantization",
                                   "q2"), "invalid choice: 'q2'")
+
+
+def test_kv_cache_dtype_on_the_command_line(tiny_model_dir):
+    result = run_cli("generate", "hello there", "--model", tiny_model_dir, "--max-tokens", 6,
+                     "--temperature", 0, "--kv-cache-dtype", "float16")
+    assert result.returncode == 0, result.stderr
+    expected = LLM(tiny_model_dir, kv_cache_dtype="float16").generate(
+        "hello there", SamplingParams(max_tokens=6, temperature=0))
+    assert result.stdout == expected[0].text + "\n"
+    assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir, "--kv-cache-dtype",
+                                  "int8"), "invalid choice: 'int8'")

@@ -198,3 +198,24 @@ def test_stacked_layer_matrices_multiply_as_the_separate_ones(form):
             close(got, reference.linear(x, w))
         close(cpu.gate_up_silu(x, *parts[3:]), reference.gate_up_silu(x, *dense[3:]))
         close(cpu.linear(x, parts[1]), reference.linear(x, dense[1]))
+
+
+def test_a_float16_pool_rounds_on_write_and_widens_on_read():
+    """The CPU holds a float16 pool as uint16 bits (numba's CPU target has no float16):
+    its writes are the reference's float16 rounding bit for bit, and attention over it
+    equals the reference's over a float16 NumPy pool."""
+    rng = np.random.default_rng(16)
+    k_bits, v_bits = cpu.allocate_kv((1, 64, 16, 2, 8), np.float16)
+    k_half, v_half = reference.allocate_kv((1, 64, 16, 2, 8), np.float16)
+    assert k_bits.dtype == np.uint16 and k_half.dtype == np.float16
+    meta = AttentionMetadata.build([([3, 9], 0, 20), ([40], 0, 1), ([7, 2, 5], 30, 38)], 16)
+    k, v = rand(rng, meta.num_tokens, 2, 8) * 300, rand(rng, meta.num_tokens, 2, 8)  # rounding shows
+    cpu.write_kv(k_bits[0], v_bits[0], k, v, meta.slot_mapping)
+    reference.write_kv(k_half[0], v_half[0], k, v, meta.slot_mapping)
+    np.testing.assert_array_equal(k_bits.view(np.float16), k_half)
+    np.testing.assert_array_equal(v_bits.view(np.float16), v_half)
+    assert not np.array_equal(k_half[0].astype(np.float32).reshape(-1, 2, 8)[meta.slot_mapping], k)
+    q = rand(rng, meta.num_tokens, 4, 8) / 300
+    np.testing.assert_allclose(cpu.paged_attention(q, k_bits[0], v_bits[0], meta),
+                               reference.paged_attention(q, k_half[0], v_half[0], meta),
+                               rtol=RTOL, atol=ATOL)

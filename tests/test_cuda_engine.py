@@ -10,10 +10,14 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 
 def test_stories260k_greedy_generation_matches_the_cpu_backend(stories_dir):
+    """Float32 weights and KV pool; then float16 weights with a float16 KV pool on both
+    backends (K/V rounded alike when written)."""
     prompt = "Once upon a time"
-    cpu = LLM(stories_dir, backend="cpu", num_blocks=16).generate(prompt, GREEDY)[0]
-    for weight_dtype in ("float32", "float16"):  # its own float32 weights, then rounded
-        gpu_llm = LLM(stories_dir, backend="cuda", num_blocks=16, gpu_weight_dtype=weight_dtype)
+    for weight_dtype, kv_dtype in (("float32", "float32"), ("float16", "float16")):
+        cpu = LLM(stories_dir, backend="cpu", num_blocks=16,
+                  kv_cache_dtype=kv_dtype).generate(prompt, GREEDY)[0]
+        gpu_llm = LLM(stories_dir, backend="cuda", num_blocks=16, gpu_weight_dtype=weight_dtype,
+                      kv_cache_dtype=kv_dtype)
         assert gpu_llm.engine.backend_name == "cuda"
         gpu = gpu_llm.generate(prompt, GREEDY)[0]
         assert len(gpu.token_ids) == 8

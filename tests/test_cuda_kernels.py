@@ -231,8 +231,46 @@ def test_every_kernel_compiles_to_ptx_for_sm90():
     compiled = {line.split()[0] for line in result.stdout.splitlines()}
     per_dtype = {f"{k}[{d}]" for k in ("matmul_tiled", "gemv_rows", "gemv_qkv", "gemv_gate_up_silu")
                  for d in ("f16", "f32")}
-    assert compiled == per_dtype | {"paged_attention_decode", "merge_partitions",
-                                    "paged_attention_prefill",
-                                    "add_rms_norm", "rope_write_kv", "silu_mul", "gather_rows",
-                                    "copy_blocks", "round_activations"}
+    per_pool = {f"{k}{pool}" for k in ("paged_attention_decode", "paged_attention_prefill",
+                                        "rope_write_kv", "copy_blocks")
+                for pool in ("", "[kv-f16]")}  # float32 and float16 KV pools
+    assert compiled == per_dtype | per_pool | {"merge_partitions", "add_rms_norm", "silu_mul",
+                                               "gather_rows", "round_activations"}
     assert all("sm_90" in line for line in result.stdout.splitlines())
+
+
+def test_a_float16_pool_rounds_on_write_and_widens_on_read(gpu):
+    """kv_cache_dtype="float16" on the device: rope_write_kv rounds K/V into the pool
+    as the reference's float16 pool does, bit for bit; decode (split into partitions)
+    and prefill attention read it as the reference does."""
+    rng = np.random.default_rng(17)
+    cos, sin = reference.rope_tables(160, 8, 10000.0)
+    meta = AttentionMetadata.build([(list(range(10)), 0, 150), ([20], 0, 5)], 16)
+    n = meta.num_tokens
+    q, k, v = rand(rng, n, 4, 8), rand(rng, n, 2, 8) * 300, rand(rng, n, 2, 8)
+    k_half, v_half = reference.allocate_kv((1, 24, 16, 2, 8), np.float16)
+    want_q = reference.rope_write_kv(q, k, v, meta.positions, cos, sin, k_half[0], v_half[0],
+                                     meta.slot_mapping)
+    gpu.allocate_kv((1, 24, 16, 2, 8), np.float16)
+    dev_k, dev_v = gpu.kv_pool[0], gpu.kv_pool[1]
+    ids, dev_meta = gpu.prepare_inputs(np.zeros(n, np.int64), meta)
+    dev_q = gpu.rope_write_kv(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
+                              dev_meta.positions, cuda.to_device(cos), cuda.to_device(sin),
+                              dev_k[0], dev_v[0], dev_meta.slot_mapping)
+    assert dev_k.dtype == np.float16
+    slots = meta.slot_mapping  # (the device pool is not zeroed: compare the written slots)
+    for dev, want_pool in ((dev_k, k_half), (dev_v, v_half)):
+        np.testing.assert_array_equal(dev.copy_to_host().reshape(-1, 2, 8)[slots],
+                                      want_pool.reshape(-1, 2, 8)[slots])
+    want = reference.paged_attention(want_q / 300, k_half[0], v_half[0], meta)
+    # decode: the last token of each sequence, over 150 and 5 keys
+    decode = AttentionMetadata.build([(list(range(10)), 149, 150), ([20], 4, 5)], 16)
+    _, dev_decode = gpu.prepare_inputs(np.zeros(2, np.int64), decode)
+    assert dev_decode.decode_partitions == 2
+    q_last = (want_q / 300)[[149, 154]]
+    got = gpu.paged_attention(cuda.to_device(q_last), dev_k[0], dev_v[0], dev_decode)
+    np.testing.assert_allclose(got.copy_to_host(), want[[149, 154]], rtol=1e-4, atol=1e-5)
+    _, dev_meta = gpu.prepare_inputs(np.zeros(n, np.int64), meta)
+    got = gpu.paged_attention(cuda.to_device(want_q / 300), dev_k[0], dev_v[0], dev_meta)
+    np.testing.assert_allclose(got.copy_to_host(), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dev_q.copy_to_host(), want_q, **TOL)

@@ -118,3 +118,15 @@ def test_sampled_generation_is_reproducible_with_a_seed(smollm2, smollm2_referen
     ref = smollm2_reference
     logits = ref.forward(greedy.prompt_token_ids, ref.new_cache(64))[-1]
     assert greedy.token_ids[0] == int(np.argmax(logits))
+
+
+def test_a_float16_kv_cache_holds_twice_the_tokens_within_a_tenth_of_a_percent(smollm2_dir, smollm2):
+    """kv_cache_dtype="float16": K and V rounded to float16 when written. Same pool
+    bytes, twice the blocks; perplexity on prose.txt within 0.1% of the float32 pool."""
+    half = LLM(smollm2_dir, kv_cache_memory=64 << 20, kv_cache_dtype="float16")
+    full = LLM(smollm2_dir, kv_cache_memory=64 << 20)
+    assert half.engine.block_manager.num_blocks == 2 * full.engine.block_manager.num_blocks
+    ids = smollm2.tokenizer.encode(PROSE)
+    want, got = engine_perplexity(full, ids), engine_perplexity(half, ids)
+    assert got != want  # the rounding happened
+    assert abs(got / want - 1) < 1e-3, (got, want)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from . import checks
 
 BACKENDS = ("auto", "cpu", "cuda", "reference")
+KV_CACHE_DTYPES = ("float32", "float16")
 DEFAULT_KV_MEMORY_FRACTION = 0.2  # of available RAM at most, when no pool size is given
 QUANTIZATIONS = ("q8_0", "q4_0", "q4_1")  # what quantization= may ask for
 MAX_BLOCK_SIZE = 1024  # tokens per block; larger blocks waste up to a block per sequence
@@ -62,6 +63,7 @@ class EngineConfig:
     gpu_weight_dtype: str = "float16"  # CUDA: how weight matrices are stored on the device
     quantization: str | None = None  # "q8_0", "q4_0", "q4_1": quantize float matrices at load
     cuda_graphs: bool | None = None  # CUDA: replay recorded decode steps; None: on with a GPU
+    kv_cache_dtype: str = "float32"  # "float16": half the bytes a token, twice the blocks
 
     def __post_init__(self):
         """Check every field (TypeError: wrong type, ValueError: out of range)."""
@@ -83,6 +85,8 @@ class EngineConfig:
                                                     self.gpu_memory_utilization, maximum=1, above=0)
         self.gpu_weight_dtype = checks.one_of("gpu_weight_dtype", self.gpu_weight_dtype,
                                               ("float16", "float32"))
+        self.kv_cache_dtype = checks.one_of("kv_cache_dtype", self.kv_cache_dtype,
+                                            KV_CACHE_DTYPES)
         if self.cuda_graphs is not None:
             self.cuda_graphs = checks.boolean("cuda_graphs", self.cuda_graphs)
         if self.quantization is not None:

@@ -62,14 +62,14 @@ class LLMEngine:
         check_rope_fits(self.max_model_len, cfg.head_dim, ops.memory_available())
         model = LlamaModel(cfg, weights, ops, self.max_model_len)  # weights go to the backend
         del weights  # (the backend's form replaces them)
-        bytes_per_block = PagedKVCache.bytes_per_block(cfg, bs)
+        bytes_per_block = PagedKVCache.bytes_per_block(cfg, bs, config.kv_cache_dtype)
         num_blocks = pool_blocks(config, bytes_per_block, self.max_model_len,
                                  ops.default_kv_memory)
         check_pool_fits(num_blocks, bytes_per_block, ops.memory_available())
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens)
-        kv = PagedKVCache(cfg, num_blocks, bs, ops)
+        kv = PagedKVCache(cfg, num_blocks, bs, ops, config.kv_cache_dtype)
         self.runner = ModelRunner(model, kv, bs, decode_graphs(config, model, kv,
                                                                self.max_model_len))
         unique = {id(w): w for w in model.w.values()}.values()  # a tied lm_head counts once

@@ -14,18 +14,22 @@ from .config import ModelConfig
 
 class PagedKVCache:
     """The KV pool: K and V of shape (n_layers, num_blocks, block_size, n_kv, D),
-    allocated once by the backend (host or device memory)."""
+    allocated once by the backend (host or device memory), in float32 or float16
+    (dtype: half the bytes a token; values rounded to float16 when written, widened
+    to float32 when attention reads them)."""
 
-    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, ops):
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, ops,
+                 dtype: str = "float32"):
         shape = (cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads,
                  cfg.head_dim)
-        self.k, self.v = ops.allocate_kv(shape)
-        self.nbytes = 2 * int(np.prod(shape)) * np.dtype(np.float32).itemsize
+        self.dtype = np.dtype(dtype)
+        self.k, self.v = ops.allocate_kv(shape, self.dtype)
+        self.nbytes = 2 * int(np.prod(shape)) * self.dtype.itemsize
 
     @staticmethod
-    def bytes_per_block(cfg: ModelConfig, block_size: int) -> int:
+    def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: str = "float32") -> int:
         per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
-        return per_token * block_size * np.dtype(np.float32).itemsize
+        return per_token * block_size * np.dtype(dtype).itemsize
 
 
 class LlamaModel:

@@ -1,9 +1,9 @@
 """The CPU backend: numba.njit kernels; large matrix products through NumPy's BLAS."""
 # NumPy is already the right tool for these: slicing, fancy indexing, host arrays
-from ..reference import (allocate_kv, copy_blocks, default_kv_memory, embedding, gather_rows,
+from ..reference import (copy_blocks, default_kv_memory, embedding, gather_rows,
                          memory_available, prepare_inputs, rope_tables, to_host)
 from .attention import paged_attention
-from .cache_ops import write_kv
+from .cache_ops import allocate_kv, write_kv
 from .elementwise import add_rms_norm, rms_norm, rope, silu_mul
 from .linear import linear, prepare_linear_weights
 from .stacks import stack_layer_matrices, stacked_linear

@@ -1,8 +1,8 @@
-"""What the CPU kernels share: the float16 and bfloat16 widening intrinsics and the
-work split."""
+"""What the CPU kernels share: the float16 and bfloat16 widening intrinsics, the
+float16 KV pool's element conversions, and the work split."""
 from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 N_CHUNKS = 64  # work items per parallel call: rows of W are split into this many ranges
 
@@ -27,3 +27,36 @@ def bf16_bits_to_f32(typingctx, bits):
         wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
         return builder.bitcast(wide, ir.FloatType())
     return sig, codegen
+
+
+@intrinsic
+def f32_to_f16_bits(typingctx, value):
+    """float32 -> the uint16 bits of the nearest IEEE half (round half to even, as
+    NumPy's astype(float16); vectorises to vcvtps2ph)."""
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+    return sig, codegen
+
+
+def kv_widen(x):
+    """A KV pool element as float32 (a float16 pool holds uint16 bits)."""
+
+
+@overload(kv_widen, inline="always")
+def _kv_widen(x):
+    if x == types.uint16:
+        return lambda x: f16_bits_to_f32(x)
+    return lambda x: x
+
+
+def kv_narrow(value, pool):
+    """A float32 value as pool's element (float16 bits for a float16 pool)."""
+
+
+@overload(kv_narrow, inline="always")
+def _kv_narrow(value, pool):
+    if pool.dtype == types.uint16:
+        return lambda value, pool: f32_to_f16_bits(value)
+    return lambda value, pool: value

@@ -36,8 +36,8 @@ def _warp_sum(value):
 
 @cuda.jit(device=True, inline="always")
 def _lane_value(a, i, j, k, d, head_dim):
-    """a[i, j, k, d], or 0 for a lane's dimension past the head."""
-    return a[i, j, k, d] if d < head_dim else float32(0.0)
+    """a[i, j, k, d] as float32 (the pool may be float16), or 0 past the head."""
+    return float32(a[i, j, k, d]) if d < head_dim else float32(0.0)
 
 
 @jit_bounded(MAX_DECODE_THREADS)
@@ -194,8 +194,8 @@ def paged_attention_prefill(q, k_cache, v_cache, block_tables, positions, token_
             pos = k0 + j
             if pos < p0 + nq:
                 block, offset = block_tables[s, pos // block_size], pos % block_size
-                k_s[j, d] = k_cache[block, offset, kvh, d]
-                v_s[j, d] = v_cache[block, offset, kvh, d]
+                k_s[j, d] = float32(k_cache[block, offset, kvh, d])  # (the pool may be float16)
+                v_s[j, d] = float32(v_cache[block, offset, kvh, d])
         cuda.syncthreads()  # K/V tile staged
         for e in range(t, Q_TILE * KV_TILE, PREFILL_THREADS):
             qi, j = e // KV_TILE, e % KV_TILE

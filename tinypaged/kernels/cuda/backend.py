@@ -80,9 +80,10 @@ class CudaBackend:
                 self._rounds_x.add(id(out[name]))
         return out
 
-    def allocate_kv(self, shape: tuple[int, ...]):
-        """One device allocation holding K and V: (2, n_layers, num_blocks, block_size, n_kv, D)."""
-        self.kv_pool = cuda.device_array((2, *shape), dtype=np.float32)
+    def allocate_kv(self, shape: tuple[int, ...], dtype=np.float32):
+        """One device allocation holding K and V: (2, n_layers, num_blocks, block_size, n_kv, D),
+        float32 or float16 (the kernels widen on read, round on write)."""
+        self.kv_pool = cuda.device_array((2, *shape), dtype=np.dtype(dtype))
         return self.kv_pool[0], self.kv_pool[1]
 
     def prepare_inputs(self, token_ids: np.ndarray, meta):

@@ -33,22 +33,27 @@ def signatures() -> list[tuple[str, object, tuple]]:
                  (f"gemv_qkv[{wname}]", matmul.gemv_qkv, qkv),
                  (f"gemv_gate_up_silu[{wname}]", matmul.gemv_gate_up_silu,
                   (arr(F32, 2), arr(wtype, 2), arr(wtype, 2), arr(F32, 2)))]
-    q, pool = arr(F32, 3), arr(F32, 4)
-    attn = (q, pool, pool, arr(I32, 2), arr(I32, 1), arr(I32, 1))
+    q = arr(F32, 3)
+    for kv_name, kv_type in (("", F32), ("[kv-f16]", F16)):  # the KV pool's element type
+        pool = arr(kv_type, 4)
+        attn = (q, pool, pool, arr(I32, 2), arr(I32, 1), arr(I32, 1))
+        sigs += [
+            ("paged_attention_decode" + kv_name, attention.paged_attention_decode,
+             (*attn, arr(I32, 1), F32, arr(F32, 4), arr(F32, 4), arr(F32, 3))),
+            ("paged_attention_prefill" + kv_name, attention.paged_attention_prefill,
+             (*attn, arr(I32, 2), F32, arr(F32, 3))),
+            ("rope_write_kv" + kv_name, elementwise.rope_write_kv,
+             (q, q, q, arr(I32, 1), arr(F32, 2), arr(F32, 2), pool, pool, arr(I32, 1))),
+            ("copy_blocks" + kv_name, elementwise.copy_blocks,
+             (arr(kv_type, 5), arr(kv_type, 5), arr(I32, 2))),
+        ]
     sigs += [
-        ("paged_attention_decode", attention.paged_attention_decode,
-         (*attn, arr(I32, 1), F32, arr(F32, 4), arr(F32, 4), arr(F32, 3))),
         ("merge_partitions", attention.merge_partitions,
          (arr(I32, 1), arr(I32, 1), arr(F32, 4), arr(F32, 4), arr(F32, 3))),
-        ("paged_attention_prefill", attention.paged_attention_prefill,
-         (*attn, arr(I32, 2), F32, arr(F32, 3))),
         ("add_rms_norm", elementwise.add_rms_norm,
          (arr(F32, 2), arr(F32, 2), types.boolean, arr(F32, 1), F32, arr(F32, 2))),
-        ("rope_write_kv", elementwise.rope_write_kv,
-         (q, q, q, arr(I32, 1), arr(F32, 2), arr(F32, 2), pool, pool, arr(I32, 1))),
         ("silu_mul", elementwise.silu_mul, (arr(F32, 2), arr(F32, 2), arr(F32, 2))),
         ("gather_rows", elementwise.gather_rows, (arr(F32, 2), arr(I32, 1), arr(F32, 2))),
-        ("copy_blocks", elementwise.copy_blocks, (arr(F32, 5), arr(F32, 5), arr(I32, 2))),
         ("round_activations", elementwise.round_activations, (arr(F32, 2), arr(F32, 2))),
     ]
     return sigs

@@ -88,9 +88,9 @@ def measure(label: str, ptx: str, threads: int) -> KernelResources:
 
 
 def table(rows: list[KernelResources]) -> str:
-    lines = [f"{'kernel':28} {'threads':>7} {'regs':>5} {'stack B':>7} {'spill B':>7} "
+    lines = [f"{'kernel':32} {'threads':>7} {'regs':>5} {'stack B':>7} {'spill B':>7} "
              f"{'smem B':>7} {'occupancy':>9}"]
     for r in rows:
-        lines.append(f"{r.label:28} {r.threads:7} {r.registers:5} {r.stack_bytes:7} "
+        lines.append(f"{r.label:32} {r.threads:7} {r.registers:5} {r.stack_bytes:7} "
                      f"{r.spill_bytes:7} {r.shared_bytes:7} {r.occupancy:9.0%}")
     return "\n".join(lines)
