@@ -15,7 +15,8 @@ from numba import cuda
 
 from ...model.packed import PackedWeight
 from ..reference import rope_tables as host_rope_tables
-from . import attention, elementwise, matmul
+from . import attention, elementwise, matmul, packed_matmul
+from .packed_matmul import DevicePacked
 from .memory import MetadataUploader, StepWorkspace
 
 EMBEDDING = "model.embed_tokens.weight"
@@ -66,18 +67,19 @@ class CudaBackend:
     def prepare_weights(self, weights: dict[str, np.ndarray]) -> dict:
         """Upload once: 2-D matrices as weight_dtype, everything else as float32. A tied
         lm_head gets its own copy in weight_dtype (the embedding table stays float32
-        for the gather). Packed (quantized) matrices are widened on the way (packed
-        GPU kernels come with the GPU issue); their products still round x to int8
-        blocks first, as on every backend (reference.round_activations)."""
+        for the gather). Packed (quantized) matrices go up packed (DevicePacked), and
+        their products round x to int8 blocks first, as on every backend
+        (reference.round_activations); a packed embedding table is widened."""
         out = {}
         for name, w in weights.items():
-            packed = isinstance(w, PackedWeight)
-            if packed:
+            if isinstance(w, PackedWeight) and name != EMBEDDING:
+                out[name] = DevicePacked(w)
+                self._rounds_x.add(id(out[name]))
+                continue
+            if isinstance(w, PackedWeight):
                 w = w.dequantize()
             dtype = self.weight_dtype if w.ndim == 2 and name != EMBEDDING else np.float32
             out[name] = cuda.to_device(np.ascontiguousarray(w, dtype=dtype))
-            if packed:
-                self._rounds_x.add(id(out[name]))
         return out
 
     def allocate_kv(self, shape: tuple[int, ...], dtype=np.float32):
@@ -161,7 +163,9 @@ class CudaBackend:
         out = self._empty(n_rows, n_out)
         has_bias = bias is not None
         bias = bias if has_bias else self._no_bias
-        if n_rows <= matmul.GEMV_MAX_ROWS:
+        if isinstance(weight, DevicePacked):
+            self._packed_product(x, weight, bias, has_bias, out)
+        elif n_rows <= matmul.GEMV_MAX_ROWS:
             self._launch(matmul.gemv_rows, matmul.gemv_blocks(n_out), matmul.GEMV_THREADS, x, weight, bias, has_bias, out)
         else:
             grid = (ceil_div(n_out, matmul.TILE), ceil_div(n_rows, matmul.TILE))
@@ -169,9 +173,24 @@ class CudaBackend:
                          x, weight, bias, has_bias, out)
         return out
 
+    def _packed_product(self, x, w: DevicePacked, bias, has_bias, out):
+        """out = x @ W.T (+ bias) for a packed W: packed GEMVs for decode, else the tiled
+        product dequantizing W's tiles in shared memory."""
+        pm = packed_matmul
+        if x.shape[0] > matmul.GEMV_MAX_ROWS:
+            grid = (ceil_div(w.shape[0], matmul.TILE), ceil_div(x.shape[0], matmul.TILE))
+            self._launch(pm.matmul_tiled_packed, grid, (matmul.TILE, matmul.TILE),
+                         x, w.quants, w.scales, w.mins, w.kind, bias, has_bias, out)
+        elif w.kind == pm.Q8_0_KIND:
+            self._launch(pm.gemv_q8_0, matmul.gemv_blocks(w.shape[0]), matmul.GEMV_THREADS,
+                         x, w.words, w.scales, bias, has_bias, out)
+        else:
+            self._launch(pm.gemv_q4, matmul.gemv_blocks(w.shape[0]), matmul.GEMV_THREADS,
+                         x, w.quants, w.scales, w.mins, w.kind == pm.Q4_1_KIND, bias, has_bias, out)
+
     def qkv_proj(self, x, wq, wk, wv, bq=None, bk=None, bv=None):
         x = self._input_for(x, wq)  # (q, k and v are packed alike, or not at all)
-        if x.shape[0] > matmul.GEMV_MAX_ROWS:
+        if x.shape[0] > matmul.GEMV_MAX_ROWS or isinstance(wq, DevicePacked):
             return self._product(x, wq, bq), self._product(x, wk, bk), self._product(x, wv, bv)
         q, k, v = (self._empty(x.shape[0], w.shape[0]) for w in (wq, wk, wv))
         has_bias = bq is not None
@@ -183,7 +202,7 @@ class CudaBackend:
 
     def gate_up_silu(self, x, w_gate, w_up):
         x = self._input_for(x, w_gate)
-        if x.shape[0] > matmul.GEMV_MAX_ROWS:
+        if x.shape[0] > matmul.GEMV_MAX_ROWS or isinstance(w_gate, DevicePacked):
             return self.silu_mul(self._product(x, w_gate), self._product(x, w_up))
         out = self._empty(x.shape[0], w_gate.shape[0])
         self._launch(matmul.gemv_gate_up_silu, matmul.gemv_blocks(w_gate.shape[0]),

@@ -73,6 +73,13 @@ def _warp_row_dots(x, w, n, lane, acc):
                 for m in range(GEMV_MAX_ROWS):
                     if m < n_rows:
                         acc[m] += wk * x[m, k]
+    _warp_sum_rows(acc, n_rows)
+
+
+@cuda.jit(device=True, inline="always")
+def _warp_sum_rows(acc, n_rows):
+    """acc[m] summed over the warp's lanes, every lane getting it, for m < n_rows (the
+    same in every lane: the warp shuffles together): butterflies of shfl_xor_sync."""
     for m in range(GEMV_MAX_ROWS):
         if m < n_rows:
             offset = WARP // 2

@@ -12,9 +12,10 @@ import sys
 
 from numba import cuda, types
 
-from . import attention, elementwise, matmul
+from . import attention, elementwise, matmul, packed_matmul
 
-F32, F16, I32 = types.float32, types.float16, types.int32
+F32, F16, I32, I64 = types.float32, types.float16, types.int32, types.int64
+I8, U8 = types.int8, types.uint8
 
 
 def arr(dtype, ndim):
@@ -33,6 +34,14 @@ def signatures() -> list[tuple[str, object, tuple]]:
                  (f"gemv_qkv[{wname}]", matmul.gemv_qkv, qkv),
                  (f"gemv_gate_up_silu[{wname}]", matmul.gemv_gate_up_silu,
                   (arr(F32, 2), arr(wtype, 2), arr(wtype, 2), arr(F32, 2)))]
+    x, bias, flag = arr(F32, 2), arr(F32, 1), types.boolean
+    sigs += [("gemv_q8_0", packed_matmul.gemv_q8_0,
+              (x, arr(I32, 2), arr(F16, 2), bias, flag, x)),
+             ("gemv_q4", packed_matmul.gemv_q4,
+              (x, arr(U8, 2), arr(F16, 2), arr(F16, 2), flag, bias, flag, x))]
+    for qname, qtype in (("q8_0", I8), ("q4", U8)):
+        sigs.append((f"matmul_tiled_packed[{qname}]", packed_matmul.matmul_tiled_packed,
+                     (x, arr(qtype, 2), arr(F16, 2), arr(F16, 2), I64, bias, flag, x)))
     q = arr(F32, 3)
     for kv_name, kv_type in (("", F32), ("[kv-f16]", F16)):  # the KV pool's element type
         pool = arr(kv_type, 4)
@@ -63,6 +72,8 @@ def block_threads(label: str) -> int:
     """Threads per block the backend launches the kernel with (RoPE: a 128-wide head)."""
     name = label.split("[")[0]
     return {"matmul_tiled": matmul.TILE * matmul.TILE, "gemv_rows": matmul.GEMV_THREADS,
+            "matmul_tiled_packed": matmul.TILE * matmul.TILE,
+            "gemv_q8_0": matmul.GEMV_THREADS, "gemv_q4": matmul.GEMV_THREADS,
             "gemv_qkv": matmul.GEMV_THREADS, "gemv_gate_up_silu": matmul.GEMV_THREADS,
             "paged_attention_decode": 4 * 32,  # a GQA group of 4 (SmolLM2's is 3)
             "merge_partitions": attention.MERGE_THREADS,

@@ -1,0 +1,162 @@
+"""CUDA products with packed (Q8_0 / Q4_0 / Q4_1) weights, uploaded as the host holds
+them (model/packed.py), never widened whole:
+    quants  (N, K) int8 (Q8_0); (N, K/2) uint8 (Q4_x: byte p holds weight p in its
+            low nibble, weight p + K/2 in its high one)
+    scales  (N, K/32) float16, mins (N, K/32) float16 (Q4_1; a placeholder otherwise)
+Weight (n, k) = scale * q (Q8_0), scale * (q - 8) (Q4_0), scale * q + min (Q4_1).
+x comes rounded to int8 blocks already (elementwise.round_activations), as every
+backend's packed products take it; products accumulate in float32.
+
+- `gemv_q8_0`, `gemv_q4`: decode (M <= GEMV_MAX_ROWS), the float16 GEMV's layout:
+  a warp per weight row, lanes on VEC consecutive bytes of quants (the warp reads
+  128 consecutive bytes a step, coalesced), shfl_xor sums. Traffic: the packed row
+  once (Q8_0: 34 bytes per 32 weights, Q4_0: 18, Q4_1: 20; float16: 64).
+- `matmul_tiled_packed`: prefill and large batches, matmul_tiled with each W tile
+  dequantized as it is staged in shared memory.
+"""
+from numba import cuda, float32, int32
+
+from .bounded_jit import jit_bounded
+from .matmul import (GEMV_BOUNDS, GEMV_MAX_ROWS, TILE, VEC, WARP, _first_warp_and_stride,
+                     _warp_sum_rows)
+
+Q8_0_KIND, Q4_0_KIND, Q4_1_KIND = 0, 1, 2
+QK = 32  # weights per scale
+
+
+@cuda.jit(device=True, inline="always")
+def _weight(quants, scales, mins, kind, n, k, half):
+    """Weight (n, k) as float32 (half = K / 2, where Q4_x rows fold)."""
+    scale = float32(scales[n, k // QK])
+    if kind == Q8_0_KIND:
+        return scale * float32(quants[n, k])
+    q = int32(quants[n, k]) & 15 if k < half else int32(quants[n, k - half]) >> 4
+    if kind == Q4_0_KIND:
+        return scale * float32(q - 8)
+    return scale * float32(q) + float32(mins[n, k // QK])
+
+
+@cuda.jit(device=True, inline="always")
+def _q8_0_row_dots(x, words, scales, n, lane, acc):
+    """acc[m] = x[m] . W[n] in every lane (as matmul._warp_row_dots), on Q8_0 quants
+    read as int32 words of 4 (one 4-byte load a lane; the warp reads 128 bytes)."""
+    n_rows, width = x.shape
+    for m in range(GEMV_MAX_ROWS):
+        acc[m] = float32(0.0)
+    for c in range(lane, width // 4, WARP):  # word c holds weights 4c .. 4c + 3
+        word = words[n, c]
+        scale = float32(scales[n, c // (QK // 4)])
+        for v in range(4):
+            q = int32(word << (24 - 8 * v)) >> 24  # byte v, sign-extended (little-endian)
+            wk = scale * float32(q)
+            for m in range(GEMV_MAX_ROWS):
+                if m < n_rows:
+                    acc[m] += wk * x[m, 4 * c + v]
+    _warp_sum_rows(acc, n_rows)
+
+
+@cuda.jit(device=True, inline="always")
+def _q4_row_dots(x, quants, scales, mins, has_mins, n, lane, acc):
+    """acc[m] = x[m] . W[n] in every lane, on Q4_0 (has_mins False) or Q4_1 quants:
+    lanes walk the K/2 bytes of the row; byte p gives weights p and p + K/2."""
+    n_rows, width = x.shape
+    half = width // 2
+    for m in range(GEMV_MAX_ROWS):
+        acc[m] = float32(0.0)
+    for p0 in range(lane * VEC, half, WARP * VEC):
+        s_low, s_high = float32(scales[n, p0 // QK]), float32(scales[n, (p0 + half) // QK])
+        m_low = float32(mins[n, p0 // QK]) if has_mins else float32(-8.0) * s_low
+        m_high = float32(mins[n, (p0 + half) // QK]) if has_mins else float32(-8.0) * s_high
+        for v in range(VEC):
+            byte = int32(quants[n, p0 + v])
+            w_low = s_low * float32(byte & 15) + m_low
+            w_high = s_high * float32(byte >> 4) + m_high
+            for m in range(GEMV_MAX_ROWS):
+                if m < n_rows:
+                    acc[m] += w_low * x[m, p0 + v] + w_high * x[m, p0 + v + half]
+    _warp_sum_rows(acc, n_rows)
+
+
+@jit_bounded(GEMV_BOUNDS)
+def gemv_q8_0(x, words, scales, bias, has_bias, out):
+    """Blocks of GEMV_WARPS warps, grid-stride rows per warp (as matmul.gemv_rows);
+    words: the (N, K) int8 quants viewed as (N, K/4) int32."""
+    lane = cuda.threadIdx.x % WARP
+    first, stride = _first_warp_and_stride()
+    acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+    for n in range(first, words.shape[0], stride):
+        _q8_0_row_dots(x, words, scales, n, lane, acc)
+        if lane == 0:
+            for m in range(GEMV_MAX_ROWS):
+                if m < x.shape[0]:
+                    out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
+
+
+@jit_bounded(GEMV_BOUNDS)
+def gemv_q4(x, quants, scales, mins, has_mins, bias, has_bias, out):
+    """Q4_0 / Q4_1 (has_mins) rows; layout as gemv_q8_0."""
+    lane = cuda.threadIdx.x % WARP
+    first, stride = _first_warp_and_stride()
+    acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+    for n in range(first, quants.shape[0], stride):
+        _q4_row_dots(x, quants, scales, mins, has_mins, n, lane, acc)
+        if lane == 0:
+            for m in range(GEMV_MAX_ROWS):
+                if m < x.shape[0]:
+                    out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
+
+
+@cuda.jit
+def matmul_tiled_packed(x, quants, scales, mins, kind, bias, has_bias, out):
+    """matmul.matmul_tiled with W's tile dequantized (_weight) as it is staged: grid
+    (ceil(N / TILE), ceil(M / TILE)), block (TILE, TILE)."""
+    x_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [row, k]
+    w_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [k, n]
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    n_rows, width = x.shape
+    n_out = quants.shape[0]
+    half = width // 2
+    row = cuda.blockIdx.y * TILE + ty
+    col = cuda.blockIdx.x * TILE + tx
+    w_row = cuda.blockIdx.x * TILE + ty  # the W row this thread stages
+    acc = float32(0.0)
+    for k0 in range(0, width, TILE):
+        k = k0 + tx
+        x_tile[ty, tx] = x[row, k] if row < n_rows and k < width else float32(0.0)
+        w_tile[tx, ty] = _weight(quants, scales, mins, kind, w_row, k, half) \
+            if w_row < n_out and k < width else float32(0.0)
+        cuda.syncthreads()  # both tiles are staged
+        for kk in range(TILE):
+            acc += x_tile[ty, kk] * w_tile[kk, tx]
+        cuda.syncthreads()  # everyone is done reading before the next stage
+    if row < n_rows and col < n_out:
+        if has_bias:
+            acc += bias[col]
+        out[row, col] = acc
+
+
+class DevicePacked:
+    """A PackedWeight's arrays on the device, as the host holds them (scales and mins
+    as float16). shape: (N, K) of the weights it stands for."""
+    __slots__ = ("kind", "shape", "quants", "words", "scales", "mins")
+
+    def __init__(self, packed):
+        import numpy as np
+
+        from ...model.ggml_quant import Q4_0, Q8_0
+        self.kind = {Q8_0: Q8_0_KIND, Q4_0: Q4_0_KIND}.get(packed.ggml_type, Q4_1_KIND)
+        self.shape = packed.shape
+        self.quants = cuda.to_device(packed.quants)
+        # Q8_0's GEMV reads its quants 4 at a time: the same bytes as (N, K/4) int32
+        self.words = self.quants.view(np.int32) if self.kind == Q8_0_KIND else None
+        self.scales = cuda.to_device(packed.scales.view(np.float16))
+        mins = packed.mins if packed.mins is not None else np.zeros((1, 1), np.uint16)
+        self.mins = cuda.to_device(mins.view(np.float16))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in (self.quants, self.scales, self.mins))
+
+    @property
+    def ndim(self) -> int:
+        return 2
