@@ -244,7 +244,8 @@ def test_every_kernel_compiles_to_ptx_for_sm90():
     per_pool = {f"{k}{pool}" for k in ("paged_attention_decode", "paged_attention_prefill",
                                         "rope_write_kv", "copy_blocks")
                 for pool in ("", "[kv-f16]")}  # float32 and float16 KV pools
-    packed = {"gemv_q8_0", "gemv_q4", "matmul_tiled_packed[q8_0]", "matmul_tiled_packed[q4]"}
+    packed = {f"gemv_{q}{form}" for q in ("q8_0", "q4") for form in ("", "_qkv", "_gate_up_silu")}
+    packed |= {"matmul_tiled_packed[q8_0]", "matmul_tiled_packed[q4]"}
     assert compiled == per_dtype | per_pool | packed | {"merge_partitions", "add_rms_norm",
                                                         "silu_mul", "gather_rows",
                                                         "round_activations"}

@@ -27,6 +27,16 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _decode(x) -> bool:
+    """Few enough rows of x for the decode GEMVs (else the tiled products)."""
+    return x.shape[0] <= matmul.GEMV_MAX_ROWS
+
+
+def _packed_args(w: DevicePacked) -> tuple:
+    """(quants as the GEMVs read them, scales, mins, has_mins) of a packed matrix."""
+    return w.words, w.scales, w.mins, w.kind == packed_matmul.Q4_1_KIND
+
+
 def free_device_memory() -> int:
     """Bytes free on the device now. The simulator reports infinite memory; its
     "device" arrays live in host RAM, so that is what it has."""
@@ -52,7 +62,6 @@ class CudaBackend:
         self.transfers = 0  # host <-> device copies of step inputs, logits and CoW pairs
         self._recording = None  # the StepRecording that launches are added to, if any
         self._pairs = None  # device buffer for copy-on-write pairs
-        self._rounds_x = set()  # ids of the matrices uploaded from packed ones
 
     # -- moving data ---------------------------------------------------------------
     def default_kv_memory(self, config) -> int:
@@ -74,7 +83,6 @@ class CudaBackend:
         for name, w in weights.items():
             if isinstance(w, PackedWeight) and name != EMBEDDING:
                 out[name] = DevicePacked(w)
-                self._rounds_x.add(id(out[name]))
                 continue
             if isinstance(w, PackedWeight):
                 w = w.dequantize()
@@ -144,8 +152,9 @@ class CudaBackend:
         return out, (residual if has_residual else x)
 
     def _input_for(self, x, weight):
-        """x, or x rounded to int8 blocks when weight was packed."""
-        return self.round_activations_of(x) if id(weight) in self._rounds_x else x
+        """x, or x rounded to int8 blocks when weight is packed (as every backend's
+        packed products take it)."""
+        return self.round_activations_of(x) if isinstance(weight, DevicePacked) else x
 
     def round_activations_of(self, x):
         """x (M, K) as products with packed weights take it (reference.round_activations)."""
@@ -165,8 +174,9 @@ class CudaBackend:
         bias = bias if has_bias else self._no_bias
         if isinstance(weight, DevicePacked):
             self._packed_product(x, weight, bias, has_bias, out)
-        elif n_rows <= matmul.GEMV_MAX_ROWS:
-            self._launch(matmul.gemv_rows, matmul.gemv_blocks(n_out), matmul.GEMV_THREADS, x, weight, bias, has_bias, out)
+        elif _decode(x):
+            self._launch(matmul.gemv_rows, matmul.gemv_blocks(n_out), matmul.GEMV_THREADS,
+                         x, weight, bias, has_bias, out)
         else:
             grid = (ceil_div(n_out, matmul.TILE), ceil_div(n_rows, matmul.TILE))
             self._launch(matmul.matmul_tiled, grid, (matmul.TILE, matmul.TILE),
@@ -174,39 +184,47 @@ class CudaBackend:
         return out
 
     def _packed_product(self, x, w: DevicePacked, bias, has_bias, out):
-        """out = x @ W.T (+ bias) for a packed W: packed GEMVs for decode, else the tiled
-        product dequantizing W's tiles in shared memory."""
-        pm = packed_matmul
-        if x.shape[0] > matmul.GEMV_MAX_ROWS:
-            grid = (ceil_div(w.shape[0], matmul.TILE), ceil_div(x.shape[0], matmul.TILE))
-            self._launch(pm.matmul_tiled_packed, grid, (matmul.TILE, matmul.TILE),
-                         x, w.quants, w.scales, w.mins, w.kind, bias, has_bias, out)
-        elif w.kind == pm.Q8_0_KIND:
-            self._launch(pm.gemv_q8_0, matmul.gemv_blocks(w.shape[0]), matmul.GEMV_THREADS,
-                         x, w.words, w.scales, bias, has_bias, out)
+        """out = x @ W.T (+ bias) for a packed W: the packed GEMV for decode, else the
+        tiled product dequantizing W's tiles in shared memory."""
+        if _decode(x):
+            gemv = packed_matmul.decode_kernels(w.kind)[0]
+            self._launch(gemv, matmul.gemv_blocks(w.shape[0]), matmul.GEMV_THREADS,
+                         x, *_packed_args(w), bias, has_bias, out)
         else:
-            self._launch(pm.gemv_q4, matmul.gemv_blocks(w.shape[0]), matmul.GEMV_THREADS,
-                         x, w.quants, w.scales, w.mins, w.kind == pm.Q4_1_KIND, bias, has_bias, out)
+            grid = (ceil_div(w.shape[0], matmul.TILE), ceil_div(x.shape[0], matmul.TILE))
+            self._launch(packed_matmul.matmul_tiled_packed, grid, (matmul.TILE, matmul.TILE),
+                         x, w.quants, w.scales, w.mins, w.kind, bias, has_bias, out)
 
     def qkv_proj(self, x, wq, wk, wv, bq=None, bk=None, bv=None):
         x = self._input_for(x, wq)  # (q, k and v are packed alike, or not at all)
-        if x.shape[0] > matmul.GEMV_MAX_ROWS or isinstance(wq, DevicePacked):
+        if not _decode(x):
             return self._product(x, wq, bq), self._product(x, wk, bk), self._product(x, wv, bv)
         q, k, v = (self._empty(x.shape[0], w.shape[0]) for w in (wq, wk, wv))
         has_bias = bq is not None
         bq, bk, bv = (b if has_bias else self._no_bias for b in (bq, bk, bv))
-        rows = wq.shape[0] + wk.shape[0] + wv.shape[0]
-        self._launch(matmul.gemv_qkv, matmul.gemv_blocks(rows), matmul.GEMV_THREADS,
-                     x, wq, wk, wv, bq, bk, bv, has_bias, q, k, v)
+        blocks = matmul.gemv_blocks(wq.shape[0] + wk.shape[0] + wv.shape[0])
+        if isinstance(wq, DevicePacked):
+            matrices = [a for w in (wq, wk, wv) for a in _packed_args(w)[:3]]
+            self._launch(packed_matmul.decode_kernels(wq.kind)[1], blocks, matmul.GEMV_THREADS,
+                         x, *matrices, _packed_args(wq)[3], bq, bk, bv, has_bias, q, k, v)
+        else:
+            self._launch(matmul.gemv_qkv, blocks, matmul.GEMV_THREADS,
+                         x, wq, wk, wv, bq, bk, bv, has_bias, q, k, v)
         return q, k, v
 
     def gate_up_silu(self, x, w_gate, w_up):
         x = self._input_for(x, w_gate)
-        if x.shape[0] > matmul.GEMV_MAX_ROWS or isinstance(w_gate, DevicePacked):
+        if not _decode(x):
             return self.silu_mul(self._product(x, w_gate), self._product(x, w_up))
         out = self._empty(x.shape[0], w_gate.shape[0])
-        self._launch(matmul.gemv_gate_up_silu, matmul.gemv_blocks(w_gate.shape[0]),
-                     matmul.GEMV_THREADS, x, w_gate, w_up, out)
+        blocks = matmul.gemv_blocks(w_gate.shape[0])
+        if isinstance(w_gate, DevicePacked):
+            self._launch(packed_matmul.decode_kernels(w_gate.kind)[2], blocks,
+                         matmul.GEMV_THREADS, x, *_packed_args(w_gate)[:3],
+                         *_packed_args(w_up), out)
+        else:
+            self._launch(matmul.gemv_gate_up_silu, blocks, matmul.GEMV_THREADS,
+                         x, w_gate, w_up, out)
         return out
 
     def rope_write_kv(self, q, k, v, positions, cos_table, sin_table, k_cache, v_cache,

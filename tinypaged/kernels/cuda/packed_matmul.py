@@ -7,13 +7,17 @@ Weight (n, k) = scale * q (Q8_0), scale * (q - 8) (Q4_0), scale * q + min (Q4_1)
 x comes rounded to int8 blocks already (elementwise.round_activations), as every
 backend's packed products take it; products accumulate in float32.
 
-- `gemv_q8_0`, `gemv_q4`: decode (M <= GEMV_MAX_ROWS), the float16 GEMV's layout:
-  a warp per weight row, lanes on VEC consecutive bytes of quants (the warp reads
-  128 consecutive bytes a step, coalesced), shfl_xor sums. Traffic: the packed row
-  once (Q8_0: 34 bytes per 32 weights, Q4_0: 18, Q4_1: 20; float16: 64).
+- `gemv_q8_0`, `gemv_q4` (and their `_qkv` and `_gate_up_silu` forms: two or three
+  matrices in one launch): decode (M <= GEMV_MAX_ROWS), the float16 GEMV's layout:
+  a warp per weight row, lanes on 4 consecutive bytes of quants (Q8_0's read as one
+  int32 word; the warp reads 128 consecutive bytes a step, coalesced), shfl_xor
+  sums. Traffic: the packed row once (Q8_0: 34 bytes per 32 weights, Q4_0: 18,
+  Q4_1: 20; float16: 64), x from cache.
 - `matmul_tiled_packed`: prefill and large batches, matmul_tiled with each W tile
   dequantized as it is staged in shared memory.
 """
+import math
+
 from numba import cuda, float32, int32
 
 from .bounded_jit import jit_bounded
@@ -37,9 +41,10 @@ def _weight(quants, scales, mins, kind, n, k, half):
 
 
 @cuda.jit(device=True, inline="always")
-def _q8_0_row_dots(x, words, scales, n, lane, acc):
+def _q8_0_row_dots(x, words, scales, mins, has_mins, n, lane, acc):
     """acc[m] = x[m] . W[n] in every lane (as matmul._warp_row_dots), on Q8_0 quants
-    read as int32 words of 4 (one 4-byte load a lane; the warp reads 128 bytes)."""
+    read as int32 words of 4 (one 4-byte load a lane; the warp reads 128 bytes).
+    (mins, has_mins: unused; the Q4 form's signature.)"""
     n_rows, width = x.shape
     for m in range(GEMV_MAX_ROWS):
         acc[m] = float32(0.0)
@@ -77,33 +82,75 @@ def _q4_row_dots(x, quants, scales, mins, has_mins, n, lane, acc):
     _warp_sum_rows(acc, n_rows)
 
 
-@jit_bounded(GEMV_BOUNDS)
-def gemv_q8_0(x, words, scales, bias, has_bias, out):
-    """Blocks of GEMV_WARPS warps, grid-stride rows per warp (as matmul.gemv_rows);
-    words: the (N, K) int8 quants viewed as (N, K/4) int32."""
-    lane = cuda.threadIdx.x % WARP
-    first, stride = _first_warp_and_stride()
-    acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-    for n in range(first, words.shape[0], stride):
-        _q8_0_row_dots(x, words, scales, n, lane, acc)
-        if lane == 0:
-            for m in range(GEMV_MAX_ROWS):
-                if m < x.shape[0]:
-                    out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
+@cuda.jit(device=True, inline="always")
+def _store_rows(out, bias, has_bias, n, acc, lane, n_rows):
+    """Lane 0 writes out[m, n] = acc[m] (+ bias[n]) for the rows of x."""
+    if lane == 0:
+        for m in range(GEMV_MAX_ROWS):
+            if m < n_rows:
+                out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
 
 
-@jit_bounded(GEMV_BOUNDS)
-def gemv_q4(x, quants, scales, mins, has_mins, bias, has_bias, out):
-    """Q4_0 / Q4_1 (has_mins) rows; layout as gemv_q8_0."""
-    lane = cuda.threadIdx.x % WARP
-    first, stride = _first_warp_and_stride()
-    acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-    for n in range(first, quants.shape[0], stride):
-        _q4_row_dots(x, quants, scales, mins, has_mins, n, lane, acc)
-        if lane == 0:
-            for m in range(GEMV_MAX_ROWS):
-                if m < x.shape[0]:
-                    out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
+def _decode_kernels(row_dots):
+    """The decode kernels of one packed format, given its row-dot device function
+    (quants, scales, mins, has_mins name a matrix): one matrix, q/k/v in one launch,
+    gate/up with SiLU in one launch. Blocks of GEMV_WARPS warps, grid-stride rows per
+    warp (as matmul.gemv_rows, gemv_qkv, gemv_gate_up_silu)."""
+
+    @jit_bounded(GEMV_BOUNDS)
+    def gemv(x, quants, scales, mins, has_mins, bias, has_bias, out):
+        lane = cuda.threadIdx.x % WARP
+        first, stride = _first_warp_and_stride()
+        acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+        for n in range(first, quants.shape[0], stride):
+            row_dots(x, quants, scales, mins, has_mins, n, lane, acc)
+            _store_rows(out, bias, has_bias, n, acc, lane, x.shape[0])
+
+    @jit_bounded(GEMV_BOUNDS)
+    def qkv(x, wq, sq, mq, wk, sk, mk, wv, sv, mv, has_mins, bq, bk, bv, has_bias,
+            q_out, k_out, v_out):
+        lane = cuda.threadIdx.x % WARP
+        first, stride = _first_warp_and_stride()
+        nq, nk = wq.shape[0], wk.shape[0]
+        acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+        for g in range(first, nq + 2 * nk, stride):  # (a branch per matrix: no array is
+            if g < nq:                               # chosen at run time, which costs registers)
+                row_dots(x, wq, sq, mq, has_mins, g, lane, acc)
+                _store_rows(q_out, bq, has_bias, g, acc, lane, x.shape[0])
+            elif g < nq + nk:
+                row_dots(x, wk, sk, mk, has_mins, g - nq, lane, acc)
+                _store_rows(k_out, bk, has_bias, g - nq, acc, lane, x.shape[0])
+            else:
+                row_dots(x, wv, sv, mv, has_mins, g - nq - nk, lane, acc)
+                _store_rows(v_out, bv, has_bias, g - nq - nk, acc, lane, x.shape[0])
+
+    @jit_bounded(GEMV_BOUNDS)
+    def gate_up_silu(x, wg, sg, mg, wu, su, mu, has_mins, out):
+        lane = cuda.threadIdx.x % WARP
+        first, stride = _first_warp_and_stride()
+        gate = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+        up = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+        for n in range(first, wg.shape[0], stride):
+            row_dots(x, wg, sg, mg, has_mins, n, lane, gate)
+            row_dots(x, wu, su, mu, has_mins, n, lane, up)
+            if lane == 0:
+                for m in range(GEMV_MAX_ROWS):
+                    if m < x.shape[0]:
+                        g = gate[m]
+                        out[m, n] = g / (float32(1.0) + math.exp(-g)) * up[m]
+
+    return gemv, qkv, gate_up_silu
+
+
+gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu = _decode_kernels(_q8_0_row_dots)
+gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu = _decode_kernels(_q4_row_dots)
+
+
+def decode_kernels(kind: int) -> tuple:
+    """(gemv, qkv, gate_up_silu) for a packed format."""
+    if kind == Q8_0_KIND:
+        return gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu
+    return gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu
 
 
 @cuda.jit
@@ -147,8 +194,8 @@ class DevicePacked:
         self.kind = {Q8_0: Q8_0_KIND, Q4_0: Q4_0_KIND}.get(packed.ggml_type, Q4_1_KIND)
         self.shape = packed.shape
         self.quants = cuda.to_device(packed.quants)
-        # Q8_0's GEMV reads its quants 4 at a time: the same bytes as (N, K/4) int32
-        self.words = self.quants.view(np.int32) if self.kind == Q8_0_KIND else None
+        # what the GEMVs read: Q8_0's quants 4 at a time, the same bytes as (N, K/4) int32
+        self.words = self.quants.view(np.int32) if self.kind == Q8_0_KIND else self.quants
         self.scales = cuda.to_device(packed.scales.view(np.float16))
         mins = packed.mins if packed.mins is not None else np.zeros((1, 1), np.uint16)
         self.mins = cuda.to_device(mins.view(np.float16))

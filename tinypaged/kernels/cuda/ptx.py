@@ -35,10 +35,13 @@ def signatures() -> list[tuple[str, object, tuple]]:
                  (f"gemv_gate_up_silu[{wname}]", matmul.gemv_gate_up_silu,
                   (arr(F32, 2), arr(wtype, 2), arr(wtype, 2), arr(F32, 2)))]
     x, bias, flag = arr(F32, 2), arr(F32, 1), types.boolean
-    sigs += [("gemv_q8_0", packed_matmul.gemv_q8_0,
-              (x, arr(I32, 2), arr(F16, 2), bias, flag, x)),
-             ("gemv_q4", packed_matmul.gemv_q4,
-              (x, arr(U8, 2), arr(F16, 2), arr(F16, 2), flag, bias, flag, x))]
+    for qname, qtype in (("q8_0", I32), ("q4", U8)):  # Q8_0's GEMVs read int32 words
+        gemv, qkv, gate_up = packed_matmul.decode_kernels(
+            packed_matmul.Q8_0_KIND if qname == "q8_0" else packed_matmul.Q4_1_KIND)
+        m = (arr(qtype, 2), arr(F16, 2), arr(F16, 2))  # quants, scales, mins
+        sigs += [(f"gemv_{qname}", gemv, (x, *m, flag, bias, flag, x)),
+                 (f"gemv_{qname}_qkv", qkv, (x, *m * 3, flag, bias, bias, bias, flag, x, x, x)),
+                 (f"gemv_{qname}_gate_up_silu", gate_up, (x, *m * 2, flag, x))]
     for qname, qtype in (("q8_0", I8), ("q4", U8)):
         sigs.append((f"matmul_tiled_packed[{qname}]", packed_matmul.matmul_tiled_packed,
                      (x, arr(qtype, 2), arr(F16, 2), arr(F16, 2), I64, bias, flag, x)))
@@ -73,7 +76,8 @@ def block_threads(label: str) -> int:
     name = label.split("[")[0]
     return {"matmul_tiled": matmul.TILE * matmul.TILE, "gemv_rows": matmul.GEMV_THREADS,
             "matmul_tiled_packed": matmul.TILE * matmul.TILE,
-            "gemv_q8_0": matmul.GEMV_THREADS, "gemv_q4": matmul.GEMV_THREADS,
+            **{f"gemv_{q}{f}": matmul.GEMV_THREADS for q in ("q8_0", "q4")
+               for f in ("", "_qkv", "_gate_up_silu")},
             "gemv_qkv": matmul.GEMV_THREADS, "gemv_gate_up_silu": matmul.GEMV_THREADS,
             "paged_attention_decode": 4 * 32,  # a GQA group of 4 (SmolLM2's is 3)
             "merge_partitions": attention.MERGE_THREADS,
