@@ -61,7 +61,7 @@ def test_asking_for_cuda_without_a_gpu_is_a_clear_error(tmp_path, monkeypatch):
     assert get_backend("auto").name == "cpu"
 
 
-needs_gpu = pytest.mark.skipif(not cuda_usable(), reason="needs a GPU (runs in bench/gpu_check.sh)")
+needs_gpu = pytest.mark.skipif(not cuda_usable(), reason="needs a GPU (bench/gpu_check.py runs it there)")
 
 
 @needs_gpu

@@ -134,7 +134,9 @@ def merge_partitions(positions, decode_rows, part_acc, part_ml, out):
     """Grid (len(decode_rows), n_heads), block (MERGE_THREADS,): thread d combines
     dimension d of the partitions of row decode_rows[i], head h, by log-sum-exp:
     out = sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p. Reads only
-    the partitions the row's context reaches (none for a padding row: zeros)."""
+    the partitions the row's context reaches (none for a padding row: zeros).
+    Traffic: n_parts x (D + 2) floats a (row, head), against the 2 x context x D of
+    K/V that the split kernel read."""
     i, h, d = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
     if d >= out.shape[2]:
         return
