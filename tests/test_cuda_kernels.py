@@ -287,3 +287,29 @@ def test_a_float16_pool_rounds_on_write_and_widens_on_read(gpu):
     got = gpu.paged_attention(cuda.to_device(want_q / 300), dev_k[0], dev_v[0], dev_meta)
     np.testing.assert_allclose(got.copy_to_host(), want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(dev_q.copy_to_host(), want_q, **TOL)
+
+
+def test_with_packed_weights_the_norm_also_writes_its_output_rounded():
+    """The norm's rounded output (one warp step per 32-value block, max by shuffles)
+    is reference.round_activations of its output, bit for bit, and the packed product
+    of a norm's output takes it without a round_activations launch."""
+    from tinypaged.model.ggml_quant import Q8_0
+    from tinypaged.model.packed import PackedWeight
+    rng = np.random.default_rng(23)
+    gpu = CudaBackend(weight_dtype=np.float32)
+    dev = gpu.prepare_weights({"w": PackedWeight.quantize(rand(rng, 8, 96), Q8_0)})
+    x, residual, weight = rand(rng, 3, 96), rand(rng, 3, 96), rand(rng, 96)
+    x[1, 32:64] = 0.0  # a block of zeros: d = 0
+    dev_residual = cuda.to_device(residual)
+    out, _ = gpu.add_rms_norm(cuda.to_device(x), dev_residual, cuda.to_device(weight), 1e-5)
+    want, _ = reference.add_rms_norm(x, residual, weight, 1e-5)
+    np.testing.assert_allclose(out.copy_to_host(), want, **TOL)
+    before = gpu.launches
+    rounded = gpu._input_for(out, dev["w"])
+    assert gpu.launches == before  # no rounding launch: the norm wrote it
+    np.testing.assert_array_equal(rounded.copy_to_host(),
+                                  reference.round_activations(out.copy_to_host()))
+    other = cuda.to_device(out.copy_to_host())  # not a norm's output: rounded by a launch
+    np.testing.assert_array_equal(gpu._input_for(other, dev["w"]).copy_to_host(),
+                                  rounded.copy_to_host())
+    assert gpu.launches == before + 1

@@ -9,11 +9,11 @@ import math
 from numba import cuda, float32
 
 from .bounded_jit import jit_bounded
+from .warp import warp_sum
 
 MAX_HEAD_DIM = 128  # bound for shared per-head arrays; decode lanes hold 4 dimensions each
 PARTITION = 128  # decode: keys per split-K partition (one block per KV head and partition)
 MERGE_THREADS = MAX_HEAD_DIM  # merge_partitions: one thread per dimension
-FULL_WARP = 0xFFFFFFFF
 MAX_DECODE_THREADS = 1024  # decode: 32 warps, a GQA group of up to 32 query heads; as a
 #   launch bound it also holds the kernel to 64 registers (65,536 / 1,024)
 Q_TILE = 16  # prefill: queries per block
@@ -22,16 +22,6 @@ PREFILL_THREADS = 128
 PREFILL_BLOCKS_PER_SM = 6  # what its ~34 KB of shared memory allows; as a launch bound it
 #   keeps registers at or under 85 a thread so that registers do not lower it further
 NEG_INF = float32(-math.inf)
-
-
-@cuda.jit(device=True, inline="always")
-def _warp_sum(value):
-    """Sum over the 32 lanes of a warp, every lane gets it (butterfly of shfl_xor)."""
-    offset = 16
-    while offset > 0:
-        value += cuda.shfl_xor_sync(FULL_WARP, value, offset)
-        offset //= 2
-    return value
 
 
 @cuda.jit(device=True, inline="always")
@@ -85,7 +75,7 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_s
                    + q1 * _lane_value(k_cache, block, offset, kvh, d1, head_dim)
                    + q2 * _lane_value(k_cache, block, offset, kvh, d2, head_dim)
                    + q3 * _lane_value(k_cache, block, offset, kvh, d3, head_dim))
-        score = _warp_sum(partial) * scale
+        score = warp_sum(partial) * scale
         m_new = max(m, score)
         correction = math.exp(m - m_new)  # 0 on the first key (m = -inf)
         p = math.exp(score - m_new)

@@ -62,6 +62,9 @@ class CudaBackend:
         self.transfers = 0  # host <-> device copies of step inputs, logits and CoW pairs
         self._recording = None  # the StepRecording that launches are added to, if any
         self._pairs = None  # device buffer for copy-on-write pairs
+        self._packed = False  # any matrix uploaded packed: norms also write their output rounded
+        self._no_round = cuda.device_array((1, 1), dtype=np.float32)  # placeholder output
+        self._rounded = {}  # id(norm output) -> (it, it rounded), this step's
 
     # -- moving data ---------------------------------------------------------------
     def default_kv_memory(self, config) -> int:
@@ -83,6 +86,7 @@ class CudaBackend:
         for name, w in weights.items():
             if isinstance(w, PackedWeight) and name != EMBEDDING:
                 out[name] = DevicePacked(w)
+                self._packed = True
                 continue
             if isinstance(w, PackedWeight):
                 w = w.dequantize()
@@ -98,6 +102,7 @@ class CudaBackend:
 
     def prepare_inputs(self, token_ids: np.ndarray, meta):
         self.workspace.reset()
+        self._rounded.clear()
         self.transfers += 1
         return self.uploader.upload(token_ids, meta, attention.Q_TILE, attention.PARTITION)
 
@@ -113,6 +118,7 @@ class CudaBackend:
         assert self._recording is None, "recordings do not nest"
         recording.clear()
         recording.workspace.reset()
+        self._rounded.clear()
         eager_workspace, self.workspace, self._recording = self.workspace, recording.workspace, recording
         try:
             yield recording
@@ -145,16 +151,26 @@ class CudaBackend:
         return out
 
     def add_rms_norm(self, x, residual, weight, eps):
+        """With packed matrices, the norm also writes its output rounded (the form their
+        products take), so that no round_activations launch precedes them."""
         out = self._empty(*x.shape)
         has_residual = residual is not None
+        do_round = self._packed and x.shape[1] % 32 == 0
+        rounded = self._empty(*x.shape) if do_round else self._no_round
         self._launch(elementwise.add_rms_norm, x.shape[0], elementwise.NORM_THREADS,
-                     x, residual if has_residual else x, has_residual, weight, np.float32(eps), out)
+                     x, residual if has_residual else x, has_residual, weight, np.float32(eps),
+                     out, rounded, do_round)
+        if do_round:
+            self._rounded[id(out)] = (out, rounded)
         return out, (residual if has_residual else x)
 
     def _input_for(self, x, weight):
         """x, or x rounded to int8 blocks when weight is packed (as every backend's
-        packed products take it)."""
-        return self.round_activations_of(x) if isinstance(weight, DevicePacked) else x
+        packed products take it): the norm's rounded output when x is a norm's."""
+        if not isinstance(weight, DevicePacked):
+            return x
+        known = self._rounded.get(id(x))
+        return known[1] if known is not None and known[0] is x else self.round_activations_of(x)
 
     def round_activations_of(self, x):
         """x (M, K) as products with packed weights take it (reference.round_activations)."""

@@ -5,22 +5,24 @@ import math
 
 from numba import cuda, float32
 
+from .warp import warp_max, warp_sum
+
 NORM_THREADS = 32  # add_rms_norm: threads per token row (a warp)
 ROW_THREADS = 32  # row-wise copies: threads per row
 
 
 @cuda.jit
-def add_rms_norm(x, residual, has_residual, weight, eps, out):
-    """Grid (T,), block NORM_THREADS. Row t: r = x + residual (stored back into
-    residual) or x alone, out = r * rsqrt(mean(r^2) + eps) * weight. One read of x
-    and residual, one write of each output; the threads' sums of squares meet in one
-    shared accumulator (two barriers, not a tree: the simulator's barriers are slow)."""
-    total = cuda.shared.array(1, dtype=float32)
+def add_rms_norm(x, residual, has_residual, weight, eps, out, rounded, do_round):
+    """Grid (T,), block NORM_THREADS (one warp). Row t: r = x + residual (stored back
+    into residual) or x alone, out = r * rsqrt(mean(r^2) + eps) * weight. One read of
+    x and residual, one write of each output; the lanes' sums of squares meet in a
+    shfl_xor butterfly (the same order every run: a replayed step equals the eager
+    one bit for bit). do_round (hidden a multiple of 32): rounded also gets out as
+    products with packed weights take it (reference.round_activations), each block
+    of 32 values being one step of the warp, its max met by shuffles: that saves a
+    round_activations launch before the packed q/k/v and gate/up products."""
     row, t = cuda.blockIdx.x, cuda.threadIdx.x
     hidden = x.shape[1]
-    if t == 0:
-        total[0] = float32(0.0)
-    cuda.syncthreads()  # the accumulator is zeroed
     ss = float32(0.0)
     for i in range(t, hidden, NORM_THREADS):
         v = x[row, i]
@@ -28,12 +30,33 @@ def add_rms_norm(x, residual, has_residual, weight, eps, out):
             v += residual[row, i]
             residual[row, i] = v
         ss += v * v
-    cuda.atomic.add(total, 0, ss)
-    cuda.syncthreads()  # every thread's share is in
-    scale = float32(1.0) / math.sqrt(total[0] / hidden + eps)
-    for i in range(t, hidden, NORM_THREADS):
-        v = residual[row, i] if has_residual else x[row, i]
-        out[row, i] = v * scale * weight[i]
+    scale = float32(1.0) / math.sqrt(warp_sum(ss) / hidden + eps)
+    for i0 in range(0, hidden, NORM_THREADS):  # (every lane takes every step: shuffles)
+        i = i0 + t
+        v = float32(0.0)
+        if i < hidden:
+            v = (residual[row, i] if has_residual else x[row, i]) * scale * weight[i]
+            out[row, i] = v
+        if do_round:
+            d, inverse = block_step(warp_max(abs(v)))
+            if i < hidden:
+                rounded[row, i] = to_step(v, d, inverse)
+
+
+@cuda.jit(device=True, inline="always")
+def block_step(amax):
+    """(d, 1 / d) of a 32-value block whose largest magnitude is amax: d = amax / 127
+    (0 and 0 for a block of zeros), as reference.quantize_activations computes them."""
+    d = float32(amax / float32(127.0))  # (the quotient is float64: rounded once to float32)
+    inverse = float32(float32(1.0) / d) if d > float32(0.0) else float32(0.0)
+    return d, inverse
+
+
+@cuda.jit(device=True, inline="always")
+def to_step(v, d, inverse):
+    """v as d * round-half-even(v / d), all in float32 (reference.round_activations)."""
+    scaled = float32(v * inverse)
+    return d * float32(float32(scaled + HALF_EVEN) - HALF_EVEN)
 
 
 @cuda.jit
@@ -102,7 +125,7 @@ def copy_blocks(k_pool, v_pool, pairs):
 
 ROUND_THREADS = 64  # round_activations: threads per block, one 32-value block of x each
 _ACTIVATION_BLOCK = 32
-_HALF_EVEN = float32(12582912.0)  # 1.5 * 2^23: (v + this) - this rounds |v| < 2^22 half to even
+HALF_EVEN = float32(12582912.0)  # 1.5 * 2^23: (v + this) - this rounds |v| < 2^22 half to even
 
 
 @cuda.jit
@@ -118,9 +141,6 @@ def round_activations(x, out):
     amax = float32(0.0)
     for k in range(k0, k0 + _ACTIVATION_BLOCK):
         amax = max(amax, abs(x[m, k]))
-    d = float32(amax / float32(127.0))  # (the quotient is float64: rounded once to float32)
-    inverse = float32(float32(1.0) / d) if d > float32(0.0) else float32(0.0)
+    d, inverse = block_step(amax)
     for k in range(k0, k0 + _ACTIVATION_BLOCK):
-        v = float32(x[m, k] * inverse)
-        q = float32(float32(v + _HALF_EVEN) - _HALF_EVEN)
-        out[m, k] = d * q
+        out[m, k] = to_step(x[m, k], d, inverse)

@@ -1,0 +1,26 @@
+"""Warp-wide reductions (device functions): every lane gets the result, and the
+order of the additions is the same on every run (a butterfly of shfl_xor_sync),
+unlike atomics into shared memory."""
+from numba import cuda
+
+FULL_MASK = 0xFFFFFFFF
+
+
+@cuda.jit(device=True, inline="always")
+def warp_sum(value):
+    """Sum over the 32 lanes of a warp."""
+    offset = 16
+    while offset > 0:
+        value += cuda.shfl_xor_sync(FULL_MASK, value, offset)
+        offset //= 2
+    return value
+
+
+@cuda.jit(device=True, inline="always")
+def warp_max(value):
+    """Max over the 32 lanes of a warp."""
+    offset = 16
+    while offset > 0:
+        value = max(value, cuda.shfl_xor_sync(FULL_MASK, value, offset))
+        offset //= 2
+    return value
