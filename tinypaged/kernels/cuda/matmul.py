@@ -96,6 +96,15 @@ def _first_warp_and_stride():
             cuda.gridDim.x * GEMV_WARPS)
 
 
+@cuda.jit(device=True, inline="always")
+def _store_rows(out, bias, has_bias, n, acc, lane, n_rows):
+    """Lane 0 writes out[m, n] = acc[m] (+ bias[n]) for the rows of x."""
+    if lane == 0:
+        for m in range(GEMV_MAX_ROWS):
+            if m < n_rows:
+                out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
+
+
 @jit_bounded(GEMV_BOUNDS)
 def gemv_rows(x, w, bias, has_bias, out):
     """Blocks of GEMV_WARPS warps; warp g of the grid owns W rows g, g + warps, ...
@@ -106,10 +115,7 @@ def gemv_rows(x, w, bias, has_bias, out):
     acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
     for n in range(first, w.shape[0], stride):
         _warp_row_dots(x, w, n, lane, acc)
-        if lane == 0:
-            for m in range(GEMV_MAX_ROWS):
-                if m < x.shape[0]:
-                    out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
+        _store_rows(out, bias, has_bias, n, acc, lane, x.shape[0])
 
 
 @jit_bounded(GEMV_BOUNDS)
@@ -128,10 +134,7 @@ def gemv_qkv(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out):
         else:
             w, b, out, n = wv, bv, v_out, g - nq - nk
         _warp_row_dots(x, w, n, lane, acc)
-        if lane == 0:
-            for m in range(GEMV_MAX_ROWS):
-                if m < x.shape[0]:
-                    out[m, n] = acc[m] + b[n] if has_bias else acc[m]
+        _store_rows(out, b, has_bias, n, acc, lane, x.shape[0])
 
 
 @jit_bounded(GEMV_BOUNDS)

@@ -22,7 +22,7 @@ from numba import cuda, float32, int32
 
 from .bounded_jit import jit_bounded
 from .matmul import (GEMV_BOUNDS, GEMV_MAX_ROWS, TILE, VEC, WARP, _first_warp_and_stride,
-                     _warp_sum_rows)
+                     _store_rows, _warp_sum_rows)
 
 Q8_0_KIND, Q4_0_KIND, Q4_1_KIND = 0, 1, 2
 QK = 32  # weights per scale
@@ -80,15 +80,6 @@ def _q4_row_dots(x, quants, scales, mins, has_mins, n, lane, acc):
                 if m < n_rows:
                     acc[m] += w_low * x[m, p0 + v] + w_high * x[m, p0 + v + half]
     _warp_sum_rows(acc, n_rows)
-
-
-@cuda.jit(device=True, inline="always")
-def _store_rows(out, bias, has_bias, n, acc, lane, n_rows):
-    """Lane 0 writes out[m, n] = acc[m] (+ bias[n]) for the rows of x."""
-    if lane == 0:
-        for m in range(GEMV_MAX_ROWS):
-            if m < n_rows:
-                out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
 
 
 def _decode_kernels(row_dots):
