@@ -148,3 +148,26 @@ def test_a_graph_mode_decode_step_is_one_launch_and_two_transfers(tmp_path):
                                                 ops.transfers]) - before)
     assert per_step[False] == (245, 0, 2)
     assert per_step[True] == (0, 1, 2)
+
+
+def test_a_context_growing_past_an_attention_partition_is_recorded_again(tmp_path):
+    """Decode attention's grid has a power-of-two count of 128-key partitions; a step
+    whose context crosses 128 keys runs a second recording of the same bucket
+    (sharing its workspace), with the merge kernel, equal to the eager step."""
+    write_tiny_model(str(tmp_path), max_position_embeddings=256)
+    runs = {}
+    for cuda_graphs in (False, True):
+        engine = LLMEngine(tmp_path, EngineConfig(backend="cuda", num_blocks=12,
+                                                  cuda_graphs=cuda_graphs))
+        logits = _record_logits(engine)
+        engine.add_request(list(range(3, 128)), SamplingParams(temperature=0, max_tokens=6,
+                                                               ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+        runs[cuda_graphs] = logits, engine
+    (eager_logits, _), (graph_logits, engine) = runs[False], runs[True]
+    _assert_same_steps(graph_logits, eager_logits)
+    graphs = engine.runner.decode_graphs
+    assert set(graphs.steps) == {(1, 1), (1, 2)}  # up to 128 keys, then past them
+    assert graphs.steps[1, 1].recording.workspace is graphs.steps[1, 2].recording.workspace
+    assert engine.runner.model.ops.graph_launches >= 2

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .attention import PARTITION
-from .memory import partitions_for
+from .memory import StepWorkspace, partitions_for
 from .static_decode import StaticDecodeInputs, bucket_for, bucket_sizes
 from .step_recording import StepRecording
 
@@ -36,7 +36,8 @@ class DecodeGraphs:
         self.model, self.kv, self.ops = model, kv, model.ops
         self.buckets = bucket_sizes(max_batch)
         self.max_blocks, self.capture = max_blocks, capture
-        self.inputs: dict[int, StaticDecodeInputs] = {}
+        self.inputs: dict[int, StaticDecodeInputs] = {}  # a bucket's input buffer
+        self.workspaces: dict[int, StepWorkspace] = {}  # and its activations' (one step at a time)
         self.steps: dict[tuple[int, int], RecordedStep] = {}  # by (bucket, partitions)
 
     def accepts(self, rows_per_sequence: list[int], logits_rows: list[int] | None) -> bool:
@@ -53,8 +54,9 @@ class DecodeGraphs:
         if step is None:
             if bucket not in self.inputs:
                 self.inputs[bucket] = StaticDecodeInputs(bucket, self.max_blocks)
-            step = self.steps[bucket, partitions] = RecordedStep(self.inputs[bucket], partitions,
-                                                                 StepRecording())
+                self.workspaces[bucket] = StepWorkspace()
+            step = self.steps[bucket, partitions] = RecordedStep(
+                self.inputs[bucket], partitions, StepRecording(self.workspaces[bucket]))
         step.inputs.upload(token_ids, meta)
         self.ops.transfers += 1
         if step.logits is None:

@@ -14,9 +14,12 @@ from .memory import StepWorkspace
 
 
 class StepRecording:
-    def __init__(self):
+    def __init__(self, workspace: StepWorkspace | None = None):
+        """workspace: where the step's activations live; no eager step may use it (a
+        recording's launches name arrays in it). Recordings that never run at once
+        (the steps of one batch-size bucket) may share one."""
         self.launches: list[tuple] = []  # (kernel, grid, block, args) in launch order
-        self.workspace = StepWorkspace()  # this step's activations; never shared
+        self.workspace = workspace or StepWorkspace()
         self.graph = None  # the captured CUDA graph, on a GPU
 
     def __len__(self) -> int:
