@@ -16,6 +16,7 @@ import math
 from numba import cuda, float32
 
 from .bounded_jit import jit_bounded
+from .warp import warp_sum
 
 TILE = 16  # matmul_tiled: block (TILE, TILE), shared tiles TILE x TILE
 GEMV_MAX_ROWS = 8  # rows of x the decode path takes; beyond this, matmul_tiled
@@ -23,7 +24,6 @@ WARP = 32
 GEMV_WARPS = 4  # gemv kernels: warps (one weight row each at a time) per block
 GEMV_THREADS = GEMV_WARPS * WARP
 VEC = 4  # consecutive weights a lane reads per step (8 bytes of float16)
-FULL_MASK = 0xFFFFFFFF
 GEMV_BOUNDS = (GEMV_THREADS, 8)  # 8 blocks of 128 threads an SM (50%): at most 64 registers
 
 
@@ -82,10 +82,7 @@ def _warp_sum_rows(acc, n_rows):
     same in every lane: the warp shuffles together): butterflies of shfl_xor_sync."""
     for m in range(GEMV_MAX_ROWS):
         if m < n_rows:
-            offset = WARP // 2
-            while offset > 0:
-                acc[m] += cuda.shfl_xor_sync(FULL_MASK, acc[m], offset)
-                offset //= 2
+            acc[m] = warp_sum(acc[m])
 
 
 @cuda.jit(device=True, inline="always")

@@ -194,7 +194,3 @@ class DevicePacked:
     @property
     def nbytes(self) -> int:
         return sum(int(a.nbytes) for a in (self.quants, self.scales, self.mins))
-
-    @property
-    def ndim(self) -> int:
-        return 2
