@@ -46,7 +46,10 @@ class SampleText:
 
     @property
     def visible(self) -> str:
-        return self.text if self.finished else self.text[:len(self.text) - self.holdback]
+        """The text a stream may show: all of it once finished, else all but the held-back
+        tail (nothing while the text is shorter than the tail: a negative slice end would
+        count from the end and show text that later disappears)."""
+        return self.text if self.finished else self.text[:max(0, len(self.text) - self.holdback)]
 
 
 class Request:
