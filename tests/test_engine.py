@@ -102,6 +102,23 @@ def test_parallel_samples_share_the_prompt_and_differ(tiny):
     assert engine.stats()["blocks_used"] == 0
 
 
+def test_parallel_samples_never_exceed_max_num_seqs(tiny):
+    """n samples are forked after the prompt, without admission: admission keeps their
+    places (issue 18, A5: 40 prompts with n=32 ran 1,056 sequences under a limit of 64)."""
+    llm = LLM(tiny, backend="cpu", block_size=4, num_blocks=400, max_num_seqs=8)
+    engine = llm.engine
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=6, seed=1, ignore_eos=True)
+    for i in range(6):
+        engine.add_request([3 + i, 4, 5], params, request_id=f"r{i}")
+    peak, finished = 0, 0
+    while engine.has_unfinished():
+        finished += sum(out.finished for out in engine.step())
+        peak = max(peak, len(engine.scheduler.running))
+        assert len(engine.scheduler.running) <= 8
+    assert finished == 6 and peak >= 6  # two requests' samples at once, not one
+    assert engine.stats()["blocks_used"] == 0
+
+
 def test_a_seed_gives_the_same_text_whatever_else_is_in_the_batch(tiny):
     llm = LLM(tiny, num_blocks=200)
     params = SamplingParams(temperature=0.9, top_k=50, max_tokens=10, seed=11, ignore_eos=True)

@@ -38,6 +38,13 @@ class ScheduledBatch:
         return bool(self.prefills or self.decodes)
 
 
+def seats(seq: Sequence) -> int:
+    """Places in the running batch (max_num_seqs) a sequence holds: a first sample
+    before its first token holds one for each of the request's n samples, since its
+    n - 1 forks join the batch when its prompt is done, without being admitted."""
+    return seq.params.n if seq.sample_index == 0 and seq.num_output_tokens == 0 else 1
+
+
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int,
                  max_num_batched_tokens: int):
@@ -93,15 +100,16 @@ class Scheduler:
                 budget -= self._schedule_chunk(batch, seq, budget)
 
         # 3. admit waiting sequences first-come first-served (none if we just preempted)
+        seats_taken = sum(seats(seq) for seq in self.running)
         while self.waiting and budget > 0 and self.num_preemptions == preemptions_before:
             seq = self.waiting[0]
-            n_samples = seq.params.n if seq.num_output_tokens == 0 else 1  # forks after prefill
-            if len(self.running) + n_samples > self.max_num_seqs or not bm.can_allocate(seq):
+            if seats_taken + seats(seq) > self.max_num_seqs or not bm.can_allocate(seq):
                 break
             self.waiting.popleft()
             bm.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            seats_taken += seats(seq)
             budget -= self._schedule_chunk(batch, seq, budget)
         return batch
 
