@@ -143,6 +143,7 @@ def cmd_serve(args) -> None:
 
     config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
                           served_model_name=args.served_model_name, max_waiting=args.max_waiting,
+                          max_prompts_per_request=args.max_prompts_per_request,
                           max_body_bytes=args.max_body_bytes,
                           shutdown_timeout=args.shutdown_timeout)
     sock = bind(config)
@@ -265,7 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--served-model-name", default=server["served_model_name"],
                    help="the model name clients use (default: the model folder's name)")
     s.add_argument("--max-waiting", type=int, default=server["max_waiting"],
-                   help="queued requests beyond which new ones get 503 + Retry-After")
+                   help="queued sequences (prompts x n) beyond which new requests get 503 "
+                        "+ Retry-After")
+    s.add_argument("--max-prompts-per-request", type=int,
+                   default=server["max_prompts_per_request"],
+                   help="a request with more prompts than this gets 400")
     s.add_argument("--max-body-bytes", type=parse_bytes, default=server["max_body_bytes"],
                    help="larger request bodies get 413")
     s.add_argument("--shutdown-timeout", type=float, default=server["shutdown_timeout"],

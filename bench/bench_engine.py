@@ -25,7 +25,7 @@ def run_steps(llm, prompts, params):
     ids = [engine.add_request(p, params) for p in prompts]
     first_token, decode_tokens, decode_seconds = {}, 0, 0.0
     while engine.has_unfinished():
-        prefill_waiting = bool(engine.scheduler.waiting)
+        prefill_waiting = engine.scheduler.num_waiting > 0
         t = time.perf_counter()
         outputs = engine.step()
         dt = time.perf_counter() - t

@@ -288,3 +288,68 @@ def test_an_unreferenced_llm_is_collected_and_its_thread_ends_after_beam_search(
     gc.collect()
     thread.join(timeout=10)
     assert gone() is None and not thread.is_alive()
+
+
+# -- queue bookkeeping (issue 18, A1 and A10) ---------------------------------------------
+
+def test_aborting_waiting_requests_keeps_the_queue_in_order_and_counted(stories_dir):
+    """Aborted waiting sequences leave the queue lazily, so an abort costs no scan of
+    the queue; the others still run first come, first served, and the counts agree."""
+    with LLM(stories_dir, backend="cpu", kv_cache_memory=4 << 20, max_num_seqs=1) as llm:
+        engine = llm.engine
+        params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, n=1)
+        for i in range(300):
+            engine.add_request([1, 5 + i % 50], params, request_id=f"r{i}")
+        assert engine.scheduler.num_waiting == engine.scheduler.waiting_seats == 300
+        for i in range(300):
+            if i % 3:
+                engine.abort(f"r{i}")
+        scheduler = engine.scheduler
+        assert scheduler.num_waiting == 100 and len(scheduler.waiting) < 300  # compacted
+        order = []
+        while engine.has_unfinished():
+            order += [out.request_id for out in engine.step() if out.finished]
+        assert order == [f"r{i}" for i in range(0, 300, 3)]
+        assert scheduler.num_waiting == scheduler.waiting_seats == 0 and not scheduler.waiting
+        assert engine.stats()["blocks_used"] == 0
+
+
+def test_a_request_with_a_sample_preempted_counts_as_running_only(stories_dir):
+    """/metrics' gauges: a request runs if any of its samples runs (A10: a request with
+    one sample preempted was counted both running and waiting)."""
+    with LLM(stories_dir, backend="cpu", kv_cache_memory=4 << 20) as llm:
+        engine, loop = llm.engine, llm._loop
+        engine.add_request([1, 5, 6], SamplingParams(n=2, temperature=1.0, max_tokens=50,
+                                                     ignore_eos=True, seed=1), request_id="r")
+        engine.step()  # the prompt, forked into two samples
+        engine.scheduler._preempt(engine.scheduler.running[-1])
+        loop._publish_state()
+        metrics = llm.metrics()
+        assert (metrics.running, metrics.waiting) == (1, 0)
+        assert llm.num_waiting_samples == 1
+        engine.abort("r")
+        loop._publish_state()
+        assert (llm.metrics().running, llm.metrics().waiting, llm.num_waiting_samples) == (0, 0, 0)
+
+
+def test_waiting_samples_count_n_per_request(stories_dir):
+    with LLM(stories_dir, backend="cpu", kv_cache_memory=4 << 20, max_num_seqs=2) as llm:
+        params = SamplingParams(n=2, temperature=1.0, max_tokens=3, ignore_eos=True, seed=2)
+        outputs = llm.generate([[1, 5], [1, 6], [1, 7]], params)
+        assert all(len(out.outputs) == 2 for out in outputs)
+        assert llm.num_waiting_samples == 0
+        held = threading.Event()
+        release = threading.Event()
+
+        def hold_the_loop():
+            held.set()
+            release.wait()
+        caller = threading.Thread(target=lambda: llm._loop.call(hold_the_loop))
+        caller.start()
+        held.wait()  # the loop thread is busy: adds queue up, counted with their n
+        handles = [llm.submit([1, 8], params), llm.submit([1, 9], SamplingParams(max_tokens=2))]
+        assert llm.num_waiting_samples == 3 and llm.num_waiting == 2
+        release.set()
+        caller.join()
+        assert all(h.result().finished for h in handles)
+        assert llm.num_waiting_samples == 0

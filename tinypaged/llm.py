@@ -194,6 +194,11 @@ class LLM:
         """Requests queued and not yet running."""
         return self._loop.num_waiting
 
+    @property
+    def num_waiting_samples(self) -> int:
+        """Sequences queued and not yet running (a request of n samples counts n)."""
+        return self._loop.num_waiting_samples
+
     def block_map(self, peak: bool = False) -> str:
         """A picture of the KV pool: now, or (peak=True) when it held the most blocks."""
         engine = self.engine

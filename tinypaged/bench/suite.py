@@ -121,7 +121,7 @@ def _decode_rate(engine, concurrency: int, params: SamplingParams) -> float:
                            params)
     tokens, seconds = 0, 0.0
     while engine.has_unfinished():
-        decoding = not engine.scheduler.waiting
+        decoding = engine.scheduler.num_waiting == 0
         t = time.perf_counter()
         outs = engine.step()
         if decoding:

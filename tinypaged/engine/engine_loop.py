@@ -18,7 +18,7 @@ import concurrent.futures
 import itertools
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Callable
 
 from ..outputs import CompletionOutput, RequestOutput
@@ -40,12 +40,16 @@ class EngineLoop:
         self._commands: deque[tuple] = deque()
         self._streams: dict[str, RequestStream] = {}  # live requests, by id
         self._num_queued_adds = 0  # added but not yet taken into the engine
+        self._queued_samples = 0  # their samples (n each)
+        self._waiting_samples = 0  # samples in the engine (or held) not running yet, as of the last publish
         self._dead: EngineDeadError | None = None
         self._thread: threading.Thread | None = None
         self._ids = itertools.count()
         # owned by the loop thread
         self._exclusive: deque[tuple[Callable, concurrent.futures.Future]] = deque()
-        self._held: deque[tuple[PreparedRequest, RequestStream]] = deque()  # adds held back
+        # adds held back while an exclusive call waits, by request id (in arrival order)
+        self._held: OrderedDict[str, tuple[PreparedRequest, RequestStream]] = OrderedDict()
+        self._held_samples = 0
 
     # -- callers' side (any thread) ----------------------------------------------
     def submit(self, prepared: PreparedRequest, request_id: str | None = None) -> RequestStream:
@@ -61,6 +65,7 @@ class EngineLoop:
             stream = RequestStream(request_id)
             self._streams[request_id] = stream
             self._num_queued_adds += 1
+            self._queued_samples += prepared.params.n
             self._send_locked(("add", prepared, stream))
         return stream
 
@@ -94,7 +99,15 @@ class EngineLoop:
     def num_waiting(self) -> int:
         """Requests not running yet: queued for the loop, or waiting in the scheduler
         (as of the last step)."""
-        return self._num_queued_adds + self.metrics.num_waiting()
+        with self._cond:
+            return self._num_queued_adds + self.metrics.num_waiting()
+
+    @property
+    def num_waiting_samples(self) -> int:
+        """Sequences still to be admitted, a request of n samples counting n: what a
+        queue of waiting work costs (a server's admission limit)."""
+        with self._cond:
+            return self._queued_samples + self._waiting_samples
 
     @property
     def is_alive(self) -> bool:
@@ -139,6 +152,7 @@ class EngineLoop:
                     self._commands.clear()
                 for command in commands:
                     self._apply(command)
+                self._publish_state(commands)
                 # Hold no command while waiting: a call's closure can hold its LLM,
                 # which then could never be collected nor this thread end.
                 commands = command = None
@@ -159,10 +173,9 @@ class EngineLoop:
         kind = command[0]
         if kind == "add":
             _, prepared, stream = command
-            with self._cond:
-                self._num_queued_adds -= 1  # from now on counted by the scheduler or _held
             if self._exclusive:
-                self._held.append((prepared, stream))
+                self._held[stream.request_id] = (prepared, stream)
+                self._held_samples += prepared.params.n
             else:
                 self._add(prepared, stream)
         elif kind == "abort":
@@ -172,7 +185,6 @@ class EngineLoop:
             self._run_call(fn, future)
         elif kind == "exclusive":
             self._exclusive.append(command[1:])
-        self._publish_state()
 
     def _add(self, prepared: PreparedRequest, stream: RequestStream) -> None:
         try:
@@ -187,10 +199,10 @@ class EngineLoop:
         if request_id in self.engine.requests:
             out = self.engine.abort(request_id)
         else:
-            held = next((h for h in self._held if h[1] is stream), None)
+            held = self._held.pop(request_id, None)
             if held is None:
                 return
-            self._held.remove(held)
+            self._held_samples -= held[0].params.n
             out = aborted_output(held[0], request_id)
         self.metrics.observe(stream, out, time.monotonic())
         self._end(stream, out)
@@ -216,7 +228,9 @@ class EngineLoop:
             fn, future = self._exclusive.popleft()
             self._run_call(fn, future)
         while self._held:
-            self._add(*self._held.popleft())
+            prepared, stream = self._held.popitem(last=False)[1]
+            self._held_samples -= prepared.params.n
+            self._add(prepared, stream)
 
     @staticmethod
     def _run_call(fn, future: concurrent.futures.Future) -> None:
@@ -236,13 +250,22 @@ class EngineLoop:
         else:
             stream.put(output)
 
-    def _publish_state(self) -> None:
+    def _publish_state(self, applied: list[tuple] = ()) -> None:
+        """The gauges after a step or a batch of commands (applied: the commands just
+        taken, whose adds leave the queued counts as they enter the engine's, at once).
+        Costs O(running sequences), never O(waiting): a request runs if any of its
+        samples runs, and waits otherwise (a half-preempted request counts once)."""
         sched, bm = self.engine.scheduler, self.engine.block_manager
         running = len({s.request_id for s in sched.running})
-        waiting = len({s.request_id for s in sched.waiting}) + len(self._held)
-        self.metrics.set_engine_state(running, waiting, bm.num_blocks - bm.num_free_blocks,
-                                      bm.num_blocks, bm.prefix_query_tokens, bm.prefix_hit_tokens,
-                                      sched.num_preemptions)
+        waiting = len(self.engine.requests) - running + len(self._held)
+        adds = [c[1] for c in applied if c[0] == "add"]
+        with self._cond:
+            self._num_queued_adds -= len(adds)
+            self._queued_samples -= sum(p.params.n for p in adds)
+            self._waiting_samples = sched.waiting_seats + self._held_samples
+            self.metrics.set_engine_state(running, waiting, bm.num_blocks - bm.num_free_blocks,
+                                          bm.num_blocks, bm.prefix_query_tokens,
+                                          bm.prefix_hit_tokens, sched.num_preemptions)
 
     def _fail_everything(self, error: EngineDeadError) -> None:
         """The loop is over: every caller still waiting gets the error."""

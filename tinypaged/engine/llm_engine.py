@@ -149,7 +149,7 @@ class LLMEngine:
         request = self.requests.pop(request_id, None)
         if request is None:
             raise ValueError(f"no request with id {request_id!r}")
-        for seq in self.scheduler.abort(request_id):
+        for seq in self.scheduler.abort(request.seqs):
             request.texts[seq.sample_index].finish()
         request.aborted = True
         return request.output()
@@ -240,7 +240,7 @@ class LLMEngine:
     def _fail_request(self, request: Request, error: Exception) -> None:
         request.error = error
         request.aborted = True
-        for seq in self.scheduler.abort(request.request_id, "error"):
+        for seq in self.scheduler.abort(request.seqs, "error"):
             request.texts[seq.sample_index].finish()
 
     def _samples_of(self, seq: Sequence) -> list[Sequence]:

@@ -12,6 +12,11 @@ Each step has a budget of max_num_batched_tokens tokens:
 A preempted sequence gives back all its blocks and waits at the front of the
 queue; on readmission it is recomputed (its prompt and output so far are its new
 prefill, mostly found again in the prefix cache).
+
+Bookkeeping costs nothing per waiting sequence: an aborted waiting sequence is
+marked finished and dropped when it reaches the head of the queue (the queue is
+compacted once half of it is dead), and the counts a server reads are kept as
+sequences come and go.
 """
 from __future__ import annotations
 
@@ -51,15 +56,34 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
+        self.waiting: deque[Sequence] = deque()  # may hold aborted (finished) sequences
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
+        self.num_waiting = 0  # unfinished sequences in `waiting`
+        self.waiting_seats = 0  # the places they will take in the running batch (seats())
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self._enqueue(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.num_waiting or self.running)
+
+    def _enqueue(self, seq: Sequence, front: bool = False) -> None:
+        (self.waiting.appendleft if front else self.waiting.append)(seq)
+        self.num_waiting += 1
+        self.waiting_seats += seats(seq)
+
+    def _head(self) -> Sequence | None:
+        """The first unfinished waiting sequence (aborted ones before it are dropped)."""
+        while self.waiting and self.waiting[0].is_finished:
+            self.waiting.popleft()
+        return self.waiting[0] if self.waiting else None
+
+    def _dequeue_head(self) -> Sequence:
+        seq = self.waiting.popleft()
+        self.num_waiting -= 1
+        self.waiting_seats -= seats(seq)
+        return seq
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
@@ -101,11 +125,12 @@ class Scheduler:
 
         # 3. admit waiting sequences first-come first-served (none if we just preempted)
         seats_taken = sum(seats(seq) for seq in self.running)
-        while self.waiting and budget > 0 and self.num_preemptions == preemptions_before:
-            seq = self.waiting[0]
-            if seats_taken + seats(seq) > self.max_num_seqs or not bm.can_allocate(seq):
+        while budget > 0 and self.num_preemptions == preemptions_before:
+            seq = self._head()
+            if seq is None or seats_taken + seats(seq) > self.max_num_seqs \
+                    or not bm.can_allocate(seq):
                 break
-            self.waiting.popleft()
+            self._dequeue_head()
             bm.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -124,7 +149,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        self._enqueue(seq, front=True)
         self.num_preemptions += 1
 
     def finish(self, seq: Sequence, reason: str) -> None:
@@ -140,11 +165,15 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
-    def abort(self, request_id: str, reason: str = "abort") -> list[Sequence]:
-        """Remove every unfinished sequence of a request, returning their blocks."""
-        gone = [s for s in list(self.waiting) + self.running if s.request_id == request_id]
+    def abort(self, seqs: list[Sequence], reason: str = "abort") -> list[Sequence]:
+        """Finish every unfinished sequence of seqs (one request's), returning their
+        blocks; the ones that were waiting leave the queue when they reach its head."""
+        gone = [seq for seq in seqs if not seq.is_finished]
         for seq in gone:
-            if seq in self.waiting:
-                self.waiting.remove(seq)
+            if seq.status == SequenceStatus.WAITING:
+                self.num_waiting -= 1
+                self.waiting_seats -= seats(seq)
             self.finish(seq, reason)
+        if len(self.waiting) > 2 * self.num_waiting + 64:  # mostly dead: compact (amortized O(1))
+            self.waiting = deque(seq for seq in self.waiting if not seq.is_finished)
         return gone

@@ -39,9 +39,11 @@ async def create_completion(req: CompletionRequest, request: Request,
         raise APIError(400, "best_of other than n is not supported", param="best_of")
     if req.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")
+    prompts = req.prompts()
+    client.check_prompt_count(len(prompts), "prompt")
     echo_logprobs = req.logprobs if req.echo else None
     params = build_params(req, req.max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_logprobs)
-    prepared = [client.prepare(p, params, req.max_tokens, "prompt") for p in req.prompts()]
+    prepared = [client.prepare(p, params, req.max_tokens, "prompt") for p in prompts]
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     handles = client.submit(prepared, response_id)
     tokenizer = client.llm.tokenizer

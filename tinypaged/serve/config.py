@@ -10,7 +10,8 @@ class ServerConfig:
     port: int = 8000
     api_key: str | None = None  # when set, /v1/* needs "Authorization: Bearer <key>"
     served_model_name: str | None = None  # None: the model folder's name
-    max_waiting: int = 256  # queued requests beyond which new ones get 503 + Retry-After
+    max_waiting: int = 256  # queued sequences (prompts x n) beyond which new requests get 503
+    max_prompts_per_request: int = 256  # a longer batch of prompts gets 400
     max_body_bytes: int = 4 << 20  # larger request bodies get 413
     shutdown_timeout: float = 10.0  # seconds in-flight requests get to finish on SIGTERM
 
@@ -21,6 +22,9 @@ class ServerConfig:
             raise ValueError("api_key must not be empty")
         if not isinstance(self.max_waiting, int) or self.max_waiting < 1:
             raise ValueError(f"max_waiting={self.max_waiting!r} must be an integer >= 1")
+        if not isinstance(self.max_prompts_per_request, int) or self.max_prompts_per_request < 1:
+            raise ValueError(f"max_prompts_per_request={self.max_prompts_per_request!r} must be "
+                             f"an integer >= 1")
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes={self.max_body_bytes!r} must be at least 1024")
         if not self.shutdown_timeout >= 0:

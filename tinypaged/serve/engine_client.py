@@ -59,13 +59,27 @@ class EngineClient:
         match = _PARAM_IN_MESSAGE.match(message)
         return APIError(400, message, param=match.group(1) if match else prompt_param)
 
+    def check_prompt_count(self, count: int, param: str) -> None:
+        """A batch of prompts is bounded before any of them is tokenized."""
+        if count > self.config.max_prompts_per_request:
+            raise APIError(400, f"{count} prompts in one request; this server takes at most "
+                                f"{self.config.max_prompts_per_request}", param=param)
+
     def submit(self, prepared: list[PreparedRequest], response_id: str) -> list[RequestHandle]:
-        """Queue every prompt of one API request, or none (503 when the queue is full)."""
+        """Queue every prompt of one API request, or none: 503 when the sequences it adds
+        (prompts x n) would take the queue past max_waiting, 400 when they alone would."""
         self.check_alive()
-        waiting = self.llm.num_waiting
-        if waiting >= self.config.max_waiting:
-            raise APIError(503, f"the server is busy ({waiting} requests are waiting); retry "
-                                f"later", code="server_overloaded", headers={"Retry-After": "1"})
+        adding = sum(p.params.n for p in prepared)
+        limit = self.config.max_waiting
+        if adding > limit:
+            raise APIError(400, f"this request asks for {adding} sequences ({len(prepared)} "
+                                f"prompts x n={prepared[0].params.n}); this server queues at "
+                                f"most {limit}", param="n" if len(prepared) == 1 else "prompt")
+        waiting = self.llm.num_waiting_samples
+        if waiting + adding > limit:
+            raise APIError(503, f"the server is busy ({waiting} sequences are waiting, and this "
+                                f"request adds {adding}; the limit is {limit}); retry later",
+                           code="server_overloaded", headers={"Retry-After": "1"})
         handles = []
         try:
             for i, p in enumerate(prepared):
