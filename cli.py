@@ -145,7 +145,9 @@ def cmd_serve(args) -> None:
                           served_model_name=args.served_model_name, max_waiting=args.max_waiting,
                           max_prompts_per_request=args.max_prompts_per_request,
                           max_body_bytes=args.max_body_bytes,
-                          shutdown_timeout=args.shutdown_timeout)
+                          shutdown_timeout=args.shutdown_timeout,
+                          max_connections=args.max_connections,
+                          header_timeout=args.header_timeout, body_timeout=args.body_timeout)
     sock = bind(config)
     try:
         llm = LLM(args.model, **engine_options(args))
@@ -275,6 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="larger request bodies get 413")
     s.add_argument("--shutdown-timeout", type=float, default=server["shutdown_timeout"],
                    help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
+    s.add_argument("--max-connections", type=int, default=server["max_connections"],
+                   help="connections held at most: a new one replaces the one idle longest, "
+                        "or gets 503 when none is idle")
+    s.add_argument("--header-timeout", type=float, default=server["header_timeout"],
+                   help="seconds a request's headers may take (then 408 and close)")
+    s.add_argument("--body-timeout", type=float, default=server["body_timeout"],
+                   help="seconds a request's body may take after its headers (then close)")
     s.add_argument("--verbose", action="store_true", help="log every request")
     s.set_defaults(func=cmd_serve)
 

@@ -1,6 +1,9 @@
 """The server under abuse (issue 18, part A): one client cannot starve the others by
 what it puts in the queue, how many connections it holds, or how much it makes the
 server build; and nothing a client sends turns into a 500."""
+import asyncio
+import logging
+import socket
 import threading
 
 import httpx
@@ -10,6 +13,7 @@ from helpers import slow_down
 from serving import ServerThread, wait_until
 from test_server_errors import COMPLETIONS, assert_openai_error
 from tinypaged import LLM
+from tinypaged.serve.connections import LogThrottle
 
 LONG = {"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True}
 
@@ -71,3 +75,109 @@ def test_a_request_with_too_many_prompts_is_refused_before_tokenizing(one_seat):
     r = httpx.post(server.url + COMPLETIONS, json={"prompt": [[1]] * 8, "max_tokens": 1},
                    timeout=60)
     assert r.status_code == 200 and len(r.json()["choices"]) == 8
+
+
+# -- A2: connections ------------------------------------------------------------------------
+
+def connect(server) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    return sock
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (a 60 s socket
+    timeout fails the test if it never does)."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    return data
+
+
+def test_idle_connections_past_the_limit_make_room_and_requests_get_through(one_seat):
+    server = one_seat(max_connections=8)
+    idle = [connect(server) for _ in range(40)]
+    wait_until(lambda: len(server.server.server_state.connections) <= 9, timeout=60,
+               what="the server to close idle connections")
+    assert httpx.get(server.url + "/health", timeout=60).status_code == 200
+    r = httpx.post(server.url + COMPLETIONS, json={"prompt": "Once", "max_tokens": 3}, timeout=60)
+    assert r.status_code == 200
+    for sock in idle[:30]:  # the oldest were closed to make room, without a word
+        assert read_until_closed(sock) == b""
+    for sock in idle[30:]:
+        sock.close()
+
+
+def test_a_connection_past_the_limit_gets_503_when_every_one_is_busy(one_seat):
+    server = one_seat(max_connections=2, body_timeout=300)
+    busy = []
+    for _ in range(2):  # two requests whose bodies never finish
+        sock = connect(server)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+                     b"\r\ncontent-length: 100\r\n\r\n{\"prompt\"")
+        busy.append(sock)
+    wait_until(lambda: all(p.conn.their_state.__name__ == "SEND_BODY"
+                           for p in server.server.server_state.connections)
+               and len(server.server.server_state.connections) == 2, timeout=60,
+               what="two connections reading bodies")
+    refused = read_until_closed(connect(server))
+    assert refused.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in refused
+    assert b'"code": "server_overloaded"' in refused
+    for sock in busy:
+        sock.close()
+
+
+def test_a_client_stalled_in_its_headers_gets_408_and_is_closed(one_seat):
+    server = one_seat(header_timeout=0.3)
+    sock = connect(server)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")  # ... and nothing more
+    answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"not received within 0.3 s" in answer
+    silent = connect(server)  # not a byte
+    assert read_until_closed(silent).startswith(b"HTTP/1.1 408 ")
+
+
+def test_a_client_stalled_in_its_body_is_closed_and_leaves_nothing(one_seat):
+    server = one_seat(body_timeout=0.3)
+    sock = connect(server)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+                 b"\r\ncontent-length: 100\r\n\r\n{\"prompt\": \"Once")
+    assert read_until_closed(sock) == b""
+    assert server.llm.num_waiting == 0 and server.llm.stats()["blocks_used"] == 0
+    r = httpx.post(server.url + COMPLETIONS, json={"prompt": "Once", "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200
+
+
+def test_a_stalled_client_does_not_hold_up_a_shutdown(one_seat):
+    server = one_seat(shutdown_timeout=60)  # uvicorn's own backstop: 70 s
+    stalled = connect(server)
+    stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 50\r\n\r\n{")
+    partial = connect(server)
+    partial.sendall(b"GET /health HTTP/1.1\r\n")
+    wait_until(lambda: len(server.server.server_state.connections) == 2, timeout=60,
+               what="two connections")
+    server.server.should_exit = True  # what SIGINT and SIGTERM do
+    server.thread.join(timeout=30)
+    assert not server.thread.is_alive(), "the shutdown waited for a client that sends nothing"
+    stalled.close()
+    partial.close()
+
+
+def test_repeated_warnings_are_throttled(caplog):
+    throttle = LogThrottle(logging.getLogger("tinypaged.test"), interval=3600)
+    loop = asyncio.new_event_loop()
+    try:
+        with caplog.at_level(logging.WARNING):
+            for _ in range(1000):
+                throttle.loop_exception_handler(loop, {"message": "socket.accept() out of "
+                                                                  "system resource"})
+                throttle.warning("evicted", "closed the one idle longest")
+    finally:
+        loop.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("out of system resource" in line for line in lines) == 2  # ours, asyncio's
+    assert sum("idle longest" in line for line in lines) == 1
+    throttle.interval = 0
+    with caplog.at_level(logging.WARNING):
+        throttle.warning("evicted", "closed the one idle longest")
+    assert caplog.records[-1].getMessage().endswith("(999 more like it in the last 0 s)")

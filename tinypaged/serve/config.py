@@ -14,6 +14,9 @@ class ServerConfig:
     max_prompts_per_request: int = 256  # a longer batch of prompts gets 400
     max_body_bytes: int = 4 << 20  # larger request bodies get 413
     shutdown_timeout: float = 10.0  # seconds in-flight requests get to finish on SIGTERM
+    max_connections: int = 1024  # beyond, a new one replaces the idlest, or gets 503 if none is idle
+    header_timeout: float = 10.0  # seconds a request's headers may take to arrive
+    body_timeout: float = 30.0  # seconds its body may take after the headers
 
     def __post_init__(self):
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -27,5 +30,10 @@ class ServerConfig:
                              f"an integer >= 1")
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes={self.max_body_bytes!r} must be at least 1024")
+        if not isinstance(self.max_connections, int) or self.max_connections < 1:
+            raise ValueError(f"max_connections={self.max_connections!r} must be an integer >= 1")
+        for name in ("header_timeout", "body_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0 seconds")
         if not self.shutdown_timeout >= 0:
             raise ValueError(f"shutdown_timeout={self.shutdown_timeout!r} must be >= 0 seconds")

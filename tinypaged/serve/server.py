@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import resource
 import signal
 import socket
 import threading
@@ -20,15 +21,22 @@ import uvicorn
 from ..llm import LLM
 from .app import build_app
 from .config import ServerConfig
+from .connections import ConnectionLimits, LogThrottle, limited_protocol, log
+
+DESCRIPTOR_RESERVE = 64  # open files besides connections: the model, logs, the engine's
 
 
 class Server(uvicorn.Server):
     """uvicorn's server, except that a handled SIGINT/SIGTERM is not raised again, and
     that requests outliving the grace period are aborted rather than cancelled."""
 
-    def __init__(self, config: uvicorn.Config, llm: LLM, grace: float):
+    def __init__(self, config: uvicorn.Config, llm: LLM, grace: float, throttle: LogThrottle):
         super().__init__(config)
-        self.llm, self.grace = llm, grace
+        self.llm, self.grace, self.throttle = llm, grace, throttle
+
+    async def startup(self, sockets=None):
+        asyncio.get_running_loop().set_exception_handler(self.throttle.loop_exception_handler)
+        await super().startup(sockets)
 
     async def shutdown(self, sockets=None):
         timer = asyncio.get_running_loop().call_later(self.grace, self.llm.abort_all)
@@ -53,9 +61,12 @@ class Server(uvicorn.Server):
 def make_server(llm: LLM, config: ServerConfig, log_level: str = "info") -> Server:
     app = build_app(llm, config)
     backstop = config.shutdown_timeout + 10  # uvicorn cancels what is left after this
+    throttle = LogThrottle(log)
+    limits = ConnectionLimits(config.max_connections, config.header_timeout, config.body_timeout)
     return Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                                 timeout_graceful_shutdown=backstop, lifespan="off"),
-                  llm, config.shutdown_timeout)
+                                 timeout_graceful_shutdown=backstop, lifespan="off",
+                                 http=limited_protocol(limits, throttle), ws="none"),
+                  llm, config.shutdown_timeout, throttle)
 
 
 def bind(config: ServerConfig) -> socket.socket:
@@ -71,9 +82,22 @@ def bind(config: ServerConfig) -> socket.socket:
     return sock
 
 
+def ensure_descriptors(wanted: int, log: Callable[[str], None]) -> None:
+    """Raise the soft limit on open files toward wanted (up to the hard limit), so
+    that max_connections is reached before accept() runs out of descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        if raised < wanted:
+            log(f"warning: open files are limited to {raised}; --max-connections wants "
+                f"{wanted - DESCRIPTOR_RESERVE} (raise the hard limit: ulimit -Hn)")
+
+
 def serve(llm: LLM, config: ServerConfig, sock: socket.socket, log: Callable[[str], None],
           log_level: str = "info") -> None:
     """Serve on sock until SIGINT or SIGTERM; returns normally after a clean shutdown."""
+    ensure_descriptors(config.max_connections + DESCRIPTOR_RESERVE, log)
     server = make_server(llm, config, log_level)
     host, port = sock.getsockname()[:2]
     log(f"serving on http://{host}:{port}/v1 (API docs: http://{host}:{port}/docs); "
