@@ -145,6 +145,7 @@ def cmd_serve(args) -> None:
                           served_model_name=args.served_model_name, max_waiting=args.max_waiting,
                           max_prompts_per_request=args.max_prompts_per_request,
                           max_body_bytes=args.max_body_bytes,
+                          max_logprob_entries=args.max_logprob_entries,
                           shutdown_timeout=args.shutdown_timeout,
                           max_connections=args.max_connections,
                           header_timeout=args.header_timeout, body_timeout=args.body_timeout)
@@ -275,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a request with more prompts than this gets 400")
     s.add_argument("--max-body-bytes", type=parse_bytes, default=server["max_body_bytes"],
                    help="larger request bodies get 413")
+    s.add_argument("--max-logprob-entries", type=int, default=server["max_logprob_entries"],
+                   help="token positions x (1 + alternatives) that logprobs may make one "
+                        "response hold (echoed prompts too); more gets 400")
     s.add_argument("--shutdown-timeout", type=float, default=server["shutdown_timeout"],
                    help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
     s.add_argument("--max-connections", type=int, default=server["max_connections"],

@@ -9,7 +9,7 @@ import threading
 import httpx
 import pytest
 
-from helpers import slow_down
+from helpers import slow_down, write_tiny_model
 from serving import ServerThread, wait_until
 from test_server_errors import COMPLETIONS, assert_openai_error
 from tinypaged import LLM
@@ -181,3 +181,51 @@ def test_repeated_warnings_are_throttled(caplog):
     with caplog.at_level(logging.WARNING):
         throttle.warning("evicted", "closed the one idle longest")
     assert caplog.records[-1].getMessage().endswith("(999 more like it in the last 0 s)")
+
+
+# -- A3: what one request makes the server build ---------------------------------------------
+
+def test_logprobs_over_many_echoed_prompts_are_bounded_up_front(one_seat):
+    server = one_seat(max_logprob_entries=100_000)
+    body = {"prompt": [[1] + [5] * 299] * 16, "echo": True, "logprobs": 20, "max_tokens": 16}
+    error = assert_openai_error(httpx.post(server.url + COMPLETIONS, json=body), 400, "logprobs")
+    assert "could return 106,176 logprob entries (5,056 token positions with the echoed " \
+           "prompts x (1 + 20 alternatives))" in error["message"]
+    assert "at most 100,000" in error["message"]
+    body.update(prompt=[[1] + [5] * 299] * 2, logprobs=2)  # 2 x 316 x 3: fine
+    r = httpx.post(server.url + COMPLETIONS, json=body, timeout=60)
+    assert r.status_code == 200 and len(r.json()["choices"][1]["logprobs"]["tokens"]) == 316
+
+
+def test_a_whole_response_is_built_off_the_event_loop(one_seat, monkeypatch):
+    from tinypaged.serve import completions
+
+    server = one_seat()
+    builders = []
+    real = completions.completion_choice
+
+    def recording_choice(*args):
+        builders.append(threading.get_ident())
+        return real(*args)
+    monkeypatch.setattr(completions, "completion_choice", recording_choice)
+    r = httpx.post(server.url + COMPLETIONS, json={"prompt": ["a", "b"], "echo": True,
+                                                   "logprobs": 2, "max_tokens": 4}, timeout=60)
+    assert r.status_code == 200 and len(builders) == 2
+    assert server.thread.ident not in builders  # the event loop's thread builds none of it
+
+
+def test_chat_logprobs_are_bounded_too(tmp_path):
+    write_tiny_model(str(tmp_path / "tiny"), seed=3, max_position_embeddings=512)
+    with LLM(tmp_path / "tiny", backend="cpu", block_size=4, num_blocks=400) as llm:
+        server = ServerThread(llm, max_logprob_entries=1000)
+        try:
+            chat = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+                    "top_logprobs": 20, "n": 2, "max_tokens": 100}
+            error = assert_openai_error(httpx.post(server.url + "/v1/chat/completions", json=chat),
+                                        400, "top_logprobs")
+            assert "4,200 logprob entries (200 token positions x (1 + 20" in error["message"]
+            chat.update(max_tokens=20)
+            r = httpx.post(server.url + "/v1/chat/completions", json=chat, timeout=60)
+            assert r.status_code == 200
+        finally:
+            server.stop()

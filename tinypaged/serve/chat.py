@@ -8,11 +8,12 @@ import uuid
 from typing import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from .completions import build_params, check_common
 from .engine_client import EngineClient
 from .errors import APIError, error_body
+from .json_body import json_built_off_the_loop
 from .openai_format import ChoiceDelta, chat_choice, chat_delta_choice, chat_logprobs, envelope, usage
 from .protocol import ChatCompletionRequest
 from .sse import DONE, EventStreamResponse, event, unless_disconnected
@@ -30,6 +31,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     max_tokens = req.requested_max_tokens()
     params = build_params(req, max_tokens, logprobs=(req.top_logprobs or 0) if req.logprobs else None)
     prepared = [client.prepare(prompt, params, max_tokens, "messages")]
+    client.check_logprob_entries(prepared, False, "top_logprobs")
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     handles = client.submit(prepared, response_id)
     tokenizer = client.llm.tokenizer
@@ -43,10 +45,13 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     ok, outputs = await unless_disconnected(request, client.results(handles))
     if not ok:
         return Response(status_code=499)  # the client left; nobody reads this
-    choices = [chat_choice(o.index, o.text, logprobs_of(o.logprobs or []), o.finish_reason)
-               for o in outputs[0].outputs]
-    return JSONResponse(envelope("chat.completion", response_id, created, client.model_name,
-                                 choices, usage=usage(outputs)))
+
+    def body() -> dict:
+        choices = [chat_choice(o.index, o.text, logprobs_of(o.logprobs or []), o.finish_reason)
+                   for o in outputs[0].outputs]
+        return envelope("chat.completion", response_id, created, client.model_name, choices,
+                        usage=usage(outputs))
+    return await json_built_off_the_loop(body)
 
 
 async def stream_chat(req: ChatCompletionRequest, client: EngineClient, handles, response_id: str,

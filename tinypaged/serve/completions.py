@@ -7,11 +7,12 @@ import uuid
 from typing import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from ..outputs import RequestOutput
 from .engine_client import EngineClient
 from .errors import APIError, error_body
+from .json_body import json_built_off_the_loop
 from .openai_format import ChoiceDelta, completion_choice, completion_logprobs, envelope, usage
 from .protocol import CompletionRequest
 from .sse import DONE, EventStreamResponse, event, unless_disconnected
@@ -44,6 +45,7 @@ async def create_completion(req: CompletionRequest, request: Request,
     echo_logprobs = req.logprobs if req.echo else None
     params = build_params(req, req.max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_logprobs)
     prepared = [client.prepare(p, params, req.max_tokens, "prompt") for p in prompts]
+    client.check_logprob_entries(prepared, req.echo, "logprobs")
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     handles = client.submit(prepared, response_id)
     tokenizer = client.llm.tokenizer
@@ -64,12 +66,15 @@ async def create_completion(req: CompletionRequest, request: Request,
     ok, outputs = await unless_disconnected(request, client.results(handles))
     if not ok:
         return Response(status_code=499)  # the client left; nobody reads this
-    choices = [completion_choice(i * req.n + o.index, echoes[i] + o.text,
-                                 logprobs_of(out, o.token_ids, o.logprobs or [], req.echo, 0),
-                                 o.finish_reason)
-               for i, out in enumerate(outputs) for o in out.outputs]
-    return JSONResponse(envelope("text_completion", response_id, created, client.model_name,
-                                 choices, usage=usage(outputs)))
+
+    def body() -> dict:
+        choices = [completion_choice(i * req.n + o.index, echoes[i] + o.text,
+                                     logprobs_of(out, o.token_ids, o.logprobs or [], req.echo, 0),
+                                     o.finish_reason)
+                   for i, out in enumerate(outputs) for o in out.outputs]
+        return envelope("text_completion", response_id, created, client.model_name, choices,
+                        usage=usage(outputs))
+    return await json_built_off_the_loop(body)
 
 
 async def stream_completion(req: CompletionRequest, client: EngineClient, handles, response_id: str,

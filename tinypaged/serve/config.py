@@ -13,6 +13,9 @@ class ServerConfig:
     max_waiting: int = 256  # queued sequences (prompts x n) beyond which new requests get 503
     max_prompts_per_request: int = 256  # a longer batch of prompts gets 400
     max_body_bytes: int = 4 << 20  # larger request bodies get 413
+    # token positions x (1 + alternatives) that logprobs may make one response describe
+    # (echo: the prompt's positions in every choice too); more gets 400
+    max_logprob_entries: int = 1 << 20
     shutdown_timeout: float = 10.0  # seconds in-flight requests get to finish on SIGTERM
     max_connections: int = 1024  # beyond, a new one replaces the idlest, or gets 503 if none is idle
     header_timeout: float = 10.0  # seconds a request's headers may take to arrive
@@ -28,6 +31,9 @@ class ServerConfig:
         if not isinstance(self.max_prompts_per_request, int) or self.max_prompts_per_request < 1:
             raise ValueError(f"max_prompts_per_request={self.max_prompts_per_request!r} must be "
                              f"an integer >= 1")
+        if not isinstance(self.max_logprob_entries, int) or self.max_logprob_entries < 1:
+            raise ValueError(f"max_logprob_entries={self.max_logprob_entries!r} must be an "
+                             f"integer >= 1")
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes={self.max_body_bytes!r} must be at least 1024")
         if not isinstance(self.max_connections, int) or self.max_connections < 1:

@@ -65,6 +65,23 @@ class EngineClient:
             raise APIError(400, f"{count} prompts in one request; this server takes at most "
                                 f"{self.config.max_prompts_per_request}", param=param)
 
+    def check_logprob_entries(self, prepared: list[PreparedRequest], echo: bool,
+                              param: str) -> None:
+        """logprobs multiply what a response holds: every position of every choice
+        (with echo, the prompt's too) carries 1 + k entries. Bounded before any work."""
+        k = prepared[0].params.logprobs
+        if k is None:
+            return
+        positions = sum(p.params.n * (p.params.max_tokens + (len(p.prompt_token_ids) if echo else 0))
+                        for p in prepared)
+        entries, limit = positions * (1 + k), self.config.max_logprob_entries
+        if entries > limit:
+            raise APIError(400, f"this request could return {entries:,} logprob entries "
+                                f"({positions:,} token positions{' with the echoed prompts' if echo else ''}"
+                                f" x (1 + {k} alternatives)); this server builds at most "
+                                f"{limit:,} per request: ask for fewer prompts, samples, "
+                                f"tokens or alternatives", param=param)
+
     def submit(self, prepared: list[PreparedRequest], response_id: str) -> list[RequestHandle]:
         """Queue every prompt of one API request, or none: 503 when the sequences it adds
         (prompts x n) would take the queue past max_waiting, 400 when they alone would."""
