@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 
@@ -132,6 +133,20 @@ def cmd_perplexity(args) -> None:
     print(f"perplexity: {float(np.exp(nll.mean())):.3f}")
 
 
+def api_key(args, environ) -> str | None:
+    """The server's key: --api-key, else the file --api-key-file names, else the
+    TINYPAGED_API_KEY variable (a file or the environment keep it out of `ps`)."""
+    if args.api_key is not None and args.api_key_file is not None:
+        raise ValueError("give --api-key or --api-key-file, not both")
+    if args.api_key_file is not None:
+        with open(args.api_key_file, encoding="utf-8") as f:
+            key = f.read().strip()
+        if not key:
+            raise ValueError(f"--api-key-file {args.api_key_file} is empty")
+        return key
+    return args.api_key if args.api_key is not None else environ.get("TINYPAGED_API_KEY") or None
+
+
 def cmd_serve(args) -> None:
     try:
         from tinypaged.serve.config import ServerConfig
@@ -141,7 +156,7 @@ def cmd_serve(args) -> None:
                          f"pip install -e '.[serve]'") from None
     from tinypaged import LLM
 
-    config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
+    config = ServerConfig(host=args.host, port=args.port, api_key=api_key(args, os.environ),
                           served_model_name=args.served_model_name, max_waiting=args.max_waiting,
                           max_prompts_per_request=args.max_prompts_per_request,
                           max_body_bytes=args.max_body_bytes,
@@ -265,7 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default=server["host"])
     s.add_argument("--port", type=int, default=server["port"])
     s.add_argument("--api-key", default=server["api_key"],
-                   help="require 'Authorization: Bearer KEY' on /v1/*")
+                   help="require 'Authorization: Bearer KEY' on /v1/* (visible in ps: "
+                        "prefer --api-key-file or TINYPAGED_API_KEY)")
+    s.add_argument("--api-key-file", metavar="PATH",
+                   help="read the API key from this file (default: TINYPAGED_API_KEY)")
     s.add_argument("--served-model-name", default=server["served_model_name"],
                    help="the model name clients use (default: the model folder's name)")
     s.add_argument("--max-waiting", type=int, default=server["max_waiting"],

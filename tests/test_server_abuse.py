@@ -229,3 +229,48 @@ def test_chat_logprobs_are_bounded_too(tmp_path):
             assert r.status_code == 200
         finally:
             server.stop()
+
+
+# -- A6: the API key ------------------------------------------------------------------------
+
+def test_any_authorization_header_and_any_key_compare_without_a_500(one_seat):
+    server = one_seat(api_key="sécret")
+    for header in (b"Bearer \xe9", "Bearer sécret".encode("latin-1"), b"Bearer \xff\xfe", b""):
+        r = httpx.get(server.url + "/v1/models", headers=[(b"authorization", header)])
+        assert r.status_code == 401, (header, r.text)
+    r = httpx.get(server.url + "/v1/models", headers=[(b"authorization", "Bearer sécret".encode())])
+    assert r.status_code == 200
+
+
+def test_the_key_comes_from_a_file_or_the_environment(tmp_path):
+    import argparse
+    import importlib.util
+
+    from conftest import ROOT
+    spec = importlib.util.spec_from_file_location("tinypaged_cli", ROOT / "cli.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    api_key = cli.api_key
+
+    def args(key=None, key_file=None):
+        return argparse.Namespace(api_key=key, api_key_file=key_file)
+    key_file = tmp_path / "key"
+    key_file.write_text("from-the-file\n")
+    assert api_key(args(key_file=str(key_file)), {"TINYPAGED_API_KEY": "env"}) == "from-the-file"
+    assert api_key(args(), {"TINYPAGED_API_KEY": "from-env"}) == "from-env"
+    assert api_key(args("flag"), {"TINYPAGED_API_KEY": "from-env"}) == "flag"
+    assert api_key(args(), {}) is None and api_key(args(), {"TINYPAGED_API_KEY": ""}) is None
+    with pytest.raises(ValueError, match="not both"):
+        api_key(args("flag", str(key_file)), {})
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ValueError, match="is empty"):
+        api_key(args(key_file=str(tmp_path / "empty")), {})
+
+
+@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("::1", True),
+                                            ("localhost", True), ("0.0.0.0", False),
+                                            ("192.168.1.5", False), ("example.com", False)])
+def test_only_loopback_hosts_go_without_a_warning(host, loopback):
+    from tinypaged.serve.server import is_loopback
+
+    assert is_loopback(host) == loopback

@@ -37,8 +37,9 @@ class Guard:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         if self.api_key and scope["path"].startswith("/v1"):
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            if not hmac.compare_digest(given, f"Bearer {self.api_key}"):
+            # bytes against bytes: any header (and any key) compares, in constant time
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, b"Bearer " + self.api_key.encode("utf-8")):
                 response = JSONResponse(error_body(401, "invalid or missing API key (send "
                                                         "'Authorization: Bearer <key>')",
                                                    code="invalid_api_key"),

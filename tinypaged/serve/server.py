@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import resource
 import signal
 import socket
@@ -82,6 +83,16 @@ def bind(config: ServerConfig) -> socket.socket:
     return sock
 
 
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach host ("localhost" or a loopback address)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
+
+
 def ensure_descriptors(wanted: int, log: Callable[[str], None]) -> None:
     """Raise the soft limit on open files toward wanted (up to the hard limit), so
     that max_connections is reached before accept() runs out of descriptors."""
@@ -98,6 +109,9 @@ def serve(llm: LLM, config: ServerConfig, sock: socket.socket, log: Callable[[st
           log_level: str = "info") -> None:
     """Serve on sock until SIGINT or SIGTERM; returns normally after a clean shutdown."""
     ensure_descriptors(config.max_connections + DESCRIPTOR_RESERVE, log)
+    if config.api_key is None and not is_loopback(config.host):
+        log(f"warning: listening on {config.host} with no API key: anyone who can reach this "
+            f"port can use the model (set TINYPAGED_API_KEY or --api-key-file)")
     server = make_server(llm, config, log_level)
     host, port = sock.getsockname()[:2]
     log(f"serving on http://{host}:{port}/v1 (API docs: http://{host}:{port}/docs); "
