@@ -138,7 +138,7 @@ def test_logit_bias_steers_greedy_choices(tiny):
     ({"presence_penalty": 2.5}, ValueError, r"presence_penalty=2.5 must be in \[-2, 2\]"),
     ({"frequency_penalty": "1"}, TypeError, r"frequency_penalty must be a number, got '1' \(str\)"),
     ({"logit_bias": {1: 101}}, ValueError, r"logit_bias\[1\]=101 must be in \[-100, 100\]"),
-    ({"logit_bias": {-1: 1}}, ValueError, "logit_bias token id=-1 must be >= 0"),
+    ({"logit_bias": {-1: 1}}, ValueError, r"logit_bias token id=-1 must be in \[0, 2147483647\]"),
     ({"logprobs": 21}, ValueError, r"logprobs=21 must be in \[0, 20\]"),
     ({"prompt_logprobs": -1}, ValueError, "prompt_logprobs=-1"),
 ])

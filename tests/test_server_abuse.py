@@ -274,3 +274,56 @@ def test_only_loopback_hosts_go_without_a_warning(host, loopback):
     from tinypaged.serve.server import is_loopback
 
     assert is_loopback(host) == loopback
+
+
+# -- A7: integers bounded where parsed; a failure's cause in the log -------------------------
+
+@pytest.mark.parametrize("field, value", [("top_k", 2**63), ("top_k", 2**64 + 5),
+                                          ("max_tokens", 2**70), ("stop_token_ids", [2**63]),
+                                          ("best_of", 2**63), ("prompt", [2**63]),
+                                          ("prompt", [[1, 2**64]]), ("logit_bias", {"9" * 5000: 1})])
+@pytest.mark.parametrize("stream", [False, True])
+def test_huge_integers_are_a_400_naming_the_field(one_seat, field, value, stream):
+    server = one_seat()
+    body = {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 1, field: value,
+            "stream": stream}
+    error = assert_openai_error(httpx.post(server.url + COMPLETIONS, json=body, timeout=60), 400,
+                                field)
+    assert len(error["message"]) < 300
+
+
+def test_an_engine_failure_is_logged_with_its_cause(one_seat, monkeypatch, caplog):
+    from tinypaged.engine import llm_engine
+
+    server = one_seat()
+
+    def broken(*args):
+        raise ValueError("the sampler broke")
+    monkeypatch.setattr(llm_engine, "sample_tokens", broken)
+    with caplog.at_level(logging.ERROR, logger="tinypaged.serve"):
+        r = httpx.post(server.url + COMPLETIONS, json={"prompt": "Once", "max_tokens": 3},
+                       timeout=60)
+        assert assert_openai_error(r, 500)["message"] == "generation failed: the sampler broke"
+        streamed = httpx.post(server.url + COMPLETIONS, timeout=60,
+                              json={"prompt": "Once", "max_tokens": 3, "stream": True})
+        assert "generation failed: the sampler broke" in streamed.text
+    failures = [r for r in caplog.records if "failed in the engine" in r.getMessage()]
+    assert len(failures) == 2 and all(r.exc_info and "the sampler broke" in r.getMessage()
+                                      for r in failures)
+
+
+# -- A9: errors never echo a client's input whole -------------------------------------------
+
+@pytest.mark.parametrize("method, path, body", [
+    ("POST", COMPLETIONS, {"prompt": "x", "model": "m" * (3 << 20)}),
+    ("POST", COMPLETIONS, {"prompt": "x", "f" * (1 << 20): 1}),
+    ("POST", COMPLETIONS, {"prompt": "x", "logit_bias": {"5" * 100_000: 1}}),
+    ("POST", COMPLETIONS, {"prompt": "x", "logit_bias": {"x" * 100_000: "y"}}),
+    ("GET", "/v1/models/" + "m" * 8000, None),
+    ("GET", "/v1/nothing-here-" + "z" * 8000, None),
+])
+def test_errors_quote_a_long_value_cut_short(one_seat, method, path, body):
+    server = one_seat(max_body_bytes=8 << 20)
+    r = httpx.request(method, server.url + path, json=body, timeout=60)
+    assert r.status_code in (400, 404) and len(r.content) < 1500, r.content[:300]
+    assert "characters)" in r.json()["error"]["message"] or "..." in r.json()["error"]["message"]

@@ -11,6 +11,7 @@ from .kernels.cpu.sampling import sample_rows
 
 MAX_LOGPROBS = 20  # top alternatives per position at most (OpenAI's and vLLM's limit)
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily (vLLM's epsilon)
+MAX_INDEX = 2**31 - 1  # token ids, counts and top_k at most: what the kernels' integers hold
 
 
 @dataclass(slots=True)
@@ -35,20 +36,20 @@ class SamplingParams:
     def __post_init__(self):
         """Check every field (TypeError: wrong type, ValueError: out of range) and keep
         each in its plain type, in containers of its own (see checked())."""
-        self.max_tokens = checks.integer("max_tokens", self.max_tokens, 1)
+        self.max_tokens = checks.integer("max_tokens", self.max_tokens, 1, MAX_INDEX)
         self.temperature = checks.number("temperature", self.temperature, 0)
-        self.top_k = checks.integer("top_k", self.top_k, 0)
+        self.top_k = checks.integer("top_k", self.top_k, 0, MAX_INDEX)
         self.top_p = checks.number("top_p", self.top_p, maximum=1, above=0)
         self.min_p = checks.number("min_p", self.min_p, 0, 1)
         self.repetition_penalty = checks.number("repetition_penalty", self.repetition_penalty,
                                                 above=0)
         self.seed = checks.optional_integer("seed", self.seed, 0)
-        self.n = checks.integer("n", self.n, 1)
+        self.n = checks.integer("n", self.n, 1, MAX_INDEX)
         self.stop = _stop_strings(self.stop)
         if not isinstance(self.stop_token_ids, (list, tuple, set, np.ndarray)):
             raise TypeError(f"stop_token_ids must be a list of token ids, got "
                             f"{type(self.stop_token_ids).__name__}")
-        self.stop_token_ids = [checks.integer("stop_token_ids item", t, 0)
+        self.stop_token_ids = [checks.integer("stop_token_ids item", t, 0, MAX_INDEX)
                                for t in self.stop_token_ids]
         self.ignore_eos = checks.boolean("ignore_eos", self.ignore_eos)
         self.presence_penalty = checks.number("presence_penalty", self.presence_penalty, -2, 2)
@@ -56,7 +57,7 @@ class SamplingParams:
         if not isinstance(self.logit_bias, dict):
             raise TypeError(f"logit_bias must be a dict of token id -> bias, got "
                             f"{type(self.logit_bias).__name__}")
-        self.logit_bias = {checks.integer("logit_bias token id", t, 0):
+        self.logit_bias = {checks.integer("logit_bias token id", t, 0, MAX_INDEX):
                            checks.number(f"logit_bias[{t}]", b, -100, 100)
                            for t, b in self.logit_bias.items()}
         self.logprobs = checks.optional_integer("logprobs", self.logprobs, 0, MAX_LOGPROBS)

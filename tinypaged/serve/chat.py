@@ -11,7 +11,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from .completions import build_params, check_common
-from .engine_client import EngineClient
+from .engine_client import EngineClient, generation_failed
 from .errors import APIError, error_body
 from .json_body import json_built_off_the_loop
 from .openai_format import ChoiceDelta, chat_choice, chat_delta_choice, chat_logprobs, envelope, usage
@@ -86,5 +86,6 @@ async def stream_chat(req: ChatCompletionRequest, client: EngineClient, handles,
             yield event(envelope("chat.completion.chunk", response_id, created, client.model_name,
                                  [], usage=usage([last])))
     except Exception as e:  # the request failed mid-stream: say so in the stream
-        yield event(error_body(500, f"generation failed: {e}"))
+        failure = generation_failed(handles, e)
+        yield event(error_body(failure.status, failure.message))
     yield DONE

@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ..outputs import RequestOutput
-from .engine_client import EngineClient
+from .engine_client import EngineClient, generation_failed
 from .errors import APIError, error_body
 from .json_body import json_built_off_the_loop
 from .openai_format import ChoiceDelta, completion_choice, completion_logprobs, envelope, usage
@@ -106,5 +106,6 @@ async def stream_completion(req: CompletionRequest, client: EngineClient, handle
             yield event(envelope("text_completion", response_id, created, client.model_name, [],
                                  usage=usage([final[i] for i in sorted(final)])))
     except Exception as e:  # a request failed mid-stream: say so in the stream
-        yield event(error_body(500, f"generation failed: {e}"))
+        failure = generation_failed(handles, e)
+        yield event(error_body(failure.status, failure.message))
     yield DONE

@@ -30,7 +30,6 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .errors import error_body
 
-log = logging.getLogger("tinypaged.serve")
 LOG_INTERVAL = 10.0  # seconds between two log lines of one kind
 
 

@@ -15,9 +15,16 @@ from ..outputs import RequestOutput
 from ..request_handle import RequestHandle
 from ..sampling import SamplingParams
 from .config import ServerConfig
-from .errors import APIError
+from .errors import APIError, log, shown
 
 _PARAM_IN_MESSAGE = re.compile(r"^(\w+)[=:]")
+
+
+def generation_failed(handles: list[RequestHandle], error: Exception) -> APIError:
+    """The 500 for a request that failed in the engine; the cause goes to the log."""
+    log.error("request %s failed in the engine: %r", handles[0].request_id.rsplit("-", 1)[0],
+              error, exc_info=error)
+    return APIError(500, f"generation failed: {error}")
 
 
 class EngineClient:
@@ -28,7 +35,7 @@ class EngineClient:
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
-            raise APIError(404, f"the model {name!r} does not exist; this server has "
+            raise APIError(404, f"the model {shown(name)} does not exist; this server has "
                                 f"{self.model_name!r}", param="model", code="model_not_found")
 
     def check_alive(self) -> None:
@@ -109,13 +116,14 @@ class EngineClient:
 
     @staticmethod
     async def results(handles: list[RequestHandle]) -> list[RequestOutput]:
-        """Every request's final output; a failed request is a 500 naming the failure."""
+        """Every request's final output; a failed request is a 500 naming the failure
+        (whose cause, with its traceback, goes to the log)."""
         try:
             return [await h.aresult() for h in handles]
         except Exception as e:
             for h in handles:
                 h.abort()
-            raise APIError(500, f"generation failed: {e}") from None
+            raise generation_failed(handles, e) from None
 
     @staticmethod
     async def updates(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, RequestOutput]]:

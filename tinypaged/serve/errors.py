@@ -17,6 +17,22 @@ TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error",
                   413: "invalid_request_error", 503: "server_overloaded"}
 
 
+SHOWN_CHARS = 100  # of a client's value quoted back in an error message
+MAX_MESSAGE_CHARS = 1000  # of any error message (what a client sent is never echoed whole)
+
+
+def shown(value: str) -> str:
+    """A client's value for an error message: quoted, and cut short if long."""
+    return cut(repr(value), len(value))
+
+
+def cut(text: str, length: int | None = None) -> str:
+    """text, or its first SHOWN_CHARS characters and how long it was."""
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[:SHOWN_CHARS]}... ({length or len(text)} characters)"
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None,
                  code: str | None = None, headers: dict | None = None):
@@ -26,6 +42,10 @@ class APIError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS] + "... (cut)"
+    if param is not None and len(param) > SHOWN_CHARS:
+        param = param[:SHOWN_CHARS] + "..."
     return {"error": {"message": message, "type": TYPE_BY_STATUS.get(status, "server_error"),
                       "param": param, "code": code}}
 
@@ -37,7 +57,7 @@ def error_response(error: APIError) -> JSONResponse:
 
 def validation_message(error: dict) -> tuple[str, str | None]:
     """One pydantic error -> (message, param) a client can act on."""
-    loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+    loc = [cut(str(part)) for part in error.get("loc", ()) if part != "body"]
     kind = error.get("type", "")
     if kind == "json_invalid":
         return f"the body is not valid JSON ({error.get('ctx', {}).get('error', 'decode error')})", None
@@ -45,7 +65,7 @@ def validation_message(error: dict) -> tuple[str, str | None]:
         return f"the body must be a JSON object ({error.get('msg', 'invalid')})", None
     param = loc[0]
     if kind == "extra_forbidden":
-        return f"unknown field {'.'.join(loc)!r}", param
+        return f"unknown field {shown('.'.join(loc))}", param
     if kind == "missing":
         return f"{'.'.join(loc)} is required", param
     if param == "prompt" and len(loc) > 1 and kind.endswith("_type"):
@@ -62,13 +82,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
-        message, param = validation_message(exc.errors()[0])
+        errors = exc.errors()
+        # of a union's alternatives, one that failed a bound says more than a type mismatch
+        bound = [e for e in errors if e.get("type") in ("less_than_equal", "greater_than_equal")]
+        message, param = validation_message((bound or errors)[0])
         return JSONResponse(error_body(400, message, param), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
-        message = {404: f"no route {request.method} {request.url.path}",
-                   405: f"method {request.method} is not allowed on {request.url.path}"}.get(
+        path = shown(request.url.path)
+        message = {404: f"no route {request.method} {path}",
+                   405: f"method {request.method} is not allowed on {path}"}.get(
             exc.status_code, str(exc.detail))
         return JSONResponse(error_body(exc.status_code, message), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))

@@ -7,14 +7,18 @@ body into the engine's SamplingParams.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..sampling import MAX_LOGPROBS, SamplingParams
+from ..sampling import MAX_INDEX, MAX_LOGPROBS, SamplingParams
+from .errors import shown
 
 MAX_N = 128  # samples per prompt (the engine's max_num_seqs may be lower)
 MAX_STOP = 16  # stop strings per request
+
+
+TokenId = Annotated[int, Field(ge=0, le=MAX_INDEX)]  # every integer is bounded where parsed
 
 
 class APIModel(BaseModel):
@@ -40,11 +44,11 @@ class SamplingFields(APIModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None  # accepted and ignored, as OpenAI's own servers do
     # vLLM's extensions
-    top_k: int = Field(0, ge=-1)  # 0 or -1: off
+    top_k: int = Field(0, ge=-1, le=MAX_INDEX)  # 0 or -1: off
     min_p: float = Field(0.0, ge=0, le=1)
     repetition_penalty: float = Field(1.0, gt=0, le=10)
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -59,17 +63,10 @@ class SamplingFields(APIModel):
     @classmethod
     def _logit_bias(cls, value):
         for token, bias in (value or {}).items():
-            if not token.isdigit():
-                raise ValueError(f"key {token!r} is not a token id")
+            if not token.isdigit() or len(token) > 10:
+                raise ValueError(f"key {shown(token)} is not a token id")
             if not -100 <= bias <= 100:
                 raise ValueError(f"bias {bias} for token {token} is not in [-100, 100]")
-        return value
-
-    @field_validator("stop_token_ids")
-    @classmethod
-    def _stop_token_ids(cls, value):
-        if value and min(value) < 0:
-            raise ValueError("token ids must be >= 0")
         return value
 
     def sampling_params(self, max_tokens: int, logprobs: int | None,
@@ -88,11 +85,11 @@ class SamplingFields(APIModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: int | None = Field(16, ge=1, le=MAX_INDEX)  # OpenAI's default for completions
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
-    best_of: int | None = Field(None, ge=1)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
     suffix: str | None = None
 
     @field_validator("prompt")
@@ -128,8 +125,8 @@ class ChatMessage(APIModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)  # None: up to the context length
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_INDEX)  # None: up to the context length
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_INDEX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 

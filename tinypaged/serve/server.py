@@ -22,7 +22,8 @@ import uvicorn
 from ..llm import LLM
 from .app import build_app
 from .config import ServerConfig
-from .connections import ConnectionLimits, LogThrottle, limited_protocol, log
+from .connections import ConnectionLimits, LogThrottle, limited_protocol
+from .errors import log as server_log
 
 DESCRIPTOR_RESERVE = 64  # open files besides connections: the model, logs, the engine's
 
@@ -62,7 +63,7 @@ class Server(uvicorn.Server):
 def make_server(llm: LLM, config: ServerConfig, log_level: str = "info") -> Server:
     app = build_app(llm, config)
     backstop = config.shutdown_timeout + 10  # uvicorn cancels what is left after this
-    throttle = LogThrottle(log)
+    throttle = LogThrottle(server_log)
     limits = ConnectionLimits(config.max_connections, config.header_timeout, config.body_timeout)
     return Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
                                  timeout_graceful_shutdown=backstop, lifespan="off",
