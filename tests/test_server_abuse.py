@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from helpers import slow_down, write_tiny_model
-from serving import ServerThread, wait_until
+from serving import ServerThread, sse_events, wait_until
 from test_server_errors import COMPLETIONS, assert_openai_error
-from tinypaged import LLM
+from tinypaged import LLM, SamplingParams
 from tinypaged.serve.connections import LogThrottle
 
 LONG = {"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True}
@@ -327,3 +327,39 @@ def test_errors_quote_a_long_value_cut_short(one_seat, method, path, body):
     r = httpx.request(method, server.url + path, json=body, timeout=60)
     assert r.status_code in (400, 404) and len(r.content) < 1500, r.content[:300]
     assert "characters)" in r.json()["error"]["message"] or "..." in r.json()["error"]["message"]
+
+
+# -- A8: text_offset -------------------------------------------------------------------------
+
+def test_text_offsets_point_into_the_text_streamed_or_not(one_seat):
+    server = one_seat()
+    body = {"prompt": "Once upon a time", "echo": True, "logprobs": 1, "max_tokens": 12,
+            "temperature": 0}
+    whole = httpx.post(server.url + COMPLETIONS, json=body, timeout=60).json()["choices"][0]
+    text, lp = whole["text"], whole["logprobs"]
+    offsets = lp["text_offset"]
+    assert lp["tokens"][:5] == ["<s>", " Once", " upon", " a", " time"]
+    assert offsets[:6] == [0, 0, 4, 9, 11, 16]  # "<s>" and the leading space take nothing
+    assert text.startswith("Once upon a time")
+    assert offsets == sorted(offsets) and offsets[-1] < len(text)
+    for token, start, end in zip(lp["tokens"][2:], offsets[2:], offsets[3:] + [len(text)]):
+        assert text[start:end] == token  # every later token's text, where it says
+    r = httpx.post(server.url + COMPLETIONS, json={**body, "stream": True}, timeout=60)
+    streamed = [off for event in sse_events(r.text) for choice in event["choices"]
+                if choice["logprobs"] for off in choice["logprobs"]["text_offset"]]
+    assert streamed == offsets
+
+
+def test_generated_text_keeps_the_space_its_first_token_opens_with(stories_dir):
+    """A SentencePiece word decodes without its leading space when it comes first: the
+    first generated token read alone lost it ("...there was a" + "little girl")."""
+    with LLM(stories_dir, backend="cpu", kv_cache_memory=4 << 20) as llm:
+        prompt = "Once upon a time there was a"
+        out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=6))[0]
+        tok = llm.tokenizer
+        whole = tok.decode(out.prompt_token_ids + out.outputs[0].token_ids)
+        assert out.outputs[0].text.startswith(" ") and whole == prompt + out.outputs[0].text
+        assert "".join(llm.stream(prompt, SamplingParams(temperature=0, max_tokens=6))) == \
+            out.outputs[0].text
+        beam = llm.beam_search(prompt, beam_width=2, max_tokens=4)[0].beams[0]
+        assert beam.text.startswith(" ")

@@ -83,7 +83,7 @@ def test_chat_streamed_equals_whole_for_any_stop(tiny_chat, data):
 class OneCharacterATokenizer:
     """A detokenizer stand-in: token t is the character chr(t)."""
 
-    def detokenizer(self):
+    def detokenizer(self, context=()):
         return self
 
     def push(self, token_id: int) -> str:
@@ -97,7 +97,7 @@ class OneCharacterATokenizer:
 @given(text=st.text(alphabet="ab", max_size=40),
        stop=st.lists(st.text(alphabet="ab", min_size=1, max_size=50), min_size=1, max_size=3))
 def test_what_a_stream_shows_only_grows_and_ends_as_the_whole_text(text, stop):
-    sample = SampleText(OneCharacterATokenizer(), stop)
+    sample = SampleText(OneCharacterATokenizer(), stop, [])
     shown = ""
     for ch in text:
         stopped = sample.push(ord(ch))

@@ -139,8 +139,20 @@ class Tokenizer:
             parts.append("<|im_start|>assistant\n")
         return "".join(parts)
 
-    def detokenizer(self) -> "IncrementalDetokenizer":
-        return IncrementalDetokenizer(self)
+    def detokenizer(self, context: list[int] = ()) -> "IncrementalDetokenizer":
+        """context: the tokens the text follows (a prompt), whose text is not emitted.
+        Their last few make the first new token decode as it reads after them: a
+        SentencePiece word keeps its leading space ("a" + "▁little" is "a little",
+        where "▁little" alone decodes as "little")."""
+        return IncrementalDetokenizer(self, context)
+
+    def continuation(self, context: list[int], ids: list[int]) -> str:
+        """The text of ids as it reads after context (see detokenizer)."""
+        tail = list(context[-CONTEXT_TOKENS:])
+        return self.decode(tail + list(ids))[len(self.decode(tail)):]
+
+
+CONTEXT_TOKENS = 5  # of a prompt, before the first generated token (vLLM's choice too)
 
 
 class IncrementalDetokenizer:
@@ -149,11 +161,11 @@ class IncrementalDetokenizer:
     until the rest arrives. Decodes only a short window of recent tokens, so the
     cost per token does not grow with the text."""
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, context: list[int] = ()):
         self.tokenizer = tokenizer
-        self.ids: list[int] = []
+        self.ids: list[int] = list(context[-CONTEXT_TOKENS:])
         self.prefix_offset = 0  # window start: context so that spaces decode right
-        self.read_offset = 0  # tokens before this are already emitted
+        self.read_offset = len(self.ids)  # tokens before this are already emitted
 
     def push(self, token_id: int) -> str:
         """Add one token; return the newly completed text (maybe "")."""

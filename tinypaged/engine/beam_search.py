@@ -42,6 +42,7 @@ class BeamSearch:
         self.width, self.max_tokens = beam_width, max_tokens
         self.length_penalty, self.ignore_eos = length_penalty, ignore_eos
         self.finished: list[Beam] = []
+        self.prompt_ids = prompt_ids
         self.peak_blocks = self.peak_unshared = 0
         root = Sequence("beam", prompt_ids, SamplingParams(temperature=0, max_tokens=max_tokens))
         if not self.bm.can_allocate(root):
@@ -129,7 +130,8 @@ class BeamSearch:
     def best(self) -> list[Beam]:
         beams = sorted(self.finished, key=lambda b: -b.score)[:self.width]
         for beam in beams:  # a character cut short at the end is left out of the text
-            beam.text = self.engine.tokenizer.decode(beam.token_ids).rstrip("\ufffd")
+            beam.text = self.engine.tokenizer.continuation(self.prompt_ids,
+                                                           beam.token_ids).rstrip("\ufffd")
         return beams
 
 

@@ -21,8 +21,8 @@ class SampleText:
     """Text of one sample. Holds back the tail that could still become a stop string,
     so streamed text never has to be taken back."""
 
-    def __init__(self, tokenizer: Tokenizer, stop: list[str]):
-        self.detok = tokenizer.detokenizer()
+    def __init__(self, tokenizer: Tokenizer, stop: list[str], prompt_token_ids: list[int]):
+        self.detok = tokenizer.detokenizer(context=prompt_token_ids)
         self.stop = stop
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.text = ""
@@ -58,7 +58,7 @@ class Request:
         self.request_id, self.prompt, self.params = request_id, prompt, params
         self.prompt_token_ids = prompt_token_ids
         self.seqs = [Sequence(request_id, prompt_token_ids, params, 0)]
-        self.texts = [SampleText(tokenizer, params.stop)]
+        self.texts = [SampleText(tokenizer, params.stop, prompt_token_ids)]
         self.tokenizer = tokenizer
         self.aborted = False
         self.error: Exception | None = None  # set when a step failed for this request
@@ -73,7 +73,7 @@ class Request:
 
     def add_sample(self, seq: Sequence) -> None:
         self.seqs.append(seq)
-        self.texts.append(SampleText(self.tokenizer, self.params.stop))
+        self.texts.append(SampleText(self.tokenizer, self.params.stop, self.prompt_token_ids))
 
     @property
     def finished(self) -> bool:

@@ -13,7 +13,8 @@ from ..outputs import RequestOutput
 from .engine_client import EngineClient, generation_failed
 from .errors import APIError, error_body
 from .json_body import json_built_off_the_loop
-from .openai_format import ChoiceDelta, completion_choice, completion_logprobs, envelope, usage
+from .openai_format import (ChoiceDelta, TextOffsets, completion_choice, completion_logprobs,
+                            echo_offsets, envelope, usage)
 from .protocol import CompletionRequest
 from .sse import DONE, EventStreamResponse, event, unless_disconnected
 
@@ -52,24 +53,33 @@ async def create_completion(req: CompletionRequest, request: Request,
     echoes = [(p.prompt if p.prompt is not None else tokenizer.decode(p.prompt_token_ids))
               if req.echo else "" for p in prepared]
 
-    def logprobs_of(out: RequestOutput, token_ids, entries, with_prompt: bool, offset: int):
-        """The logprobs object for these tokens (after the echoed prompt's, if with_prompt)."""
+    def offsets_for(i: int) -> TextOffsets:
+        """text_offset of prompt i's generated tokens, which follow its echo."""
+        return TextOffsets(tokenizer, prepared[i].prompt_token_ids, len(echoes[i]))
+
+    def logprobs_of(i: int, out: RequestOutput, token_ids, entries, offsets: TextOffsets,
+                    with_prompt: bool):
+        """The logprobs object for these generated tokens (after the echoed prompt's, if
+        with_prompt); offsets follows the choice's generated text."""
         if req.logprobs is None:
             return None
+        positions = offsets.of(token_ids)
         if with_prompt:
+            positions = echo_offsets(tokenizer, out.prompt_token_ids, echoes[i]) + positions
             token_ids, entries = out.prompt_token_ids + token_ids, out.prompt_logprobs + entries
-        return completion_logprobs(tokenizer, token_ids, entries, offset)
+        return completion_logprobs(tokenizer, token_ids, entries, positions)
 
     if req.stream:
         return EventStreamResponse(stream_completion(req, client, handles, response_id, created,
-                                                     echoes, logprobs_of))
+                                                     echoes, offsets_for, logprobs_of))
     ok, outputs = await unless_disconnected(request, client.results(handles))
     if not ok:
         return Response(status_code=499)  # the client left; nobody reads this
 
     def body() -> dict:
         choices = [completion_choice(i * req.n + o.index, echoes[i] + o.text,
-                                     logprobs_of(out, o.token_ids, o.logprobs or [], req.echo, 0),
+                                     logprobs_of(i, out, o.token_ids, o.logprobs or [],
+                                                 offsets_for(i), req.echo),
                                      o.finish_reason)
                    for i, out in enumerate(outputs) for o in out.outputs]
         return envelope("text_completion", response_id, created, client.model_name, choices,
@@ -78,11 +88,12 @@ async def create_completion(req: CompletionRequest, request: Request,
 
 
 async def stream_completion(req: CompletionRequest, client: EngineClient, handles, response_id: str,
-                            created: int, echoes: list[str], logprobs_of) -> AsyncIterator[str]:
+                            created: int, echoes: list[str], offsets_for,
+                            logprobs_of) -> AsyncIterator[str]:
     include_usage = req.stream_options is not None and req.stream_options.include_usage
     extra = {"usage": None} if include_usage else {}
     deltas: dict[tuple[int, int], ChoiceDelta] = {}
-    offsets: dict[tuple[int, int], int] = {}  # characters sent per choice (text_offset)
+    offsets: dict[tuple[int, int], TextOffsets] = {}  # per choice (text_offset)
     final: dict[int, RequestOutput] = {}
     try:
         async for i, out in client.updates(handles):
@@ -95,10 +106,10 @@ async def stream_completion(req: CompletionRequest, client: EngineClient, handle
                     continue
                 text, ids, entries, finish = taken
                 echo = req.echo and first
-                offset = offsets.get(key, 0)
-                logprobs = logprobs_of(out, ids, entries, echo, offset)
+                if first:
+                    offsets[key] = offsets_for(i)
+                logprobs = logprobs_of(i, out, ids, entries, offsets[key], echo)
                 text = (echoes[i] if echo else "") + text
-                offsets[key] = offset + len(text)
                 choice = completion_choice(i * req.n + o.index, text, logprobs, finish)
                 yield event(envelope("text_completion", response_id, created, client.model_name,
                                      [choice], **extra))

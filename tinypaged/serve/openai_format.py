@@ -21,15 +21,35 @@ def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     return tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
 
 
+class TextOffsets:
+    """text_offset: where each token's text starts in a choice's text, counted as the
+    engine's detokenizer writes that text (a "<s>" or a SentencePiece word's leading
+    space at the very start take no characters), so that offsets only grow."""
+
+    def __init__(self, tokenizer: Tokenizer, context: list[int], start: int, limit: int | None = None):
+        """context: the tokens before (the prompt, for generated ones); start: the
+        characters before the first token; limit: no offset past it (the echo's end)."""
+        self.detok = tokenizer.detokenizer(context)
+        self.chars, self.limit = start, limit
+
+    def of(self, token_ids: list[int]) -> list[int]:
+        offsets = []
+        for token in token_ids:
+            offsets.append(self.chars if self.limit is None else min(self.chars, self.limit))
+            self.chars += len(self.detok.push(token))
+        return offsets
+
+
+def echo_offsets(tokenizer: Tokenizer, prompt_token_ids: list[int], echo: str) -> list[int]:
+    """text_offset of an echoed prompt's tokens, within the echo."""
+    return TextOffsets(tokenizer, [], 0, len(echo)).of(prompt_token_ids)
+
+
 def completion_logprobs(tokenizer: Tokenizer, token_ids: list[int],
-                        entries: list[TokenLogprobs | None], offset: int) -> dict:
-    """The completions API's logprobs: parallel lists per token; text_offset counts
-    characters from the start of the choice's text (offset: where these tokens start)."""
+                        entries: list[TokenLogprobs | None], offsets: list[int]) -> dict:
+    """The completions API's logprobs: parallel lists per token (text_offset: see
+    TextOffsets)."""
     tokens = [token_text(tokenizer, t) for t in token_ids]
-    offsets = []
-    for tok in tokens:
-        offsets.append(offset)
-        offset += len(tok)
     return {"tokens": tokens,
             "token_logprobs": [e.logprob if e is not None else None for e in entries],
             "top_logprobs": [{token_text(tokenizer, t): lp for t, lp in e.top} if e is not None
