@@ -7,6 +7,7 @@ import socket
 import threading
 
 import httpx
+import openai
 import pytest
 
 from helpers import slow_down, write_tiny_model
@@ -363,3 +364,59 @@ def test_generated_text_keeps_the_space_its_first_token_opens_with(stories_dir):
             out.outputs[0].text
         beam = llm.beam_search(prompt, beam_width=2, max_tokens=4)[0].beams[0]
         assert beam.text.startswith(" ")
+
+
+# -- A11: the smaller points -----------------------------------------------------------------
+
+def test_null_means_the_default(one_seat):
+    server = one_seat()
+    body = {"prompt": "Once", "temperature": None, "top_p": None, "n": None, "max_tokens": None,
+            "stop": None, "seed": None, "presence_penalty": None, "ignore_eos": True,
+            "top_k": None, "logprobs": None, "echo": None}
+    r = httpx.post(server.url + COMPLETIONS, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 16  # completions' default max_tokens
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    out = client.completions.create(model="stories260K", prompt="Once", temperature=None,
+                                    max_tokens=3)
+    assert out.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
+                                          "application/json; charset=utf-8"])
+def test_a_json_body_is_read_whatever_content_type_curl_sends(one_seat, content_type):
+    server = one_seat()
+    headers = {} if content_type is None else {"content-type": content_type}
+    r = httpx.post(server.url + COMPLETIONS, headers=headers, timeout=60,
+                   content=b'{"prompt": "Once", "max_tokens": 2}')
+    assert r.status_code == 200, r.text
+
+
+def test_x_request_id_is_echoed_and_each_finished_request_logged_once(one_seat, caplog):
+    server = one_seat()
+    with caplog.at_level(logging.INFO, logger="tinypaged.serve"):
+        r = httpx.post(server.url + COMPLETIONS, headers={"X-Request-Id": "trace-42"},
+                       json={"prompt": ["Once", "The"], "max_tokens": 3, "ignore_eos": True},
+                       timeout=60)
+        assert r.status_code == 200 and r.headers["x-request-id"] == "trace-42"
+        streamed = httpx.post(server.url + COMPLETIONS, headers={"X-Request-Id": "trace-43"},
+                              json={"prompt": "Once", "max_tokens": 2, "stream": True,
+                                    "ignore_eos": True}, timeout=60)
+        assert streamed.headers["x-request-id"] == "trace-43"
+        refused = httpx.post(server.url + COMPLETIONS, json={"prompt": 5})
+        assert refused.status_code == 400 and len(refused.headers["x-request-id"]) == 32
+    lines = [r.getMessage() for r in caplog.records if r.name == "tinypaged.serve"]
+    first = [line for line in lines if "trace-42" in line]
+    assert len(first) == 1 and "2 prompts, 4 prompt + 6 completion tokens in" in first[0]
+    assert first[0].endswith("finish: length") and r.json()["id"] in first[0]
+    assert len([line for line in lines if "trace-43" in line]) == 1
+
+
+def test_head_health_and_a_content_part_of_another_type(one_seat):
+    server = one_seat()
+    assert httpx.head(server.url + "/health").status_code == 200
+    body = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "x"}}]}]}
+    error = assert_openai_error(httpx.post(server.url + "/v1/chat/completions", json=body), 400,
+                                "messages")
+    assert "part 1 is of type 'image_url'; this server takes only 'text' parts" in error["message"]

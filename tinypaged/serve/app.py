@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hmac
 import time
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -24,10 +25,22 @@ from .errors import error_body, install_error_handlers
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 
+REQUEST_ID_CHARS = 128  # of a client's X-Request-Id, kept
+JSON_BY_DEFAULT = (b"", b"text/plain", b"application/x-www-form-urlencoded")  # (curl -d's)
+
+
+def client_request_id(headers: dict) -> str:
+    """The client's X-Request-Id (printable ASCII, cut short), or a new one."""
+    given = headers.get(b"x-request-id", b"").decode("latin-1")[:REQUEST_ID_CHARS]
+    return given if given and given.isprintable() and given.isascii() else uuid.uuid4().hex
+
+
 class Guard:
     """Pure ASGI, in front of everything: /v1/* needs the API key when one is set
     (401), and no request body may exceed max_body_bytes (413), whether it says
-    its length up front or not."""
+    its length up front or not. Every response carries the request's X-Request-Id
+    (the client's, or a new one; routes log it). A POST body to /v1/* is JSON
+    whatever Content-Type it says, or none: curl -d sends form-urlencoded."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int):
         self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
@@ -36,6 +49,14 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
+        request_id = client_request_id(headers)
+        scope.setdefault("state", {})["request_id"] = request_id
+        send = with_request_id(send, request_id)
+        if scope["method"] == "POST" and scope["path"].startswith("/v1"):
+            media_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+            if media_type in JSON_BY_DEFAULT:
+                scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+                scope["headers"].append((b"content-type", b"application/json"))
         if self.api_key and scope["path"].startswith("/v1"):
             # bytes against bytes: any header (and any key) compares, in constant time
             given = headers.get(b"authorization", b"")
@@ -67,6 +88,15 @@ class Guard:
         return JSONResponse(error_body(413, self._too_large_message()), status_code=413)
 
 
+def with_request_id(send: Send, request_id: str) -> Send:
+    async def send_with_id(message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()),
+                                              (b"x-request-id", request_id.encode())]}
+        await send(message)
+    return send_with_id
+
+
 def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
     client = EngineClient(llm, config)
     started = int(time.time())
@@ -96,6 +126,7 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
         client.check_model(model)
         return model_card()
 
+    @app.head("/health", include_in_schema=False)  # load balancers' probes
     @app.get("/health")
     async def health():
         if not llm.is_alive:

@@ -3,6 +3,7 @@ samples, streamed as chat.completion.chunk events (role first, then content, the
 the finish reason) or returned whole."""
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import AsyncIterator
@@ -11,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from .completions import build_params, check_common
-from .engine_client import EngineClient, generation_failed
+from .engine_client import EngineClient, RequestLog
 from .errors import APIError, error_body
 from .json_body import json_built_off_the_loop
 from .openai_format import ChoiceDelta, chat_choice, chat_delta_choice, chat_logprobs, envelope, usage
@@ -22,6 +23,7 @@ from .sse import DONE, EventStreamResponse, event, unless_disconnected
 async def create_chat_completion(req: ChatCompletionRequest, request: Request,
                                  client: EngineClient) -> Response:
     check_common(req, client)
+    started = time.monotonic()
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     try:
@@ -33,6 +35,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     prepared = [client.prepare(prompt, params, max_tokens, "messages")]
     client.check_logprob_entries(prepared, False, "top_logprobs")
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    record = RequestLog(f"{request.state.request_id} {response_id}", started)
     handles = client.submit(prepared, response_id)
     tokenizer = client.llm.tokenizer
 
@@ -40,10 +43,11 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
         return chat_logprobs(tokenizer, entries) if req.logprobs else None
 
     if req.stream:
-        return EventStreamResponse(stream_chat(req, client, handles, response_id, created,
+        return EventStreamResponse(stream_chat(req, client, handles, record, response_id, created,
                                                logprobs_of))
-    ok, outputs = await unless_disconnected(request, client.results(handles))
+    ok, outputs = await unless_disconnected(request, client.results(handles, record))
     if not ok:
+        record.left()
         return Response(status_code=499)  # the client left; nobody reads this
 
     def body() -> dict:
@@ -54,8 +58,8 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     return await json_built_off_the_loop(body)
 
 
-async def stream_chat(req: ChatCompletionRequest, client: EngineClient, handles, response_id: str,
-                      created: int, logprobs_of) -> AsyncIterator[str]:
+async def stream_chat(req: ChatCompletionRequest, client: EngineClient, handles, record: RequestLog,
+                      response_id: str, created: int, logprobs_of) -> AsyncIterator[str]:
     include_usage = req.stream_options is not None and req.stream_options.include_usage
     extra = {"usage": None} if include_usage else {}
 
@@ -85,7 +89,12 @@ async def stream_chat(req: ChatCompletionRequest, client: EngineClient, handles,
         if include_usage:
             yield event(envelope("chat.completion.chunk", response_id, created, client.model_name,
                                  [], usage=usage([last])))
+    except (asyncio.CancelledError, GeneratorExit):  # the client left
+        record.left()
+        raise
     except Exception as e:  # the request failed mid-stream: say so in the stream
-        failure = generation_failed(handles, e)
+        failure = record.failed(e)
         yield event(error_body(failure.status, failure.message))
+    else:
+        record.finished([last])
     yield DONE

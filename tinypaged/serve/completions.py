@@ -2,6 +2,7 @@
 echo and logprobs (the echoed prompt's own logprobs too)."""
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import AsyncIterator
@@ -10,7 +11,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ..outputs import RequestOutput
-from .engine_client import EngineClient, generation_failed
+from .engine_client import EngineClient, RequestLog
 from .errors import APIError, error_body
 from .json_body import json_built_off_the_loop
 from .openai_format import (ChoiceDelta, TextOffsets, completion_choice, completion_logprobs,
@@ -37,6 +38,7 @@ def build_params(req, max_tokens: int | None, **logprobs):
 async def create_completion(req: CompletionRequest, request: Request,
                             client: EngineClient) -> Response:
     check_common(req, client)
+    started = time.monotonic()
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, "best_of other than n is not supported", param="best_of")
     if req.suffix:
@@ -48,6 +50,7 @@ async def create_completion(req: CompletionRequest, request: Request,
     prepared = [client.prepare(p, params, req.max_tokens, "prompt") for p in prompts]
     client.check_logprob_entries(prepared, req.echo, "logprobs")
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    record = RequestLog(f"{request.state.request_id} {response_id}", started)
     handles = client.submit(prepared, response_id)
     tokenizer = client.llm.tokenizer
     echoes = [(p.prompt if p.prompt is not None else tokenizer.decode(p.prompt_token_ids))
@@ -70,10 +73,11 @@ async def create_completion(req: CompletionRequest, request: Request,
         return completion_logprobs(tokenizer, token_ids, entries, positions)
 
     if req.stream:
-        return EventStreamResponse(stream_completion(req, client, handles, response_id, created,
-                                                     echoes, offsets_for, logprobs_of))
-    ok, outputs = await unless_disconnected(request, client.results(handles))
+        return EventStreamResponse(stream_completion(req, client, handles, record, response_id,
+                                                     created, echoes, offsets_for, logprobs_of))
+    ok, outputs = await unless_disconnected(request, client.results(handles, record))
     if not ok:
+        record.left()
         return Response(status_code=499)  # the client left; nobody reads this
 
     def body() -> dict:
@@ -87,9 +91,9 @@ async def create_completion(req: CompletionRequest, request: Request,
     return await json_built_off_the_loop(body)
 
 
-async def stream_completion(req: CompletionRequest, client: EngineClient, handles, response_id: str,
-                            created: int, echoes: list[str], offsets_for,
-                            logprobs_of) -> AsyncIterator[str]:
+async def stream_completion(req: CompletionRequest, client: EngineClient, handles,
+                            record: RequestLog, response_id: str, created: int, echoes: list[str],
+                            offsets_for, logprobs_of) -> AsyncIterator[str]:
     include_usage = req.stream_options is not None and req.stream_options.include_usage
     extra = {"usage": None} if include_usage else {}
     deltas: dict[tuple[int, int], ChoiceDelta] = {}
@@ -116,7 +120,12 @@ async def stream_completion(req: CompletionRequest, client: EngineClient, handle
         if include_usage:
             yield event(envelope("text_completion", response_id, created, client.model_name, [],
                                  usage=usage([final[i] for i in sorted(final)])))
+    except (asyncio.CancelledError, GeneratorExit):  # the client left
+        record.left()
+        raise
     except Exception as e:  # a request failed mid-stream: say so in the stream
-        failure = generation_failed(handles, e)
+        failure = record.failed(e)
         yield event(error_body(failure.status, failure.message))
+    else:
+        record.finished([final[i] for i in sorted(final)])
     yield DONE

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+import time
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from ..engine.engine_loop import EngineDeadError
@@ -16,15 +18,37 @@ from ..request_handle import RequestHandle
 from ..sampling import SamplingParams
 from .config import ServerConfig
 from .errors import APIError, log, shown
+from .openai_format import openai_finish_reason
 
 _PARAM_IN_MESSAGE = re.compile(r"^(\w+)[=:]")
 
 
-def generation_failed(handles: list[RequestHandle], error: Exception) -> APIError:
-    """The 500 for a request that failed in the engine; the cause goes to the log."""
-    log.error("request %s failed in the engine: %r", handles[0].request_id.rsplit("-", 1)[0],
-              error, exc_info=error)
-    return APIError(500, f"generation failed: {error}")
+@dataclass(slots=True)
+class RequestLog:
+    """What the log says of one API request: a line when it ends, its failure's cause."""
+    label: str  # the X-Request-Id and the response id
+    started: float = field(default_factory=time.monotonic)
+
+    def finished(self, outputs: list[RequestOutput]) -> None:
+        """One info line: prompts, tokens, time, finish reasons (or that the client left)."""
+        prompt = sum(len(out.prompt_token_ids) for out in outputs)
+        completion = sum(len(o.token_ids) for out in outputs for o in out.outputs)
+        reasons = sorted({openai_finish_reason(o.finish_reason) or "none"
+                          for out in outputs for o in out.outputs})
+        log.info("request %s: %d prompt%s, %d prompt + %d completion tokens in %.3f s, "
+                 "finish: %s", self.label, len(outputs), "" if len(outputs) == 1 else "s",
+                 prompt, completion, time.monotonic() - self.started,
+                 ", ".join(reasons) or "none")
+
+    def left(self) -> None:
+        """The client went away before the end: its requests were aborted."""
+        log.info("request %s: the client left after %.3f s; aborted", self.label,
+                 time.monotonic() - self.started)
+
+    def failed(self, error: Exception) -> APIError:
+        """The 500 for a request that failed in the engine; the cause goes to the log."""
+        log.error("request %s failed in the engine: %r", self.label, error, exc_info=error)
+        return APIError(500, f"generation failed: {error}")
 
 
 class EngineClient:
@@ -115,15 +139,17 @@ class EngineClient:
         return handles
 
     @staticmethod
-    async def results(handles: list[RequestHandle]) -> list[RequestOutput]:
+    async def results(handles: list[RequestHandle], record: RequestLog) -> list[RequestOutput]:
         """Every request's final output; a failed request is a 500 naming the failure
         (whose cause, with its traceback, goes to the log)."""
         try:
-            return [await h.aresult() for h in handles]
+            outputs = [await h.aresult() for h in handles]
         except Exception as e:
             for h in handles:
                 h.abort()
-            raise generation_failed(handles, e) from None
+            raise record.failed(e) from None
+        record.finished(outputs)
+        return outputs
 
     @staticmethod
     async def updates(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..sampling import MAX_INDEX, MAX_LOGPROBS, SamplingParams
 from .errors import shown
@@ -23,6 +23,17 @@ TokenId = Annotated[int, Field(ge=0, le=MAX_INDEX)]  # every integer is bounded 
 
 class APIModel(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data):
+        """null where a field has a default means that default (OpenAI's spec allows
+        null for most optional fields, and its client sends temperature=None)."""
+        if isinstance(data, dict):
+            fields = cls.model_fields
+            return {k: v for k, v in data.items()
+                    if not (v is None and k in fields and not fields[k].is_required())}
+        return data
 
 
 class StreamOptions(APIModel):
@@ -116,6 +127,16 @@ class ChatMessage(APIModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
     name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _only_text_parts(cls, value):
+        for i, part in enumerate(value if isinstance(value, list) else []):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                raise ValueError(f"part {i} is of type {shown(kind)}; this server takes only "
+                                 f"'text' parts (the model reads text alone)")
+        return value
 
     def text(self) -> str:
         if isinstance(self.content, str):

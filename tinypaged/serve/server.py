@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
 import resource
 import signal
 import socket
@@ -84,6 +85,17 @@ def bind(config: ServerConfig) -> socket.socket:
     return sock
 
 
+def log_requests() -> None:
+    """The server's own lines (one per finished request, failures, throttled warnings)
+    go to stderr at info level; uvicorn's access log stays behind --verbose."""
+    if not server_log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        server_log.addHandler(handler)
+        server_log.setLevel(logging.INFO)
+        server_log.propagate = False
+
+
 def is_loopback(host: str) -> bool:
     """Whether only this machine can reach host ("localhost" or a loopback address)."""
     if host == "localhost":
@@ -110,6 +122,7 @@ def serve(llm: LLM, config: ServerConfig, sock: socket.socket, log: Callable[[st
           log_level: str = "info") -> None:
     """Serve on sock until SIGINT or SIGTERM; returns normally after a clean shutdown."""
     ensure_descriptors(config.max_connections + DESCRIPTOR_RESERVE, log)
+    log_requests()
     if config.api_key is None and not is_loopback(config.host):
         log(f"warning: listening on {config.host} with no API key: anyone who can reach this "
             f"port can use the model (set TINYPAGED_API_KEY or --api-key-file)")
