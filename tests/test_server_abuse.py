@@ -420,3 +420,23 @@ def test_head_health_and_a_content_part_of_another_type(one_seat):
     error = assert_openai_error(httpx.post(server.url + "/v1/chat/completions", json=body), 400,
                                 "messages")
     assert "part 1 is of type 'image_url'; this server takes only 'text' parts" in error["message"]
+
+
+def test_the_api_docs_still_describe_the_request_bodies(one_seat):
+    spec = httpx.get(one_seat().url + "/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    body = spec["paths"]["/v1/completions"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["schema"] == {"$ref": "#/components/schemas/CompletionRequest"}
+    assert {"prompt", "max_tokens", "logprobs"} <= set(schemas["CompletionRequest"]["properties"])
+    refs = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            refs.update(v for k, v in node.items() if k == "$ref")
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+    walk(spec)
+    assert refs and all(ref.rsplit("/", 1)[1] in schemas for ref in refs)

@@ -9,8 +9,11 @@ import hmac
 import time
 import uuid
 
+import anyio
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -26,7 +29,6 @@ from .protocol import ChatCompletionRequest, CompletionRequest
 
 
 REQUEST_ID_CHARS = 128  # of a client's X-Request-Id, kept
-JSON_BY_DEFAULT = (b"", b"text/plain", b"application/x-www-form-urlencoded")  # (curl -d's)
 
 
 def client_request_id(headers: dict) -> str:
@@ -39,8 +41,7 @@ class Guard:
     """Pure ASGI, in front of everything: /v1/* needs the API key when one is set
     (401), and no request body may exceed max_body_bytes (413), whether it says
     its length up front or not. Every response carries the request's X-Request-Id
-    (the client's, or a new one; routes log it). A POST body to /v1/* is JSON
-    whatever Content-Type it says, or none: curl -d sends form-urlencoded."""
+    (the client's, or a new one; routes log it)."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int):
         self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
@@ -52,11 +53,6 @@ class Guard:
         request_id = client_request_id(headers)
         scope.setdefault("state", {})["request_id"] = request_id
         send = with_request_id(send, request_id)
-        if scope["method"] == "POST" and scope["path"].startswith("/v1"):
-            media_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-            if media_type in JSON_BY_DEFAULT:
-                scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-                scope["headers"].append((b"content-type", b"application/json"))
         if self.api_key and scope["path"].startswith("/v1"):
             # bytes against bytes: any header (and any key) compares, in constant time
             given = headers.get(b"authorization", b"")
@@ -88,6 +84,46 @@ class Guard:
         return JSONResponse(error_body(413, self._too_large_message()), status_code=413)
 
 
+async def read_body(request: Request, model: type[BaseModel], limits: dict) -> BaseModel:
+    """The request's JSON body as model, whatever Content-Type it says (curl -d sends
+    form-urlencoded), parsed and checked in a worker thread: a body of megabytes
+    costs tens of milliseconds, which the event loop (every other client, /health)
+    does not wait for. limits reach the validators (a batch of prompts is counted
+    before any of them is read)."""
+    raw = await request.body()
+    try:
+        return await anyio.to_thread.run_sync(
+            lambda: model.model_validate_json(raw, context=limits))
+    except ValidationError as e:
+        raise RequestValidationError(e.errors(include_url=False)) from None
+
+
+SCHEMA_REF = "#/components/schemas/{model}"
+
+
+def body_schema(model: type[BaseModel]) -> dict:
+    """The OpenAPI request body of a route that reads its body itself (read_body);
+    the schemas go in with add_body_schemas."""
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": SCHEMA_REF.format(model=model.__name__)}}}}}
+
+
+def add_body_schemas(app: FastAPI, models: list[type[BaseModel]]) -> None:
+    """Put models' JSON schemas (and those they use) among the OpenAPI components."""
+    make_openapi = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = make_openapi()
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                body = model.model_json_schema(ref_template=SCHEMA_REF)
+                components.update(body.pop("$defs", {}))
+                components[model.__name__] = body
+        return app.openapi_schema
+    app.openapi = openapi
+
+
 def with_request_id(send: Send, request_id: str) -> Send:
     async def send_with_id(message) -> None:
         if message["type"] == "http.response.start":
@@ -105,13 +141,19 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    limits = {"max_prompts": config.max_prompts_per_request}
+
+    @app.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
+    async def completions(request: Request):
+        body = await read_body(request, CompletionRequest, limits)
         return await create_completion(body, request, client)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
+    @app.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
+    async def chat_completions(request: Request):
+        body = await read_body(request, ChatCompletionRequest, limits)
         return await create_chat_completion(body, request, client)
+
+    add_body_schemas(app, [CompletionRequest, ChatCompletionRequest])
 
     def model_card() -> dict:
         return {"id": client.model_name, "object": "model", "created": started,

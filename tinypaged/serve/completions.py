@@ -44,7 +44,6 @@ async def create_completion(req: CompletionRequest, request: Request,
     if req.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")
     prompts = req.prompts()
-    client.check_prompt_count(len(prompts), "prompt")
     echo_logprobs = req.logprobs if req.echo else None
     params = build_params(req, req.max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_logprobs)
     prepared = [client.prepare(p, params, req.max_tokens, "prompt") for p in prompts]

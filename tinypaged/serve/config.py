@@ -10,12 +10,12 @@ class ServerConfig:
     port: int = 8000
     api_key: str | None = None  # when set, /v1/* needs "Authorization: Bearer <key>"
     served_model_name: str | None = None  # None: the model folder's name
-    max_waiting: int = 256  # queued sequences (prompts x n) beyond which new requests get 503
-    max_prompts_per_request: int = 256  # a longer batch of prompts gets 400
+    max_waiting: int = 1024  # queued sequences (prompts x n) beyond which new requests get 503
+    max_prompts_per_request: int = 256  # a longer batch gets 400 (a quarter of the queue at most)
     max_body_bytes: int = 4 << 20  # larger request bodies get 413
     # token positions x (1 + alternatives) that logprobs may make one response describe
     # (echo: the prompt's positions in every choice too); more gets 400
-    max_logprob_entries: int = 1 << 20
+    max_logprob_entries: int = 1 << 18
     shutdown_timeout: float = 10.0  # seconds in-flight requests get to finish on SIGTERM
     max_connections: int = 1024  # beyond, a new one replaces the idlest, or gets 503 if none is idle
     header_timeout: float = 10.0  # seconds a request's headers may take to arrive

@@ -90,12 +90,6 @@ class EngineClient:
         match = _PARAM_IN_MESSAGE.match(message)
         return APIError(400, message, param=match.group(1) if match else prompt_param)
 
-    def check_prompt_count(self, count: int, param: str) -> None:
-        """A batch of prompts is bounded before any of them is tokenized."""
-        if count > self.config.max_prompts_per_request:
-            raise APIError(400, f"{count} prompts in one request; this server takes at most "
-                                f"{self.config.max_prompts_per_request}", param=param)
-
     def check_logprob_entries(self, prepared: list[PreparedRequest], echo: bool,
                               param: str) -> None:
         """logprobs multiply what a response holds: every position of every choice

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
+                      model_validator)
 
 from ..sampling import MAX_INDEX, MAX_LOGPROBS, SamplingParams
 from .errors import shown
@@ -102,6 +103,18 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     best_of: int | None = Field(None, ge=1, le=MAX_N)
     suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _count_prompts(cls, value, info: ValidationInfo):
+        """A batch is counted before any prompt in it is read (the server's limit comes
+        in the validation context)."""
+        limit = (info.context or {}).get("max_prompts")
+        if limit is not None and isinstance(value, list) and len(value) > limit \
+                and value and not isinstance(value[0], int):
+            raise ValueError(f"{len(value)} prompts in one request; this server takes at most "
+                             f"{limit}")
+        return value
 
     @field_validator("prompt")
     @classmethod
