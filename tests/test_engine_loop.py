@@ -3,6 +3,7 @@ free blocks; a failed step reaches exactly its callers; nothing ever hangs."""
 import _thread
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -353,3 +354,69 @@ def test_waiting_samples_count_n_per_request(stories_dir):
         caller.join()
         assert all(h.result().finished for h in handles)
         assert llm.num_waiting_samples == 0
+
+
+# -- Ctrl+C in a finalizer (issue 18, C) ------------------------------------------------------
+
+def spin() -> None:
+    """Python bytecode for an interrupt sent again to be raised in (a minute at most:
+    it comes within milliseconds)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        pass
+
+
+@pytest.mark.parametrize("dropped", ["handle", "started iterator"])
+def test_an_interrupt_landing_in_a_dropped_handle_is_raised_again(stories_dir, monkeypatch,
+                                                                  dropped):
+    """Python drops an exception raised in __del__ or in a collected generator's
+    cleanup; a Ctrl+C that lands while a dropped handle (or its started iterator)
+    posts its abort must still reach the caller, and the abort still happen."""
+    with LLM(stories_dir, backend="cpu", kv_cache_memory=4 << 20) as llm:
+        slow_down(llm, monkeypatch)
+        handle = llm.submit("Once upon a time", LONG)
+        if dropped == "started iterator":
+            handle = iter(handle)  # (the generator holds the handle)
+            next(handle)  # running
+        real_abort, calls = llm._loop.abort, []
+
+        def abort_interrupted_once(request_id):
+            calls.append(request_id)
+            if len(calls) == 1:
+                raise KeyboardInterrupt  # as if SIGINT were handled right here
+            real_abort(request_id)
+        monkeypatch.setattr(llm._loop, "abort", abort_interrupted_once)
+        with pytest.raises(KeyboardInterrupt):
+            del handle
+            spin()
+        assert len(calls) == 2
+        monkeypatch.undo()
+        assert llm.generate("Once upon a time", GREEDY)[0].finished  # the loop goes on
+        assert llm.stats()["blocks_used"] == 0 and llm.metrics().finished["abort"] == 1
+
+
+def test_an_interrupt_landing_in_a_collected_llm_is_raised_again(stories_dir, monkeypatch):
+    import gc
+
+    llm = LLM(stories_dir, backend="cpu", kv_cache_memory=4 << 20)
+    handle = llm.submit("Once upon a time", GREEDY)
+    loop, stops = llm._loop, []
+    real_stop = loop.stop
+
+    def stop_interrupted_once():
+        stops.append(True)
+        if len(stops) == 1:
+            raise KeyboardInterrupt
+        real_stop()
+    monkeypatch.setattr(loop, "stop", stop_interrupted_once)
+    llm._finalizer = __import__("weakref").finalize(  # (re-armed with the patched stop)
+        llm, __import__("tinypaged.interrupts").interrupts.finalize_keeping_interrupts, loop.stop)
+    cycle = [llm]
+    cycle.append(cycle)  # collected by the cyclic collector, wherever it runs
+    del llm, cycle
+    with pytest.raises(KeyboardInterrupt):
+        gc.collect()
+        spin()
+    assert len(stops) == 2 and not loop.is_alive
+    with pytest.raises(EngineDeadError):
+        handle.result()

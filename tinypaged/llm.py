@@ -20,6 +20,7 @@ from .engine.llm_engine import LLMEngine
 from .engine.loop_metrics import MetricsSnapshot
 from .engine.request import PreparedRequest
 from . import checks
+from .interrupts import finalize_keeping_interrupts, start_redelivery
 from .outputs import RequestOutput
 from .prompts import as_prompt_list, is_single_prompt
 from .pull import default_gguf
@@ -41,7 +42,9 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self.config = self.engine.model_config
         self._loop = EngineLoop(self.engine)
-        self._close = weakref.finalize(self, self._loop.close)  # the thread ends with the LLM
+        # the thread ends with the LLM; the collector's call only tells it to (never waits)
+        self._finalizer = weakref.finalize(self, finalize_keeping_interrupts, self._loop.stop)
+        start_redelivery()  # (for an interrupt that lands in a finalizer: interrupts.py)
         self.load_seconds = time.perf_counter() - start
 
     # -- one request -------------------------------------------------------------
@@ -205,8 +208,10 @@ class LLM:
         return self._loop.call(lambda: engine.statistics.peak_block_map if peak else engine.block_map())
 
     def close(self) -> None:
-        """Stop the engine loop; unfinished requests are aborted. Later calls raise."""
-        self._close()
+        """Stop the engine loop and wait for it; unfinished requests are aborted. Later
+        calls raise."""
+        self._finalizer.detach()
+        self._loop.close()
 
     def __enter__(self) -> "LLM":
         return self

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import AsyncIterator, Iterator
 
 from .engine.engine_loop import EngineLoop
+from .interrupts import finalize_keeping_interrupts
 from .engine.output_stream import RequestStream
 from .outputs import RequestOutput
 
@@ -27,8 +28,12 @@ class RequestHandle:
             for out in self._stream.updates():
                 self._finished = out.finished
                 yield out
-        finally:
+        except GeneratorExit:  # closed early: a break, close(), or the collector
+            finalize_keeping_interrupts(self._abort_unfinished)
+            raise
+        except BaseException:  # an error, or an interrupt while waiting: abort, tell the caller
             self._abort_unfinished()
+            raise
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
         try:
@@ -55,12 +60,13 @@ class RequestHandle:
         self._loop.abort(self.request_id)
 
     def _abort_unfinished(self) -> None:
+        """Post the abort (once) unless the request finished; never waits."""
         if not self._finished:
-            self._finished = True  # one abort is enough
             self._loop.abort(self.request_id)
+            self._finished = True  # (after: an interrupt between the two posts it again)
 
     def __del__(self):
-        self._abort_unfinished()
+        finalize_keeping_interrupts(self._abort_unfinished)
 
 
 def text_deltas(handle: RequestHandle) -> Iterator[str]:

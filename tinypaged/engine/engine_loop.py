@@ -1,11 +1,16 @@
 """EngineLoop: one background thread owns the LLMEngine; any number of callers share it.
 
 Callers (threads, asyncio tasks, HTTP handlers) never touch the engine. They hand
-commands to the loop through a queue: add a request (and get its RequestStream),
+commands to the loop through its inbox: add a request (and get its RequestStream),
 abort one, or run a function on the engine between two steps. The loop thread
 applies the queued commands, runs one step, hands each request's new output to its
-stream, and repeats while there is work; with none, it sleeps on a condition
-variable until the next command (no busy waiting).
+stream, and repeats while there is work; with none, it sleeps on the inbox until
+the next command (no busy waiting).
+
+The inbox is a queue.SimpleQueue, whose put() is reentrant and never waits on the
+loop: an abort can be posted from a __del__ or a finalizer, where Python may run
+it at any moment, even while the same thread is inside the queue (see
+interrupts.py for the Ctrl+C that may land there).
 
 Failures: the engine fails only the requests a failed step concerns (their streams
 raise the error) and goes on. An exception that escapes a step means the engine's
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import queue
 import threading
 import time
 from collections import OrderedDict, deque
@@ -36,8 +42,8 @@ class EngineLoop:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
         self.metrics = LoopMetrics()
-        self._cond = threading.Condition()  # guards the fields below up to _thread
-        self._commands: deque[tuple] = deque()
+        self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()  # commands, in order
+        self._lock = threading.Lock()  # guards the fields below up to _thread
         self._streams: dict[str, RequestStream] = {}  # live requests, by id
         self._num_queued_adds = 0  # added but not yet taken into the engine
         self._queued_samples = 0  # their samples (n each)
@@ -54,7 +60,7 @@ class EngineLoop:
     # -- callers' side (any thread) ----------------------------------------------
     def submit(self, prepared: PreparedRequest, request_id: str | None = None) -> RequestStream:
         """Queue a checked request; its outputs arrive on the returned stream."""
-        with self._cond:
+        with self._lock:
             self._check_alive()
             if request_id is None:
                 request_id = f"req-{next(self._ids)}"
@@ -71,18 +77,17 @@ class EngineLoop:
 
     def abort(self, request_id: str) -> None:
         """Ask the loop to stop a request (its blocks are freed before the next step).
-        Unknown or finished requests are ignored: an abort may race the finish."""
-        with self._cond:
-            if self._dead is None and request_id in self._streams:
-                self._send_locked(("abort", request_id))
+        Unknown or finished requests are ignored: an abort may race the finish.
+        Takes no lock and never waits: safe in a finalizer."""
+        if self._dead is None and request_id in self._streams:
+            self._inbox.put(("abort", request_id))
 
     def abort_all(self) -> None:
         """Abort every request that is queued or running (a server shutting down)."""
-        with self._cond:
-            if self._dead is None:
-                for request_id in self._streams:
-                    self._commands.append(("abort", request_id))
-                self._cond.notify()
+        with self._lock:
+            request_ids = list(self._streams) if self._dead is None else []
+        for request_id in request_ids:
+            self._inbox.put(("abort", request_id))
 
     def call(self, fn: Callable[[], object], exclusive: bool = False):
         """Run fn() on the loop thread between two steps and return its result (or
@@ -90,7 +95,7 @@ class EngineLoop:
         exclusive: first let the running requests finish and hold new ones back, so
         that fn has the engine to itself (beam search)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._cond:
+        with self._lock:
             self._check_alive()
             self._send_locked(("exclusive" if exclusive else "call", fn, future))
         return future.result()
@@ -99,28 +104,33 @@ class EngineLoop:
     def num_waiting(self) -> int:
         """Requests not running yet: queued for the loop, or waiting in the scheduler
         (as of the last step)."""
-        with self._cond:
+        with self._lock:
             return self._num_queued_adds + self.metrics.num_waiting()
 
     @property
     def num_waiting_samples(self) -> int:
         """Sequences still to be admitted, a request of n samples counting n: what a
         queue of waiting work costs (a server's admission limit)."""
-        with self._cond:
+        with self._lock:
             return self._queued_samples + self._waiting_samples
 
     @property
     def is_alive(self) -> bool:
         return self._dead is None
 
+    def stop(self) -> None:
+        """Tell the loop to end after its current step: unfinished requests are
+        aborted, their callers get EngineDeadError. Takes no lock and never waits
+        (what an LLM's finalizer calls); idempotent."""
+        if self._dead is None:
+            self._dead = EngineDeadError("the LLM was closed")
+        self._inbox.put(("wake",))
+
     def close(self, timeout: float | None = 10.0) -> None:
-        """Stop the loop: unfinished requests are aborted, their callers get
-        EngineDeadError. Idempotent."""
-        with self._cond:
-            if self._dead is None:
-                self._dead = EngineDeadError("the LLM was closed")
+        """stop(), then wait for the loop thread to end."""
+        self.stop()
+        with self._lock:
             thread = self._thread
-            self._cond.notify_all()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
         elif thread is None:
@@ -131,25 +141,21 @@ class EngineLoop:
             raise self._dead
 
     def _send_locked(self, command: tuple) -> None:
-        self._commands.append(command)
+        self._inbox.put(command)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="tinypaged-engine-loop",
                                             daemon=True)
             self._thread.start()
-        self._cond.notify()
 
     # -- the loop thread ---------------------------------------------------------
     def _run(self) -> None:
         try:
             has_work = False
             while True:
-                with self._cond:
-                    while not self._commands and not has_work and self._dead is None:
-                        self._cond.wait()
-                    if self._dead is not None:
-                        break
-                    commands = list(self._commands)
-                    self._commands.clear()
+                commands = [] if has_work else [self._inbox.get()]  # idle: sleep until one
+                commands += drain(self._inbox)
+                if self._dead is not None:
+                    break
                 for command in commands:
                     self._apply(command)
                 self._publish_state(commands)
@@ -165,7 +171,7 @@ class EngineLoop:
             dead = EngineDeadError(f"the engine stopped after an internal error: {e!r}; "
                                    f"create a new LLM")
             dead.__cause__ = e
-            with self._cond:
+            with self._lock:
                 self._dead = self._dead or dead
         self._fail_everything(self._dead)
 
@@ -185,6 +191,7 @@ class EngineLoop:
             self._run_call(fn, future)
         elif kind == "exclusive":
             self._exclusive.append(command[1:])
+        # ("wake",) asks nothing: it ends the inbox's wait (stop())
 
     def _add(self, prepared: PreparedRequest, stream: RequestStream) -> None:
         try:
@@ -243,7 +250,7 @@ class EngineLoop:
 
     def _end(self, stream: RequestStream, output: RequestOutput | None = None,
              error: BaseException | None = None) -> None:
-        with self._cond:
+        with self._lock:
             self._streams.pop(stream.request_id, None)
         if error is not None:
             stream.fail(error)
@@ -259,7 +266,7 @@ class EngineLoop:
         running = len({s.request_id for s in sched.running})
         waiting = len(self.engine.requests) - running + len(self._held)
         adds = [c[1] for c in applied if c[0] == "add"]
-        with self._cond:
+        with self._lock:
             self._num_queued_adds -= len(adds)
             self._queued_samples -= sum(p.params.n for p in adds)
             self._waiting_samples = sched.waiting_seats + self._held_samples
@@ -269,9 +276,9 @@ class EngineLoop:
 
     def _fail_everything(self, error: EngineDeadError) -> None:
         """The loop is over: every caller still waiting gets the error."""
-        with self._cond:
+        with self._lock:
             streams, self._streams = list(self._streams.values()), {}
-            commands, self._commands = list(self._commands), deque()
+        commands = drain(self._inbox)
         for stream in streams:
             stream.fail(error)
         for command in commands:
@@ -285,6 +292,16 @@ class EngineLoop:
                 self.engine.abort(request_id)  # frees the blocks, when the state allows
             except Exception:
                 break
+
+
+def drain(inbox: queue.SimpleQueue) -> list[tuple]:
+    """Every command waiting in inbox, without blocking."""
+    commands = []
+    while True:
+        try:
+            commands.append(inbox.get_nowait())
+        except queue.Empty:
+            return commands
 
 
 def aborted_output(prepared: PreparedRequest, request_id: str) -> RequestOutput:
