@@ -1,5 +1,6 @@
 """The static resource report (kernels/cuda/resources.py): ptxas's figures through
 nvJitLink, and the occupancy arithmetic, checked without a GPU."""
+import json
 import os
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import pytest
 
 from tinypaged.kernels.cuda.resources import KernelResources
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.ptx]  # compiled on the CPU: no GPU needed
 
 
 @pytest.mark.parametrize("threads, registers, shared, want", [
@@ -63,20 +64,55 @@ def test_ptxas_figures_show_a_local_array_and_shared_memory():
     assert stack == 0 and shared == 16 * 16 * 4
 
 
-def test_the_report_lists_every_kernel_as_launched():
-    out = run_without_simulator("-m", "tinypaged.kernels.cuda.ptx", "--resources")
-    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:]}
-    listed = run_without_simulator("-m", "tinypaged.kernels.cuda.ptx", "9.0")
-    assert set(rows) == {line.split()[0] for line in listed.splitlines()}
-    threads, registers, stack, spill, smem, occupancy = rows["matmul_tiled[f16]"]
-    assert (threads, stack, smem) == ("256", "0", str(2 * 16 * 16 * 4))
-    assert all(0 < float(r[-1].rstrip("%")) <= 100 for r in rows.values())
-    decode = {label: r for label, r in rows.items()
+@pytest.fixture(scope="module")
+def audit():
+    """Every kernel compiled once for sm_90: PTX size, float64 instructions, resources."""
+    return json.loads(run_without_simulator("-m", "tinypaged.kernels.cuda.ptx", "--audit"))
+
+
+def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
+    per_dtype = {f"{k}[{d}]" for k in ("matmul_tiled", "gemv_rows", "gemv_qkv", "gemv_gate_up_silu")
+                 for d in ("f16", "f32")}
+    per_pool = {f"{k}{pool}" for k in ("paged_attention_decode", "paged_attention_prefill",
+                                        "rope_write_kv", "copy_blocks")
+                for pool in ("", "[kv-f16]")}  # float32 and float16 KV pools
+    packed = {f"gemv_{q}{form}" for q in ("q8_0", "q4") for form in ("", "_qkv", "_gate_up_silu")}
+    packed |= {"matmul_tiled_packed[q8_0]", "matmul_tiled_packed[q4]"}
+    assert set(audit) == per_dtype | per_pool | packed | {"merge_partitions", "add_rms_norm",
+                                                          "silu_mul", "gather_rows",
+                                                          "round_activations"}
+    assert all(r["ptx_bytes"] > 0 for r in audit.values())
+    tiled = audit["matmul_tiled[f16]"]
+    assert (tiled["threads"], tiled["stack"], tiled["shared"]) == (256, 0, 2 * 16 * 16 * 4)
+    assert all(0 < r["occupancy"] <= 1 for r in audit.values())
+    decode = {label: r for label, r in audit.items()
               if label.startswith(("gemv", "paged_attention_decode", "merge_partitions"))}
     assert len(decode) == 15  # 3 GEMVs x (f16, f32, Q8_0, Q4_x), attention x 2 pools, merge
-    for label, (threads, registers, stack, spill, smem, occupancy) in decode.items():
+    for label, r in decode.items():
         # issue 11's bar for decode kernels: registers only, at least half the SM's threads
-        assert stack == "0" and spill == "0" and float(occupancy.rstrip("%")) >= 50, label
+        assert r["stack"] == 0 and r["spills"] == 0 and r["occupancy"] >= 0.5, label
     for label in ("paged_attention_prefill", "paged_attention_prefill[kv-f16]"):
-        threads, registers, stack, spill, smem, occupancy = rows[label]
-        assert spill == "0" and float(occupancy.rstrip("%")) >= 37  # was 19%: 64 threads, 105 regs
+        assert audit[label]["spills"] == 0 and audit[label]["occupancy"] >= 0.37  # was 19%
+
+
+def test_no_kernel_computes_in_float64(audit):
+    """An integer or a Python float in float arithmetic makes it float64 on the GPU
+    (issue 18, B1: add_rms_norm divided by its int64 width, 46 float64 instructions)."""
+    assert {label: r["float64_instructions"] for label, r in audit.items()
+            if r["float64_instructions"]} == {}
+
+
+def test_the_kernels_that_promise_the_references_bits_fuse_nothing(audit):
+    """NVVM fuses a*b + c into one FMA, which rounds once where NumPy rounds twice
+    (issue 18, B2: round_activations' v * inverse + HALF_EVEN and RoPE's write of K
+    held bit for bit only by luck of the seed). Their arithmetic is exact.py's."""
+    exact = ["round_activations", "rope_write_kv", "rope_write_kv[kv-f16]"]
+    assert {label: audit[label]["fma_instructions"] for label in exact} == dict.fromkeys(exact, 0)
+    assert audit["gemv_rows[f32]"]["fma_instructions"] > 0  # (the count sees FMAs)
+
+
+def test_the_float64_count_sees_a_float64_division():
+    from tinypaged.kernels.cuda.ptx import float64_instructions
+
+    ptx = "\tdiv.rn.f64 \t%fd3, %fd1, %fd2;\n\tcvt.rn.f32.f64 \t%f2, %fd3;\n\tadd.f32 %f1, %f2, %f3;"
+    assert float64_instructions(ptx) == 2

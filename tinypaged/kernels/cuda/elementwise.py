@@ -5,6 +5,7 @@ import math
 
 from numba import cuda, float32
 
+from .exact import add_rn, mul_rn, sub_rn
 from .warp import warp_max, warp_sum
 
 NORM_THREADS = 32  # add_rms_norm: threads per token row (a warp)
@@ -30,7 +31,8 @@ def add_rms_norm(x, residual, has_residual, weight, eps, out, rounded, do_round)
             v += residual[row, i]
             residual[row, i] = v
         ss += v * v
-    scale = float32(1.0) / math.sqrt(warp_sum(ss) / hidden + eps)
+    # (hidden is an integer: divided as is, the mean would be float64 on the GPU)
+    scale = float32(1.0) / math.sqrt(warp_sum(ss) / float32(hidden) + eps)
     for i0 in range(0, hidden, NORM_THREADS):  # (every lane takes every step: shuffles)
         i = i0 + t
         v = float32(0.0)
@@ -54,9 +56,10 @@ def block_step(amax):
 
 @cuda.jit(device=True, inline="always")
 def to_step(v, d, inverse):
-    """v as d * round-half-even(v / d), all in float32 (reference.round_activations)."""
-    scaled = float32(v * inverse)
-    return d * float32(float32(scaled + HALF_EVEN) - HALF_EVEN)
+    """v as d * round-half-even(v / d), all in float32 (reference.round_activations),
+    never fused (exact.py: v * inverse + HALF_EVEN as one FMA would round differently)."""
+    scaled = mul_rn(v, inverse)
+    return mul_rn(d, sub_rn(add_rn(scaled, HALF_EVEN), HALF_EVEN))
 
 
 @cuda.jit
@@ -73,17 +76,18 @@ def rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, sl
         return
     c, s = cos_table[p, i], sin_table[p, i]
     n_heads = q.shape[1]
+    # (products rounded before they are summed, as the reference: exact.py)
     if j < n_heads:
         a, b = q[t, j, i], q[t, j, i + half]
-        q[t, j, i] = a * c - b * s
-        q[t, j, i + half] = b * c + a * s
+        q[t, j, i] = sub_rn(mul_rn(a, c), mul_rn(b, s))
+        q[t, j, i + half] = add_rn(mul_rn(b, c), mul_rn(a, s))
     else:
         kvh = j - n_heads
         block_size = k_cache.shape[1]
         block, offset = slot_mapping[t] // block_size, slot_mapping[t] % block_size
         a, b = k[t, kvh, i], k[t, kvh, i + half]
-        k_cache[block, offset, kvh, i] = a * c - b * s
-        k_cache[block, offset, kvh, i + half] = b * c + a * s
+        k_cache[block, offset, kvh, i] = sub_rn(mul_rn(a, c), mul_rn(b, s))
+        k_cache[block, offset, kvh, i + half] = add_rn(mul_rn(b, c), mul_rn(a, s))
         v_cache[block, offset, kvh, i] = v[t, kvh, i]
         v_cache[block, offset, kvh, i + half] = v[t, kvh, i + half]
 

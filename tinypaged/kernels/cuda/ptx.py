@@ -3,11 +3,15 @@
 `python -m tinypaged.kernels.cuda.ptx [MAJOR.MINOR]` prints one line per kernel
 and signature: name, weight dtype, PTX size. `--resources` instead compiles each
 to sm_90 SASS and prints its registers, stack frame, spills, shared memory and
-theoretical occupancy (resources.py). Needs numba-cuda with NVVM (the `cuda`
+theoretical occupancy (resources.py); `--audit` prints all of it, with each
+kernel's count of float64 and of fused multiply-add instructions, as JSON from
+one compile. Needs numba-cuda with NVVM (the `cuda`
 extra) and must run without NUMBA_ENABLE_CUDASIM.
 """
 from __future__ import annotations
 
+import json
+import re
 import sys
 
 from numba import cuda, types
@@ -89,10 +93,35 @@ def block_threads(label: str) -> int:
             "round_activations": elementwise.ROUND_THREADS}[name]
 
 
-def resources() -> list:
+def resources(compiled: dict[str, str] | None = None) -> list:
     """Every kernel's resources on sm_90 (resources.KernelResources)."""
     from .resources import measure
-    return [measure(label, ptx, block_threads(label)) for label, ptx in compile_all((9, 0)).items()]
+    compiled = compiled if compiled is not None else compile_all((9, 0))
+    return [measure(label, ptx, block_threads(label)) for label, ptx in compiled.items()]
+
+
+def float64_instructions(ptx: str) -> int:
+    """PTX instructions on float64 (a float32 kernel should have none: each is a
+    slow double-precision operation, and a result that differs from float32's)."""
+    return len(re.findall(r"^\s*[a-z][\w.]*\.f64\b", ptx, flags=re.MULTILINE))
+
+
+def fused_multiply_adds(ptx: str) -> int:
+    """fma instructions in float32 (each rounds a*b+c once: exact.py)."""
+    return len(re.findall(r"^\s*fma\.\w+\.f32\b", ptx, flags=re.MULTILINE))
+
+
+def audit() -> dict:
+    """One compile of every kernel for sm_90: label -> its PTX size, float64
+    instructions and resources (what the tests check without a GPU)."""
+    compiled = compile_all((9, 0))
+    return {r.label: {"ptx_bytes": len(compiled[r.label]),
+                      "float64_instructions": float64_instructions(compiled[r.label]),
+                      "fma_instructions": fused_multiply_adds(compiled[r.label]),
+                      "threads": r.threads, "registers": r.registers, "stack": r.stack_bytes,
+                      "spills": r.spill_bytes, "shared": r.shared_bytes,
+                      "occupancy": r.occupancy}
+            for r in resources(compiled)}
 
 
 def compile_all(cc: tuple[int, int] = (9, 0)) -> dict[str, str]:
@@ -103,6 +132,9 @@ def compile_all(cc: tuple[int, int] = (9, 0)) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--audit"]:
+        print(json.dumps(audit()))
+        return
     if argv[:1] == ["--resources"]:
         from .resources import table
         print(table(resources()))
