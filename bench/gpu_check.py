@@ -1,7 +1,8 @@
 """GPU check, for a machine with an NVIDIA GPU (made for an H200, no network).
 
-Runs the `cuda` tests for real, then prints one table, each timed row beside a
-predicted one (bytes / measured copy bandwidth + launches x measured launch cost):
+Prints one table of measurements first, then runs the CUDA test files for real
+(under a time limit, so that a hang cannot eat the machine's minutes). Each timed
+row stands beside a predicted one (bytes / measured copy bandwidth + launches x measured launch cost):
 - the card's copy bandwidth, a Python kernel launch's host cost, and a CUDA graph
   node's device cost, all measured here;
 - paged-attention decode at 64 x 1024 and 1 x 8192 tokens (GB/s, share of copy
@@ -9,13 +10,14 @@ predicted one (bytes / measured copy bandwidth + launches x measured launch cost
 - the decode GEMVs and prefill matmuls on SmolLM2's shapes (GB/s of weights);
 - end-to-end SmolLM2 decode tokens/s at batch 1, 8 and 64, eager and as replayed
   CUDA graphs, with launches per step.
-Usage: python bench/gpu_check.py [--skip-tests] [--model DIR | --shape-only DIR] [--tiny]
+Usage: python bench/gpu_check.py [--skip-tests] [--test-timeout S] [--model DIR | --shape-only DIR] [--tiny]
 On the lent H200 (no network; 64 MiB carried): carry SmolLM2's config.json,
 tokenizer.json and tokenizer_config.json (weights/smollm2-135m-instruct/...) and run
 `--shape-only weights/smollm2-135m-instruct`: random weights of SmolLM2's shapes.
-Needs numpy, numba, numba-cuda, safetensors, tokenizers, pytest, greenlet (the
-machine's image has them); the model folder travels with the working tree or is
-pulled beforehand. Budget: under 8 minutes on an H200, tests included.
+Needs numpy, numba, numba-cuda, safetensors, tokenizers and pytest (the machine's
+image has them); the CUDA test files it runs import nothing else. The model
+folder travels with the working tree or is pulled beforehand. Budget: under 8
+minutes on an H200, tests included. CI rehearses it on the simulator (--tiny).
 """
 import argparse
 import os
@@ -150,9 +152,10 @@ def matmuls():
     gpu = CudaBackend()
     rng = np.random.default_rng(1)
     shapes = ((576, 576), (1536, 576), (576, 1536), (49152, 576))
-    for rows in ((1, 9) if TINY else (1, 8, 64, 512)):
-        for n_out, width in (((8, 16),) if TINY else shapes):
-            w = cuda.to_device(rng.standard_normal((n_out, width)).astype(np.float16))
+    for n_out, width in (((8, 16),) if TINY else shapes):
+        # one upload per shape (the 49152 x 576 lm_head is 57 MB), every batch over it
+        w = cuda.to_device(rng.standard_normal((n_out, width), dtype=np.float32).astype(np.float16))
+        for rows in ((1, 9) if TINY else (1, 8, 64, 512)):
             x = cuda.to_device(rng.standard_normal((rows, width), dtype=np.float32))
 
             def run():
@@ -211,9 +214,16 @@ def end_to_end(model_dir):
             launches, graphs, transfers = ops.launches, ops.graph_launches, ops.transfers
             start = time.perf_counter()
             while engine.has_unfinished():
-                tokens += sum(len(o.outputs) for o in engine.step())
+                outputs = engine.step()
+                tokens += sum(len(o.outputs) for o in outputs)
                 steps += 1
+                failed = [o.error for o in outputs if o.error is not None]
+                if failed:  # (a capture that failed would fail the step's requests)
+                    print(f"model decode, batch {batch}: a step failed: {failed[0]!r}", flush=True)
             cuda.synchronize()
+            if steps == 0:
+                print(f"model decode, batch {batch}: no decode step ran", flush=True)
+                continue
             rate = tokens / (time.perf_counter() - start)
             per_step = (ops.launches - launches) / steps
             graph_steps = (ops.graph_launches - graphs) / steps
@@ -233,6 +243,8 @@ def end_to_end(model_dir):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--test-timeout", type=float, default=300,
+                    help="seconds the CUDA tests may take (then they are stopped)")
     ap.add_argument("--model", default=os.path.join(ROOT, "weights", "smollm2-135m-instruct"))
     ap.add_argument("--shape-only", metavar="CONFIG_DIR",
                     help="time a model of CONFIG_DIR's shapes with random weights instead")
@@ -250,18 +262,13 @@ def main():
     print(f"device: {name.decode() if isinstance(name, bytes) else name}", flush=True)
     if TINY:
         args.skip_tests = True
-    if not args.skip_tests:
-        command = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", os.path.join(ROOT, "tests")]
-        if not is_model_folder(args.model):  # (no network there to pull it)
-            command += ["-k", "not smollm2"]
-            print(f"(no model at {args.model}: the SmolLM2 GPU tests are left out)", flush=True)
-        tests = subprocess.run(command, cwd=ROOT)
-        print(f"cuda tests exit status: {tests.returncode}", flush=True)
     copy_gbps = copy_bandwidth()
     launch_costs()
     attention_decode(copy_gbps)
     matmuls()
-    if args.shape_only:
+    if TINY:  # the rehearsal's model: small enough for the simulator
+        end_to_end(os.path.join(ROOT, "tests", "models", "stories260K"))
+    elif args.shape_only:
         end_to_end(random_model_like(args.shape_only, "/tmp/tinypaged-shape-model"))
     elif is_model_folder(args.model):
         end_to_end(args.model)
@@ -271,6 +278,25 @@ def main():
     for name, value, unit, note, predicted in ROWS:
         guess = f"{predicted:.2f}" if predicted is not None else ""
         print(f"| {name} | {value:.2f} | {guess} | {unit} | {note} |")
+    if not args.skip_tests:
+        run_cuda_tests(is_model_folder(args.model), args.test_timeout)
+
+
+CUDA_TEST_FILES = ("test_cuda_kernels.py", "test_cuda_graphs.py", "test_cuda_engine.py")
+
+
+def run_cuda_tests(with_smollm2: bool, timeout: float) -> None:
+    """The CUDA test files, for real, without the compile-only (ptx) tests and, when
+    the model is not here (no network to pull it), without the SmolLM2 ones."""
+    marks = "not ptx" if with_smollm2 else "not ptx and not smollm2"
+    command = [sys.executable, "-m", "pytest", "-q", "-m", marks,
+               *(os.path.join(ROOT, "tests", name) for name in CUDA_TEST_FILES)]
+    print(f"\n$ pytest -m {marks!r} {' '.join(CUDA_TEST_FILES)}", flush=True)
+    try:
+        tests = subprocess.run(command, cwd=ROOT, timeout=timeout)
+        print(f"cuda tests exit status: {tests.returncode}", flush=True)
+    except subprocess.TimeoutExpired:
+        print(f"cuda tests stopped after {timeout:.0f} s", flush=True)
 
 
 if __name__ == "__main__":

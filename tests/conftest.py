@@ -18,6 +18,27 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":  # the simulator lacks warp in
 
     warp_shim.install()
 
+REAL_MODEL_FIXTURES = {"smollm2_dir", "smollm2_gguf", "smollm2", "smollm2_reference"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that use the real SmolLM2 model are marked smollm2 (pulled on first use:
+    a machine without network leaves them out with -m "not smollm2")."""
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.smollm2)
+
+
+@pytest.fixture(autouse=True)
+def cpu_unless_marked_cuda(request, monkeypatch):
+    """backend="auto" means the CPU in every test not marked cuda, GPU host or not: the
+    CUDA path's bits differ (its products sum in another order), and a CPU test holds
+    CPU results. The cuda tests ask for backend="cuda" by name."""
+    if request.node.get_closest_marker("cuda") is None:
+        import tinypaged.kernels
+        monkeypatch.setattr(tinypaged.kernels, "_gpu_present", lambda: False)
+
+
 ROOT = Path(__file__).resolve().parents[1]
 # a tiny real Llama kept in the tree, so a fresh clone (or a GPU machine) runs every test
 STORIES_DIR = ROOT / "tests" / "models" / "stories260K"

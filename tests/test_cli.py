@@ -17,8 +17,16 @@ from tinypaged.perplexity import perplexity
 CLI = Path(__file__).resolve().parents[1] / "cli.py"
 
 
+ENGINE_COMMANDS = ("generate", "serve", "perplexity")
+
+
 def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, str(CLI), *map(str, args)],
+    """cli.py with args; an engine command runs on the CPU unless args name a backend
+    (a GPU host's "auto" would be CUDA, whose bits differ from the library's here)."""
+    args = [str(a) for a in args]
+    if args and args[0] in ENGINE_COMMANDS and "--backend" not in args:
+        args += ["--backend", "cpu"]
+    return subprocess.run([sys.executable, str(CLI), *args],
                           capture_output=True, text=True, timeout=300, env=env)
 
 

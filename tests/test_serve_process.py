@@ -27,7 +27,8 @@ def free_port() -> int:
 def start_server(model_dir, *extra) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "serve", "--model", str(model_dir),
-                             "--port", str(port), "--kv-cache-memory", "64M", *extra],
+                             "--port", str(port), "--kv-cache-memory", "64M", "--backend", "cpu",
+                             *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
 

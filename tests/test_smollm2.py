@@ -77,7 +77,8 @@ def test_perplexity_on_english_prose_is_low(smollm2, smollm2_reference):
 def test_perplexity_cli_through_the_engine_equals_the_reference(smollm2_dir):
     def run(*extra):
         result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "perplexity",
-                                 "--file", str(ROOT / "tests" / "data" / "prose.txt"), *extra],
+                                 "--file", str(ROOT / "tests" / "data" / "prose.txt"),
+                                 "--backend", "cpu", *extra],
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr
         last = result.stdout.strip().splitlines()[-1]
