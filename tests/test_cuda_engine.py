@@ -86,3 +86,23 @@ def test_preemption_under_pressure_on_the_gpu(smollm2_dir):
     tight = tight_llm.generate(prompts, params)
     assert [o.token_ids for o in tight] == [o.token_ids for o in roomy]
     assert tight_llm.stats()["preemptions"] > 0
+
+
+def test_the_engine_thread_selects_the_backends_device(stories_dir, monkeypatch):
+    """numba gives a new thread device 0: the loop thread selects the device the
+    weights and the pool were put on before its first step (B6)."""
+    import threading
+
+    from numba import cuda
+
+    selected = []
+    real_select = cuda.select_device
+
+    def select_device(device_id):
+        selected.append((threading.current_thread().name, device_id))
+        return real_select(device_id)
+    monkeypatch.setattr(cuda, "select_device", select_device)
+    with LLM(stories_dir, backend="cuda", num_blocks=16) as llm:
+        device = llm.engine.runner.model.ops.device_id
+        assert llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=3))[0].finished
+    assert selected[0] == ("tinypaged-engine-loop", device)

@@ -13,6 +13,7 @@ from tinypaged import SamplingParams
 from tinypaged.config import EngineConfig
 from tinypaged.engine.attention_metadata import AttentionMetadata
 from tinypaged.engine.llm_engine import LLMEngine
+from tinypaged.kernels.cuda import cuda_usable
 from tinypaged.kernels.cuda.static_decode import (PAD_POSITION, bucket_for, bucket_sizes,
                                                    pack_decode_step)
 
@@ -78,7 +79,7 @@ def test_stories260k_replayed_steps_equal_eager_steps_token_for_token(stories_di
     (eager_logits, eager_out, _), (graph_logits, graph_out, engine) = runs[False], runs[True]
     assert graph_out == eager_out and [len(graph_out[r]) for r in "ab"] == [6, 4]
     _assert_same_steps(graph_logits, eager_logits)
-    assert engine.runner.model.ops.graph_launches >= 3
+    assert engine.runner.model.ops.replays >= 3
     assert {bucket for bucket, _ in engine.runner.decode_graphs.steps} == {1, 2}  # 2, then 1
 
 
@@ -122,7 +123,7 @@ def test_replayed_steps_equal_eager_steps_through_growth_forks_and_preemption(ti
     assert len(graph_out) == 4 and len(graph_out["c"]) == 2
     _assert_same_steps(graph_logits, eager_logits)
     graphs = graph_engine.runner.decode_graphs
-    assert graph_engine.runner.model.ops.graph_launches >= 5  # most decode steps were replays
+    assert graph_engine.runner.model.ops.replays >= 5  # most decode steps were replays
     assert len({bucket for bucket, _ in graphs.steps}) >= 3  # the batch moved through buckets
     for engine in (eager_engine, graph_engine):
         assert engine.scheduler.num_preemptions > 0
@@ -131,8 +132,9 @@ def test_replayed_steps_equal_eager_steps_through_growth_forks_and_preemption(ti
 
 def test_a_graph_mode_decode_step_is_one_launch_and_two_transfers(tmp_path):
     """At SmolLM2's depth (30 layers), an eager decode step launches 245 kernels from
-    Python (8 a layer, 5 a step) and copies twice; a replayed step launches the
-    recording once (one CUDA graph on a GPU) with the same two copies."""
+    Python (8 a layer, 5 a step) and copies twice; a replayed step is one CUDA graph
+    launch on a GPU with the same two copies, and where no graph is made (the
+    simulator) its 245 kernels, counted as launches."""
     write_tiny_model(str(tmp_path), num_hidden_layers=30, hidden_size=16, intermediate_size=16)
     per_step = {}
     for cuda_graphs in (False, True):
@@ -142,12 +144,12 @@ def test_a_graph_mode_decode_step_is_one_launch_and_two_transfers(tmp_path):
         engine.step()  # prefill
         engine.step()  # the first decode step (recorded, in graph mode)
         ops = engine.runner.model.ops
-        before = np.array([ops.launches, ops.graph_launches, ops.transfers])
+        before = np.array([ops.launches, ops.graph_launches, ops.replays, ops.transfers])
         engine.step()
-        per_step[cuda_graphs] = tuple(np.array([ops.launches, ops.graph_launches,
+        per_step[cuda_graphs] = tuple(np.array([ops.launches, ops.graph_launches, ops.replays,
                                                 ops.transfers]) - before)
-    assert per_step[False] == (245, 0, 2)
-    assert per_step[True] == (0, 1, 2)
+    assert per_step[False] == (245, 0, 0, 2)
+    assert per_step[True] == ((0, 1, 1, 2) if cuda_usable() else (245, 0, 1, 2))
 
 
 def test_a_context_growing_past_an_attention_partition_is_recorded_again(tmp_path):
@@ -170,4 +172,28 @@ def test_a_context_growing_past_an_attention_partition_is_recorded_again(tmp_pat
     graphs = engine.runner.decode_graphs
     assert set(graphs.steps) == {(1, 1), (1, 2)}  # up to 128 keys, then past them
     assert graphs.steps[1, 1].recording.workspace is graphs.steps[1, 2].recording.workspace
-    assert engine.runner.model.ops.graph_launches >= 2
+    assert engine.runner.model.ops.replays >= 2
+
+
+def test_a_failed_capture_warns_once_and_replays_kernel_by_kernel(tiny_model_dir, monkeypatch):
+    """Where a graph cannot be captured (here: the simulator has no cuda.core device;
+    on a GPU, an older numba-cuda or a driver that refuses), the step still runs,
+    replayed launch by launch and counted so, after one warning."""
+    engine = _pressure_engine(tiny_model_dir, True)
+    engine.runner.decode_graphs.capture = True  # try, as on a GPU
+    logits = _record_logits(engine)
+    engine.add_request([5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=6,
+                                                       ignore_eos=True))
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture failed") as warned:
+        while engine.has_unfinished():
+            engine.step()
+    assert len([w for w in warned if "capture failed" in str(w.message)]) == 1
+    ops = engine.runner.model.ops
+    assert ops.replays >= 3 and ops.graph_launches == 0
+    eager = _pressure_engine(tiny_model_dir, False)
+    eager_logits = _record_logits(eager)
+    eager.add_request([5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=6,
+                                                      ignore_eos=True))
+    while eager.has_unfinished():
+        eager.step()
+    _assert_same_steps(logits, eager_logits)

@@ -150,6 +150,7 @@ class EngineLoop:
     # -- the loop thread ---------------------------------------------------------
     def _run(self) -> None:
         try:
+            self.engine.use_in_this_thread()
             has_work = False
             while True:
                 commands = [] if has_work else [self._inbox.get()]  # idle: sleep until one

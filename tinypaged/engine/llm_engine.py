@@ -154,6 +154,10 @@ class LLMEngine:
         request.aborted = True
         return request.output()
 
+    def use_in_this_thread(self) -> None:
+        """Call first in a thread that will run steps (the engine loop's)."""
+        self.runner.model.ops.use_in_this_thread()
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

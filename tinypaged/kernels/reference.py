@@ -110,6 +110,11 @@ def copy_blocks(k_cache: np.ndarray, v_cache: np.ndarray, pairs: list[tuple[int,
 # Arrays here are NumPy arrays; a GPU backend's are device arrays, and
 # prepare_weights / allocate_kv / prepare_inputs / to_host move data across.
 
+def use_in_this_thread() -> None:
+    """Make this thread ready to run the backend's ops (a GPU backend selects its
+    device: a new thread starts on device 0). The host needs nothing."""
+
+
 def default_kv_memory(config) -> int:
     """Bytes the KV pool may take at most when the user names no size: a share of free RAM."""
     from ..config import DEFAULT_KV_MEMORY_FRACTION, available_memory_bytes

@@ -1,7 +1,8 @@
 """The CPU backend: numba.njit kernels; large matrix products through NumPy's BLAS."""
 # NumPy is already the right tool for these: slicing, fancy indexing, host arrays
 from ..reference import (copy_blocks, default_kv_memory, embedding, gather_rows,
-                         memory_available, prepare_inputs, rope_tables, to_host)
+                         memory_available, prepare_inputs, rope_tables, to_host,
+                         use_in_this_thread)
 from .attention import paged_attention
 from .cache_ops import allocate_kv, write_kv
 from .elementwise import add_rms_norm, rms_norm, rope, silu_mul
@@ -9,7 +10,7 @@ from .linear import linear, prepare_linear_weights
 from .stacks import stack_layer_matrices, stacked_linear
 
 name = "cpu"
-__all__ = ["name", "default_kv_memory", "memory_available", "prepare_weights", "allocate_kv",
+__all__ = ["name", "use_in_this_thread", "default_kv_memory", "memory_available", "prepare_weights", "allocate_kv",
            "prepare_inputs", "to_host", "rope_tables", "embedding", "add_rms_norm", "rms_norm", "linear",
            "qkv_proj", "gate_up_silu", "rope_write_kv", "paged_attention", "silu_mul",
            "gather_rows", "copy_blocks", "write_kv", "rope"]

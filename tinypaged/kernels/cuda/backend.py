@@ -54,17 +54,26 @@ class CudaBackend:
         if np.dtype(weight_dtype) not in (np.float16, np.float32):
             raise ValueError(f"weight_dtype={weight_dtype!r} must be float16 or float32")
         self.weight_dtype = np.dtype(weight_dtype)
+        # where the weights and the pool live (the simulator's one device has no id)
+        self.device_id = getattr(cuda.get_current_device(), "id", 0)
         self.workspace = StepWorkspace()
         self.uploader = MetadataUploader()
         self._no_bias = cuda.device_array(1, dtype=np.float32)
-        self.launches = 0  # kernel launches from the host so far (a recording's first run too)
-        self.graph_launches = 0  # recorded steps launched again (one CUDA graph each on a GPU)
+        self.launches = 0  # kernel launches from the host so far (a recording's first run,
+        #   and a replay without a graph, too)
+        self.replays = 0  # recorded steps run again
+        self.graph_launches = 0  # of those, the ones launched as one CUDA graph (on a GPU)
         self.transfers = 0  # host <-> device copies of step inputs, logits and CoW pairs
         self._recording = None  # the StepRecording that launches are added to, if any
         self._pairs = None  # device buffer for copy-on-write pairs
         self._packed = False  # any matrix uploaded packed: norms also write their output rounded
         self._no_round = cuda.device_array((1, 1), dtype=np.float32)  # placeholder output
         self._rounded = {}  # id(norm output) -> (it, it rounded), this step's
+
+    def use_in_this_thread(self) -> None:
+        """numba gives a new thread device 0's context: select the device this backend
+        was made on (its weights and KV pool are there) before any op runs here."""
+        cuda.select_device(self.device_id)
 
     # -- moving data ---------------------------------------------------------------
     def default_kv_memory(self, config) -> int:

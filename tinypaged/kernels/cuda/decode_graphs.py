@@ -61,9 +61,11 @@ class DecodeGraphs:
         self.ops.transfers += 1
         if step.logits is None:
             self._record(step)
-        else:
-            step.recording.launch()
-            self.ops.graph_launches += 1
+        else:  # counted as they happen: a graph, or its kernels launched one by one
+            launches = step.recording.launch()
+            self.ops.launches += launches
+            self.ops.graph_launches += launches == 0
+            self.ops.replays += 1
         return self.ops.to_host(step.logits[:len(token_ids)])
 
     def _record(self, step: RecordedStep) -> None:
@@ -77,5 +79,5 @@ class DecodeGraphs:
                 step.logits = self.model.forward_on_device(step.inputs.token_ids, meta, self.kv)
             if step.recording.workspace.allocations == before:
                 break
-        if self.capture:
-            step.recording.capture_graph()
+        if self.capture and not step.recording.capture_graph():
+            self.capture = False  # (warned once: later steps do not try again)

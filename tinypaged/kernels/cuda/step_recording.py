@@ -10,7 +10,11 @@ is what the tests hold equal to the eager step.
 """
 from __future__ import annotations
 
+import warnings
+
 from .memory import StepWorkspace
+
+CAPTURE_NEEDS = "numba-cuda >= 0.29 (kernel launches onto a cuda.core GraphBuilder) and cuda-core >= 1.0"
 
 
 class StepRecording:
@@ -37,28 +41,49 @@ class StepRecording:
         for kernel, grid, block, args in self.launches:
             kernel[grid, block](*args)
 
-    def capture_graph(self) -> None:
-        """Capture the launches into a CUDA graph (numba-cuda >= 0.29 launches onto a
-        cuda.core GraphBuilder). The kernels are compiled already: the step ran
-        eagerly while it was recorded, so capture records launches only."""
-        from cuda.core import Device
+    def capture_graph(self) -> bool:
+        """Capture the launches into a CUDA graph; True if it worked. The kernels are
+        compiled already (the step ran eagerly while it was recorded), so capture
+        records launches only; no device memory may be freed meanwhile (numba's
+        deferred cleanup holds frees back). Should capture fail (an older
+        numba-cuda or cuda-core, a driver that refuses), a warning says why and the
+        recording replays launch by launch: slower, never wrong."""
         from numba import cuda
 
-        device = Device(cuda.get_current_device().id)
-        device.set_current()
-        builder = device.create_graph_builder()
-        builder.begin_building()
-        for kernel, grid, block, args in self.launches:
-            kernel[grid, block, builder](*args)
-        self.graph = builder.end_building().complete()
+        builder = None
+        try:
+            from cuda.core import Device
 
-    def launch(self) -> None:
+            device = Device(cuda.get_current_device().id)
+            device.set_current()
+            with cuda.defer_cleanup():
+                builder = device.create_graph_builder()
+                builder.begin_building()
+                for kernel, grid, block, args in self.launches:
+                    kernel[grid, block, builder](*args)
+                self.graph = builder.end_building().complete()
+            return True
+        except Exception as e:  # noqa: BLE001 - any failure means: no graph
+            if builder is not None:
+                try:
+                    builder.end_building()  # leave the capture stream usable
+                except Exception:  # noqa: BLE001 - it was invalid already
+                    pass
+            self.graph = None
+            warnings.warn(f"CUDA graph capture failed ({e!r}); decode steps replay kernel "
+                          f"by kernel instead (graphs need {CAPTURE_NEEDS})", RuntimeWarning,
+                          stacklevel=2)
+            return False
+
+    def launch(self) -> int:
         """Run the step: the graph on the legacy default stream (ordered after the
         synchronous metadata upload and before the logits' copy back, both on that
-        stream), or the launches one by one where no graph was captured."""
+        stream), or the launches one by one where no graph was captured. Returns the
+        kernel launches made from the host (0 for a graph)."""
         if self.graph is None:
             self.replay()
-            return
+            return len(self.launches)
         from cuda.core import LEGACY_DEFAULT_STREAM
 
         self.graph.launch(LEGACY_DEFAULT_STREAM)
+        return 0
