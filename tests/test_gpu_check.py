@@ -1,0 +1,23 @@
+"""bench/gpu_check.py rehearsed on the CUDA simulator (--tiny), so that the script a
+lent GPU's few minutes go to cannot trip on anything this machine can find first."""
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_the_gpu_check_runs_through_on_the_simulator():
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--tiny"],
+                            capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    figures = [line.split(" | ")[0].lstrip("| ") for line in table[1:]]
+    assert "device copy bandwidth (read + write)" in figures
+    assert "CUDA graph of 245 empty kernels, a node" in figures
+    assert sum(f.startswith("paged attention decode") for f in figures) == 2
+    for batch in (1, 2):
+        for mode in ("eager", "graph"):
+            assert f"model decode, batch {batch}, {mode}" in figures
+    assert "a step failed" not in result.stdout and "no decode step ran" not in result.stdout
