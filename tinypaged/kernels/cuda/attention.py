@@ -13,6 +13,8 @@ from .warp import warp_sum
 
 MAX_HEAD_DIM = 128  # bound for shared per-head arrays; decode lanes hold 4 dimensions each
 PARTITION = 128  # decode: keys per split-K partition (one block per KV head and partition)
+KEYS_PER_STEP = 2  # decode: keys each iteration scores together (unrolled by hand; four
+#   spill under the 64-register bound that 32-warp blocks impose)
 MERGE_THREADS = MAX_HEAD_DIM  # merge_partitions: one thread per dimension
 MAX_DECODE_THREADS = 1024  # decode: 32 warps, a GQA group of up to 32 query heads; as a
 #   launch bound it also holds the kernel to 64 registers (65,536 / 1,024)
@@ -42,7 +44,9 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_s
     and of its online-softmax sum, in registers (no local arrays): per key the
     warp's loads are 128 consecutive bytes per dimension slot, the dot product is a
     shfl_xor butterfly, and the group's warps read the same K/V row (one fetch from
-    memory, L1 for the rest). One partition: out = acc / l directly; several: each
+    memory, L1 for the rest). Keys go KEYS_PER_STEP at a time: two loads and two
+    butterflies in flight, one rescale of the running sum for the two. One
+    partition: out = acc / l directly; several: each
     leaves its unnormalised acc (part_acc[i, h, p]) and (max, sum) (part_ml[i, h, p])
     for merge_partitions. Traffic: each K/V row of the context once per KV head.
     A padding row of a static step (position -1) has no keys: zeros.
@@ -69,21 +73,23 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_s
     a0 = a1 = a2 = a3 = float32(0.0)
     m, l = NEG_INF, float32(0.0)
     s = token_seq[r]
-    for j in range(start, end):
-        block, offset = block_tables[s, j // block_size], j % block_size
-        partial = (q0 * _lane_value(k_cache, block, offset, kvh, d0, head_dim)
-                   + q1 * _lane_value(k_cache, block, offset, kvh, d1, head_dim)
-                   + q2 * _lane_value(k_cache, block, offset, kvh, d2, head_dim)
-                   + q3 * _lane_value(k_cache, block, offset, kvh, d3, head_dim))
-        score = warp_sum(partial) * scale
-        m_new = max(m, score)
-        correction = math.exp(m - m_new)  # 0 on the first key (m = -inf)
-        p = math.exp(score - m_new)
-        l = l * correction + p
-        a0 = a0 * correction + p * _lane_value(v_cache, block, offset, kvh, d0, head_dim)
-        a1 = a1 * correction + p * _lane_value(v_cache, block, offset, kvh, d1, head_dim)
-        a2 = a2 * correction + p * _lane_value(v_cache, block, offset, kvh, d2, head_dim)
-        a3 = a3 * correction + p * _lane_value(v_cache, block, offset, kvh, d3, head_dim)
+    # KEYS_PER_STEP keys an iteration: their loads and butterflies are independent, so
+    # they overlap, and the running max and its rescale are paid once for both
+    # (one key at a time, batch 1 with a short context waits on each key's latency)
+    for j in range(start, end, KEYS_PER_STEP):
+        b0, o0 = _slot(block_tables, s, j, block_size)
+        b1, o1 = _slot(block_tables, s, j + 1, block_size)
+        # (a key past the end scores -inf: weight 0; the warp takes every shuffle)
+        s0 = _score(q0, q1, q2, q3, k_cache, b0, o0, kvh, lane, head_dim, scale, True)
+        s1 = _score(q0, q1, q2, q3, k_cache, b1, o1, kvh, lane, head_dim, scale, j + 1 < end)
+        m_new = max(m, max(s0, s1))
+        correction = math.exp(m - m_new)  # 0 on the first keys (m = -inf)
+        p0, p1 = math.exp(s0 - m_new), math.exp(s1 - m_new)
+        l = l * correction + (p0 + p1)
+        a0 = a0 * correction + _weighted(v_cache, kvh, d0, head_dim, b0, o0, p0, b1, o1, p1)
+        a1 = a1 * correction + _weighted(v_cache, kvh, d1, head_dim, b0, o0, p0, b1, o1, p1)
+        a2 = a2 * correction + _weighted(v_cache, kvh, d2, head_dim, b0, o0, p0, b1, o1, p1)
+        a3 = a3 * correction + _weighted(v_cache, kvh, d3, head_dim, b0, o0, p0, b1, o1, p1)
         m = m_new
     if single:
         inv = float32(1.0) / l
@@ -93,6 +99,38 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_s
         if lane == 0:
             part_ml[i, h, part, 0] = m
             part_ml[i, h, part, 1] = l
+
+
+@cuda.jit(device=True, inline="always")
+def _slot(block_tables, s, j, block_size):
+    """(block, offset) of key j of sequence s; (-1, 0) past the table's end."""
+    col = j // block_size
+    if col >= block_tables.shape[1]:
+        return -1, 0
+    return block_tables[s, col], j % block_size
+
+
+@cuda.jit(device=True, inline="always")
+def _score(q0, q1, q2, q3, k_cache, block, offset, kvh, lane, head_dim, scale, live):
+    """q . k of one key, scaled (every lane gets it), or -inf for a key not live. The
+    warp always runs the butterfly: live is the same for all its lanes."""
+    partial = float32(0.0)
+    if live:
+        partial = (q0 * _lane_value(k_cache, block, offset, kvh, lane, head_dim)
+                   + q1 * _lane_value(k_cache, block, offset, kvh, lane + 32, head_dim)
+                   + q2 * _lane_value(k_cache, block, offset, kvh, lane + 64, head_dim)
+                   + q3 * _lane_value(k_cache, block, offset, kvh, lane + 96, head_dim))
+    total = warp_sum(partial) * scale
+    return total if live else NEG_INF
+
+
+@cuda.jit(device=True, inline="always")
+def _weighted(v_cache, kvh, d, head_dim, b0, o0, p0, b1, o1, p1):
+    """p0 * v0[d] + p1 * v1[d] (a key of weight 0 is not read)."""
+    acc = p0 * _lane_value(v_cache, b0, o0, kvh, d, head_dim)
+    if p1 > float32(0.0):
+        acc += p1 * _lane_value(v_cache, b1, o1, kvh, d, head_dim)
+    return acc
 
 
 @cuda.jit(device=True, inline="always")
