@@ -125,7 +125,7 @@ def slow_down(llm, monkeypatch, seconds: float = 0.003) -> None:
     a test cuts it off (stories260K decodes a token in ~0.1 ms)."""
     real_run = llm.engine.runner.run
 
-    def slow_run(batch, rows=None):
+    def slow_run(batch, rows=None, needs=None):
         time.sleep(seconds)
-        return real_run(batch, rows)
+        return real_run(batch, rows, needs)
     monkeypatch.setattr(llm.engine.runner, "run", slow_run)

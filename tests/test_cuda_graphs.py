@@ -45,12 +45,12 @@ def test_a_packed_decode_step_pads_rows_and_block_tables():
 
 
 def _record_logits(engine: LLMEngine) -> list[np.ndarray]:
-    """Keeps a copy of every step's logits."""
+    """Keeps a copy of every step's logits (whole rows: fetched for the record)."""
     logits, run = [], engine.runner.run
 
-    def recorded_run(batch, rows=None):
-        out = run(batch, rows)
-        logits.append(np.array(out))
+    def recorded_run(batch, rows=None, needs=None):
+        out = run(batch, rows, needs)
+        logits.append(np.array(out.rows(list(range(len(out))))))
         return out
     engine.runner.run = recorded_run
     return logits
@@ -134,7 +134,7 @@ def test_a_graph_mode_decode_step_is_one_launch_and_two_transfers(tmp_path):
     """At SmolLM2's depth (30 layers), an eager decode step launches 245 kernels from
     Python (8 a layer, 5 a step) and copies twice; a replayed step is one CUDA graph
     launch on a GPU with the same two copies, and where no graph is made (the
-    simulator) its 245 kernels, counted as launches."""
+    simulator) its 245 kernels, counted as launches. Both add the sampler's argmax."""
     write_tiny_model(str(tmp_path), num_hidden_layers=30, hidden_size=16, intermediate_size=16)
     per_step = {}
     for cuda_graphs in (False, True):
@@ -148,8 +148,9 @@ def test_a_graph_mode_decode_step_is_one_launch_and_two_transfers(tmp_path):
         engine.step()
         per_step[cuda_graphs] = tuple(np.array([ops.launches, ops.graph_launches, ops.replays,
                                                 ops.transfers]) - before)
-    assert per_step[False] == (245, 0, 0, 2)
-    assert per_step[True] == ((0, 1, 1, 2) if cuda_usable() else (245, 0, 1, 2))
+    # (+1: the greedy sample's argmax, found on the device; only it comes back)
+    assert per_step[False] == (246, 0, 0, 2)
+    assert per_step[True] == ((1, 1, 1, 2) if cuda_usable() else (246, 0, 1, 2))
 
 
 def test_a_context_growing_past_an_attention_partition_is_recorded_again(tmp_path):

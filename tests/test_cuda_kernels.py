@@ -290,3 +290,29 @@ def test_with_packed_weights_the_norm_also_writes_its_output_rounded():
     np.testing.assert_array_equal(gpu._input_for(other, dev["w"]).copy_to_host(),
                                   rounded.copy_to_host())
     assert gpu.launches == before + 1
+
+
+# -- the logits' way back (issue 18, B7) --------------------------------------------------------
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_top_candidates_are_numpys_order_ties_and_infinities_included(gpu, k):
+    """top_candidates: each row's k most likely (value, id), by value descending then
+    id ascending, np.argmax's rule, over rows picked by index."""
+    from tinypaged.kernels.cuda.logits import TOP_THREADS, top_candidates
+
+    rng = np.random.default_rng(k)
+    logits = rand(rng, 5, 700)
+    logits[1, [3, 400, 699]] = 9.0  # a three-way tie at the top
+    logits[2] = -np.inf
+    logits[2, 650] = 1.0  # one finite value, the rest -inf
+    logits[3, :5] = np.float32(7.5)  # ties among the first ids
+    rows = [4, 1, 2, 3]
+    out = cuda.device_array((len(rows), k, 2), np.float32)
+    top_candidates[len(rows), TOP_THREADS](cuda.to_device(logits),
+                                          cuda.to_device(np.array(rows, np.int32)), k, out)
+    got = out.copy_to_host()
+    for b, r in enumerate(rows):
+        order = np.lexsort((np.arange(700), -logits[r]))[:k]  # value desc, then id asc
+        np.testing.assert_array_equal(got[b, :, 1], order.astype(np.float32), err_msg=f"row {r}")
+        np.testing.assert_array_equal(got[b, :, 0], logits[r, order])
+    assert got[0, 0, 1] == np.argmax(logits[4])

@@ -80,7 +80,7 @@ def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
     packed |= {"matmul_tiled_packed[q8_0]", "matmul_tiled_packed[q4]"}
     assert set(audit) == per_dtype | per_pool | packed | {"merge_partitions", "add_rms_norm",
                                                           "silu_mul", "gather_rows",
-                                                          "round_activations"}
+                                                          "round_activations", "top_candidates"}
     assert all(r["ptx_bytes"] > 0 for r in audit.values())
     tiled = audit["matmul_tiled[f16]"]
     assert (tiled["threads"], tiled["stack"], tiled["shared"]) == (256, 0, 2 * 16 * 16 * 4)
@@ -91,6 +91,8 @@ def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
     for label, r in decode.items():
         # issue 11's bar for decode kernels: registers only, at least half the SM's threads
         assert r["stack"] == 0 and r["spills"] == 0 and r["occupancy"] >= 0.5, label
+    top = audit["top_candidates"]  # the sampler's candidates: registers only, full occupancy
+    assert top["stack"] == 0 and top["spills"] == 0 and top["occupancy"] >= 0.5
     for label in ("paged_attention_prefill", "paged_attention_prefill[kv-f16]"):
         assert audit[label]["spills"] == 0 and audit[label]["occupancy"] >= 0.37  # was 19%
 

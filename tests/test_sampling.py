@@ -118,3 +118,36 @@ def test_non_finite_logits_are_a_clear_error():
     logits[0, 3] = np.nan
     with pytest.raises(ValueError, match="NaN or infinity"):
         sample_tokens(logits, [SamplingParams()], [0.5])
+
+
+def test_a_draw_from_candidates_is_the_draw_from_the_whole_row_and_a_tie_asks_for_it():
+    from tinypaged.engine.step_logits import HostLogits, draw_from_candidates, draw_tokens
+
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((3, 300)).astype(np.float32)
+    logits[2, [10, 20, 30]] = 4.0  # the 2nd to 4th most likely tie (top_k=2 cuts them)
+    logits[2, 5] = 5.0
+    params = SamplingParams(temperature=0.8, top_k=6, top_p=0.95, min_p=0.01)
+    for u in np.linspace(0.01, 0.99, 23):
+        for r in (0, 1):
+            order = np.lexsort((np.arange(300), -logits[r]))[:7]
+            want = sample_tokens(logits[r:r + 1], [params], [u])[0]
+            assert draw_from_candidates(logits[r, order], order, params, u) == want
+    tie = SamplingParams(temperature=0.8, top_k=2)
+    order = np.lexsort((np.arange(300), -logits[2]))[:3]
+    assert draw_from_candidates(logits[2, order], order, tie, 0.5) is None
+
+    class Candidates(HostLogits):  # what a device hands over: candidates for every row
+        fetched = []
+
+        def candidates(self, row):
+            order = np.lexsort((np.arange(300), -self.logits[row]))[:3]
+            return self.logits[row, order], order
+
+        def rows(self, rows):
+            self.fetched += rows
+            return super().rows(rows)
+    step = Candidates(logits)
+    got = draw_tokens(step, [0, 2], [tie, tie], [0.3, 0.4], [((), 0), ((), 0)])
+    assert got == sample_tokens(logits[[0, 2]], [tie, tie], [0.3, 0.4])
+    assert step.fetched == [2]  # only the tied row came whole

@@ -57,7 +57,8 @@ class BeamSearch:
             raise
 
     def _run(self, batch: ScheduledBatch) -> np.ndarray:
-        logits = self.engine.runner.run(batch)
+        step_logits = self.engine.runner.run(batch)
+        logits = step_logits.rows(list(range(len(step_logits))))  # (every row is used)
         for seq, n in batch.chunks:
             seq.num_computed_tokens += n
             self.bm.register_full_blocks(seq, seq.num_computed_tokens)

@@ -13,7 +13,7 @@ from ..model.packed import quantize_matrices
 from ..model.weights import load_model
 from ..outputs import KV_CACHE_FULL, RequestOutput, TokenLogprobs
 from ..prompts import normalize_prompt
-from ..sampling import SamplingParams, sample_tokens
+from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
 from .block_manager import BlockManager, blocks_for
 from .block_map import render_block_map
@@ -23,6 +23,7 @@ from .model_runner import ModelRunner
 from .request import PreparedRequest, Request
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .step_logits import NOT_NEEDED, WHOLE_ROW, StepLogits, candidates_needed, draw_tokens
 
 
 QUANTIZATION_TYPES = {"q8_0": Q8_0, "q4_0": Q4_0, "q4_1": Q4_1}
@@ -182,7 +183,7 @@ class LLMEngine:
             wants = [self.requests[seq.request_id].wants_prompt_logprobs for seq, _ in batch.chunks]
             rows = [n if want else 1 for (_, n), want in zip(batch.chunks, wants)]
             try:
-                logits = self.runner.run(batch, rows)  # (sum(rows), vocab)
+                logits = self.runner.run(batch, rows, self._logits_needs(batch, rows, wants))
             except Exception as e:
                 self._fail_batch(batch, e, touched)
                 logits = None
@@ -197,7 +198,23 @@ class LLMEngine:
                 self.requests.pop(out.request_id, None)
         return outputs
 
-    def _postprocess(self, batch, rows: list[int], wants: list[bool], logits, touched: dict) -> None:
+    @staticmethod
+    def _logits_needs(batch, rows: list[int], wants: list[bool]) -> list[int]:
+        """What sampling needs of each logits row (step_logits.py): whole rows for
+        prompt logprobs, a sample's candidates or whole row where a token is due,
+        nothing where a prompt goes on in the next step."""
+        needs = []
+        for (seq, n), n_rows, want in zip(batch.chunks, rows, wants):
+            if want:
+                needs += [WHOLE_ROW] * n_rows
+            elif seq.num_computed_tokens + n == len(seq):  # (forks share the row and params)
+                needs.append(candidates_needed(seq.params))
+            else:
+                needs.append(NOT_NEEDED)
+        return needs
+
+    def _postprocess(self, batch, rows: list[int], wants: list[bool], logits: StepLogits,
+                     touched: dict) -> None:
         """Advance every chunk; the samples due a token (a prompt just finished, or a
         decode) are drawn together, in one batched call."""
         end, due = 0, []  # due: (sequence, its row of logits)
@@ -211,7 +228,8 @@ class LLMEngine:
                 seq.num_computed_tokens += n
                 self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
                 if want:
-                    self._collect_prompt_logprobs(request, logits[start:end], first)
+                    self._collect_prompt_logprobs(request, logits.rows(list(range(start, end))),
+                                                  first)
                 if seq.num_computed_tokens == len(seq):  # not part-way through a prompt
                     due += [(s, end - 1) for s in self._samples_of(seq)]
                     touched[seq.request_id] = request
@@ -281,17 +299,15 @@ class LLMEngine:
             try:
                 lp = None
                 if seq.params.logprobs is not None:
-                    lp = token_logprobs(logits[row:row + 1], [token], seq.params.logprobs)[0]
+                    lp = token_logprobs(logits.rows([row]), [token], seq.params.logprobs)[0]
                 self._append(seq, token, lp)
             except Exception as e:
                 self._fail_sample(seq, e, touched)
 
     @staticmethod
-    def _draw(due, uniforms: list[float], logits) -> list[int]:
-        rows = [row for _, row in due]
-        picked = logits if rows == list(range(len(logits))) else logits[rows]  # (copy only if needed)
-        return sample_tokens(picked, [s.params for s, _ in due], uniforms,
-                             [(s.token_ids, s.num_prompt_tokens) for s, _ in due])
+    def _draw(due, uniforms: list[float], logits: StepLogits) -> list[int]:
+        return draw_tokens(logits, [row for _, row in due], [s.params for s, _ in due], uniforms,
+                           [(s.token_ids, s.num_prompt_tokens) for s, _ in due])
 
     def _fail_sample(self, seq: Sequence, error: Exception, touched: dict) -> None:
         request = self.requests[seq.request_id]

@@ -6,6 +6,7 @@ import numpy as np
 from ..model.llama import LlamaModel, PagedKVCache
 from .attention_metadata import AttentionMetadata
 from .scheduler import ScheduledBatch
+from .step_logits import WHOLE_ROW, StepLogits
 
 
 class ModelRunner:
@@ -27,13 +28,20 @@ class ModelRunner:
                                        self.block_size, logits_rows)
         return token_ids, meta
 
-    def run(self, batch: ScheduledBatch, logits_rows: list[int] | None = None) -> np.ndarray:
+    def run(self, batch: ScheduledBatch, logits_rows: list[int] | None = None,
+            needs: list[int] | None = None) -> StepLogits:
         """Copy-on-write copies, then the forward pass: logits (R, vocab) in batch.chunks
-        order, logits_rows[i] rows for chunk i (default: one each, its last token's)."""
+        order, logits_rows[i] rows for chunk i (default: one each, its last token's),
+        left where the backend computed them; needs[r] says what sampling needs of row
+        r (step_logits.py; None: whole rows)."""
+        ops = self.model.ops
         if batch.block_copies:
-            self.model.ops.copy_blocks(self.kv.k, self.kv.v, batch.block_copies)
+            ops.copy_blocks(self.kv.k, self.kv.v, batch.block_copies)
         token_ids, meta = self.prepare(batch, logits_rows)
         graphs = self.decode_graphs
         if graphs is not None and graphs.accepts([n for _, n in batch.chunks], logits_rows):
-            return graphs.run(token_ids, meta)
-        return self.model.forward(token_ids, meta, self.kv)
+            logits = graphs.run(token_ids, meta)
+        else:
+            logits = self.model.forward_on_device(*ops.prepare_inputs(token_ids, meta), self.kv)
+        return ops.logits_for_sampling(logits, needs if needs is not None
+                                       else [WHOLE_ROW] * logits.shape[0])

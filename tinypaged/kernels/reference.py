@@ -173,6 +173,13 @@ def to_host(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def logits_for_sampling(logits: np.ndarray, needs: list[int]):
+    """A step's logits for the sampler (engine/step_logits.py): on the host already,
+    so every row is there whole (needs changes nothing)."""
+    from ..engine.step_logits import HostLogits
+    return HostLogits(logits)
+
+
 def embedding(token_ids: np.ndarray, table) -> np.ndarray:
     """Rows of table (V, H) for token_ids (T,) -> (T, H); a packed table (PackedWeight)
     widens only those rows."""

@@ -1,8 +1,8 @@
 """The CPU backend: numba.njit kernels; large matrix products through NumPy's BLAS."""
 # NumPy is already the right tool for these: slicing, fancy indexing, host arrays
 from ..reference import (copy_blocks, default_kv_memory, embedding, gather_rows,
-                         memory_available, prepare_inputs, rope_tables, to_host,
-                         use_in_this_thread)
+                         logits_for_sampling, memory_available, prepare_inputs, rope_tables,
+                         to_host, use_in_this_thread)
 from .attention import paged_attention
 from .cache_ops import allocate_kv, write_kv
 from .elementwise import add_rms_norm, rms_norm, rope, silu_mul
@@ -11,7 +11,7 @@ from .stacks import stack_layer_matrices, stacked_linear
 
 name = "cpu"
 __all__ = ["name", "use_in_this_thread", "default_kv_memory", "memory_available", "prepare_weights", "allocate_kv",
-           "prepare_inputs", "to_host", "rope_tables", "embedding", "add_rms_norm", "rms_norm", "linear",
+           "prepare_inputs", "to_host", "logits_for_sampling", "rope_tables", "embedding", "add_rms_norm", "rms_norm", "linear",
            "qkv_proj", "gate_up_silu", "rope_write_kv", "paged_attention", "silu_mul",
            "gather_rows", "copy_blocks", "write_kv", "rope"]
 

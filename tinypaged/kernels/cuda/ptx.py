@@ -16,7 +16,7 @@ import sys
 
 from numba import cuda, types
 
-from . import attention, elementwise, matmul, packed_matmul
+from . import attention, elementwise, logits, matmul, packed_matmul
 
 F32, F16, I32, I64 = types.float32, types.float16, types.int32, types.int64
 I8, U8 = types.int8, types.uint8
@@ -72,6 +72,7 @@ def signatures() -> list[tuple[str, object, tuple]]:
         ("silu_mul", elementwise.silu_mul, (arr(F32, 2), arr(F32, 2), arr(F32, 2))),
         ("gather_rows", elementwise.gather_rows, (arr(F32, 2), arr(I32, 1), arr(F32, 2))),
         ("round_activations", elementwise.round_activations, (arr(F32, 2), arr(F32, 2))),
+        ("top_candidates", logits.top_candidates, (arr(F32, 2), arr(I32, 1), I64, arr(F32, 3))),
     ]
     return sigs
 
@@ -90,7 +91,8 @@ def block_threads(label: str) -> int:
             "add_rms_norm": elementwise.NORM_THREADS, "rope_write_kv": attention.MAX_HEAD_DIM // 2,
             "silu_mul": 256, "gather_rows": elementwise.ROW_THREADS,
             "copy_blocks": elementwise.ROW_THREADS,
-            "round_activations": elementwise.ROUND_THREADS}[name]
+            "round_activations": elementwise.ROUND_THREADS,
+            "top_candidates": logits.TOP_THREADS}[name]
 
 
 def resources(compiled: dict[str, str] | None = None) -> list:
