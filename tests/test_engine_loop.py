@@ -9,7 +9,7 @@ import pytest
 
 from helpers import slow_down, write_tiny_model
 from tinypaged import LLM, EngineDeadError, SamplingParams
-from tinypaged.engine import llm_engine
+from tinypaged.engine import step_logits
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20)
 LONG = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
@@ -194,13 +194,13 @@ def test_a_failed_step_reaches_every_caller_in_it_and_the_engine_goes_on(stories
 def test_a_sampling_failure_fails_that_request_alone(stories, monkeypatch):
     good = stories.generate("Once upon a time", GREEDY)[0].token_ids
     broken = SamplingParams(temperature=0.5, seed=13, max_tokens=5)  # seed 13 marks it
-    real_sample = llm_engine.sample_tokens
+    real_sample = step_logits.sample_tokens
 
     def sample_tokens(logits, params, *args):
         if any(p.seed == 13 for p in params):
             raise ValueError("Probabilities contain NaN")
         return real_sample(logits, params, *args)
-    monkeypatch.setattr(llm_engine, "sample_tokens", sample_tokens)
+    monkeypatch.setattr(step_logits, "sample_tokens", sample_tokens)
     got = {}
 
     def bad():

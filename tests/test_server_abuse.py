@@ -294,13 +294,13 @@ def test_huge_integers_are_a_400_naming_the_field(one_seat, field, value, stream
 
 
 def test_an_engine_failure_is_logged_with_its_cause(one_seat, monkeypatch, caplog):
-    from tinypaged.engine import llm_engine
+    from tinypaged.engine import step_logits
 
     server = one_seat()
 
     def broken(*args):
         raise ValueError("the sampler broke")
-    monkeypatch.setattr(llm_engine, "sample_tokens", broken)
+    monkeypatch.setattr(step_logits, "sample_tokens", broken)
     with caplog.at_level(logging.ERROR, logger="tinypaged.serve"):
         r = httpx.post(server.url + COMPLETIONS, json={"prompt": "Once", "max_tokens": 3},
                        timeout=60)
