@@ -67,6 +67,19 @@ def running_server(model_dir, **config):
     llm.close()
 
 
+def running_tiny_chat_server(folder, **config):
+    """For a module fixture: a tiny random model with a byte-level tokenizer and a
+    ChatML template, written to folder and served (its name: the folder's)."""
+    from helpers import write_tiny_model
+
+    write_tiny_model(str(folder), seed=3, max_position_embeddings=512)
+    llm = LLM(folder, backend="cpu", block_size=4, num_blocks=800)
+    server = ServerThread(llm, **config)
+    yield server
+    server.stop()
+    llm.close()
+
+
 def client_for(server: ServerThread, api_key: str = "unused") -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0)
 

@@ -4,8 +4,7 @@ the real SmolLM2 behind it."""
 import httpx
 import pytest
 
-from helpers import write_tiny_model
-from serving import ServerThread, client_for, running_server, sse_events
+from serving import ServerThread, client_for, running_server, running_tiny_chat_server, sse_events
 from tinypaged import LLM, SamplingParams
 
 
@@ -16,14 +15,7 @@ def stories(stories_dir):
 
 @pytest.fixture(scope="module")
 def tiny_chat(tmp_path_factory):
-    """A tiny random model with a byte-level tokenizer and a ChatML template."""
-    path = tmp_path_factory.mktemp("serve") / "tiny"
-    write_tiny_model(str(path), seed=3, max_position_embeddings=512)
-    llm = LLM(path, block_size=4, num_blocks=800)
-    server = ServerThread(llm)
-    yield server
-    server.stop()
-    llm.close()
+    yield from running_tiny_chat_server(tmp_path_factory.mktemp("serve") / "tiny")
 
 
 # -- completions -------------------------------------------------------------------

@@ -6,9 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import write_tiny_model
-from serving import ServerThread, running_server, sse_events
-from tinypaged import LLM
+from serving import running_server, running_tiny_chat_server, sse_events
 from tinypaged.engine.request import SampleText
 
 PROPERTY = settings(max_examples=25, deadline=None, database=None,
@@ -22,13 +20,7 @@ def stories(stories_dir):
 
 @pytest.fixture(scope="module")
 def tiny_chat(tmp_path_factory):
-    path = tmp_path_factory.mktemp("streams") / "tiny"
-    write_tiny_model(str(path), seed=3, max_position_embeddings=512)
-    llm = LLM(path, backend="cpu", block_size=4, num_blocks=800)
-    server = ServerThread(llm, served_model_name="tiny")
-    yield server
-    server.stop()
-    llm.close()
+    yield from running_tiny_chat_server(tmp_path_factory.mktemp("streams") / "tiny")
 
 
 def stop_strings(reference: str):
