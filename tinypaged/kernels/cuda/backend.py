@@ -16,7 +16,7 @@ from numba import cuda
 from ...model.packed import PackedWeight
 from ..reference import rope_tables as host_rope_tables
 from . import attention, elementwise, matmul, packed_matmul
-from .logits import TOP_THREADS, DeviceLogits, top_candidates
+from .logits import DeviceLogits, LogitsCopier
 from .packed_matmul import DevicePacked
 from .memory import MetadataUploader, StepWorkspace
 
@@ -70,10 +70,9 @@ class CudaBackend:
         self._packed = False  # any matrix uploaded packed: norms also write their output rounded
         self._no_round = cuda.device_array((1, 1), dtype=np.float32)  # placeholder output
         self._rounded = {}  # id(norm output) -> (it, it rounded), this step's
-        self._buffers = {}  # reused arrays of the logits' way back (logits.py), by name
+        self.logits_copier = LogitsCopier(self)  # the logits' way back, its buffers reused
         self.reduce_logits = True  # samples take candidates found here, not whole rows
         self.bytes_to_host = 0  # of logits and candidates copied back
-        self._iota = None  # 0, 1, 2, ... on the device
 
     def use_in_this_thread(self) -> None:
         """numba gives a new thread device 0's context: select the device this backend
@@ -129,69 +128,7 @@ class CudaBackend:
         reduce_logits False: whole rows for every sample (the reference for tests)."""
         if not self.reduce_logits:
             needs = [-1 if need > 0 else need for need in needs]
-        return DeviceLogits(self, logits, needs)
-
-    def rows_to_host(self, logits, rows: list[int], pinned: bool = True) -> np.ndarray:
-        """Rows of logits (R, V) on the host, in one copy: into the reused pinned buffer
-        (valid until the next call), or into a new array."""
-        n, vocab = len(rows), logits.shape[1]
-        if rows == list(range(n)):
-            src = logits[:n]
-        else:
-            src = self._reused("_gathered", (n, vocab), np.float32)
-            self._launch(elementwise.gather_rows, n, elementwise.ROW_THREADS, logits,
-                         self._row_indices(rows), src)
-        self.transfers += 1
-        self.bytes_to_host += n * vocab * 4
-        if not pinned:
-            return src.copy_to_host()
-        host = self._pinned_host("_whole_rows", (n, vocab))
-        src.copy_to_host(host)
-        return host
-
-    def top_to_host(self, logits, rows: list[int], k: int) -> np.ndarray:
-        """(len(rows), k, 2): the k most likely (value, id) of each row, found on the
-        device, one launch and one small copy (logits.top_candidates)."""
-        out = self._reused("_top", (len(rows), k, 2), np.float32)
-        self._launch(top_candidates, len(rows), TOP_THREADS, logits, self._row_indices(rows),
-                     k, out)
-        self.transfers += 1
-        self.bytes_to_host += out.size * 4
-        host = self._pinned_host("_top_host", (len(rows), k, 2))
-        out.copy_to_host(host)
-        return host
-
-    def _row_indices(self, rows: list[int]):
-        """rows as a device int32 array: a view of a fixed 0, 1, 2, ... when they are
-        that (a decode step's rows), else uploaded (one transfer)."""
-        n = len(rows)
-        if self._iota is None or self._iota.shape[0] < n:
-            self._iota = cuda.to_device(np.arange(max(n, 256), dtype=np.int32))
-        if rows == list(range(n)):
-            return self._iota[:n]
-        indices = self._reused("_indices", (n,), np.int32)
-        indices.copy_to_device(np.asarray(rows, dtype=np.int32))
-        self.transfers += 1
-        return indices
-
-    def _reused(self, name: str, shape: tuple, dtype):
-        """A device array of shape from a buffer kept under name, grown when too small
-        (never the step workspace: the logits themselves live there)."""
-        n = int(np.prod(shape))
-        buffer = self._buffers.get(name)
-        if buffer is None or buffer.size < n:
-            buffer = self._buffers[name] = cuda.device_array(max(n, 2 * (0 if buffer is None
-                                                                        else buffer.size)), dtype)
-        return buffer[:n].reshape(shape)
-
-    def _pinned_host(self, name: str, shape: tuple) -> np.ndarray:
-        """A float32 host array in page-locked memory (a faster copy), reused."""
-        n = int(np.prod(shape))
-        buffer = self._buffers.get(name)
-        if buffer is None or buffer.size < n:
-            buffer = self._buffers[name] = cuda.pinned_array(
-                max(n, 2 * (0 if buffer is None else buffer.size)), np.float32)
-        return buffer[:n].reshape(shape)
+        return DeviceLogits(self.logits_copier, logits, needs)
 
     @contextmanager
     def recording(self, recording):

@@ -14,6 +14,7 @@ import math
 import numpy as np
 from numba import cuda, float32, int32
 
+from .elementwise import ROW_THREADS, gather_rows
 from .warp import FULL_MASK
 
 TOP_THREADS = 256  # top_candidates: threads per row (8 warps)
@@ -73,14 +74,14 @@ def top_candidates(logits, rows, k, out):
 class DeviceLogits:
     """engine/step_logits.StepLogits over logits (R, vocab) on the device."""
 
-    def __init__(self, backend, logits, needs: list[int]):
-        self.backend, self.logits = backend, logits
+    def __init__(self, copier: "LogitsCopier", logits, needs: list[int]):
+        self.copier, self.logits = copier, logits
         whole = [r for r, need in enumerate(needs) if need < 0]
-        self._whole = dict(zip(whole, backend.rows_to_host(logits, whole))) if whole else {}
+        self._whole = dict(zip(whole, copier.rows_to_host(logits, whole))) if whole else {}
         reduced = [r for r, need in enumerate(needs) if need > 0]
         self._candidates = {}
         if reduced:
-            found = backend.top_to_host(logits, reduced, max(needs[r] for r in reduced))
+            found = copier.top_to_host(logits, reduced, max(needs[r] for r in reduced))
             for r, row in zip(reduced, found):  # row (k, 2): values, ids
                 n = needs[r]
                 self._candidates[r] = (row[:n, 0], row[:n, 1].astype(np.int64))
@@ -92,9 +93,84 @@ class DeviceLogits:
         """Whole rows; any not copied yet (a tie among candidates, a test) are fetched."""
         missing = [r for r in rows if r not in self._whole]
         if missing:  # (a copy of their own: the pinned buffer holds the first rows)
-            self._whole.update(zip(missing, self.backend.rows_to_host(self.logits, missing,
-                                                                      pinned=False)))
+            self._whole.update(zip(missing, self.copier.rows_to_host(self.logits, missing,
+                                                                     pinned=False)))
         return np.stack([self._whole[r] for r in rows])
 
     def candidates(self, row: int):
         return self._candidates.get(row)
+
+
+class LogitsCopier:
+    """The logits' way back for one CUDA backend, in buffers reused step after step:
+    device arrays for gathered rows, candidates and row indices (never the step
+    workspace: the logits themselves live there), page-locked host arrays for the
+    copies. Launches and copies are counted on the backend."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self._buffers = {}  # by name
+        self._iota = None  # 0, 1, 2, ... on the device
+
+    def rows_to_host(self, logits, rows: list[int], pinned: bool = True) -> np.ndarray:
+        """Rows of logits (R, V) on the host, in one copy: into the reused pinned buffer
+        (valid until the next call), or into a new array."""
+        n, vocab = len(rows), logits.shape[1]
+        if rows == list(range(n)):
+            src = logits[:n]
+        else:
+            src = self._reused("_gathered", (n, vocab), np.float32)
+            self.backend._launch(gather_rows, n, ROW_THREADS, logits, self._row_indices(rows),
+                                 src)
+        self.backend.transfers += 1
+        self.backend.bytes_to_host += n * vocab * 4
+        if not pinned:
+            return src.copy_to_host()
+        host = self._pinned_host("_whole_rows", (n, vocab))
+        src.copy_to_host(host)
+        return host
+
+    def top_to_host(self, logits, rows: list[int], k: int) -> np.ndarray:
+        """(len(rows), k, 2): the k most likely (value, id) of each row, found on the
+        device, one launch and one small copy (logits.top_candidates)."""
+        out = self._reused("_top", (len(rows), k, 2), np.float32)
+        self.backend._launch(top_candidates, len(rows), TOP_THREADS, logits,
+                             self._row_indices(rows), k, out)
+        self.backend.transfers += 1
+        self.backend.bytes_to_host += out.size * 4
+        host = self._pinned_host("_top_host", (len(rows), k, 2))
+        out.copy_to_host(host)
+        return host
+
+    def _row_indices(self, rows: list[int]):
+        """rows as a device int32 array: a view of a fixed 0, 1, 2, ... when they are
+        that (a decode step's rows), else uploaded (one transfer)."""
+        n = len(rows)
+        if self._iota is None or self._iota.shape[0] < n:
+            self._iota = cuda.to_device(np.arange(max(n, 256), dtype=np.int32))
+        if rows == list(range(n)):
+            return self._iota[:n]
+        indices = self._reused("_indices", (n,), np.int32)
+        indices.copy_to_device(np.asarray(rows, dtype=np.int32))
+        self.backend.transfers += 1
+        return indices
+
+    def _reused(self, name: str, shape: tuple, dtype):
+        """A device array of shape from a buffer kept under name, grown when too small
+        (never the step workspace: the logits themselves live there)."""
+        n = int(np.prod(shape))
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.size < n:
+            buffer = self._buffers[name] = cuda.device_array(max(n, 2 * (0 if buffer is None
+                                                                        else buffer.size)), dtype)
+        return buffer[:n].reshape(shape)
+
+    def _pinned_host(self, name: str, shape: tuple) -> np.ndarray:
+        """A float32 host array in page-locked memory (a faster copy), reused."""
+        n = int(np.prod(shape))
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.size < n:
+            buffer = self._buffers[name] = cuda.pinned_array(
+                max(n, 2 * (0 if buffer is None else buffer.size)), np.float32)
+        return buffer[:n].reshape(shape)
+
