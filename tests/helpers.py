@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 import numpy as np
@@ -118,6 +119,52 @@ def dense_greedy(model, prompt_ids: list[int], max_tokens: int, eos_ids=()) -> l
         if len(out) < max_tokens:
             logits = model.forward([token], cache)[-1]
     return out
+
+
+class StepGate:
+    """Holds the engine's steps while closed: a request that runs surely stays running
+    however slow the machine, so a test that needs it to end late waits on events,
+    never on time. reached is set once a step waits at the closed gate."""
+
+    def __init__(self, llm, monkeypatch, closed: bool, seconds: float, close_when=None):
+        """close_when(batch): the gate closes itself before a step for which it holds."""
+        self.open_event, self.reached = threading.Event(), threading.Event()
+        if not closed:
+            self.open_event.set()
+        real_run = llm.engine.runner.run
+
+        def gated_run(batch, rows=None, needs=None):
+            if close_when is not None and close_when(batch):
+                self.close()
+            if not self.open_event.is_set():
+                self.reached.set()
+                self.open_event.wait()
+            time.sleep(seconds)
+            return real_run(batch, rows, needs)
+        monkeypatch.setattr(llm.engine.runner, "run", gated_run)
+
+    def open(self) -> None:
+        self.open_event.set()
+
+    def close(self) -> None:
+        self.open_event.clear()
+
+
+def posted_aborts(llm, monkeypatch) -> list[str]:
+    """The request ids whose abort is posted to llm's engine loop, as they are."""
+    posted, real_abort = [], llm._loop.abort
+
+    def abort(request_id):
+        posted.append(request_id)
+        real_abort(request_id)
+    monkeypatch.setattr(llm._loop, "abort", abort)
+    return posted
+
+
+def step_gate(llm, monkeypatch, closed: bool = False, seconds: float = 0.003,
+              close_when=None) -> StepGate:
+    """slow_down, with a StepGate on the steps."""
+    return StepGate(llm, monkeypatch, closed, seconds, close_when)
 
 
 def slow_down(llm, monkeypatch, seconds: float = 0.003) -> None:

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import slow_down
+from helpers import step_gate
 from tinypaged import LLM, SamplingParams
 from tinypaged.config import EngineConfig
 from tinypaged.outputs import KV_CACHE_FULL
@@ -84,11 +84,10 @@ def test_a_fractional_batch_budget_is_refused_at_construction(stories_dir):
 
 
 def test_a_real_sigint_during_generate_leaves_the_pool_whole(llm, expected, monkeypatch):
-    slow_down(llm, monkeypatch)  # 400 steps of >= 3 ms: still running when the signal comes
+    gate = step_gate(llm, monkeypatch, closed=True)  # the requests run, and wait there
 
     def interrupt_once_running():
-        while llm.metrics().running < 3:
-            time.sleep(0.005)
+        assert gate.reached.wait(300)  # the three requests' first step waits at the gate
         os.kill(os.getpid(), signal.SIGINT)
     signaller = threading.Thread(target=interrupt_once_running)
     signaller.start()
@@ -97,6 +96,7 @@ def test_a_real_sigint_during_generate_leaves_the_pool_whole(llm, expected, monk
             llm.generate(["Once upon a time", "The dog", "A cat"], LONG)
         finally:
             signaller.join()
+            gate.open()
     monkeypatch.undo()
     assert_whole(llm, expected)
 

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from helpers import slow_down, write_tiny_model
+from helpers import step_gate, write_tiny_model
+from serving import wait_until
 from tinypaged import LLM, EngineDeadError, SamplingParams
 from tinypaged.engine import step_logits
 
@@ -125,7 +126,7 @@ def test_asyncio_streams_run_concurrently_without_blocking_the_event_loop(storie
 
 
 def test_every_way_of_cancelling_frees_the_blocks(stories, monkeypatch):
-    slow_down(stories, monkeypatch)
+    gate = step_gate(stories, monkeypatch)
     # closing a stream
     stream = stories.stream("Once upon a time", LONG)
     next(stream)
@@ -133,7 +134,13 @@ def test_every_way_of_cancelling_frees_the_blocks(stories, monkeypatch):
     assert stories.stats()["blocks_used"] == 0
     # abort(request_id) from another thread, while this one waits for the result
     handle = stories.submit("Once upon a time", LONG)
-    threading.Timer(0.05, stories.abort, args=(handle.request_id,)).start()
+    gate.close()
+
+    def abort_while_held():  # (held: the request cannot finish first, however slow the machine)
+        assert gate.reached.wait(300)
+        stories.abort(handle.request_id)
+        gate.open()
+    threading.Thread(target=abort_while_held).start()
     out = handle.result()
     assert out.finished and out.finish_reason == "abort" and len(out.token_ids) < 400
     assert stories.stats()["blocks_used"] == 0
@@ -213,8 +220,13 @@ def test_a_sampling_failure_fails_that_request_alone(stories, monkeypatch):
 
 
 def test_an_interrupt_during_generate_aborts_its_requests(stories, monkeypatch):
-    slow_down(stories, monkeypatch)
-    threading.Timer(0.1, _thread.interrupt_main).start()
+    gate = step_gate(stories, monkeypatch, closed=True)
+
+    def interrupt_while_running():
+        assert gate.reached.wait(300)  # both requests' first step waits at the gate
+        _thread.interrupt_main()  # (noticed when the main thread next runs: after the step)
+        gate.open()
+    threading.Thread(target=interrupt_while_running).start()
     with pytest.raises(KeyboardInterrupt):
         stories.generate(["Once upon a time", "The dog"], LONG)
     assert stories.stats()["blocks_used"] == 0 and stories.num_waiting == 0
@@ -223,22 +235,25 @@ def test_an_interrupt_during_generate_aborts_its_requests(stories, monkeypatch):
 
 
 def slow_llm_with_a_running_request(stories_dir, monkeypatch):
-    """A fresh LLM, a long request under way, and its started iterator (kept by the
-    caller: dropping a started iterator aborts the request)."""
+    """A fresh LLM, a long request under way, its started iterator (kept by the
+    caller: dropping a started iterator aborts the request), and the closed gate that
+    holds its next step (so it is still running whatever the machine's speed)."""
     llm = LLM(stories_dir, backend="cpu", kv_cache_memory=4 << 20)
-    slow_down(llm, monkeypatch)
+    gate = step_gate(llm, monkeypatch)
     handle = llm.submit("Once upon a time", LONG)
     first = iter(handle)
     next(first)
-    return llm, handle, first
+    gate.close()
+    return llm, handle, first, gate
 
 
 def test_broken_bookkeeping_marks_the_engine_dead_for_everyone(stories_dir, monkeypatch):
-    llm, handle, _first = slow_llm_with_a_running_request(stories_dir, monkeypatch)
+    llm, handle, _first, gate = slow_llm_with_a_running_request(stories_dir, monkeypatch)
 
     def broken():
         raise AssertionError("ref count went negative")
     monkeypatch.setattr(llm.engine.scheduler, "schedule", broken)
+    gate.open()
     with pytest.raises(EngineDeadError, match="ref count went negative"):
         handle.result()
     assert not llm.is_alive
@@ -248,20 +263,25 @@ def test_broken_bookkeeping_marks_the_engine_dead_for_everyone(stories_dir, monk
 
 
 def test_close_ends_waiting_callers_and_later_calls(stories_dir, monkeypatch):
-    llm, handle, _first = slow_llm_with_a_running_request(stories_dir, monkeypatch)
-    threading.Timer(0.05, llm.close).start()
+    llm, handle, _first, gate = slow_llm_with_a_running_request(stories_dir, monkeypatch)
+    closer = threading.Thread(target=llm.close)
+    closer.start()
+    wait_until(lambda: not llm.is_alive)  # closed while its request waits at the gate
+    gate.open()
     with pytest.raises(EngineDeadError, match="closed"):
         handle.result()
+    closer.join()
     with pytest.raises(EngineDeadError):
         llm.generate("hi", GREEDY)
 
 
 def test_request_ids_are_the_callers_to_choose_once(stories, monkeypatch):
-    slow_down(stories, monkeypatch)
+    gate = step_gate(stories, monkeypatch, closed=True)  # it cannot finish before the abort
     handle = stories.submit("Once upon a time", LONG, request_id="mine")
     with pytest.raises(ValueError, match="'mine' is already in use"):
         stories.submit("The dog", GREEDY, request_id="mine")
     stories.abort("mine")
+    gate.open()
     assert handle.result().finish_reason == "abort"
     stories.abort("mine")  # finished: ignored
     assert stories.submit("The dog", GREEDY, request_id="mine").result().finished
@@ -373,11 +393,12 @@ def test_an_interrupt_landing_in_a_dropped_handle_is_raised_again(stories_dir, m
     cleanup; a Ctrl+C that lands while a dropped handle (or its started iterator)
     posts its abort must still reach the caller, and the abort still happen."""
     with LLM(stories_dir, backend="cpu", kv_cache_memory=4 << 20) as llm:
-        slow_down(llm, monkeypatch)
+        gate = step_gate(llm, monkeypatch)
         handle = llm.submit("Once upon a time", LONG)
         if dropped == "started iterator":
             handle = iter(handle)  # (the generator holds the handle)
             next(handle)  # running
+        gate.close()  # it cannot finish before the abort, however slow the machine
         real_abort, calls = llm._loop.abort, []
 
         def abort_interrupted_once(request_id):
@@ -390,6 +411,7 @@ def test_an_interrupt_landing_in_a_dropped_handle_is_raised_again(stories_dir, m
             del handle
             spin()
         assert len(calls) == 2
+        gate.open()
         monkeypatch.undo()
         assert llm.generate("Once upon a time", GREEDY)[0].finished  # the loop goes on
         assert llm.stats()["blocks_used"] == 0 and llm.metrics().finished["abort"] == 1

@@ -38,7 +38,7 @@ def start_server(model_dir, *extra) -> tuple[subprocess.Popen, str]:
             return httpx.get(url + "/health", timeout=1).status_code == 200
         except httpx.TransportError:
             return False
-    wait_until(healthy, timeout=60, what="the server")
+    wait_until(healthy, timeout=300, what="the server")  # (a bound for a failure)
     return proc, url
 
 

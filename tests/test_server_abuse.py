@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from helpers import slow_down, write_tiny_model
+from helpers import step_gate, write_tiny_model
 from serving import ServerThread, sse_events, wait_until
 from test_server_errors import COMPLETIONS, assert_openai_error
 from tinypaged import LLM, SamplingParams
@@ -21,15 +21,18 @@ LONG = {"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True}
 
 @pytest.fixture
 def one_seat(stories_dir, monkeypatch):
-    """A server whose engine runs two sequences at a time, slowly."""
+    """A server whose engine runs two sequences at a time, slowly; start.gate, cleared,
+    holds its steps."""
     llm = LLM(stories_dir, backend="cpu", kv_cache_memory=4 << 20, max_num_seqs=2)
-    slow_down(llm, monkeypatch)
+    gate = step_gate(llm, monkeypatch)
     servers = []
 
     def start(**config):
         servers.append(ServerThread(llm, **config))
         return servers[-1]
+    start.gate = gate
     yield start
+    gate.open()
     for server in servers:
         server.stop()
     llm.close()
@@ -43,7 +46,8 @@ def test_a_batch_of_prompts_counts_prompts_times_n_against_max_waiting(one_seat)
     with httpx.stream("POST", server.url + COMPLETIONS, json={**LONG, "stream": True, "n": 2},
                       timeout=60) as running:
         lines = running.iter_lines()
-        next(lines)  # its two samples hold both seats
+        next(lines)  # its two samples hold both seats ...
+        one_seat.gate.close()  # ... and keep them, however slow the machine
         too_many = httpx.post(server.url + COMPLETIONS, json={**LONG, "prompt": ["a", "b", "c"],
                                                              "n": 2, "max_tokens": 2})
         error = assert_openai_error(too_many, 400, "prompt")
@@ -62,6 +66,7 @@ def test_a_batch_of_prompts_counts_prompts_times_n_against_max_waiting(one_seat)
             timeout=120)))  # 2 + 2 = 4: within the limit
         fits.start()
         wait_until(lambda: llm.num_waiting_samples == 4, what="four waiting samples", timeout=60)
+        one_seat.gate.open()
     thread.join(timeout=120)
     fits.join(timeout=120)
     assert [r.status_code for r in waiting] == [200, 200]
@@ -96,7 +101,7 @@ def read_until_closed(sock: socket.socket) -> bytes:
 
 
 def test_idle_connections_past_the_limit_make_room_and_requests_get_through(one_seat):
-    server = one_seat(max_connections=8)
+    server = one_seat(max_connections=8, header_timeout=600)  # only eviction closes them
     idle = [connect(server) for _ in range(40)]
     wait_until(lambda: len(server.server.server_state.connections) <= 9, timeout=60,
                what="the server to close idle connections")

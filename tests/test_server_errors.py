@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from helpers import slow_down
+from helpers import posted_aborts, step_gate
 from serving import ServerThread, client_for, running_server, wait_until
 from tinypaged import LLM
 
@@ -140,12 +140,14 @@ def test_api_key_and_body_size(stories_dir):
 
 def test_clients_that_leave_mid_stream_free_every_block(stories, monkeypatch):
     llm = stories.llm
-    slow_down(llm, monkeypatch)
+    # once all 8 decode, the gate holds their next step: none finishes before its client leaves
+    gate = step_gate(llm, monkeypatch, close_when=lambda batch: len(batch.decodes) == 8)
+    posted = posted_aborts(llm, monkeypatch)
     aborted_before = llm.metrics().finished["abort"]
     body = {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True}
 
     def leave_early(path, payload):
-        with httpx.stream("POST", stories.url + path, json=payload, timeout=30) as r:
+        with httpx.stream("POST", stories.url + path, json=payload, timeout=60) as r:
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")  # generation is under way ...
         # ... and the connection is gone
@@ -155,31 +157,37 @@ def test_clients_that_leave_mid_stream_free_every_block(stories, monkeypatch):
         t.start()
     for t in threads:
         t.join()
+    wait_until(lambda: len(set(posted)) >= 8, what="the server to see 8 clients leave")
+    gate.open()
     wait_until(lambda: llm.metrics().finished["abort"] == aborted_before + 8, what="8 aborts")
     assert llm.stats()["blocks_used"] == 0 and llm.metrics().running == 0
 
 
 def test_a_client_that_leaves_before_a_whole_answer_is_aborted_too(stories, monkeypatch):
     llm = stories.llm
-    slow_down(llm, monkeypatch)
+    gate = step_gate(llm, monkeypatch, closed=True)  # no answer before the client leaves
+    posted = posted_aborts(llm, monkeypatch)
     aborted_before = llm.metrics().finished["abort"]
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(stories.url + COMPLETIONS, timeout=0.3,
                    json={"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True})
+    wait_until(lambda: len(posted) >= 1, what="the server to see the client leave")
+    gate.open()
     wait_until(lambda: llm.metrics().finished["abort"] == aborted_before + 1, what="the abort")
     assert llm.stats()["blocks_used"] == 0
 
 
 def test_a_full_queue_answers_503_with_retry_after(stories_dir, monkeypatch):
     llm = LLM(stories_dir, backend="cpu", kv_cache_memory=4 << 20, max_num_seqs=1)
-    slow_down(llm, monkeypatch)
+    gate = step_gate(llm, monkeypatch)
     server = ServerThread(llm, max_waiting=1)
     long = {"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True}
     try:
         with httpx.stream("POST", server.url + COMPLETIONS, json={**long, "stream": True},
                           timeout=30) as running:
             lines = running.iter_lines()  # kept: dropping it closes the connection
-            next(lines)  # the first request holds the only slot
+            next(lines)  # the first request holds the only slot ...
+            gate.close()  # ... and keeps it, however slow the machine
             waiting = []
             thread = threading.Thread(target=lambda: waiting.append(
                 httpx.post(server.url + COMPLETIONS, json={**long, "max_tokens": 3}, timeout=60)))
@@ -188,6 +196,7 @@ def test_a_full_queue_answers_503_with_retry_after(stories_dir, monkeypatch):
             refused = httpx.post(server.url + COMPLETIONS, json={**long, "stream": True})
             assert_openai_error(refused, 503)["code"] == "server_overloaded"
             assert refused.headers["retry-after"] == "1"
+            gate.open()
         thread.join(timeout=60)  # the first one left: the waiting one runs
         assert waiting[0].status_code == 200
     finally:
