@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 
@@ -148,6 +149,24 @@ class StepGate:
 
     def close(self) -> None:
         self.open_event.clear()
+
+
+def wait_until_waiting_for_output(thread: threading.Thread, timeout: float = 300.0) -> None:
+    """Until thread is blocked waiting for a request's output (RequestStream.updates).
+    A signal sent then interrupts that wait; one sent while the thread runs Python
+    could land in whatever it runs, a collector's finalizer included, where Python
+    drops it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        frame = sys._current_frames().get(thread.ident)
+        names = []
+        while frame is not None and len(names) < 4:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        if names[:2] == ["wait", "updates"]:
+            return
+        assert time.monotonic() < deadline, f"{thread.name} never waited for output: {names}"
+        time.sleep(0.001)
 
 
 def posted_aborts(llm, monkeypatch) -> list[str]:

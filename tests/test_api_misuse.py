@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import step_gate
+from helpers import step_gate, wait_until_waiting_for_output
 from tinypaged import LLM, SamplingParams
 from tinypaged.config import EngineConfig
 from tinypaged.outputs import KV_CACHE_FULL
@@ -87,7 +87,8 @@ def test_a_real_sigint_during_generate_leaves_the_pool_whole(llm, expected, monk
     gate = step_gate(llm, monkeypatch, closed=True)  # the requests run, and wait there
 
     def interrupt_once_running():
-        assert gate.reached.wait(300)  # the three requests' first step waits at the gate
+        assert gate.reached.wait(300)  # the three requests' first step waits at the gate,
+        wait_until_waiting_for_output(threading.main_thread())  # and the caller for them
         os.kill(os.getpid(), signal.SIGINT)
     signaller = threading.Thread(target=interrupt_once_running)
     signaller.start()
