@@ -39,6 +39,19 @@ def cpu_unless_marked_cuda(request, monkeypatch):
         monkeypatch.setattr(tinypaged.kernels, "_gpu_present", lambda: False)
 
 
+@pytest.fixture
+def ctrl_c():
+    """SIGINT raises KeyboardInterrupt in this test, as at a terminal. A process that a
+    shell without job control starts in the background (`cmd &` in a script, nohup,
+    some CI runners) inherits SIGINT ignored, and Python then installs no handler:
+    os.kill and _thread.interrupt_main do nothing, and a test of Ctrl+C would wait for
+    an interrupt that never comes (the issue's "DID NOT RAISE KeyboardInterrupt")."""
+    import signal
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 ROOT = Path(__file__).resolve().parents[1]
 # a tiny real Llama kept in the tree, so a fresh clone (or a GPU machine) runs every test
 STORIES_DIR = ROOT / "tests" / "models" / "stories260K"

@@ -83,7 +83,7 @@ def test_a_fractional_batch_budget_is_refused_at_construction(stories_dir):
         LLM(stories_dir, backend="cpu", max_num_batched_tokens=3.5)
 
 
-def test_a_real_sigint_during_generate_leaves_the_pool_whole(llm, expected, monkeypatch):
+def test_a_real_sigint_during_generate_leaves_the_pool_whole(llm, expected, monkeypatch, ctrl_c):
     gate = step_gate(llm, monkeypatch, closed=True)  # the requests run, and wait there
 
     def interrupt_once_running():

@@ -219,7 +219,7 @@ def test_a_sampling_failure_fails_that_request_alone(stories, monkeypatch):
     assert stories.stats()["blocks_used"] == 0
 
 
-def test_an_interrupt_during_generate_aborts_its_requests(stories, monkeypatch):
+def test_an_interrupt_during_generate_aborts_its_requests(stories, monkeypatch, ctrl_c):
     gate = step_gate(stories, monkeypatch, closed=True)
 
     def interrupt_while_running():
@@ -389,7 +389,7 @@ def spin() -> None:
 
 @pytest.mark.parametrize("dropped", ["handle", "started iterator"])
 def test_an_interrupt_landing_in_a_dropped_handle_is_raised_again(stories_dir, monkeypatch,
-                                                                  dropped):
+                                                                  dropped, ctrl_c):
     """Python drops an exception raised in __del__ or in a collected generator's
     cleanup; a Ctrl+C that lands while a dropped handle (or its started iterator)
     posts its abort must still reach the caller, and the abort still happen."""
@@ -418,7 +418,8 @@ def test_an_interrupt_landing_in_a_dropped_handle_is_raised_again(stories_dir, m
         assert llm.stats()["blocks_used"] == 0 and llm.metrics().finished["abort"] == 1
 
 
-def test_an_interrupt_landing_in_a_collected_llm_is_raised_again(stories_dir, monkeypatch):
+def test_an_interrupt_landing_in_a_collected_llm_is_raised_again(stories_dir, monkeypatch,
+                                                                 ctrl_c):
     import gc
 
     llm = LLM(stories_dir, backend="cpu", kv_cache_memory=4 << 20)
