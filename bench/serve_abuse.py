@@ -8,18 +8,24 @@ run throughout; each phase adds one abusive client, in a process of its own, for
   baseline    nobody else;
   A1          the issue's reproducer: 20,000 prompts in one request;
   A1-limit    the largest batch allowed: 256 prompts x 16 tokens;
-  A2          20,000 idle sockets opened as fast as the server accepts them (the
-              default --max-connections is 1024: each new one replaces the idlest);
+  A2          20,000 idle sockets opened as fast as one client can (the default
+              --max-connections is 1024: each new one replaces the idlest): a
+              connection flood, measured while it runs;
+  A2-held     the issue's reproducer: the 20,000 sockets opened first, then held
+              idle while the good clients run;
   A3          the reproducer: echo + logprobs 20 over 800 prompts of 501 ids (1.9 MB);
   A3-limit    echo + logprobs 20 over 256 prompts of 32 ids + 16 tokens: 258,048
               entries, just under the default --max-logprob-entries (262,144).
 Per phase: the good clients' p50/p99 latency and their count of non-200 answers,
 /health's worst latency, the abuser's answers, the server's RSS (before, peak
 during, after) and the time to drain (until /metrics shows nothing running or
-waiting once the abuser stops). Target: good p99 within 2x the baseline's and no
+waiting once the abuser stops), and the server's CPU use (its process's CPU
+seconds over the phase's wall time: 100% is one core; the abuser's is among its
+answers). Target: good p99 within 2x the baseline's and no
 503 to a good client. Prints figures; asserts nothing.
 
 Usage: python bench/serve_abuse.py [--seconds 6] [--every 1] [--good 4] [--sockets 20000]
+                                 [--phases baseline,A2,...]
 """
 from __future__ import annotations
 
@@ -62,6 +68,13 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process pid, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def gauges(base: str) -> tuple[float, float]:
@@ -110,15 +123,25 @@ class Phase:
         rss_before = rss_mb(self.pid)
         threads = [threading.Thread(target=self.good_client) for _ in range(self.good)]
         threads.append(threading.Thread(target=self.prober))
-        stop, answers = multiprocessing.Event(), multiprocessing.Queue()
-        abuser = multiprocessing.Process(target=run_abuser, args=(abuse, self.base, stop, every,
-                                                                  answers)) if abuse else None
-        for t in threads + ([abuser] if abuser else []):
+        stop, ready = multiprocessing.Event(), multiprocessing.Event()
+        answers = multiprocessing.Queue()
+        abuser = multiprocessing.Process(target=run_abuser, args=(abuse, self.base, stop, ready,
+                                                                  every, answers)) if abuse else None
+        if abuser:
+            abuser.start()
+            ready.wait(600)  # an abuser that sets itself up first (A2-held)
+        watched = [self.pid] + ([abuser.pid] if abuser else [])
+        cpu_start, wall_start = [cpu_seconds(p) for p in watched], time.perf_counter()
+        for t in threads:
             t.start()
         time.sleep(seconds)
+        wall = time.perf_counter() - wall_start
+        cpu = [(cpu_seconds(p) - c) / wall for p, c in zip(watched, cpu_start)]
         self.stop.set()
         stop.set()
         abuser_answers = answers.get() if abuser else {}
+        if abuser:
+            abuser_answers["CPU"] = f"{cpu[1]:.0%}"
         if abuser:
             abuser.join()
         stopped = time.perf_counter()
@@ -131,17 +154,18 @@ class Phase:
         return {"n": len(lat), "p50": float(np.percentile(lat, 50)),
                 "p99": float(np.percentile(lat, 99)), "bad": dict(self.bad_answers),
                 "health_max": max(self.health) * 1e3, "abuser": abuser_answers,
-                "rss": (rss_before, self.rss_peak, rss_mb(self.pid)), "drain": drain}
+                "rss": (rss_before, self.rss_peak, rss_mb(self.pid)), "drain": drain,
+                "cpu": cpu[0]}
 
 
 def count(answers: dict, status) -> None:
     answers[status] = answers.get(status, 0) + 1
 
 
-def run_abuser(abuse, base: str, stop, every: float, results) -> None:
+def run_abuser(abuse, base: str, stop, ready, every: float, results) -> None:
     """In the abuser's process: abuse until stopped; the answers go back on results."""
     answers: dict = {}
-    abuse(base, stop, every, answers)
+    abuse(base, stop, ready, every, answers)
     results.put(answers)
 
 
@@ -151,7 +175,8 @@ class Repeat:
     def __init__(self, body: dict):
         self.body = body
 
-    def __call__(self, base, stop, every, answers):
+    def __call__(self, base, stop, ready, every, answers):
+        ready.set()
         while not stop.is_set():
             start = time.perf_counter()
             count(answers, post(base + "/v1/completions", self.body))
@@ -166,13 +191,16 @@ A3_LIMIT = {"prompt": [[1] + [5 + i % 200] * 31 for i in range(256)], "echo": Tr
 
 
 class IdleSockets:
-    """An abuser that opens n sockets and sends nothing (a class: it crosses processes)."""
+    """An abuser that opens n sockets and sends nothing (a class: it crosses processes):
+    while the good clients run, or first (held)."""
 
-    def __init__(self, n: int):
-        self.n = n
+    def __init__(self, n: int, held: bool = False):
+        self.n, self.held = n, held
 
-    def __call__(self, base, stop, every, answers):
+    def __call__(self, base, stop, ready, every, answers):
         n = self.n
+        if not self.held:
+            ready.set()
         port = int(base.rsplit(":", 1)[1])
         held = []
         resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
@@ -185,6 +213,7 @@ class IdleSockets:
                 count(answers, type(e).__name__)
                 stop.wait(0.01)
         answers["opened"] = len(held)
+        ready.set()
         stop.wait()
         closed_by_server = 0
         for sock in held:
@@ -216,6 +245,8 @@ def main() -> None:
                         help="seconds between an abuser's requests")
     parser.add_argument("--good", type=int, default=4, help="well-behaved clients")
     parser.add_argument("--sockets", type=int, default=20000, help="A2's idle sockets")
+    parser.add_argument("--phases", default="baseline,A1,A1-limit,A2,A2-held,A3,A3-limit",
+                        help="which phases to run, comma-separated (baseline always runs first)")
     args = parser.parse_args()
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     with socket.socket() as s:
@@ -224,12 +255,16 @@ def main() -> None:
     server = start_server(port)
     base = f"http://127.0.0.1:{port}"
     phases = [("baseline", None), ("A1", Repeat(A1)), ("A1-limit", Repeat(A1_LIMIT)),
-              ("A2", IdleSockets(min(args.sockets, hard - 200))), ("A3", Repeat(A3)),
+              ("A2", IdleSockets(min(args.sockets, hard - 200))),
+              ("A2-held", IdleSockets(min(args.sockets, hard - 200), held=True)), ("A3", Repeat(A3)),
               ("A3-limit", Repeat(A3_LIMIT))]
+    chosen = set(args.phases.split(",")) | {"baseline"}
+    phases = [(name, abuse) for name, abuse in phases if name in chosen]
     try:
         post(base + "/v1/completions", {"prompt": "Once", "max_tokens": 2})  # warm
         print(f"{'phase':<9} {'good':>5} {'p50 ms':>8} {'p99 ms':>8} {'x base':>7} {'non-200':>8} "
-              f"{'health max':>10} {'RSS MB before/peak/after':>25} {'drain s':>8}  abuser's answers")
+              f"{'health max':>10} {'RSS MB before/peak/after':>25} {'drain s':>8} {'CPU':>5}  "
+              f"abuser's answers")
         base_p99 = None
         for name, abuse in phases:
             r = Phase(base, server.pid, args.good).run(abuse, args.seconds, args.every)
@@ -237,7 +272,8 @@ def main() -> None:
             rss = "/".join(f"{v:.0f}" for v in r["rss"])
             print(f"{name:<9} {r['n']:>5} {r['p50']:>8.1f} {r['p99']:>8.1f} "
                   f"{r['p99'] / base_p99:>7.2f} {sum(r['bad'].values()):>8} "
-                  f"{r['health_max']:>9.0f}ms {rss:>25} {r['drain']:>8.2f}  {r['abuser']}",
+                  f"{r['health_max']:>9.0f}ms {rss:>25} {r['drain']:>8.2f} {r['cpu']:>5.0%}  "
+                  f"{r['abuser']}",
                   flush=True)
     finally:
         server.terminate()
