@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..model.rope import Rope
+
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x (T, H) * rsqrt(mean(x^2) + eps) * weight (H,)."""
@@ -14,13 +16,16 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(variance + eps) * weight.astype(x.dtype)
 
 
-def rope_cos_sin(positions: np.ndarray, head_dim: int, theta: float,
+def rope_cos_sin(positions: np.ndarray, head_dim: int, rope: "Rope | float",
                  dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin tables (T, D) for the rotate-half RoPE form (HF Llama)."""
-    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (D/2,)
+    """cos, sin tables (T, D) for the rotate-half RoPE form (HF Llama). rope: a Rope
+    (model/rope.py: its kind of scaling) or a plain theta."""
+    rope = rope if isinstance(rope, Rope) else Rope(float(rope))
+    inv_freq = rope.inv_freq(head_dim)  # (D/2,)
     angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # (T, D/2)
     angles = np.concatenate([angles, angles], axis=-1)  # (T, D)
-    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+    scale = rope.attention_factor  # YaRN scales cos and sin; 1 otherwise
+    return (np.cos(angles) * scale).astype(dtype), (np.sin(angles) * scale).astype(dtype)
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -36,18 +41,23 @@ def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 
 
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                     q_positions: np.ndarray) -> np.ndarray:
+                     q_positions: np.ndarray, window: int | None = None) -> np.ndarray:
     """Softmax attention with GQA over a contiguous cache.
 
     q (T, n_heads, D) at absolute positions q_positions (T,); k, v (S, n_kv, D)
-    hold positions 0..S-1. Query t sees keys 0..q_positions[t]. Returns (T, n_heads, D).
+    hold positions 0..S-1. Query t sees keys 0..q_positions[t], or with a sliding
+    window W the last W of them (q_positions[t] - W < key position). Returns
+    (T, n_heads, D).
     """
     n_tokens, n_heads, head_dim = q.shape
     n_kv = k.shape[1]
     group = n_heads // n_kv  # query heads per KV head
     qg = q.reshape(n_tokens, n_kv, group, head_dim)  # head h uses KV head h // group
     scores = np.einsum("tkgd,skd->kgts", qg, k) / np.sqrt(head_dim).astype(q.dtype)  # (n_kv, group, T, S)
-    visible = np.arange(k.shape[0])[None, :] <= np.asarray(q_positions)[:, None]  # (T, S)
+    key_positions, q_positions = np.arange(k.shape[0])[None, :], np.asarray(q_positions)[:, None]
+    visible = key_positions <= q_positions  # (T, S)
+    if window is not None:
+        visible &= key_positions > q_positions - window
     scores = np.where(visible, scores, -np.inf)
     scores = scores - scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores)
@@ -250,10 +260,11 @@ def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
     return y if bias is None else y + bias
 
 
-def rope_tables(max_positions: int, head_dim: int, theta: float,
+def rope_tables(max_positions: int, head_dim: int, rope: "Rope | float",
                 dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin (max_positions, D/2): angle of pair i at position p = p * theta^(-2i/D)."""
-    cos, sin = rope_cos_sin(np.arange(max_positions), head_dim, theta, dtype)
+    """cos, sin (max_positions, D/2): angle of pair i at position p = p * inv_freq[i]
+    (theta^(-2i/D) unscaled)."""
+    cos, sin = rope_cos_sin(np.arange(max_positions), head_dim, rope, dtype)
     return np.ascontiguousarray(cos[:, :head_dim // 2]), np.ascontiguousarray(sin[:, :head_dim // 2])
 
 

@@ -1,4 +1,10 @@
-"""ModelConfig: the shape of a decoder-only transformer, read from HF `config.json`."""
+"""ModelConfig: the shape of a decoder-only transformer, read from HF `config.json`.
+
+Never silently wrong: every key of a config.json is either read (the keys an
+architecture consumes, below), ignored on purpose (IGNORED_KEYS: they do not change
+what inference computes), or refused by name. A key nobody listed is refused too:
+a setting we do not know may change the math.
+"""
 from __future__ import annotations
 
 import json
@@ -6,12 +12,49 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from .rope import Rope, rope_from_config
+
 # architecture name in config.json -> whether q/k/v projections carry a bias by default
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": False,
     "MistralForCausalLM": False,
     "Qwen2ForCausalLM": True,
 }
+# the keys every supported architecture reads
+COMMON_KEYS = frozenset({
+    "architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
+    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
+    "tie_word_embeddings", "bos_token_id", "eos_token_id", "hidden_act",
+})
+# and the keys of one architecture (as transformers' modeling code reads them)
+ARCHITECTURE_KEYS = {
+    "LlamaForCausalLM": frozenset({"attention_bias", "mlp_bias", "pretraining_tp"}),
+    "MistralForCausalLM": frozenset({"sliding_window"}),
+    "Qwen2ForCausalLM": frozenset({"sliding_window", "use_sliding_window", "max_window_layers",
+                                   "layer_types"}),
+}
+# keys that never change inference's math: training (dropout, initialization), the
+# cache switch, generation defaults, labels, tooling and provenance
+IGNORED_KEYS = frozenset({
+    "transformers_version", "torch_dtype", "dtype", "initializer_range", "use_cache",
+    "pad_token_id", "sep_token_id", "decoder_start_token_id", "attention_dropout",
+    "hidden_dropout", "embd_pdrop", "resid_pdrop", "attn_pdrop", "return_dict",
+    "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16",
+    "tf_legacy_loss", "pruned_heads", "chunk_size_feed_forward", "is_encoder_decoder",
+    "is_decoder", "cross_attention_hidden_size", "add_cross_attention",
+    "tie_encoder_decoder", "finetuning_task", "id2label", "label2id", "tokenizer_class",
+    "prefix", "task_specific_params", "problem_type", "max_length", "min_length",
+    "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
+    "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
+    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate",
+    "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    "auto_map", "unsloth_version", "unsloth_fixed", "use_return_dict",
+    "output_router_logits", "tokenizer_config", "architectures_version",
+})
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass(slots=True)
@@ -26,11 +69,14 @@ class ModelConfig:
     head_dim: int = 0  # 0: hidden_size // num_attention_heads
     max_position_embeddings: int = 2048
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
+    rope: Rope = field(default_factory=Rope)
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # bias on q/k/v projections (Qwen2)
+    attention_bias: bool = False  # bias on q/k/v projections (Qwen2; Llama's attention_bias)
+    o_proj_bias: bool = False  # bias on o_proj too (Llama's attention_bias)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    sliding_window: int | None = None  # tokens a sliding layer attends to (itself included)
+    layer_types: tuple[str, ...] = ()  # per layer, one of LAYER_TYPES; (): all full
 
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -50,6 +96,31 @@ class ModelConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple "
                              f"of num_key_value_heads={self.num_key_value_heads}")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ValueError(f"sliding_window={self.sliding_window} must be positive")
+        if self.layer_types and len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types names {len(self.layer_types)} layers, but "
+                             f"num_hidden_layers={self.num_hidden_layers}")
+        for kind in self.layer_types:
+            if kind not in LAYER_TYPES:
+                raise ValueError(f"layer_types holds {kind!r}; known: {', '.join(LAYER_TYPES)}")
+
+    @property
+    def rope_theta(self) -> float:
+        return self.rope.theta
+
+    def window(self, layer: int) -> int | None:
+        """How many tokens layer attends to (itself included), or None: all of them."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
+
+    @property
+    def smallest_window(self) -> int | None:
+        windows = [w for w in map(self.window, range(self.num_hidden_layers)) if w is not None]
+        return min(windows) if windows else None
 
     @property
     def q_size(self) -> int:
@@ -71,33 +142,38 @@ class ModelConfig:
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(f"{where}: architecture {arch!r} is not supported "
                              f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        check_keys(cfg, arch, where)
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"{where}: hidden_act={act!r} is not supported (only 'silu')")
-        if cfg.get("rope_scaling"):
-            raise ValueError(f"{where}: rope_scaling={cfg['rope_scaling']!r} is not supported yet")
-        if cfg.get("mlp_bias"):
-            raise ValueError(f"{where}: mlp_bias=true is not supported")
         get = _Reader(cfg, where)
+        if get.boolean("mlp_bias", False):
+            raise ValueError(f"{where}: mlp_bias=true (biases on the MLP's projections) is not supported")
         vocab = get.integer("vocab_size", positive=True)
         heads = get.integer("num_attention_heads", positive=True)
+        layers = get.integer("num_hidden_layers", positive=True)
+        max_positions = get.integer("max_position_embeddings", 2048)
+        fixed_bias = {"MistralForCausalLM": False, "Qwen2ForCausalLM": True}.get(arch)
+        bias = get.boolean("attention_bias", False) if fixed_bias is None else fixed_bias
         try:
             return cls(
                 architecture=arch,
                 vocab_size=vocab,
                 hidden_size=get.integer("hidden_size"),
                 intermediate_size=get.integer("intermediate_size"),
-                num_hidden_layers=get.integer("num_hidden_layers"),
+                num_hidden_layers=layers,
                 num_attention_heads=heads,
                 num_key_value_heads=get.integer("num_key_value_heads", heads),
                 head_dim=get.integer("head_dim", 0),
-                max_position_embeddings=get.integer("max_position_embeddings", 2048),
+                max_position_embeddings=max_positions,
                 rms_norm_eps=get.number("rms_norm_eps", 1e-6),
-                rope_theta=get.number("rope_theta", 10000.0),
+                rope=rope_from_config(cfg, where, max_positions),
                 tie_word_embeddings=get.boolean("tie_word_embeddings", False),
-                attention_bias=get.boolean("attention_bias", SUPPORTED_ARCHITECTURES[arch]),
+                attention_bias=bias,
+                o_proj_bias=bias and arch == "LlamaForCausalLM",
                 bos_token_id=get.token_ids("bos_token_id", vocab, single=True),
                 eos_token_ids=get.token_ids("eos_token_id", vocab),
+                **sliding_windows(get, arch, layers),
             )
         except ValueError as e:  # ModelConfig's own checks do not know the file
             message = str(e)
@@ -119,6 +195,44 @@ class ModelConfig:
         if not isinstance(cfg, dict):
             raise ValueError(f"{path}: expected a JSON object")
         return cls.from_dict(cfg, path)
+
+
+def check_keys(cfg: dict, arch: str, where: str) -> None:
+    """Refuse, by name, a key that arch does not read and that is not known to be
+    harmless: it may change the math, and running without it would be silently wrong."""
+    known = COMMON_KEYS | ARCHITECTURE_KEYS[arch] | IGNORED_KEYS
+    unknown = sorted(key for key in cfg if key not in known and not key.startswith("_")
+                     and "dropout" not in key and not key.endswith("_pdrop"))  # training only
+    if unknown:
+        raise ValueError(f"{where}: {arch} with {', '.join(map(repr, unknown))}: "
+                         f"{'a key' if len(unknown) == 1 else 'keys'} tinypaged does not read, "
+                         f"which may change the model's output, so the model is refused")
+
+
+def sliding_windows(get: "_Reader", arch: str, layers: int) -> dict:
+    """sliding_window and layer_types (ModelConfig's fields) as transformers reads them:
+    Mistral slides every layer by sliding_window (null: none); Qwen2 only when
+    use_sliding_window, in the layers layer_types names (older configs: from layer
+    max_window_layers on)."""
+    if arch == "LlamaForCausalLM":
+        return {}
+    window = get.integer("sliding_window", None)
+    if window is not None and window <= 0:
+        raise ValueError(f"{get.where}: sliding_window={window} must be positive")
+    if arch == "MistralForCausalLM":
+        return {"sliding_window": window}
+    if not get.boolean("use_sliding_window", False):
+        window = None
+    types = get.cfg.get("layer_types")
+    if types is None:
+        first = get.integer("max_window_layers", 28)
+        types = ["sliding_attention" if window is not None and i >= first else "full_attention"
+                 for i in range(layers)]
+    elif not isinstance(types, list) or len(types) != layers or \
+            not all(t in LAYER_TYPES for t in types):
+        raise ValueError(f"{get.where}: layer_types must list one of {', '.join(LAYER_TYPES)} "
+                         f"for each of the {layers} layers, got {types!r}")
+    return {"sliding_window": window, "layer_types": tuple(types)}
 
 
 class _Reader:

@@ -41,7 +41,7 @@ class LlamaModel:
         None: the model's max_position_embeddings)."""
         self.cfg, self.w, self.ops = cfg, ops.prepare_weights(weights), ops
         self.cos, self.sin = ops.rope_tables(max_positions or cfg.max_position_embeddings,
-                                             cfg.head_dim, cfg.rope_theta)  # (positions, D/2) each
+                                             cfg.head_dim, cfg.rope)  # (positions, D/2) each
 
     def forward(self, token_ids: np.ndarray, meta: AttentionMetadata,
                 kv: PagedKVCache) -> np.ndarray:
@@ -75,7 +75,8 @@ class LlamaModel:
                                   self.cos, self.sin, kv.k[layer], kv.v[layer], meta.slot_mapping)
             attn = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta)  # (T, n_heads, D)
             x = ops.linear(attn.reshape(n_tokens, n_heads * head_dim),
-                           w[p + "self_attn.o_proj.weight"])
+                           w[p + "self_attn.o_proj.weight"],
+                           w[p + "self_attn.o_proj.bias"] if cfg.o_proj_bias else None)
 
             h, residual = ops.add_rms_norm(x, residual, w[p + "post_attention_layernorm.weight"],
                                            cfg.rms_norm_eps)

@@ -1,8 +1,8 @@
 """Dense NumPy Llama forward with a contiguous KV cache: the model-level oracle.
 
 Clarity beats speed here: one straight-line pass per layer using the ops of
-`kernels/reference.py`. Covers Llama, Mistral (no sliding window) and Qwen2
-(q/k/v bias). float32 by default; float64 for checking other code against.
+`kernels/reference.py`. Covers Llama (biases on q/k/v/o with attention_bias),
+Mistral and Qwen2 (q/k/v bias), with sliding windows. float32 by default; float64 for checking other code against.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ class ReferenceModel:
         positions = np.arange(start, start + n_tokens)
         end = start + n_tokens
         n_heads, n_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        cos, sin = ops.rope_cos_sin(positions, head_dim, cfg.rope_theta, self.dtype)  # (T, D)
+        cos, sin = ops.rope_cos_sin(positions, head_dim, cfg.rope, self.dtype)  # (T, D)
 
         x = w["model.embed_tokens.weight"][ids]  # (T, H)
         for layer in range(cfg.num_hidden_layers):
@@ -79,9 +79,11 @@ class ReferenceModel:
             k = ops.apply_rope(k.reshape(n_tokens, n_kv, head_dim), cos, sin)
             cache.k[layer, start:end] = k
             cache.v[layer, start:end] = v.reshape(n_tokens, n_kv, head_dim)
-            attn = ops.causal_attention(q, cache.k[layer, :end], cache.v[layer, :end], positions)
-            x = x + self._product(attn.reshape(n_tokens, n_heads * head_dim),
-                                  p + "self_attn.o_proj.weight")
+            attn = ops.causal_attention(q, cache.k[layer, :end], cache.v[layer, :end], positions,
+                                        cfg.window(layer))
+            out = self._product(attn.reshape(n_tokens, n_heads * head_dim),
+                                p + "self_attn.o_proj.weight")
+            x = x + (out + w[p + "self_attn.o_proj.bias"] if cfg.o_proj_bias else out)
 
             h = ops.rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
             gate = self._product(h, p + "mlp.gate_proj.weight")  # (T, I)

@@ -36,7 +36,29 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes.update({p + "self_attn.q_proj.bias": (cfg.q_size,),
                            p + "self_attn.k_proj.bias": (cfg.kv_size,),
                            p + "self_attn.v_proj.bias": (cfg.kv_size,)})
+        if cfg.o_proj_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
     return shapes
+
+
+# tensors a file may hold that inference does not need, on purpose: RoPE's inverse
+# frequencies, which old checkpoints saved (transformers recomputes them from the
+# config, as we do)
+_DERIVED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
+
+
+def check_consumed(names, cfg: ModelConfig, where: str) -> None:
+    """Refuse, by name, a tensor that the forward pass would not read (a bias of a
+    model configured without one, a norm of another architecture...): running
+    without it would be silently wrong."""
+    expected = expected_shapes(cfg)
+    unused = sorted(name for name in names if name not in expected and not _DERIVED.match(name)
+                    and not (cfg.tie_word_embeddings and name == "lm_head.weight"))
+    if unused:
+        shown = ", ".join(map(repr, unused[:4])) + (f" and {len(unused) - 4} more" if len(unused) > 4 else "")
+        raise ValueError(f"{where}: the weights hold {shown}, which {cfg.architecture} as "
+                         f"configured does not use; refused rather than run without "
+                         f"{'it' if len(unused) == 1 else 'them'}")
 
 
 def check_layer_count(names, cfg: ModelConfig, where: str) -> None:
@@ -76,6 +98,7 @@ def load_weights(model_dir: str | os.PathLike, cfg: ModelConfig) -> dict[str, np
     """
     tensors = read_model_tensors(model_dir)
     check_weights(tensors, cfg, os.fspath(model_dir))
+    check_consumed(tensors, cfg, os.fspath(model_dir))
     weights = {name: tensors[name] for name in expected_shapes(cfg)}
     if cfg.tie_word_embeddings:
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]

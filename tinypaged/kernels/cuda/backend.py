@@ -145,8 +145,8 @@ class CudaBackend:
         finally:
             self.workspace, self._recording = eager_workspace, None
 
-    def rope_tables(self, max_positions: int, head_dim: int, theta: float):
-        cos, sin = host_rope_tables(max_positions, head_dim, theta)
+    def rope_tables(self, max_positions: int, head_dim: int, rope):
+        cos, sin = host_rope_tables(max_positions, head_dim, rope)
         return cuda.to_device(cos), cuda.to_device(sin)
 
     def _empty(self, *shape):
