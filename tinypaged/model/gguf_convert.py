@@ -17,12 +17,10 @@ from safetensors.numpy import save_file
 
 from .config import ModelConfig
 from .gguf import GGUFFile
+from .gguf_config import ARCHITECTURES, gguf_model_config
 from .ggml_quant import BLOCK_LAYOUT
 from .gguf_tokenizer import write_tokenizer_files
-from .weights import check_weights
-
-# GGUF architecture -> (HF architecture, Q/K rows permuted by llama.cpp's converter)
-ARCHITECTURES = {"llama": ("LlamaForCausalLM", True), "qwen2": ("Qwen2ForCausalLM", False)}
+from .weights import check_consumed, check_weights
 
 LAYER_TENSORS = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -33,6 +31,7 @@ LAYER_TENSORS = {
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_output.bias": "self_attn.o_proj.bias",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
@@ -62,45 +61,6 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
              .swapaxes(1, 2).reshape(w.shape))
 
 
-def gguf_model_config(gguf: GGUFFile) -> dict:
-    """A HF config.json dict from GGUF metadata; a value of the wrong type is a
-    ValueError naming the file and the key (ModelConfig then checks the values)."""
-    arch = gguf.require("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"{gguf.path}: GGUF architecture {arch!r} is not supported "
-                         f"(supported: {', '.join(ARCHITECTURES)})")
-    scaling = gguf.get(f"{arch}.rope.scaling.type", "none")
-    if scaling != "none":
-        raise ValueError(f"{gguf.path}: rope scaling {scaling!r} is not supported yet")
-    n_heads = gguf.integer(f"{arch}.attention.head_count")
-    hidden = gguf.integer(f"{arch}.embedding_length")
-    if n_heads < 1:
-        raise ValueError(f"{gguf.path}: {arch}.attention.head_count={n_heads} must be >= 1")
-    tokens = gguf.require("tokenizer.ggml.tokens")
-    config = {
-        "architectures": [ARCHITECTURES[arch][0]],
-        "model_type": arch,
-        "vocab_size": gguf.integer(f"{arch}.vocab_size", len(tokens)),
-        "hidden_size": hidden,
-        "intermediate_size": gguf.integer(f"{arch}.feed_forward_length"),
-        "num_hidden_layers": gguf.integer(f"{arch}.block_count"),
-        "num_attention_heads": n_heads,
-        "num_key_value_heads": gguf.integer(f"{arch}.attention.head_count_kv", n_heads),
-        "head_dim": gguf.integer(f"{arch}.attention.key_length", hidden // n_heads),
-        "max_position_embeddings": gguf.integer(f"{arch}.context_length", 2048),
-        # GGUF keeps eps as float32: print it back as the short decimal it came from
-        "rms_norm_eps": float(f"{gguf.number(f'{arch}.attention.layer_norm_rms_epsilon', 1e-5):.7g}"),
-        "rope_theta": gguf.number(f"{arch}.rope.freq_base", 10000.0),
-        "tie_word_embeddings": "output.weight" not in gguf.tensors,
-        "hidden_act": "silu",
-        "torch_dtype": "float16",
-    }
-    for key in ("bos_token_id", "eos_token_id"):
-        if gguf.get(f"tokenizer.ggml.{key}") is not None:
-            config[key] = gguf.integer(f"tokenizer.ggml.{key}")
-    return config
-
-
 def convert_gguf(path: str | os.PathLike, out_dir: str | os.PathLike,
                  log: Callable[[str], None] = lambda msg: None) -> None:
     """Write the HF folder `out_dir` (which must not exist yet) from GGUF file `path`."""
@@ -110,7 +70,11 @@ def convert_gguf(path: str | os.PathLike, out_dir: str | os.PathLike,
     gguf = GGUFFile(path)
     config = gguf_model_config(gguf)
     cfg = ModelConfig.from_dict(config)
-    wanted = {name: hf_name(name) for name in gguf.tensors if hf_name(name)}
+    unmapped = [name for name in gguf.tensors if hf_name(name) is None]
+    if unmapped:
+        raise ValueError(f"{path}: tensor {unmapped[0]!r} has no place in a HF {cfg.architecture} "
+                         f"folder (load the GGUF file itself instead)")
+    wanted = {name: hf_name(name) for name in gguf.tensors}
     for name in wanted:  # reject unsupported quantisation before doing any work
         if gguf.tensors[name].ggml_type not in BLOCK_LAYOUT:
             gguf.load(name)  # raises ValueError naming the type
@@ -119,14 +83,15 @@ def convert_gguf(path: str | os.PathLike, out_dir: str | os.PathLike,
     tensors: dict[str, np.ndarray] = {}
     for i, (name, target) in enumerate(wanted.items()):
         w = gguf.load(name)
-        if permuted and name.endswith("attn_q.weight"):
+        if permuted and name.endswith(("attn_q.weight", "attn_q.bias")):
             w = unpermute_rows(w, cfg.num_attention_heads)
-        elif permuted and name.endswith("attn_k.weight"):
+        elif permuted and name.endswith(("attn_k.weight", "attn_k.bias")):
             w = unpermute_rows(w, cfg.num_key_value_heads)
         tensors[target] = w.astype(np.float16) if np.abs(w).max() <= F16_MAX else w
         if (i + 1) % 50 == 0 or i + 1 == len(wanted):
             log(f"dequantised {i + 1}/{len(wanted)} tensors")
     check_weights(tensors, cfg, os.fspath(path))
+    check_consumed(tensors, cfg, os.fspath(path))
 
     partial = out_dir.rstrip("/\\") + ".partial"
     shutil.rmtree(partial, ignore_errors=True)

@@ -8,21 +8,25 @@ quants and scales; packed.py says why). K-quant matrices (Q4_K, Q5_K, Q6_K) are
 requantized to Q8_0 (1.06 bytes a weight, against 0.56-0.82 on file). F32 / F16 /
 BF16 tensors, the norms, and a Q4 matrix whose rows are not a multiple of 64 are
 read as float32. llama.cpp stores Llama's Q and K rows permuted for the
-interleaved RoPE form: the rows are put back in rotate-half order here, on the
-packed rows (a row of blocks moves as a whole).
+interleaved RoPE form (their biases too): the rows are put back in rotate-half
+order here, on the packed rows (a row of blocks moves as a whole).
 """
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 
 from .config import ModelConfig
 from .gguf import GGUFFile
-from .gguf_convert import ARCHITECTURES, gguf_model_config, hf_name, unpermute_rows
+from .gguf_config import ARCHITECTURES, gguf_model_config
+from .gguf_convert import hf_name, unpermute_rows
 from .ggml_quant import K_QUANTS, Q8_0
 from .packed import PackedWeight
-from .weights import check_layer_count, check_weights, expected_shapes
+from .weights import check_consumed, check_layer_count, check_weights, expected_shapes
+
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3's RoPE scaling, as llama.cpp writes it
 
 
 def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
@@ -30,15 +34,29 @@ def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
     gguf = GGUFFile(path)
     cfg = ModelConfig.from_dict(gguf_model_config(gguf), gguf.path)
     permuted = ARCHITECTURES[gguf.require("general.architecture")][1]
-    heads = {"attn_q.weight": cfg.num_attention_heads, "attn_k.weight": cfg.num_key_value_heads}
+    heads = {"attn_q.weight": cfg.num_attention_heads, "attn_k.weight": cfg.num_key_value_heads,
+             "attn_q.bias": cfg.num_attention_heads, "attn_k.bias": cfg.num_key_value_heads}
+    # a GGUF file says which biases it has by holding them (layer 0 speaks for all)
+    cfg.attention_bias = cfg.attention_bias or any(f"blk.0.attn_{n}.bias" in gguf.tensors for n in "qkv")
+    cfg.o_proj_bias = "blk.0.attn_output.bias" in gguf.tensors
+    if ROPE_FREQS in gguf.tensors:
+        factors = gguf.load(ROPE_FREQS)
+        if factors.shape != (cfg.head_dim // 2,) or not np.all(np.isfinite(factors) & (factors > 0)):
+            raise ValueError(f"{gguf.path}: {ROPE_FREQS} must hold {cfg.head_dim // 2} positive "
+                             f"factors, got shape {list(factors.shape)}")
+        cfg.rope = replace(cfg.rope, freq_factors=tuple(float(f) for f in factors))
+    unmapped = [name for name in gguf.tensors if hf_name(name) is None and name != ROPE_FREQS]
+    if unmapped:
+        shown = ", ".join(map(repr, unmapped[:4])) + (f" and {len(unmapped) - 4} more" if len(unmapped) > 4 else "")
+        raise ValueError(f"{gguf.path}: the file holds {shown}, which tinypaged's "
+                         f"{cfg.architecture} does not read; refused rather than run without")
     expected = expected_shapes(cfg)
-    targets = {name: hf_name(name) for name in gguf.tensors if hf_name(name) is not None}
+    targets = {name: hf_name(name) for name in gguf.tensors if name != ROPE_FREQS}
     check_layer_count(targets.values(), cfg, gguf.path)
+    check_consumed(targets.values(), cfg, gguf.path)
     weights = {}
     for name, target in targets.items():
         info = gguf.tensors[name]
-        if target not in expected:  # e.g. q/k/v biases of a model that uses none
-            continue
         if tuple(info.shape) != expected[target]:
             raise ValueError(f"{gguf.path}: tensor {name!r} has shape {list(info.shape)}, "
                              f"the metadata implies {list(expected[target])}")
