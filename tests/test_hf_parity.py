@@ -1,0 +1,259 @@
+"""Each architecture against an independent oracle: tiny random models made and
+measured by HF transformers (tools/make_hf_fixtures.py; fixtures in
+tests/fixtures/hf/<case>/), loaded here from both config layouts and compared at
+every position: the dense reference's logits, and the paged engine's prompt
+logprobs (chunked prefill, prefix caching on and off), and the GGUF files
+llama.cpp's converter would write for the same models."""
+import json
+import os
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models
+
+from tinypaged import LLM, SamplingParams
+from tinypaged.model.reference import ReferenceModel
+from tinypaged.model.weights import load_model
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
+CASES = sorted(os.listdir(FIXTURES))
+LAYOUTS = ["config.json", "config.v4.json"]  # transformers >= 5, and older
+RTOL = 1e-4  # of the logits' spread
+
+
+def expected(case: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """[(prompt ids (T,), transformers' logits (T, vocab))] of a case."""
+    data = np.load(os.path.join(FIXTURES, case, "logits.npz"))
+    return [(data[f"prompt_{i}"], data[f"logits_{i}"]) for i in range(len(data.files) // 2)]
+
+
+def window_of(case: str) -> int | None:
+    with open(os.path.join(FIXTURES, case, "config.json")) as f:
+        config = json.load(f)
+    if config["model_type"] == "qwen2" and not config.get("use_sliding_window"):
+        return None
+    return config.get("sliding_window")
+
+
+def model_folder(case: str, layout: str, root) -> str:
+    """The fixture as a model folder with layout as its config.json, and a word-level
+    tokenizer over the fixture's vocabulary (the engine needs one; the tests pass ids)."""
+    folder = root / f"{case}-{layout}"
+    folder.mkdir()
+    source = os.path.join(FIXTURES, case)
+    shutil.copy(os.path.join(source, layout), folder / "config.json")
+    os.symlink(os.path.join(source, "model.safetensors"), folder / "model.safetensors")
+    with open(folder / "config.json") as f:
+        vocab = json.load(f)["vocab_size"]
+    Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0")).save(
+        str(folder / "tokenizer.json"))
+    return str(folder)
+
+
+def assert_close(actual: np.ndarray, wanted: np.ndarray, what: str) -> None:
+    spread = float(wanted.max() - wanted.min())
+    error = np.abs(actual - wanted)
+    worst = np.unravel_index(int(np.argmax(error)), error.shape)
+    assert error.max() <= RTOL * spread, (f"{what}: off by {error.max():.3g} at {worst} "
+                                          f"(bound {RTOL * spread:.3g})")
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", CASES)
+def test_the_reference_matches_transformers(case, layout, tmp_path):
+    model = ReferenceModel(*load_model(model_folder(case, layout, tmp_path)))
+    for ids, logits in expected(case):
+        assert_close(model.forward(ids, model.new_cache(len(ids))), logits, f"{case} {layout}")
+
+
+def engine(case: str, layout: str, root, **kwargs) -> LLM:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a window caps max_model_len, with a warning
+        return LLM(model_folder(case, layout, root), backend="cpu", block_size=4, **kwargs)
+
+
+def within_window(case: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    window = window_of(case)
+    cases = [(ids, logits) for ids, logits in expected(case) if window is None or len(ids) < window]
+    assert cases, "every case has a prompt shorter than its window"
+    return cases
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", CASES)
+def test_the_paged_engine_matches_transformers_at_every_prompt_position(case, layout, tmp_path):
+    """Prompt logprobs (the token's and the top 20), prefilled in chunks of 16 tokens."""
+    llm = engine(case, layout, tmp_path, max_num_batched_tokens=16)
+    params = SamplingParams(max_tokens=1, prompt_logprobs=20, temperature=0)
+    cases = within_window(case)
+    for out, (ids, logits) in zip(llm.generate([ids.tolist() for ids, _ in cases], params), cases):
+        wanted = log_softmax(logits)
+        for t, entry in enumerate(out.prompt_logprobs[1:], start=1):
+            assert entry.token_id == ids[t]
+            got = dict(entry.top) | {entry.token_id: entry.logprob}
+            tokens = list(got)
+            assert_close(np.array([got[k] for k in tokens]), wanted[t - 1, tokens],
+                         f"{case} {layout} position {t}")
+    llm.close()
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+@pytest.mark.parametrize("case", CASES)
+def test_the_paged_engine_matches_transformers_after_each_prefix(case, prefix_caching, tmp_path):
+    """The next token's logprobs after every prefix of a prompt, asked one prefix after
+    another: with prefix caching, each reuses the blocks of the ones before."""
+    llm = engine(case, "config.json", tmp_path, enable_prefix_caching=prefix_caching)
+    params = SamplingParams(max_tokens=1, logprobs=20, temperature=0, ignore_eos=True)
+    for ids, logits in within_window(case):
+        wanted = log_softmax(logits)
+        for t in range(len(ids)):
+            entry = llm.generate([ids[:t + 1].tolist()], params)[0].outputs[0].logprobs[0]
+            got = dict(entry.top)
+            tokens = list(got)
+            assert_close(np.array([got[k] for k in tokens]), wanted[t, tokens],
+                         f"{case} after {t + 1} tokens")
+    hits = llm.stats()["prefix_cache_hit_tokens"]
+    assert hits > 0 if prefix_caching else hits == 0
+    llm.close()
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if window_of(c)])
+def test_a_window_the_kernels_do_not_mask_caps_or_refuses_max_model_len(case, tmp_path):
+    folder = model_folder(case, "config.json", tmp_path)
+    window = window_of(case)
+    with pytest.warns(UserWarning, match=f"sliding window of {window} tokens"):
+        llm = LLM(folder, backend="cpu")
+    assert llm.max_model_len == window
+    llm.close()
+    with pytest.raises(ValueError, match=f"max_model_len=64: this model attends over a sliding "
+                                         f"window of {window} tokens"):
+        LLM(folder, backend="cpu", max_model_len=64)
+
+
+# -- the same models as llama.cpp's converter (convert_hf_to_gguf.py) writes them ------
+
+GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj": "attn_q",
+              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+              "self_attn.o_proj": "attn_output", "post_attention_layernorm.weight": "ffn_norm.weight",
+              "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+              "mlp.down_proj.weight": "ffn_down.weight"}
+# llama.cpp writes no sliding window for llama (Mistral) or qwen2: those cases stay out
+GGUF_CASES = [c for c in CASES if window_of(c) is None]
+
+
+def llama_cpp_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
+    """Llama 3's RoPE scaling as llama.cpp's converter stores it: a factor a pair."""
+    freqs = 1.0 / (rope["rope_theta"] ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    old = rope["original_max_position_embeddings"]
+    low, high, factor = rope["low_freq_factor"], rope["high_freq_factor"], rope["factor"]
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def write_gguf(case: str, path) -> None:
+    import gguf_writer as gw
+    from test_gguf_convert import llama_cpp_permute
+    from tinypaged.model.safetensors_io import read_safetensors
+
+    with open(os.path.join(FIXTURES, case, "config.json")) as f:
+        config = json.load(f)
+    weights = read_safetensors(os.path.join(FIXTURES, case, "model.safetensors"))
+    arch = config["model_type"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    rope = config["rope_parameters"]
+    w = gw.GGUFWriter()
+    for key, vtype, value in [
+            ("general.architecture", gw.STRING, arch), ("general.name", gw.STRING, case),
+            (f"{arch}.block_count", gw.U32, config["num_hidden_layers"]),
+            (f"{arch}.context_length", gw.U32, config["max_position_embeddings"]),
+            (f"{arch}.embedding_length", gw.U32, config["hidden_size"]),
+            (f"{arch}.feed_forward_length", gw.U32, config["intermediate_size"]),
+            (f"{arch}.attention.head_count", gw.U32, heads),
+            (f"{arch}.attention.head_count_kv", gw.U32, kv_heads),
+            (f"{arch}.rope.freq_base", gw.F32_T, rope["rope_theta"]),
+            (f"{arch}.rope.dimension_count", gw.U32, head_dim),
+            (f"{arch}.attention.layer_norm_rms_epsilon", gw.F32_T, config["rms_norm_eps"]),
+            ("tokenizer.ggml.model", gw.STRING, "gpt2"), ("tokenizer.ggml.pre", gw.STRING, "default"),
+            ("tokenizer.ggml.tokens", gw.ARRAY, (gw.STRING, [f"t{i}" for i in range(config["vocab_size"])])),
+            ("tokenizer.ggml.merges", gw.ARRAY, (gw.STRING, [])),
+            ("tokenizer.ggml.bos_token_id", gw.U32, 1), ("tokenizer.ggml.eos_token_id", gw.U32, 2)]:
+        w.add(key, vtype, value)
+    if rope["rope_type"] in ("linear", "yarn"):
+        w.add(f"{arch}.rope.scaling.type", gw.STRING, rope["rope_type"])
+        w.add(f"{arch}.rope.scaling.factor", gw.F32_T, rope["factor"])
+        if rope["rope_type"] == "yarn":
+            w.add(f"{arch}.rope.scaling.original_context_length", gw.U32,
+                  rope["original_max_position_embeddings"])
+    elif rope["rope_type"] == "llama3":
+        w.add_tensor("rope_freqs.weight", llama_cpp_rope_freqs(rope, head_dim))
+    w.add_tensor("token_embd.weight", weights["model.embed_tokens.weight"].astype(np.float32))
+    w.add_tensor("output_norm.weight", weights["model.norm.weight"].astype(np.float32))
+    if not config["tie_word_embeddings"]:
+        w.add_tensor("output.weight", weights["lm_head.weight"].astype(np.float32))
+    for layer in range(config["num_hidden_layers"]):
+        for name, x in weights.items():
+            prefix = f"model.layers.{layer}."
+            if not name.startswith(prefix):
+                continue
+            rest = name[len(prefix):]
+            stem, kind = rest.rsplit(".", 1)
+            target = GGUF_LAYER.get(rest) or f"{GGUF_LAYER[stem]}.{kind}"
+            x = x.astype(np.float32)
+            if arch == "llama" and stem in ("self_attn.q_proj", "self_attn.k_proj"):
+                x = llama_cpp_permute(x, heads if stem == "self_attn.q_proj" else kv_heads)
+            w.add_tensor(f"blk.{layer}.{target}", x)
+    w.write(path)
+
+
+@pytest.mark.parametrize("case", GGUF_CASES)
+def test_a_gguf_as_llama_cpp_writes_it_matches_transformers(case, tmp_path):
+    path = tmp_path / f"{case}.gguf"
+    write_gguf(case, path)
+    model = ReferenceModel(*load_model(str(path)))
+    for ids, logits in expected(case):
+        assert_close(model.forward(ids, model.new_cache(len(ids))), logits, f"{case} GGUF")
+    llm = LLM(str(path), backend="cpu", block_size=4, max_num_batched_tokens=16)
+    params = SamplingParams(max_tokens=1, prompt_logprobs=20, temperature=0)
+    for out, (ids, logits) in zip(llm.generate([ids.tolist() for ids, _ in expected(case)], params),
+                                  expected(case)):
+        wanted = log_softmax(logits)
+        for t, entry in enumerate(out.prompt_logprobs[1:], start=1):
+            got = dict(entry.top) | {entry.token_id: entry.logprob}
+            assert_close(np.array(list(got.values())), wanted[t - 1, list(got)],
+                         f"{case} GGUF position {t}")
+    llm.close()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", CASES)
+def test_the_cuda_backend_matches_transformers_at_every_prompt_position(case, tmp_path):
+    """On a GPU, or the simulator without one: the short prompt, float32 weights."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        llm = LLM(model_folder(case, "config.json", tmp_path), backend="cuda", block_size=4,
+                  num_blocks=8, gpu_weight_dtype="float32")
+    ids, logits = expected(case)[0]
+    out = llm.generate([ids.tolist()], SamplingParams(max_tokens=1, prompt_logprobs=5))[0]
+    wanted = log_softmax(logits)
+    for t, entry in enumerate(out.prompt_logprobs[1:], start=1):
+        got = dict(entry.top) | {entry.token_id: entry.logprob}
+        assert_close(np.array(list(got.values())), wanted[t - 1, list(got)], f"{case} position {t}")
+    llm.close()

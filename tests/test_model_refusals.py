@@ -1,0 +1,210 @@
+"""Never silently wrong: what a model asks for and tinypaged does not do is refused by
+name, in one line: a config key nobody reads, a tensor nothing consumes, an
+architecture, a RoPE kind, and bad values of the keys that are read."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import gguf_writer as gw
+from test_hf_parity import FIXTURES, write_gguf
+from tinypaged.model.config import ModelConfig
+from tinypaged.model.safetensors_io import read_safetensors
+from tinypaged.model.weights import load_model
+
+
+def one_line(excinfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message
+    return message
+
+
+def fixture_copy(case: str, tmp_path, layout: str = "config.json"):
+    folder = tmp_path / case
+    shutil.copytree(os.path.join(FIXTURES, case), folder)
+    if layout != "config.json":
+        shutil.copy(folder / layout, folder / "config.json")
+    return folder
+
+
+def edit(folder, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("key, value", [
+    ("attn_logit_softcapping", 50.0),  # Gemma 2's: changes every score
+    ("partial_rotary_factor", 0.5),  # RoPE over half of each head
+    ("query_pre_attn_scalar", 256),
+    ("some_future_setting", True),  # nobody knows it: it may matter
+])
+def test_a_config_key_nobody_reads_is_refused_by_name(key, value, tmp_path):
+    folder = fixture_copy("llama", tmp_path)
+    edit(folder, **{key: value})
+    with pytest.raises(ValueError) as e:
+        load_model(folder)
+    assert f"'{key}'" in one_line(e) and "refused" in str(e.value)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("initializer_range", 0.5), ("use_cache", False), ("attention_dropout", 0.3),
+    ("hidden_dropout_prob", 0.1), ("pad_token_id", 0), ("_name_or_path", "x"),
+    ("transformers_version", "4.40.0"), ("torch_dtype", "bfloat16"),
+])
+def test_keys_that_do_not_change_the_math_are_ignored(key, value, tmp_path):
+    folder = fixture_copy("llama", tmp_path)
+    edit(folder, **{key: value})
+    load_model(folder)
+
+
+def test_a_tensor_nothing_consumes_is_refused_by_name(tmp_path):
+    folder = fixture_copy("llama", tmp_path)
+    from safetensors.numpy import save_file
+    tensors = read_safetensors(folder / "model.safetensors")
+    tensors["model.layers.0.self_attn.q_norm.weight"] = np.ones(16, np.float32)
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError) as e:
+        load_model(folder)
+    assert "'model.layers.0.self_attn.q_norm.weight'" in one_line(e)
+
+
+def test_a_bias_the_config_does_not_declare_is_refused(tmp_path):
+    """The o_proj bias dropped without a word before: now a Llama without
+    attention_bias that carries biases is refused."""
+    folder = fixture_copy("llama-bias", tmp_path)
+    edit(folder, attention_bias=False)
+    with pytest.raises(ValueError) as e:
+        load_model(folder)
+    assert "self_attn.o_proj.bias" in one_line(e) or "self_attn.k_proj.bias" in str(e.value)
+
+
+@pytest.mark.parametrize("arch", ["Gemma3ForCausalLM", "Phi3ForCausalLM", "OlmoForCausalLM"])
+def test_an_unsupported_architecture_is_refused_by_name(arch, tmp_path):
+    folder = fixture_copy("llama", tmp_path)
+    edit(folder, architectures=[arch])
+    with pytest.raises(ValueError) as e:
+        load_model(folder)
+    assert f"architecture '{arch}' is not supported" in one_line(e)
+
+
+@pytest.mark.parametrize("layout", ["config.json", "config.v4.json"])
+@pytest.mark.parametrize("rope, message", [
+    ({"rope_type": "dynamic", "factor": 2.0}, "rope_type='dynamic'"),
+    ({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}, "LongRoPE"),
+    ({"rope_type": "spiral", "factor": 2.0}, "rope_type='spiral' is not a RoPE kind"),
+    ({"rope_type": "linear", "factor": 0.0}, "factor=0.0 must be a positive number"),
+    ({"rope_type": "linear", "factor": -2}, "factor=-2 must be a positive number"),
+    ({"rope_type": "linear"}, "needs 'factor'"),
+    ({"rope_type": "linear", "factor": 2.0, "beta_fast": 3}, "'beta_fast'"),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+      "original_max_position_embeddings": 16}, "high_freq_factor=1 must exceed"),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": -32},
+     "original_max_position_embeddings=-32 must be a positive number"),
+    ("yarn", "must be an object"),
+])
+def test_bad_rope_settings_get_one_clear_line(rope, message, layout, tmp_path):
+    folder = fixture_copy("llama", tmp_path, layout)
+    key = "rope_parameters" if layout == "config.json" else "rope_scaling"
+    if isinstance(rope, dict) and key == "rope_parameters":
+        rope = {**rope, "rope_theta": 50000.0}
+    edit(folder, **{key: rope})
+    with pytest.raises(ValueError) as e:
+        load_model(folder)
+    assert message in one_line(e)
+
+
+@pytest.mark.parametrize("case, changes, message", [
+    ("mistral-window", {"sliding_window": 0}, "sliding_window=0 must be positive"),
+    ("mistral-window", {"sliding_window": -8}, "sliding_window=-8 must be positive"),
+    ("mistral-window", {"sliding_window": 8.5}, "sliding_window must be an integer"),
+    ("qwen2-window", {"layer_types": ["full_attention"]}, "for each of the 2 layers"),
+    ("qwen2-window", {"layer_types": ["full_attention", "chunked_attention"]},
+     "for each of the 2 layers"),
+    ("qwen2-window", {"layer_types": "sliding_attention"}, "for each of the 2 layers"),
+    ("llama", {"mlp_bias": True}, "mlp_bias=true"),
+    ("llama", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ("llama", {"rope_theta": 10000.0}, "rope_theta=10000.0 disagrees"),
+])
+def test_bad_values_of_the_keys_read_get_one_clear_line(case, changes, message, tmp_path):
+    folder = fixture_copy(case, tmp_path)
+    edit(folder, **changes)
+    with pytest.raises(ValueError) as e:
+        load_model(folder)
+    assert message in one_line(e)
+
+
+def test_both_rope_layouts_at_once_are_refused(tmp_path):
+    folder = fixture_copy("llama3", tmp_path)
+    edit(folder, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    with pytest.raises(ValueError) as e:
+        load_model(folder)
+    assert "both rope_parameters and rope_scaling" in one_line(e)
+
+
+def test_the_older_layout_reads_rope_theta_where_the_newer_one_lost_it(tmp_path):
+    """The issue's SmolLM2 re-saved by transformers 5 ran with theta 10000: read both."""
+    new = ModelConfig.from_json(os.path.join(FIXTURES, "llama", "config.json"))
+    old = ModelConfig.from_json(os.path.join(FIXTURES, "llama", "config.v4.json"))
+    assert new.rope == old.rope and new.rope_theta == 50000.0
+
+
+# -- GGUF: metadata keys and tensors ----------------------------------------------------
+
+def rewrite_gguf(source, target, extra_metadata=(), extra_tensors=()) -> None:
+    """target: the GGUF file source with metadata and tensors added (via our reader)."""
+    from tinypaged.model.gguf import GGUFFile
+    src = GGUFFile(source)
+    w = gw.GGUFWriter()
+    for key, value in src.metadata.items():
+        if isinstance(value, list):
+            w.add(key, gw.ARRAY, (gw.STRING if value and isinstance(value[0], str) else gw.I32, value))
+        elif isinstance(value, str):
+            w.add(key, gw.STRING, value)
+        elif isinstance(value, float):
+            w.add(key, gw.F32_T, value)
+        else:
+            w.add(key, gw.U32, int(value))
+    for key, vtype, value in extra_metadata:
+        w.add(key, vtype, value)
+    for name in src.tensors:
+        w.add_tensor(name, src.load(name))
+    for name, x in extra_tensors:
+        w.add_tensor(name, x)
+    w.write(target)
+
+
+@pytest.mark.parametrize("key, vtype, value", [
+    ("llama.attention.sliding_window", gw.U32, 8),
+    ("llama.attn_logit_softcapping", gw.F32_T, 50.0),
+    ("llama.expert_count", gw.U32, 8),
+    ("llama.rope.scaling.type", gw.STRING, "longrope"),
+    ("llama.rope.dimension_count", gw.U32, 8),
+    ("llama.attention.value_length", gw.U32, 32),
+])
+def test_a_gguf_metadata_key_that_matters_is_refused_by_name(key, vtype, value, tmp_path):
+    write_gguf("llama", tmp_path / "base.gguf")
+    rewrite_gguf(tmp_path / "base.gguf", tmp_path / "bad.gguf", [(key, vtype, value)])
+    with pytest.raises(ValueError) as e:
+        load_model(str(tmp_path / "bad.gguf"))
+    assert key in one_line(e)
+
+
+def test_a_gguf_tensor_nothing_consumes_is_refused_by_name(tmp_path):
+    write_gguf("llama", tmp_path / "base.gguf")
+    rewrite_gguf(tmp_path / "base.gguf", tmp_path / "bad.gguf",
+                 extra_tensors=[("blk.0.attn_q_norm.weight", np.ones(16, np.float32))])
+    with pytest.raises(ValueError) as e:
+        load_model(str(tmp_path / "bad.gguf"))
+    assert "'blk.0.attn_q_norm.weight'" in one_line(e)
+
+
+def test_gguf_rope_freqs_of_the_wrong_length_are_refused(tmp_path):
+    write_gguf("llama", tmp_path / "base.gguf")
+    rewrite_gguf(tmp_path / "base.gguf", tmp_path / "bad.gguf",
+                 extra_tensors=[("rope_freqs.weight", np.ones(3, np.float32))])
+    with pytest.raises(ValueError) as e:
+        load_model(str(tmp_path / "bad.gguf"))
+    assert "rope_freqs.weight must hold 8 positive factors" in one_line(e)
