@@ -54,17 +54,35 @@ def random_paged_batch(rng, block_size, n_kv, head_dim, context_lens, n_new):
     return k_cache, v_cache, AttentionMetadata.build(chunks, block_size)
 
 
+@pytest.mark.parametrize("window", [None, 1, 7, 16])
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("n_heads, n_kv", [(4, 2), (4, 4), (6, 1)])
-def test_paged_attention_decode_and_prefill(block_size, n_heads, n_kv):
+def test_paged_attention_decode_and_prefill(block_size, n_heads, n_kv, window):
+    """A sliding window masks the keys before it in decode rows, in a prefill over a
+    cached prefix and in a whole prefill (7 and 16 end mid-block and at a block's end)."""
     rng = np.random.default_rng(block_size * 10 + n_heads + n_kv)
     context_lens = [1, 17, 33, 5]  # 17 and 33: a partially filled last block
     n_new = [1, 1, 9, 5]  # decode, decode, prefill after a cached prefix, whole prefill
     k_cache, v_cache, meta = random_paged_batch(rng, block_size, n_kv, 8, context_lens, n_new)
     q = rand(rng, meta.num_tokens, n_heads, 8)
-    args = (q, k_cache, v_cache, meta)
+    args = (q, k_cache, v_cache, meta, window)
     np.testing.assert_allclose(cpu.paged_attention(*args), reference.paged_attention(*args),
                                rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("window", [1, 3, 10])
+def test_paged_attention_reference_masks_a_window_as_dense_attention_does(window):
+    rng = np.random.default_rng(window)
+    block_size, n = 4, 10
+    k, v, q = rand(rng, n, 2, 8), rand(rng, n, 2, 8), rand(rng, n, 4, 8)
+    k_cache, v_cache = np.zeros((6, block_size, 2, 8), np.float32), np.zeros((6, block_size, 2, 8), np.float32)
+    meta = AttentionMetadata.build([([5, 0, 3], 0, n)], block_size)
+    reference.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    got = reference.paged_attention(q, k_cache, v_cache, meta, window)
+    want = reference.causal_attention(q, k, v, np.arange(n), window)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    # and the window is not the whole context: the last query differs from full attention
+    assert (window >= n) == np.allclose(got[-1], reference.causal_attention(q, k, v, np.arange(n))[-1])
 
 
 def test_paged_attention_reference_equals_dense_attention():

@@ -158,11 +158,14 @@ def test_rope_write_kv(gpu):
     np.testing.assert_array_equal(dev_v.copy_to_host(), v_pool)
 
 
+@pytest.mark.parametrize("window", [None, 5, 18])
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("n_heads, n_kv", [(4, 2), (2, 2)])
-def test_paged_attention_decode_and_prefill(gpu, block_size, n_heads, n_kv):
+def test_paged_attention_decode_and_prefill(gpu, block_size, n_heads, n_kv, window):
     """Ragged block tables, a partial last block, decode rows and prefill tiles mixed
-    (the 19-token prefill spans two query tiles, 11 of its keys cached)."""
+    (the 19-token prefill spans two query tiles, 11 of its keys cached); a sliding
+    window of 5 (inside one key tile) or 18 (the first query tile's first key in
+    another tile than its last query's)."""
     rng = np.random.default_rng(block_size + n_heads)
     head_dim, context_lens, n_new = 8, [5, 30, 17], [1, 19, 1]
     tables, free = [], list(rng.permutation(64))
@@ -172,20 +175,22 @@ def test_paged_attention_decode_and_prefill(gpu, block_size, n_heads, n_kv):
     meta = AttentionMetadata.build([(t, n - m, n) for t, n, m in zip(tables, context_lens, n_new)],
                                    block_size)
     q = rand(rng, meta.num_tokens, n_heads, head_dim)
-    want = reference.paged_attention(q, k_cache, v_cache, meta)
+    want = reference.paged_attention(q, k_cache, v_cache, meta, window)
     ids, dev_meta = gpu.prepare_inputs(np.zeros(meta.num_tokens, np.int64), meta)
     assert (dev_meta.num_decode, dev_meta.num_tiles) == (2, 2)
     got = gpu.paged_attention(cuda.to_device(q), cuda.to_device(k_cache), cuda.to_device(v_cache),
-                              dev_meta).copy_to_host()
+                              dev_meta, window).copy_to_host()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("head_dim", [40, 128])
-def test_split_k_decode_attention_over_long_contexts(gpu, head_dim):
+@pytest.mark.parametrize("head_dim, window", [(40, None), (128, None), (40, 150), (40, 2)])
+def test_split_k_decode_attention_over_long_contexts(gpu, head_dim, window):
     """Contexts of 300, 7 and 129 keys: 3, 1 and 2 partitions of attention.PARTITION
     (the grid has 4, a power of two; blocks past a context exit), merged by
     log-sum-exp; a GQA group of 3 (a warp per query head); head_dim 40 leaves lanes
-    8-31 one dimension each, 128 gives every lane four."""
+    8-31 one dimension each, 128 gives every lane four. A window of 150 leaves the
+    300-key row's first partition out (keys 150-299) and starts the 129-key row's
+    in its first; a window of 2 leaves each row one partition with keys."""
     from tinypaged.kernels.cuda import attention
 
     rng = np.random.default_rng(head_dim)
@@ -196,12 +201,12 @@ def test_split_k_decode_attention_over_long_contexts(gpu, head_dim):
     meta = AttentionMetadata.build([(t, n - 1, n) for t, n in zip(tables, context_lens)],
                                    block_size)
     q = rand(rng, meta.num_tokens, n_heads, head_dim)
-    want = reference.paged_attention(q, k_cache, v_cache, meta)
+    want = reference.paged_attention(q, k_cache, v_cache, meta, window)
     _, dev_meta = gpu.prepare_inputs(np.zeros(meta.num_tokens, np.int64), meta)
     assert attention.PARTITION == 128 and dev_meta.decode_partitions == 4
     before = gpu.launches
     got = gpu.paged_attention(cuda.to_device(q), cuda.to_device(k_cache), cuda.to_device(v_cache),
-                              dev_meta).copy_to_host()
+                              dev_meta, window).copy_to_host()
     assert gpu.launches - before == 2  # the split kernel and the merge
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 

@@ -7,7 +7,6 @@ llama.cpp's converter would write for the same models."""
 import json
 import os
 import shutil
-import warnings
 
 import numpy as np
 import pytest
@@ -75,16 +74,7 @@ def test_the_reference_matches_transformers(case, layout, tmp_path):
 
 
 def engine(case: str, layout: str, root, **kwargs) -> LLM:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a window caps max_model_len, with a warning
-        return LLM(model_folder(case, layout, root), backend="cpu", block_size=4, **kwargs)
-
-
-def within_window(case: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    window = window_of(case)
-    cases = [(ids, logits) for ids, logits in expected(case) if window is None or len(ids) < window]
-    assert cases, "every case has a prompt shorter than its window"
-    return cases
+    return LLM(model_folder(case, layout, root), backend="cpu", block_size=4, **kwargs)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -93,7 +83,7 @@ def test_the_paged_engine_matches_transformers_at_every_prompt_position(case, la
     """Prompt logprobs (the token's and the top 20), prefilled in chunks of 16 tokens."""
     llm = engine(case, layout, tmp_path, max_num_batched_tokens=16)
     params = SamplingParams(max_tokens=1, prompt_logprobs=20, temperature=0)
-    cases = within_window(case)
+    cases = expected(case)
     for out, (ids, logits) in zip(llm.generate([ids.tolist() for ids, _ in cases], params), cases):
         wanted = log_softmax(logits)
         for t, entry in enumerate(out.prompt_logprobs[1:], start=1):
@@ -112,7 +102,7 @@ def test_the_paged_engine_matches_transformers_after_each_prefix(case, prefix_ca
     another: with prefix caching, each reuses the blocks of the ones before."""
     llm = engine(case, "config.json", tmp_path, enable_prefix_caching=prefix_caching)
     params = SamplingParams(max_tokens=1, logprobs=20, temperature=0, ignore_eos=True)
-    for ids, logits in within_window(case):
+    for ids, logits in expected(case):
         wanted = log_softmax(logits)
         for t in range(len(ids)):
             entry = llm.generate([ids[:t + 1].tolist()], params)[0].outputs[0].logprobs[0]
@@ -123,19 +113,6 @@ def test_the_paged_engine_matches_transformers_after_each_prefix(case, prefix_ca
     hits = llm.stats()["prefix_cache_hit_tokens"]
     assert hits > 0 if prefix_caching else hits == 0
     llm.close()
-
-
-@pytest.mark.parametrize("case", [c for c in CASES if window_of(c)])
-def test_a_window_the_kernels_do_not_mask_caps_or_refuses_max_model_len(case, tmp_path):
-    folder = model_folder(case, "config.json", tmp_path)
-    window = window_of(case)
-    with pytest.warns(UserWarning, match=f"sliding window of {window} tokens"):
-        llm = LLM(folder, backend="cpu")
-    assert llm.max_model_len == window
-    llm.close()
-    with pytest.raises(ValueError, match=f"max_model_len=64: this model attends over a sliding "
-                                         f"window of {window} tokens"):
-        LLM(folder, backend="cpu", max_model_len=64)
 
 
 # -- the same models as llama.cpp's converter (convert_hf_to_gguf.py) writes them ------
@@ -245,12 +222,11 @@ def test_a_gguf_as_llama_cpp_writes_it_matches_transformers(case, tmp_path):
 @pytest.mark.cuda
 @pytest.mark.parametrize("case", CASES)
 def test_the_cuda_backend_matches_transformers_at_every_prompt_position(case, tmp_path):
-    """On a GPU, or the simulator without one: the short prompt, float32 weights."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        llm = LLM(model_folder(case, "config.json", tmp_path), backend="cuda", block_size=4,
-                  num_blocks=8, gpu_weight_dtype="float32")
-    ids, logits = expected(case)[0]
+    """On a GPU, or the simulator without one: float32 weights; the short prompt, or
+    for a model with a window, the long one."""
+    llm = LLM(model_folder(case, "config.json", tmp_path), backend="cuda", block_size=4,
+              num_blocks=16, gpu_weight_dtype="float32")
+    ids, logits = expected(case)[0 if window_of(case) is None else 1]  # past the window
     out = llm.generate([ids.tolist()], SamplingParams(max_tokens=1, prompt_logprobs=5))[0]
     wanted = log_softmax(logits)
     for t, entry in enumerate(out.prompt_logprobs[1:], start=1):

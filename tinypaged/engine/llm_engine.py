@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import warnings
 
 from ..config import EngineConfig
 from ..kernels import get_backend
@@ -47,23 +46,6 @@ def decode_graphs(config: EngineConfig, model: LlamaModel, kv: PagedKVCache,
                         blocks_for(max_model_len, config.block_size), capture=gpu)
 
 
-def within_window(cfg, max_model_len: int, asked: int | None) -> int:
-    """max_model_len where the paged attention is exact for a model with sliding
-    windows: up to the smallest window every key is inside it (the kernels do not mask
-    windows yet). Past it, refused when asked for; capped, with a warning, by default."""
-    window = cfg.smallest_window
-    if window is None or max_model_len <= window:
-        return max_model_len
-    if asked is not None:
-        raise ValueError(f"max_model_len={asked}: this model attends over a sliding window of "
-                         f"{window} tokens, which tinypaged does not mask yet; it runs exactly "
-                         f"up to max_model_len={window}")
-    warnings.warn(f"this model attends over a sliding window of {window} tokens, which "
-                  f"tinypaged does not mask yet: max_model_len is {window}, not "
-                  f"{max_model_len}", stacklevel=2)
-    return window
-
-
 class LLMEngine:
     def __init__(self, model_dir: str | os.PathLike, config: EngineConfig):
         self.config = config
@@ -74,7 +56,6 @@ class LLMEngine:
         cfg, bs = self.model_config, config.block_size
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
-        self.max_model_len = within_window(cfg, self.max_model_len, config.max_model_len)
         ops = get_backend(config.backend, config.gpu_weight_dtype)
         if config.cuda_graphs and ops.name != "cuda":
             raise ValueError(f"cuda_graphs=True needs the CUDA backend; this engine runs on "

@@ -88,13 +88,20 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
     v_cache[blocks, offsets] = v
 
 
-def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta) -> np.ndarray:
+def first_key(position: int, window: int | None) -> int:
+    """The first key position a query at position attends to (a window of W keys
+    ends at the query itself)."""
+    return 0 if window is None else max(0, position - window + 1)
+
+
+def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta,
+                    window: int | None = None) -> np.ndarray:
     """Causal GQA attention of T query tokens (T, n_heads, D) over the paged pool.
 
-    Token t attends to positions 0..positions[t] of sequence token_seq[t], whose
-    K/V are found through block_tables[token_seq[t]] (meta: AttentionMetadata).
-    Serves decode (one token per sequence) and prefill over a cached prefix plus
-    new tokens alike.
+    Token t attends to positions 0..positions[t] of sequence token_seq[t] (with a
+    sliding window W: the last W of them), whose K/V are found through
+    block_tables[token_seq[t]] (meta: AttentionMetadata). Serves decode (one token
+    per sequence) and prefill over a cached prefix plus new tokens alike.
     """
     block_tables, positions, token_seq = meta.block_tables, meta.positions, meta.token_seq
     block_size, n_kv, head_dim = k_cache.shape[1:]
@@ -102,10 +109,10 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
     v_flat = v_cache.reshape(-1, n_kv, head_dim)
     out = np.empty_like(q)
     for t in range(len(q)):
-        context = np.arange(positions[t] + 1)
+        context = np.arange(first_key(positions[t], window), positions[t] + 1)
         table = block_tables[token_seq[t]]
         slots = table[context // block_size].astype(np.int64) * block_size + context % block_size
-        out[t] = causal_attention(q[t:t + 1], k_flat[slots], v_flat[slots], positions[t:t + 1])[0]
+        out[t] = causal_attention(q[t:t + 1], k_flat[slots], v_flat[slots], np.array([len(slots) - 1]))[0]
     return out
 
 

@@ -73,7 +73,8 @@ class LlamaModel:
                                   k.reshape(n_tokens, n_kv, head_dim),
                                   v.reshape(n_tokens, n_kv, head_dim), meta.positions,
                                   self.cos, self.sin, kv.k[layer], kv.v[layer], meta.slot_mapping)
-            attn = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta)  # (T, n_heads, D)
+            attn = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta,
+                                       cfg.window(layer))  # (T, n_heads, D)
             x = ops.linear(attn.reshape(n_tokens, n_heads * head_dim),
                            w[p + "self_attn.o_proj.weight"],
                            w[p + "self_attn.o_proj.bias"] if cfg.o_proj_bias else None)

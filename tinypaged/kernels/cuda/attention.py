@@ -2,7 +2,9 @@
 
 Both read K/V through the block table: position j of sequence s lives in block
 block_tables[s, j // block_size] at offset j % block_size. GQA: query head h uses
-KV head h // (n_heads // n_kv). Scores are scaled by `scale` = 1/sqrt(D).
+KV head h // (n_heads // n_kv). Scores are scaled by `scale` = 1/sqrt(D). With a
+sliding window (window > 0), a query at position p sees keys p - window + 1 .. p
+only; window 0 means every key up to p.
 """
 import math
 
@@ -34,7 +36,7 @@ def _lane_value(a, i, j, k, d, head_dim):
 
 @jit_bounded(MAX_DECODE_THREADS)
 def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_seq,
-                           decode_rows, scale, part_acc, part_ml, out):
+                           decode_rows, scale, window, part_acc, part_ml, out):
     """Split-K, GQA-grouped decode attention, FlashDecoding style.
 
     Grid (len(decode_rows), n_kv, n_partitions), block (32 * group,): block (i, kvh, p)
@@ -49,7 +51,8 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_s
     partition: out = acc / l directly; several: each
     leaves its unnormalised acc (part_acc[i, h, p]) and (max, sum) (part_ml[i, h, p])
     for merge_partitions. Traffic: each K/V row of the context once per KV head.
-    A padding row of a static step (position -1) has no keys: zeros.
+    A padding row of a static step (position -1) has no keys: zeros. With a window,
+    partitions wholly before it exit, and merge_partitions skips them alike.
     """
     lane, g = cuda.threadIdx.x % 32, cuda.threadIdx.x // 32
     i, kvh, part = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
@@ -57,6 +60,7 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_s
     head_dim, block_size = q.shape[2], k_cache.shape[1]
     h = kvh * (q.shape[1] // k_cache.shape[2]) + g
     n_keys = positions[r] + 1
+    first = max(0, n_keys - window) if window > 0 else 0  # the window's first key
     start = part * PARTITION
     single = cuda.gridDim.z == 1
     if start >= n_keys:
@@ -64,7 +68,10 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_s
             for d in range(lane, head_dim, 32):
                 out[r, h, d] = float32(0.0)
         return
+    if start + PARTITION <= first:  # wholly before the window (merge skips it)
+        return
     end = min(start + PARTITION, n_keys)
+    start = max(start, first)
     d0, d1, d2, d3 = lane, lane + 32, lane + 64, lane + 96
     q0 = q[r, h, d0] if d0 < head_dim else float32(0.0)
     q1 = q[r, h, d1] if d1 < head_dim else float32(0.0)
@@ -158,11 +165,12 @@ def _store_part(part_acc, i, h, part, lane, head_dim, a0, a1, a2, a3):
 
 
 @cuda.jit
-def merge_partitions(positions, decode_rows, part_acc, part_ml, out):
+def merge_partitions(positions, decode_rows, window, part_acc, part_ml, out):
     """Grid (len(decode_rows), n_heads), block (MERGE_THREADS,): thread d combines
     dimension d of the partitions of row decode_rows[i], head h, by log-sum-exp:
     out = sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p. Reads only
-    the partitions the row's context reaches (none for a padding row: zeros).
+    the partitions the row's context (or window) reaches (none for a padding row:
+    zeros).
     Traffic: n_parts x (D + 2) floats a (row, head), against the 2 x context x D of
     K/V that the split kernel read."""
     i, h, d = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
@@ -173,11 +181,12 @@ def merge_partitions(positions, decode_rows, part_acc, part_ml, out):
     if n_parts <= 0:
         out[r, h, d] = float32(0.0)
         return
+    first = max(0, positions[r] + 1 - window) // PARTITION if window > 0 else 0
     m_max = NEG_INF
-    for p in range(n_parts):
+    for p in range(first, n_parts):
         m_max = max(m_max, part_ml[i, h, p, 0])
     total, acc = float32(0.0), float32(0.0)
-    for p in range(n_parts):
+    for p in range(first, n_parts):
         weight = math.exp(part_ml[i, h, p, 0] - m_max)
         total += part_ml[i, h, p, 1] * weight
         acc += part_acc[i, h, p, d] * weight
@@ -186,7 +195,7 @@ def merge_partitions(positions, decode_rows, part_acc, part_ml, out):
 
 @jit_bounded((PREFILL_THREADS, PREFILL_BLOCKS_PER_SM))
 def paged_attention_prefill(q, k_cache, v_cache, block_tables, positions, token_seq,
-                            prefill_tiles, scale, out):
+                            prefill_tiles, scale, window, out):
     """Grid (len(prefill_tiles), n_heads), block PREFILL_THREADS; flash-style.
 
     Tile i holds query rows r0 .. r0 + nq - 1 (prefill_tiles[i] = (r0, nq), nq <=
@@ -194,7 +203,9 @@ def paged_attention_prefill(q, k_cache, v_cache, block_tables, positions, token_
     walks the keys 0 .. p0 + nq - 1 KV_TILE at a time: stages K/V in shared memory
     (through the block table, so a cached prefix is read like new tokens), scores
     the tile, and updates each query's online softmax. Traffic: each K/V row read
-    once per (tile, head) instead of once per query.
+    once per (tile, head) instead of once per query. With a window, the walk starts
+    at the tile containing the first query's first key, and scores outside a
+    query's window are -inf.
     """
     q_s = cuda.shared.array((Q_TILE, MAX_HEAD_DIM), dtype=float32)
     k_s = cuda.shared.array((KV_TILE, MAX_HEAD_DIM), dtype=float32)
@@ -218,7 +229,8 @@ def paged_attention_prefill(q, k_cache, v_cache, block_tables, positions, token_
         m_s[t], l_s[t] = NEG_INF, float32(0.0)
     cuda.syncthreads()  # queries staged, state initialised
 
-    for k0 in range(0, p0 + nq, KV_TILE):
+    lowest = max(0, p0 - window + 1) if window > 0 else 0  # the first query's first key
+    for k0 in range(lowest - lowest % KV_TILE, p0 + nq, KV_TILE):
         for e in range(t, KV_TILE * head_dim, PREFILL_THREADS):
             j, d = e // head_dim, e % head_dim
             pos = k0 + j
@@ -230,7 +242,8 @@ def paged_attention_prefill(q, k_cache, v_cache, block_tables, positions, token_
         for e in range(t, Q_TILE * KV_TILE, PREFILL_THREADS):
             qi, j = e // KV_TILE, e % KV_TILE
             score = NEG_INF
-            if qi < nq and k0 + j <= p0 + qi:  # causal: key position <= query position
+            if qi < nq and k0 + j <= p0 + qi and (window <= 0 or k0 + j > p0 + qi - window):
+                # causal (key position <= query position), and inside the window
                 score = float32(0.0)
                 for d in range(head_dim):
                     score += q_s[qi, d] * k_s[j, d]

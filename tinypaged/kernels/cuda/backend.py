@@ -270,21 +270,22 @@ class CudaBackend:
                      q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping)
         return q  # rotated in place
 
-    def paged_attention(self, q, k_cache, v_cache, meta):
+    def paged_attention(self, q, k_cache, v_cache, meta, window=None):
         if q.shape[2] > attention.MAX_HEAD_DIM:
             raise ValueError(f"head_dim={q.shape[2]} exceeds the CUDA kernels' "
                              f"MAX_HEAD_DIM={attention.MAX_HEAD_DIM}")
         out = self._empty(*q.shape)
         scale = np.float32(1.0 / np.sqrt(q.shape[2]))
         args = (q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq)
+        window = np.int32(window or 0)  # 0: no sliding window
         if meta.num_decode:
-            self._decode_attention(args, meta, scale, out)
+            self._decode_attention(args, meta, scale, window, out)
         if meta.num_tiles:
             self._launch(attention.paged_attention_prefill, (meta.num_tiles, q.shape[1]),
-                         attention.PREFILL_THREADS, *args, meta.prefill_tiles, scale, out)
+                         attention.PREFILL_THREADS, *args, meta.prefill_tiles, scale, window, out)
         return out
 
-    def _decode_attention(self, args, meta, scale, out):
+    def _decode_attention(self, args, meta, scale, window, out):
         """Split-K decode: a block per (row, KV head, partition), a warp per query head
         of the GQA group; partitions merged by log-sum-exp when there are several."""
         q, k_cache = args[0], args[1]
@@ -298,10 +299,10 @@ class CudaBackend:
         part_acc = self._empty(n_rows, n_heads, parts, head_dim) if parts > 1 else self._empty(1, 1, 1, 1)
         part_ml = self._empty(n_rows, n_heads, parts, 2) if parts > 1 else self._empty(1, 1, 1, 2)
         self._launch(attention.paged_attention_decode, (n_rows, k_cache.shape[2], parts),
-                     32 * group, *args, meta.decode_rows, scale, part_acc, part_ml, out)
+                     32 * group, *args, meta.decode_rows, scale, window, part_acc, part_ml, out)
         if parts > 1:
             self._launch(attention.merge_partitions, (n_rows, n_heads), attention.MERGE_THREADS,
-                         meta.positions, meta.decode_rows, part_acc, part_ml, out)
+                         meta.positions, meta.decode_rows, window, part_acc, part_ml, out)
 
     def silu_mul(self, gate, up):
         out = self._empty(*gate.shape)

@@ -55,9 +55,9 @@ def signatures() -> list[tuple[str, object, tuple]]:
         attn = (q, pool, pool, arr(I32, 2), arr(I32, 1), arr(I32, 1))
         sigs += [
             ("paged_attention_decode" + kv_name, attention.paged_attention_decode,
-             (*attn, arr(I32, 1), F32, arr(F32, 4), arr(F32, 4), arr(F32, 3))),
+             (*attn, arr(I32, 1), F32, I32, arr(F32, 4), arr(F32, 4), arr(F32, 3))),
             ("paged_attention_prefill" + kv_name, attention.paged_attention_prefill,
-             (*attn, arr(I32, 2), F32, arr(F32, 3))),
+             (*attn, arr(I32, 2), F32, I32, arr(F32, 3))),
             ("rope_write_kv" + kv_name, elementwise.rope_write_kv,
              (q, q, q, arr(I32, 1), arr(F32, 2), arr(F32, 2), pool, pool, arr(I32, 1))),
             ("copy_blocks" + kv_name, elementwise.copy_blocks,
@@ -65,7 +65,7 @@ def signatures() -> list[tuple[str, object, tuple]]:
         ]
     sigs += [
         ("merge_partitions", attention.merge_partitions,
-         (arr(I32, 1), arr(I32, 1), arr(F32, 4), arr(F32, 4), arr(F32, 3))),
+         (arr(I32, 1), arr(I32, 1), I32, arr(F32, 4), arr(F32, 4), arr(F32, 3))),
         ("add_rms_norm", elementwise.add_rms_norm,
          (arr(F32, 2), arr(F32, 2), types.boolean, arr(F32, 1), F32, arr(F32, 2), arr(F32, 2),
           types.boolean)),
