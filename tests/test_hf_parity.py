@@ -31,7 +31,7 @@ def expected(case: str) -> list[tuple[np.ndarray, np.ndarray]]:
 def window_of(case: str) -> int | None:
     with open(os.path.join(FIXTURES, case, "config.json")) as f:
         config = json.load(f)
-    if config["model_type"] == "qwen2" and not config.get("use_sliding_window"):
+    if config["model_type"] in ("qwen2", "qwen3", "smollm3") and not config.get("use_sliding_window"):
         return None
     return config.get("sliding_window")
 
@@ -122,8 +122,14 @@ GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj": 
               "self_attn.o_proj": "attn_output", "post_attention_layernorm.weight": "ffn_norm.weight",
               "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
               "mlp.down_proj.weight": "ffn_down.weight"}
-# llama.cpp writes no sliding window for llama (Mistral) or qwen2: those cases stay out
-GGUF_CASES = [c for c in CASES if window_of(c) is None]
+def model_type(case: str) -> str:
+    with open(os.path.join(FIXTURES, case, "config.json")) as f:
+        return json.load(f)["model_type"]
+
+
+# the GGUF architectures read so far; llama.cpp writes no sliding window for llama
+# (Mistral) or qwen2: those cases stay out
+GGUF_CASES = [c for c in CASES if model_type(c) in ("llama", "qwen2") and window_of(c) is None]
 
 
 def llama_cpp_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:

@@ -81,7 +81,7 @@ def test_a_bias_the_config_does_not_declare_is_refused(tmp_path):
     assert "self_attn.o_proj.bias" in one_line(e) or "self_attn.k_proj.bias" in str(e.value)
 
 
-@pytest.mark.parametrize("arch", ["Gemma3ForCausalLM", "Phi3ForCausalLM", "OlmoForCausalLM"])
+@pytest.mark.parametrize("arch", ["StableLmForCausalLM", "OlmoForCausalLM", "MixtralForCausalLM"])
 def test_an_unsupported_architecture_is_refused_by_name(arch, tmp_path):
     folder = fixture_copy("llama", tmp_path)
     edit(folder, architectures=[arch])

@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import sys
+import zlib
 
 import numpy as np
 import torch
@@ -36,7 +37,8 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 OUT = os.path.join(ROOT, "tests", "fixtures", "hf")
 SHAPE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-             rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+             rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=None,
+             tie_word_embeddings=False)
 THETA = 50000.0
 PROMPT_LENGTHS = (6, 40)
 
@@ -57,9 +59,20 @@ CASES = {
                                      "max_window_layers": 1}),
     "qwen2-yarn": ("Qwen2Config", {"rope_parameters": {
         "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32}}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "qwen3-window": ("Qwen3Config", {"head_dim": 16, "use_sliding_window": True,
+                                     "sliding_window": 8, "max_window_layers": 1}),
+    "smollm3": ("SmolLM3Config", {"no_rope_layer_interval": 2}),  # layer 1 without RoPE
+    "granite": ("GraniteConfig", {"embedding_multiplier": 2.5, "residual_multiplier": 0.4,
+                                  "attention_multiplier": 0.11, "logits_scaling": 3.0}),
+    "olmo2": ("Olmo2Config", {}),
+    "phi3": ("Phi3Config", {}),
+    "phi3-window": ("Phi3Config", {"sliding_window": 8}),
 }
 MODELS = {"LlamaConfig": "LlamaForCausalLM", "MistralConfig": "MistralForCausalLM",
-          "Qwen2Config": "Qwen2ForCausalLM"}
+          "Qwen2Config": "Qwen2ForCausalLM", "Qwen3Config": "Qwen3ForCausalLM",
+          "SmolLM3Config": "SmolLM3ForCausalLM", "GraniteConfig": "GraniteForCausalLM",
+          "Olmo2Config": "Olmo2ForCausalLM", "Phi3Config": "Phi3ForCausalLM"}
 
 
 def build(config_class: str, extra: dict, seed: int):
@@ -100,7 +113,7 @@ def logits(model, ids: np.ndarray) -> np.ndarray:
 
 def make(case: str) -> None:
     config_class, extra = CASES[case]
-    seed = sorted(CASES).index(case) + 1
+    seed = zlib.crc32(case.encode())  # stable as cases are added
     model = build(config_class, extra, seed)
     folder = os.path.join(OUT, case)
     shutil.rmtree(folder, ignore_errors=True)

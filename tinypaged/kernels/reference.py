@@ -95,7 +95,7 @@ def first_key(position: int, window: int | None) -> int:
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta,
-                    window: int | None = None) -> np.ndarray:
+                    window: int | None = None, scores_scale: float | None = None) -> np.ndarray:
     """Causal GQA attention of T query tokens (T, n_heads, D) over the paged pool.
 
     Token t attends to positions 0..positions[t] of sequence token_seq[t] (with a
@@ -105,6 +105,9 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
     """
     block_tables, positions, token_seq = meta.block_tables, meta.positions, meta.token_seq
     block_size, n_kv, head_dim = k_cache.shape[1:]
+    # (causal_attention divides by sqrt(D): another scale is folded into q)
+    if scores_scale is not None:
+        q = q * np.asarray(scores_scale * head_dim ** 0.5, dtype=q.dtype)
     k_flat = k_cache.reshape(-1, n_kv, head_dim)  # (slots, n_kv, D)
     v_flat = v_cache.reshape(-1, n_kv, head_dim)
     out = np.empty_like(q)
@@ -207,6 +210,16 @@ def embedding(token_ids: np.ndarray, table) -> np.ndarray:
 
 def gather_rows(x: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return x[indices]
+
+
+def scale(x: np.ndarray, factor: float) -> np.ndarray:
+    """x times factor (a float32 factor: as the models' float32 multipliers)."""
+    return x * np.float32(factor)
+
+
+def add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """x + y, elementwise (a residual add that no norm follows directly)."""
+    return x + y
 
 
 def add_rms_norm(x: np.ndarray, residual: np.ndarray | None, weight: np.ndarray,

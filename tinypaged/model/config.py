@@ -12,14 +12,13 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from .families import FAMILIES
+from .family import LAYER_TYPES
 from .rope import Rope, rope_from_config
 
-# architecture name in config.json -> whether q/k/v projections carry a bias by default
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": False,
-    "MistralForCausalLM": False,
-    "Qwen2ForCausalLM": True,
-}
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
+NORM_LAYOUTS = ("pre", "post")  # norms before each block (Llama), or after it (OLMo 2)
+
 # the keys every supported architecture reads
 COMMON_KEYS = frozenset({
     "architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
@@ -27,13 +26,6 @@ COMMON_KEYS = frozenset({
     "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
     "tie_word_embeddings", "bos_token_id", "eos_token_id", "hidden_act",
 })
-# and the keys of one architecture (as transformers' modeling code reads them)
-ARCHITECTURE_KEYS = {
-    "LlamaForCausalLM": frozenset({"attention_bias", "mlp_bias", "pretraining_tp"}),
-    "MistralForCausalLM": frozenset({"sliding_window"}),
-    "Qwen2ForCausalLM": frozenset({"sliding_window", "use_sliding_window", "max_window_layers",
-                                   "layer_types"}),
-}
 # keys that never change inference's math: training (dropout, initialization), the
 # cache switch, generation defaults, labels, tooling and provenance
 IGNORED_KEYS = frozenset({
@@ -54,7 +46,6 @@ IGNORED_KEYS = frozenset({
     "auto_map", "unsloth_version", "unsloth_fixed", "use_return_dict",
     "output_router_logits", "tokenizer_config", "architectures_version",
 })
-LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass(slots=True)
@@ -77,6 +68,15 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     sliding_window: int | None = None  # tokens a sliding layer attends to (itself included)
     layer_types: tuple[str, ...] = ()  # per layer, one of LAYER_TYPES; (): all full
+    # how other families differ from Llama (family.py; each family's file says why)
+    qk_norm: str | None = None  # RMSNorm of q and k: "head" (each head) or "full" (all heads)
+    norm_layout: str = "pre"  # one of NORM_LAYOUTS
+    rope_layers: tuple[bool, ...] = ()  # per layer, whether it rotates q and k; (): all do
+    embedding_scale: float = 1.0  # embeddings times this
+    attention_scale: float | None = None  # scores times this; None: 1 / sqrt(head_dim)
+    residual_scale: float = 1.0  # each block's output times this, before the residual add
+    logit_scale: float = 1.0  # logits times this
+    fused_projections: bool = False  # the file holds qkv_proj and gate_up_proj (Phi-3)
 
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -104,6 +104,21 @@ class ModelConfig:
         for kind in self.layer_types:
             if kind not in LAYER_TYPES:
                 raise ValueError(f"layer_types holds {kind!r}; known: {', '.join(LAYER_TYPES)}")
+        if self.rope_layers and len(self.rope_layers) != self.num_hidden_layers:
+            raise ValueError(f"rope_layers names {len(self.rope_layers)} layers, but "
+                             f"num_hidden_layers={self.num_hidden_layers}")
+        if self.norm_layout not in NORM_LAYOUTS:
+            raise ValueError(f"norm_layout={self.norm_layout!r} is not one of {NORM_LAYOUTS}")
+        if self.qk_norm not in (None, "head", "full"):
+            raise ValueError(f"qk_norm={self.qk_norm!r} is not None, 'head' or 'full'")
+
+    def uses_rope(self, layer: int) -> bool:
+        return not self.rope_layers or self.rope_layers[layer]
+
+    @property
+    def scores_scale(self) -> float:
+        """What attention multiplies q . k by."""
+        return self.attention_scale if self.attention_scale is not None else self.head_dim ** -0.5
 
     @property
     def rope_theta(self) -> float:
@@ -147,14 +162,11 @@ class ModelConfig:
         if act != "silu":
             raise ValueError(f"{where}: hidden_act={act!r} is not supported (only 'silu')")
         get = _Reader(cfg, where)
-        if get.boolean("mlp_bias", False):
-            raise ValueError(f"{where}: mlp_bias=true (biases on the MLP's projections) is not supported")
         vocab = get.integer("vocab_size", positive=True)
         heads = get.integer("num_attention_heads", positive=True)
         layers = get.integer("num_hidden_layers", positive=True)
         max_positions = get.integer("max_position_embeddings", 2048)
-        fixed_bias = {"MistralForCausalLM": False, "Qwen2ForCausalLM": True}.get(arch)
-        bias = get.boolean("attention_bias", False) if fixed_bias is None else fixed_bias
+        family_fields = FAMILIES[arch].read(get, layers)
         try:
             return cls(
                 architecture=arch,
@@ -169,11 +181,9 @@ class ModelConfig:
                 rms_norm_eps=get.number("rms_norm_eps", 1e-6),
                 rope=rope_from_config(cfg, where, max_positions),
                 tie_word_embeddings=get.boolean("tie_word_embeddings", False),
-                attention_bias=bias,
-                o_proj_bias=bias and arch == "LlamaForCausalLM",
                 bos_token_id=get.token_ids("bos_token_id", vocab, single=True),
                 eos_token_ids=get.token_ids("eos_token_id", vocab),
-                **sliding_windows(get, arch, layers),
+                **family_fields,
             )
         except ValueError as e:  # ModelConfig's own checks do not know the file
             message = str(e)
@@ -200,39 +210,13 @@ class ModelConfig:
 def check_keys(cfg: dict, arch: str, where: str) -> None:
     """Refuse, by name, a key that arch does not read and that is not known to be
     harmless: it may change the math, and running without it would be silently wrong."""
-    known = COMMON_KEYS | ARCHITECTURE_KEYS[arch] | IGNORED_KEYS
+    known = COMMON_KEYS | FAMILIES[arch].keys | IGNORED_KEYS
     unknown = sorted(key for key in cfg if key not in known and not key.startswith("_")
                      and "dropout" not in key and not key.endswith("_pdrop"))  # training only
     if unknown:
         raise ValueError(f"{where}: {arch} with {', '.join(map(repr, unknown))}: "
                          f"{'a key' if len(unknown) == 1 else 'keys'} tinypaged does not read, "
                          f"which may change the model's output, so the model is refused")
-
-
-def sliding_windows(get: "_Reader", arch: str, layers: int) -> dict:
-    """sliding_window and layer_types (ModelConfig's fields) as transformers reads them:
-    Mistral slides every layer by sliding_window (null: none); Qwen2 only when
-    use_sliding_window, in the layers layer_types names (older configs: from layer
-    max_window_layers on)."""
-    if arch == "LlamaForCausalLM":
-        return {}
-    window = get.integer("sliding_window", None)
-    if window is not None and window <= 0:
-        raise ValueError(f"{get.where}: sliding_window={window} must be positive")
-    if arch == "MistralForCausalLM":
-        return {"sliding_window": window}
-    if not get.boolean("use_sliding_window", False):
-        window = None
-    types = get.cfg.get("layer_types")
-    if types is None:
-        first = get.integer("max_window_layers", 28)
-        types = ["sliding_attention" if window is not None and i >= first else "full_attention"
-                 for i in range(layers)]
-    elif not isinstance(types, list) or len(types) != layers or \
-            not all(t in LAYER_TYPES for t in types):
-        raise ValueError(f"{get.where}: layer_types must list one of {', '.join(LAYER_TYPES)} "
-                         f"for each of the {layers} layers, got {types!r}")
-    return {"sliding_window": window, "layer_types": tuple(types)}
 
 
 class _Reader:

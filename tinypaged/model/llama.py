@@ -1,4 +1,10 @@
-"""The paged Llama forward: one straight-line pass over a flat batch of tokens.
+"""The paged forward: one straight-line pass over a flat batch of tokens.
+
+Llama's pass, with the knobs by which the other families differ (ModelConfig's
+fields; family.py and the family files say which family sets which): q/k norms,
+norms after the blocks instead of before (OLMo 2), layers without RoPE (SmolLM3),
+sliding windows, and multipliers on the embeddings, the blocks' outputs and the
+attention scores (Granite).
 
 The batch mixes prefill chunks and decode tokens of many sequences; where each
 token's K/V go and what it attends to comes from AttentionMetadata. `ops` is a
@@ -10,6 +16,7 @@ import numpy as np
 
 from ..engine.attention_metadata import AttentionMetadata
 from .config import ModelConfig
+from .rope import NO_ROPE
 
 
 class PagedKVCache:
@@ -40,8 +47,11 @@ class LlamaModel:
         max_positions: positions the RoPE tables cover (the engine's max_model_len;
         None: the model's max_position_embeddings)."""
         self.cfg, self.w, self.ops = cfg, ops.prepare_weights(weights), ops
-        self.cos, self.sin = ops.rope_tables(max_positions or cfg.max_position_embeddings,
-                                             cfg.head_dim, cfg.rope)  # (positions, D/2) each
+        positions = max_positions or cfg.max_position_embeddings
+        self.cos, self.sin = ops.rope_tables(positions, cfg.head_dim, cfg.rope)  # (positions, D/2) each
+        self.no_rope = None  # cos 1, sin 0: for layers without RoPE, if any
+        if not all(map(cfg.uses_rope, range(cfg.num_hidden_layers))):
+            self.no_rope = ops.rope_tables(positions, cfg.head_dim, NO_ROPE)
 
     def forward(self, token_ids: np.ndarray, meta: AttentionMetadata,
                 kv: PagedKVCache) -> np.ndarray:
@@ -55,36 +65,67 @@ class LlamaModel:
         a static decode step's fixed buffers): logits (R, vocab) where the backend
         keeps them. Every shape comes from the inputs' shapes, never their values."""
         cfg, w, ops = self.cfg, self.w, self.ops
-        n_tokens = len(token_ids)
-        n_heads, n_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        bias = cfg.attention_bias
-
+        eps = cfg.rms_norm_eps
         x = ops.embedding(token_ids, w["model.embed_tokens.weight"])  # (T, H)
+        if cfg.embedding_scale != 1.0:
+            x = ops.scale(x, cfg.embedding_scale)
         residual = None
         for layer in range(cfg.num_hidden_layers):
             p = f"model.layers.{layer}."
-            h, residual = ops.add_rms_norm(x, residual, w[p + "input_layernorm.weight"],
-                                           cfg.rms_norm_eps)
-            a = p + "self_attn."
-            biases = [w[a + f"{n}_proj.bias"] for n in "qkv"] if bias else [None] * 3
-            q, k, v = ops.qkv_proj(h, w[a + "q_proj.weight"], w[a + "k_proj.weight"],
-                                   w[a + "v_proj.weight"], *biases)  # (T, n_heads * D), (T, n_kv * D) x 2
-            q = ops.rope_write_kv(q.reshape(n_tokens, n_heads, head_dim),
-                                  k.reshape(n_tokens, n_kv, head_dim),
-                                  v.reshape(n_tokens, n_kv, head_dim), meta.positions,
-                                  self.cos, self.sin, kv.k[layer], kv.v[layer], meta.slot_mapping)
-            attn = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta,
-                                       cfg.window(layer))  # (T, n_heads, D)
-            x = ops.linear(attn.reshape(n_tokens, n_heads * head_dim),
-                           w[p + "self_attn.o_proj.weight"],
-                           w[p + "self_attn.o_proj.bias"] if cfg.o_proj_bias else None)
-
+            if cfg.norm_layout == "post":  # x is the residual stream, each block's input
+                a = self._attention(layer, x, meta, kv)
+                x = ops.add(x, ops.rms_norm(a, w[p + "post_attention_layernorm.weight"], eps))
+                m = self._mlp(p, x)
+                x = ops.add(x, ops.rms_norm(m, w[p + "post_feedforward_layernorm.weight"], eps))
+                continue
+            h, residual = ops.add_rms_norm(x, residual, w[p + "input_layernorm.weight"], eps)
+            x = self._scaled(self._attention(layer, h, meta, kv))
             h, residual = ops.add_rms_norm(x, residual, w[p + "post_attention_layernorm.weight"],
-                                           cfg.rms_norm_eps)
-            act = ops.gate_up_silu(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"])
-            x = ops.linear(act, w[p + "mlp.down_proj.weight"])  # act: (T, I)
+                                           eps)
+            x = self._scaled(self._mlp(p, h))
 
         last = ops.gather_rows(x, meta.logits_indices)  # (S, H): only these need logits
-        h, _ = ops.add_rms_norm(last, ops.gather_rows(residual, meta.logits_indices),
-                                w["model.norm.weight"], cfg.rms_norm_eps)
+        if residual is None:
+            h = ops.rms_norm(last, w["model.norm.weight"], eps)
+        else:
+            h, _ = ops.add_rms_norm(last, ops.gather_rows(residual, meta.logits_indices),
+                                    w["model.norm.weight"], eps)
         return ops.linear(h, w["lm_head.weight"])  # (R, vocab)
+
+    def _attention(self, layer: int, h, meta, kv: PagedKVCache):
+        """h (T, H) -> o_proj(attention) (T, H); writes the layer's K/V to the pool."""
+        cfg, w, ops = self.cfg, self.w, self.ops
+        n_tokens = len(h)
+        n_heads, n_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        a = f"model.layers.{layer}.self_attn."
+        biases = [w[a + f"{n}_proj.bias"] for n in "qkv"] if cfg.attention_bias else [None] * 3
+        q, k, v = ops.qkv_proj(h, w[a + "q_proj.weight"], w[a + "k_proj.weight"],
+                               w[a + "v_proj.weight"], *biases)  # (T, n_heads * D), (T, n_kv * D) x 2
+        if cfg.qk_norm == "full":  # over all heads at once (OLMo 2)
+            q = ops.rms_norm(q, w[a + "q_norm.weight"], cfg.rms_norm_eps)
+            k = ops.rms_norm(k, w[a + "k_norm.weight"], cfg.rms_norm_eps)
+        elif cfg.qk_norm == "head":  # over each head (Qwen3): rows of D
+            q = ops.rms_norm(q.reshape(n_tokens * n_heads, head_dim), w[a + "q_norm.weight"],
+                             cfg.rms_norm_eps)
+            k = ops.rms_norm(k.reshape(n_tokens * n_kv, head_dim), w[a + "k_norm.weight"],
+                             cfg.rms_norm_eps)
+        cos, sin = (self.cos, self.sin) if cfg.uses_rope(layer) else self.no_rope
+        q = ops.rope_write_kv(q.reshape(n_tokens, n_heads, head_dim),
+                              k.reshape(n_tokens, n_kv, head_dim),
+                              v.reshape(n_tokens, n_kv, head_dim), meta.positions,
+                              cos, sin, kv.k[layer], kv.v[layer], meta.slot_mapping)
+        attn = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta, cfg.window(layer),
+                                   cfg.attention_scale)  # (T, n_heads, D)
+        return ops.linear(attn.reshape(n_tokens, n_heads * head_dim), w[a + "o_proj.weight"],
+                          w[a + "o_proj.bias"] if cfg.o_proj_bias else None)
+
+    def _mlp(self, p: str, h):
+        """h (T, H) -> down(silu(gate(h)) * up(h)) (T, H)."""
+        w, ops = self.w, self.ops
+        act = ops.gate_up_silu(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"])
+        return ops.linear(act, w[p + "mlp.down_proj.weight"])  # act: (T, I)
+
+    def _scaled(self, x):
+        """A block's output as it joins the residual stream (Granite's multiplier)."""
+        scale = self.cfg.residual_scale
+        return x if scale == 1.0 else self.ops.scale(x, scale)

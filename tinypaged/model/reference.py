@@ -1,8 +1,8 @@
 """Dense NumPy Llama forward with a contiguous KV cache: the model-level oracle.
 
 Clarity beats speed here: one straight-line pass per layer using the ops of
-`kernels/reference.py`. Covers Llama (biases on q/k/v/o with attention_bias),
-Mistral and Qwen2 (q/k/v bias), with sliding windows. float32 by default; float64 for checking other code against.
+`kernels/reference.py`. Covers every family's knobs (ModelConfig: q/k
+norms, norms after the blocks, layers without RoPE, windows, multipliers). float32 by default; float64 for checking other code against.
 """
 from __future__ import annotations
 
@@ -63,32 +63,46 @@ class ReferenceModel:
         end = start + n_tokens
         n_heads, n_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         cos, sin = ops.rope_cos_sin(positions, head_dim, cfg.rope, self.dtype)  # (T, D)
+        eps = cfg.rms_norm_eps
 
-        x = w["model.embed_tokens.weight"][ids]  # (T, H)
-        for layer in range(cfg.num_hidden_layers):
-            p = f"model.layers.{layer}."
-            h = ops.rms_norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-            q = self._product(h, p + "self_attn.q_proj.weight")  # (T, n_heads * D)
-            k = self._product(h, p + "self_attn.k_proj.weight")  # (T, n_kv * D)
-            v = self._product(h, p + "self_attn.v_proj.weight")
+        def attention(layer: int, h: np.ndarray) -> np.ndarray:
+            p = f"model.layers.{layer}.self_attn."
+            q = self._product(h, p + "q_proj.weight")  # (T, n_heads * D)
+            k = self._product(h, p + "k_proj.weight")  # (T, n_kv * D)
+            v = self._product(h, p + "v_proj.weight")
             if cfg.attention_bias:
-                q = q + w[p + "self_attn.q_proj.bias"]
-                k = k + w[p + "self_attn.k_proj.bias"]
-                v = v + w[p + "self_attn.v_proj.bias"]
-            q = ops.apply_rope(q.reshape(n_tokens, n_heads, head_dim), cos, sin)
-            k = ops.apply_rope(k.reshape(n_tokens, n_kv, head_dim), cos, sin)
+                q, k, v = (t + w[p + f"{n}_proj.bias"] for t, n in zip((q, k, v), "qkv"))
+            if cfg.qk_norm == "full":
+                q, k = ops.rms_norm(q, w[p + "q_norm.weight"], eps), ops.rms_norm(k, w[p + "k_norm.weight"], eps)
+            q, k = q.reshape(n_tokens, n_heads, head_dim), k.reshape(n_tokens, n_kv, head_dim)
+            if cfg.qk_norm == "head":
+                q, k = ops.rms_norm(q, w[p + "q_norm.weight"], eps), ops.rms_norm(k, w[p + "k_norm.weight"], eps)
+            if cfg.uses_rope(layer):
+                q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
             cache.k[layer, start:end] = k
             cache.v[layer, start:end] = v.reshape(n_tokens, n_kv, head_dim)
+            if cfg.attention_scale is not None:  # causal_attention divides by sqrt(D)
+                q = q * np.asarray(cfg.attention_scale * head_dim ** 0.5, dtype=q.dtype)
             attn = ops.causal_attention(q, cache.k[layer, :end], cache.v[layer, :end], positions,
                                         cfg.window(layer))
-            out = self._product(attn.reshape(n_tokens, n_heads * head_dim),
-                                p + "self_attn.o_proj.weight")
-            x = x + (out + w[p + "self_attn.o_proj.bias"] if cfg.o_proj_bias else out)
+            out = self._product(attn.reshape(n_tokens, n_heads * head_dim), p + "o_proj.weight")
+            return out + w[p + "o_proj.bias"] if cfg.o_proj_bias else out
 
-            h = ops.rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        def mlp(p: str, h: np.ndarray) -> np.ndarray:
             gate = self._product(h, p + "mlp.gate_proj.weight")  # (T, I)
             up = self._product(h, p + "mlp.up_proj.weight")
-            x = x + self._product(ops.silu_mul(gate, up), p + "mlp.down_proj.weight")
+            return self._product(ops.silu_mul(gate, up), p + "mlp.down_proj.weight")
+
+        x = w["model.embed_tokens.weight"][ids] * np.asarray(cfg.embedding_scale, self.dtype)  # (T, H)
+        block_scale = np.asarray(cfg.residual_scale, self.dtype)
+        for layer in range(cfg.num_hidden_layers):
+            p = f"model.layers.{layer}."
+            if cfg.norm_layout == "post":  # OLMo 2: norms after the blocks
+                x = x + ops.rms_norm(attention(layer, x), w[p + "post_attention_layernorm.weight"], eps)
+                x = x + ops.rms_norm(mlp(p, x), w[p + "post_feedforward_layernorm.weight"], eps)
+                continue
+            x = x + attention(layer, ops.rms_norm(x, w[p + "input_layernorm.weight"], eps)) * block_scale
+            x = x + mlp(p, ops.rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)) * block_scale
         cache.length = end
 
         if not all_logits:

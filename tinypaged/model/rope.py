@@ -55,6 +55,8 @@ class Rope:
 
     def inv_freq(self, head_dim: int) -> np.ndarray:
         """(D/2,) float64: the angle a position adds to each rotated pair."""
+        if self.kind == "none":  # a layer without RoPE: no pair turns
+            return np.zeros(head_dim // 2)
         exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
         base = self.theta ** (-exponents)
         if self.kind == "linear":
@@ -93,6 +95,9 @@ class Rope:
         ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
         extrapolated = 1 - ramp  # 1: the pair keeps its frequency; 0: interpolated
         return inv_freq / self.factor * (1 - extrapolated) + inv_freq * extrapolated
+
+
+NO_ROPE = Rope(kind="none")  # (not a kind a config may name: layers that skip RoPE)
 
 
 def yarn_attention_factor(factor: float, mscale: float | None, mscale_all_dim: float | None) -> float:

@@ -21,9 +21,16 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
     for layer in range(cfg.num_hidden_layers):
         p = f"model.layers.{layer}."
+        if cfg.norm_layout == "pre":  # (Llama's post_attention_layernorm is the MLP's pre-norm)
+            norms = ("input_layernorm", "post_attention_layernorm")
+        else:  # OLMo 2: after each block
+            norms = ("post_attention_layernorm", "post_feedforward_layernorm")
+        shapes.update({p + f"{norm}.weight": (h,) for norm in norms})
+        if cfg.qk_norm is not None:
+            head = cfg.qk_norm == "head"
+            shapes.update({p + "self_attn.q_norm.weight": (cfg.head_dim if head else cfg.q_size,),
+                           p + "self_attn.k_norm.weight": (cfg.head_dim if head else cfg.kv_size,)})
         shapes.update({
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
             p + "self_attn.q_proj.weight": (cfg.q_size, h),
             p + "self_attn.k_proj.weight": (cfg.kv_size, h),
             p + "self_attn.v_proj.weight": (cfg.kv_size, h),
@@ -59,6 +66,30 @@ def check_consumed(names, cfg: ModelConfig, where: str) -> None:
         raise ValueError(f"{where}: the weights hold {shown}, which {cfg.architecture} as "
                          f"configured does not use; refused rather than run without "
                          f"{'it' if len(unused) == 1 else 'them'}")
+
+
+def split_fused(tensors: dict, cfg: ModelConfig) -> dict:
+    """Phi-3's fused matrices as the separate ones the forward reads: qkv_proj's rows
+    are q, k, v; gate_up_proj's are gate, then up (row slices: no copy)."""
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("self_attn.qkv_proj.weight"):
+            stem = name[:-len("qkv_proj.weight")]
+            q, kv = cfg.q_size, cfg.kv_size
+            if t.shape[0] != q + 2 * kv:
+                raise ValueError(f"tensor {name!r} has {t.shape[0]} rows, expected "
+                                 f"{q + 2 * kv} (q, k and v)")
+            out.update({stem + "q_proj.weight": t[:q], stem + "k_proj.weight": t[q:q + kv],
+                        stem + "v_proj.weight": t[q + kv:]})
+        elif name.endswith("mlp.gate_up_proj.weight"):
+            stem, i = name[:-len("gate_up_proj.weight")], cfg.intermediate_size
+            if t.shape[0] != 2 * i:
+                raise ValueError(f"tensor {name!r} has {t.shape[0]} rows, expected {2 * i} "
+                                 f"(gate and up)")
+            out.update({stem + "gate_proj.weight": t[:i], stem + "up_proj.weight": t[i:]})
+        else:
+            out[name] = t
+    return out
 
 
 def check_layer_count(names, cfg: ModelConfig, where: str) -> None:
@@ -97,6 +128,11 @@ def load_weights(model_dir: str | os.PathLike, cfg: ModelConfig) -> dict[str, np
     With tied embeddings, `lm_head.weight` is the embedding matrix itself (no copy).
     """
     tensors = read_model_tensors(model_dir)
+    if cfg.fused_projections:
+        try:
+            tensors = split_fused(tensors, cfg)
+        except ValueError as e:
+            raise ValueError(f"{os.fspath(model_dir)}: {e}") from None
     check_weights(tensors, cfg, os.fspath(model_dir))
     check_consumed(tensors, cfg, os.fspath(model_dir))
     weights = {name: tensors[name] for name in expected_shapes(cfg)}
@@ -112,11 +148,22 @@ def load_model(model_dir: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.
     model_dir = os.fspath(model_dir)
     if model_dir.lower().endswith(".gguf"):
         from .gguf_model import load_gguf_model
-        return load_gguf_model(model_dir)
-    if not os.path.isdir(model_dir):
+        cfg, weights = load_gguf_model(model_dir)
+    elif not os.path.isdir(model_dir):
         raise FileNotFoundError(f"model folder not found: {model_dir}")
-    cfg = ModelConfig.from_json(model_dir)
-    return cfg, load_weights(model_dir, cfg)
+    else:
+        cfg = ModelConfig.from_json(model_dir)
+        weights = load_weights(model_dir, cfg)
+    return cfg, scale_logits(weights, cfg)
+
+
+def scale_logits(weights: dict, cfg: ModelConfig) -> dict:
+    """Granite's logit multiplier, folded into the final norm's weight (the logits are
+    lm_head(norm(x)), linear in it): no op on the logits at run time."""
+    if cfg.logit_scale != 1.0:
+        norm = weights["model.norm.weight"]
+        weights["model.norm.weight"] = (norm * np.float32(cfg.logit_scale)).astype(np.float32)
+    return weights
 
 
 def convert_matrices(weights: dict, convert) -> dict:

@@ -1,6 +1,6 @@
 """The CPU backend: numba.njit kernels; large matrix products through NumPy's BLAS."""
 # NumPy is already the right tool for these: slicing, fancy indexing, host arrays
-from ..reference import (copy_blocks, default_kv_memory, embedding, gather_rows,
+from ..reference import (add, copy_blocks, default_kv_memory, embedding, gather_rows, scale,
                          logits_for_sampling, memory_available, prepare_inputs, rope_tables,
                          to_host, use_in_this_thread)
 from .attention import paged_attention
@@ -13,7 +13,7 @@ name = "cpu"
 __all__ = ["name", "use_in_this_thread", "default_kv_memory", "memory_available", "prepare_weights", "allocate_kv",
            "prepare_inputs", "to_host", "logits_for_sampling", "rope_tables", "embedding", "add_rms_norm", "rms_norm", "linear",
            "qkv_proj", "gate_up_silu", "rope_write_kv", "paged_attention", "silu_mul",
-           "gather_rows", "copy_blocks", "write_kv", "rope"]
+           "gather_rows", "copy_blocks", "write_kv", "rope", "scale", "add"]
 
 
 def rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping):

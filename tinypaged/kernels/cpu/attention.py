@@ -94,13 +94,13 @@ def _paged_attention_parallel(q, k_cache, v_cache, block_tables, positions, toke
                               scale, window, acc, top, total, out)
 
 
-def paged_attention(q, k_cache, v_cache, meta, window=None):
+def paged_attention(q, k_cache, v_cache, meta, window=None, scores_scale=None):
     """q (T, n_heads, D) -> (T, n_heads, D); see kernels/reference.paged_attention.
     Batches small enough for linear.py's numba kernels run on numba's threads too;
     larger ones (whose products run in BLAS's threads) on this one."""
     parallel = len(q) <= NUMBA_MAX_ROWS
     out = np.empty_like(q)
-    scale = np.float32(1.0 / np.sqrt(q.shape[-1]))
+    scale = np.float32(1.0 / np.sqrt(q.shape[-1]) if scores_scale is None else scores_scale)
     kernel = _paged_attention_parallel if parallel else _paged_attention
     kernel(q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq, scale,
            window or 0, out)

@@ -184,6 +184,21 @@ class CudaBackend:
             self._rounded[id(out)] = (out, rounded)
         return out, (residual if has_residual else x)
 
+    def rms_norm(self, x, weight, eps):
+        return self.add_rms_norm(x, None, weight, eps)[0]
+
+    def scale(self, x, factor):
+        out = self._empty(*x.shape)
+        n = x.shape[0] * x.shape[1]
+        self._launch(elementwise.scale, ceil_div(n, 256), 256, x, np.float32(factor), out)
+        return out
+
+    def add(self, x, y):
+        out = self._empty(*x.shape)
+        n = x.shape[0] * x.shape[1]
+        self._launch(elementwise.add, ceil_div(n, 256), 256, x, y, out)
+        return out
+
     def _input_for(self, x, weight):
         """x, or x rounded to int8 blocks when weight is packed (as every backend's
         packed products take it): the norm's rounded output when x is a norm's."""
@@ -270,12 +285,12 @@ class CudaBackend:
                      q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping)
         return q  # rotated in place
 
-    def paged_attention(self, q, k_cache, v_cache, meta, window=None):
+    def paged_attention(self, q, k_cache, v_cache, meta, window=None, scores_scale=None):
         if q.shape[2] > attention.MAX_HEAD_DIM:
             raise ValueError(f"head_dim={q.shape[2]} exceeds the CUDA kernels' "
                              f"MAX_HEAD_DIM={attention.MAX_HEAD_DIM}")
         out = self._empty(*q.shape)
-        scale = np.float32(1.0 / np.sqrt(q.shape[2]))
+        scale = np.float32(1.0 / np.sqrt(q.shape[2]) if scores_scale is None else scores_scale)
         args = (q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq)
         window = np.int32(window or 0)  # 0: no sliding window
         if meta.num_decode:

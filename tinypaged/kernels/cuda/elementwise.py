@@ -104,6 +104,25 @@ def silu_mul(gate, up, out):
 
 
 @cuda.jit
+def scale(x, factor, out):
+    """1-D grid over T * H elements: out = x * factor."""
+    e = cuda.grid(1)
+    width = x.shape[1]
+    if e < x.shape[0] * width:
+        out[e // width, e % width] = x[e // width, e % width] * factor
+
+
+@cuda.jit
+def add(x, y, out):
+    """1-D grid over T * H elements: out = x + y."""
+    e = cuda.grid(1)
+    width = x.shape[1]
+    if e < x.shape[0] * width:
+        t, i = e // width, e % width
+        out[t, i] = x[t, i] + y[t, i]
+
+
+@cuda.jit
 def gather_rows(table, indices, out):
     """Grid (len(indices),), block ROW_THREADS: out[r] = table[indices[r]] (embedding
     lookup for token ids, or picking the rows that need logits)."""

@@ -70,6 +70,8 @@ def signatures() -> list[tuple[str, object, tuple]]:
          (arr(F32, 2), arr(F32, 2), types.boolean, arr(F32, 1), F32, arr(F32, 2), arr(F32, 2),
           types.boolean)),
         ("silu_mul", elementwise.silu_mul, (arr(F32, 2), arr(F32, 2), arr(F32, 2))),
+        ("scale", elementwise.scale, (arr(F32, 2), F32, arr(F32, 2))),
+        ("add", elementwise.add, (arr(F32, 2), arr(F32, 2), arr(F32, 2))),
         ("gather_rows", elementwise.gather_rows, (arr(F32, 2), arr(I32, 1), arr(F32, 2))),
         ("round_activations", elementwise.round_activations, (arr(F32, 2), arr(F32, 2))),
         ("top_candidates", logits.top_candidates, (arr(F32, 2), arr(I32, 1), I64, arr(F32, 3))),
@@ -89,7 +91,7 @@ def block_threads(label: str) -> int:
             "merge_partitions": attention.MERGE_THREADS,
             "paged_attention_prefill": attention.PREFILL_THREADS,
             "add_rms_norm": elementwise.NORM_THREADS, "rope_write_kv": attention.MAX_HEAD_DIM // 2,
-            "silu_mul": 256, "gather_rows": elementwise.ROW_THREADS,
+            "silu_mul": 256, "scale": 256, "add": 256, "gather_rows": elementwise.ROW_THREADS,
             "copy_blocks": elementwise.ROW_THREADS,
             "round_activations": elementwise.ROUND_THREADS,
             "top_candidates": logits.TOP_THREADS}[name]

@@ -1,0 +1,25 @@
+"""Granite: Llama with four multipliers. Embeddings are scaled by
+embedding_multiplier, each block's output by residual_multiplier before it joins
+the residual stream, the attention scores by attention_multiplier (in place of
+1/sqrt(head_dim)), and the logits divided by logits_scaling."""
+from .family import Family, attention_biases, no_mlp_bias
+
+
+def read(get, layers: int) -> dict:
+    no_mlp_bias(get)
+
+    def positive(key: str) -> float:
+        value = get.number(key, 1.0)
+        if value <= 0:
+            raise ValueError(f"{get.where}: {key}={value:g} must be positive")
+        return value
+
+    return {**attention_biases(get), "embedding_scale": positive("embedding_multiplier"),
+            "residual_scale": positive("residual_multiplier"),
+            "attention_scale": positive("attention_multiplier"),
+            "logit_scale": 1.0 / positive("logits_scaling")}
+
+
+GRANITE = Family("GraniteForCausalLM",
+                 frozenset({"attention_bias", "mlp_bias", "embedding_multiplier", "logits_scaling",
+                            "residual_multiplier", "attention_multiplier"}), read)

@@ -1,0 +1,12 @@
+"""OLMo 2: the norms come after the blocks, not before them. Each layer adds
+post_attention_layernorm(attention(x)) and then post_feedforward_layernorm(mlp(x))
+to the residual stream x, whose sum goes into the next block un-normed; q and k
+are each normed over the whole projection (all heads at once), before RoPE."""
+from .family import Family, attention_biases
+
+
+def read(get, layers: int) -> dict:
+    return {**attention_biases(get), "qk_norm": "full", "norm_layout": "post"}
+
+
+OLMO2 = Family("Olmo2ForCausalLM", frozenset({"attention_bias"}), read)
