@@ -54,18 +54,22 @@ def random_paged_batch(rng, block_size, n_kv, head_dim, context_lens, n_new):
     return k_cache, v_cache, AttentionMetadata.build(chunks, block_size)
 
 
-@pytest.mark.parametrize("window", [None, 1, 7, 16])
+@pytest.mark.parametrize("window, scores_scale, softcap", [(None, None, None), (1, None, None),
+                                                         (7, None, None), (16, None, None),
+                                                         (None, 0.7, 1.5), (7, 0.2, 0.9)])
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("n_heads, n_kv", [(4, 2), (4, 4), (6, 1)])
-def test_paged_attention_decode_and_prefill(block_size, n_heads, n_kv, window):
+def test_paged_attention_decode_and_prefill(block_size, n_heads, n_kv, window, scores_scale,
+                                            softcap):
     """A sliding window masks the keys before it in decode rows, in a prefill over a
-    cached prefix and in a whole prefill (7 and 16 end mid-block and at a block's end)."""
+    cached prefix and in a whole prefill (7 and 16 end mid-block and at a block's end);
+    another scale of the scores (Granite, Gemma) and Gemma 2's soft-capping."""
     rng = np.random.default_rng(block_size * 10 + n_heads + n_kv)
     context_lens = [1, 17, 33, 5]  # 17 and 33: a partially filled last block
     n_new = [1, 1, 9, 5]  # decode, decode, prefill after a cached prefix, whole prefill
     k_cache, v_cache, meta = random_paged_batch(rng, block_size, n_kv, 8, context_lens, n_new)
     q = rand(rng, meta.num_tokens, n_heads, 8)
-    args = (q, k_cache, v_cache, meta, window)
+    args = (q, k_cache, v_cache, meta, window, scores_scale, softcap)
     np.testing.assert_allclose(cpu.paged_attention(*args), reference.paged_attention(*args),
                                rtol=RTOL, atol=ATOL)
 

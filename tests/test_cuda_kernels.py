@@ -158,14 +158,14 @@ def test_rope_write_kv(gpu):
     np.testing.assert_array_equal(dev_v.copy_to_host(), v_pool)
 
 
-@pytest.mark.parametrize("window", [None, 5, 18])
+@pytest.mark.parametrize("window, softcap", [(None, None), (5, None), (18, None), (None, 0.8)])
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("n_heads, n_kv", [(4, 2), (2, 2)])
-def test_paged_attention_decode_and_prefill(gpu, block_size, n_heads, n_kv, window):
+def test_paged_attention_decode_and_prefill(gpu, block_size, n_heads, n_kv, window, softcap):
     """Ragged block tables, a partial last block, decode rows and prefill tiles mixed
     (the 19-token prefill spans two query tiles, 11 of its keys cached); a sliding
     window of 5 (inside one key tile) or 18 (the first query tile's first key in
-    another tile than its last query's)."""
+    another tile than its last query's); scores soft-capped (Gemma 2), scaled by 0.3."""
     rng = np.random.default_rng(block_size + n_heads)
     head_dim, context_lens, n_new = 8, [5, 30, 17], [1, 19, 1]
     tables, free = [], list(rng.permutation(64))
@@ -175,11 +175,12 @@ def test_paged_attention_decode_and_prefill(gpu, block_size, n_heads, n_kv, wind
     meta = AttentionMetadata.build([(t, n - m, n) for t, n, m in zip(tables, context_lens, n_new)],
                                    block_size)
     q = rand(rng, meta.num_tokens, n_heads, head_dim)
-    want = reference.paged_attention(q, k_cache, v_cache, meta, window)
+    scale = None if softcap is None else 0.3
+    want = reference.paged_attention(q, k_cache, v_cache, meta, window, scale, softcap)
     ids, dev_meta = gpu.prepare_inputs(np.zeros(meta.num_tokens, np.int64), meta)
     assert (dev_meta.num_decode, dev_meta.num_tiles) == (2, 2)
     got = gpu.paged_attention(cuda.to_device(q), cuda.to_device(k_cache), cuda.to_device(v_cache),
-                              dev_meta, window).copy_to_host()
+                              dev_meta, window, scale, softcap).copy_to_host()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 

@@ -79,7 +79,8 @@ def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
     packed = {f"gemv_{q}{form}" for q in ("q8_0", "q4") for form in ("", "_qkv", "_gate_up_silu")}
     packed |= {"matmul_tiled_packed[q8_0]", "matmul_tiled_packed[q4]"}
     assert set(audit) == per_dtype | per_pool | packed | {"merge_partitions", "add_rms_norm",
-                                                          "silu_mul", "scale", "add", "gather_rows",
+                                                          "silu_mul", "scale", "add", "gelu_tanh_mul", "softcap",
+                                                          "gather_rows",
                                                           "round_activations", "top_candidates"}
     assert all(r["ptx_bytes"] > 0 for r in audit.values())
     tiled = audit["matmul_tiled[f16]"]

@@ -68,17 +68,30 @@ CASES = {
     "olmo2": ("Olmo2Config", {}),
     "phi3": ("Phi3Config", {}),
     "phi3-window": ("Phi3Config", {"sliding_window": 8}),
+    "gemma": ("GemmaConfig", {"head_dim": 16, "tie_word_embeddings": True}),
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+                                "attn_logit_softcapping": 3.0, "final_logit_softcapping": 5.0}),
+    "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+                                    "num_hidden_layers": 3, "sliding_window_pattern": 3,
+                                    "rope_parameters": {
+                                        "full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                           "rope_theta": 80000.0},
+                                        "sliding_attention": {"rope_type": "default",
+                                                              "rope_theta": 1000.0}}}),
 }
 MODELS = {"LlamaConfig": "LlamaForCausalLM", "MistralConfig": "MistralForCausalLM",
           "Qwen2Config": "Qwen2ForCausalLM", "Qwen3Config": "Qwen3ForCausalLM",
           "SmolLM3Config": "SmolLM3ForCausalLM", "GraniteConfig": "GraniteForCausalLM",
-          "Olmo2Config": "Olmo2ForCausalLM", "Phi3Config": "Phi3ForCausalLM"}
+          "Olmo2Config": "Olmo2ForCausalLM", "Phi3Config": "Phi3ForCausalLM",
+          "GemmaConfig": "GemmaForCausalLM", "Gemma2Config": "Gemma2ForCausalLM",
+          "Gemma3TextConfig": "Gemma3ForCausalLM"}
 
 
 def build(config_class: str, extra: dict, seed: int):
     extra = dict(extra)
     rope = dict(extra.pop("rope_parameters", {"rope_type": "default"}))
-    rope["rope_theta"] = THETA
+    if "full_attention" not in rope:  # (Gemma 3's are nested by layer type, thetas given)
+        rope["rope_theta"] = THETA
     config = getattr(transformers, config_class)(**{**SHAPE, **extra}, rope_parameters=rope)
     torch.manual_seed(seed)
     model = getattr(transformers, MODELS[config_class])(config).eval()
@@ -97,6 +110,17 @@ def build(config_class: str, extra: dict, seed: int):
 def old_layout(config: dict) -> dict:
     """config.json as transformers < 5 wrote it."""
     old = {k: v for k, v in config.items() if k not in ("rope_parameters", "layer_types", "dtype")}
+    if "full_attention" in config["rope_parameters"]:  # Gemma 3: one RoPE per layer type
+        full = dict(config["rope_parameters"]["full_attention"])
+        old["rope_theta"] = full.pop("rope_theta")
+        old["rope_local_base_freq"] = config["rope_parameters"]["sliding_attention"]["rope_theta"]
+        if full.pop("rope_type") != "default":
+            old["rope_scaling"] = {"rope_type": config["rope_parameters"]["full_attention"]["rope_type"],
+                                   **full}
+        kinds = config["layer_types"]
+        old["sliding_window_pattern"] = kinds.index("full_attention") + 1
+        old["torch_dtype"] = "float16"
+        return old
     rope = dict(config["rope_parameters"])
     old["rope_theta"] = rope.pop("rope_theta")
     if rope.pop("rope_type") != "default":

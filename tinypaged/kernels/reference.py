@@ -40,8 +40,17 @@ def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return gate / (1.0 + np.exp(-gate)) * up
 
 
+def gelu_tanh_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gelu(gate) * up with GELU's tanh form (PyTorch's approximate="tanh"), the
+    GeGLU MLP's middle (Gemma)."""
+    c = np.asarray(np.sqrt(2.0 / np.pi), dtype=gate.dtype)
+    inner = c * (gate + np.asarray(0.044715, gate.dtype) * gate * gate * gate)
+    return np.asarray(0.5, gate.dtype) * gate * (1 + np.tanh(inner)) * up
+
+
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                     q_positions: np.ndarray, window: int | None = None) -> np.ndarray:
+                     q_positions: np.ndarray, window: int | None = None,
+                     softcap: float | None = None) -> np.ndarray:
     """Softmax attention with GQA over a contiguous cache.
 
     q (T, n_heads, D) at absolute positions q_positions (T,); k, v (S, n_kv, D)
@@ -54,6 +63,9 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
     group = n_heads // n_kv  # query heads per KV head
     qg = q.reshape(n_tokens, n_kv, group, head_dim)  # head h uses KV head h // group
     scores = np.einsum("tkgd,skd->kgts", qg, k) / np.sqrt(head_dim).astype(q.dtype)  # (n_kv, group, T, S)
+    if softcap is not None:  # Gemma 2: cap * tanh(score / cap)
+        cap = np.asarray(softcap, dtype=q.dtype)
+        scores = cap * np.tanh(scores / cap)
     key_positions, q_positions = np.arange(k.shape[0])[None, :], np.asarray(q_positions)[:, None]
     visible = key_positions <= q_positions  # (T, S)
     if window is not None:
@@ -95,7 +107,8 @@ def first_key(position: int, window: int | None) -> int:
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta,
-                    window: int | None = None, scores_scale: float | None = None) -> np.ndarray:
+                    window: int | None = None, scores_scale: float | None = None,
+                    softcap: float | None = None) -> np.ndarray:
     """Causal GQA attention of T query tokens (T, n_heads, D) over the paged pool.
 
     Token t attends to positions 0..positions[t] of sequence token_seq[t] (with a
@@ -115,7 +128,8 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
         context = np.arange(first_key(positions[t], window), positions[t] + 1)
         table = block_tables[token_seq[t]]
         slots = table[context // block_size].astype(np.int64) * block_size + context % block_size
-        out[t] = causal_attention(q[t:t + 1], k_flat[slots], v_flat[slots], np.array([len(slots) - 1]))[0]
+        out[t] = causal_attention(q[t:t + 1], k_flat[slots], v_flat[slots], np.array([len(slots) - 1]),
+                                  softcap=softcap)[0]
     return out
 
 
@@ -212,9 +226,20 @@ def gather_rows(x: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return x[indices]
 
 
+def gate_up_gelu(x: np.ndarray, w_gate, w_up) -> np.ndarray:
+    """gelu_tanh(x @ w_gate.T) * (x @ w_up.T)."""
+    return gelu_tanh_mul(linear(x, w_gate), linear(x, w_up))
+
+
 def scale(x: np.ndarray, factor: float) -> np.ndarray:
     """x times factor (a float32 factor: as the models' float32 multipliers)."""
     return x * np.float32(factor)
+
+
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """cap * tanh(x / cap) (Gemma 2's logits)."""
+    cap = np.asarray(cap, dtype=x.dtype)
+    return cap * np.tanh(x / cap)
 
 
 def add(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 
 from .families import FAMILIES
 from .family import LAYER_TYPES
-from .rope import Rope, rope_from_config
+from .rope import NO_ROPE, Rope, rope_from_config
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
-NORM_LAYOUTS = ("pre", "post")  # norms before each block (Llama), or after it (OLMo 2)
+# norms before each block (Llama), after it (OLMo 2), or both (Gemma 2 and 3)
+NORM_LAYOUTS = ("pre", "post", "sandwich")
 
 # the keys every supported architecture reads
 COMMON_KEYS = frozenset({
@@ -77,6 +78,11 @@ class ModelConfig:
     residual_scale: float = 1.0  # each block's output times this, before the residual add
     logit_scale: float = 1.0  # logits times this
     fused_projections: bool = False  # the file holds qkv_proj and gate_up_proj (Phi-3)
+    activation: str = "silu"  # the MLP's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
+    norm_offset: float = 0.0  # RMSNorm weights as stored are w - offset (Gemma: 1 + w)
+    local_rope: Rope | None = None  # the sliding layers' RoPE where it differs (Gemma 3)
+    attn_softcap: float | None = None  # scores as cap * tanh(score / cap) (Gemma 2)
+    final_softcap: float | None = None  # logits as cap * tanh(logit / cap) (Gemma 2)
 
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -109,11 +115,24 @@ class ModelConfig:
                              f"num_hidden_layers={self.num_hidden_layers}")
         if self.norm_layout not in NORM_LAYOUTS:
             raise ValueError(f"norm_layout={self.norm_layout!r} is not one of {NORM_LAYOUTS}")
+        if self.activation not in ("silu", "gelu_tanh"):
+            raise ValueError(f"activation={self.activation!r} is not 'silu' or 'gelu_tanh'")
+        for name in ("attn_softcap", "final_softcap"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be positive")
         if self.qk_norm not in (None, "head", "full"):
             raise ValueError(f"qk_norm={self.qk_norm!r} is not None, 'head' or 'full'")
 
     def uses_rope(self, layer: int) -> bool:
         return not self.rope_layers or self.rope_layers[layer]
+
+    def rope_of(self, layer: int) -> Rope:
+        """The RoPE of layer (NO_ROPE where it has none)."""
+        if not self.uses_rope(layer):
+            return NO_ROPE
+        if self.local_rope is not None and self.window(layer) is not None:
+            return self.local_rope
+        return self.rope
 
     @property
     def scores_scale(self) -> float:
@@ -159,7 +178,7 @@ class ModelConfig:
                              f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
         check_keys(cfg, arch, where)
         act = cfg.get("hidden_act", "silu")
-        if act != "silu":
+        if act != "silu" and not FAMILIES[arch].reads_activation:
             raise ValueError(f"{where}: hidden_act={act!r} is not supported (only 'silu')")
         get = _Reader(cfg, where)
         vocab = get.integer("vocab_size", positive=True)
@@ -167,6 +186,7 @@ class ModelConfig:
         layers = get.integer("num_hidden_layers", positive=True)
         max_positions = get.integer("max_position_embeddings", 2048)
         family_fields = FAMILIES[arch].read(get, layers)
+        rope = family_fields.pop("rope", None) or rope_from_config(cfg, where, max_positions)
         try:
             return cls(
                 architecture=arch,
@@ -179,7 +199,7 @@ class ModelConfig:
                 head_dim=get.integer("head_dim", 0),
                 max_position_embeddings=max_positions,
                 rms_norm_eps=get.number("rms_norm_eps", 1e-6),
-                rope=rope_from_config(cfg, where, max_positions),
+                rope=rope,
                 tie_word_embeddings=get.boolean("tie_word_embeddings", False),
                 bos_token_id=get.token_ids("bos_token_id", vocab, single=True),
                 eos_token_ids=get.token_ids("eos_token_id", vocab),

@@ -19,6 +19,7 @@ class Family:
     name: str  # as config.json's "architectures" names it
     keys: frozenset  # the config keys it reads beyond config.COMMON_KEYS
     read: Callable  # (reader: config._Reader, layers: int) -> {ModelConfig field: value}
+    reads_activation: bool = False  # else hidden_act must be silu (config.py checks)
 
 
 def no_mlp_bias(get) -> None:

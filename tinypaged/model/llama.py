@@ -2,9 +2,10 @@
 
 Llama's pass, with the knobs by which the other families differ (ModelConfig's
 fields; family.py and the family files say which family sets which): q/k norms,
-norms after the blocks instead of before (OLMo 2), layers without RoPE (SmolLM3),
-sliding windows, and multipliers on the embeddings, the blocks' outputs and the
-attention scores (Granite).
+norms after the blocks instead of before (OLMo 2) or both (Gemma 2 and 3), a RoPE
+per layer (none: SmolLM3; local and global: Gemma 3), sliding windows, GeGLU, and
+multipliers on the embeddings, the blocks' outputs and the attention scores
+(Granite, Gemma).
 
 The batch mixes prefill chunks and decode tokens of many sequences; where each
 token's K/V go and what it attends to comes from AttentionMetadata. `ops` is a
@@ -16,7 +17,6 @@ import numpy as np
 
 from ..engine.attention_metadata import AttentionMetadata
 from .config import ModelConfig
-from .rope import NO_ROPE
 
 
 class PagedKVCache:
@@ -48,10 +48,11 @@ class LlamaModel:
         None: the model's max_position_embeddings)."""
         self.cfg, self.w, self.ops = cfg, ops.prepare_weights(weights), ops
         positions = max_positions or cfg.max_position_embeddings
-        self.cos, self.sin = ops.rope_tables(positions, cfg.head_dim, cfg.rope)  # (positions, D/2) each
-        self.no_rope = None  # cos 1, sin 0: for layers without RoPE, if any
-        if not all(map(cfg.uses_rope, range(cfg.num_hidden_layers))):
-            self.no_rope = ops.rope_tables(positions, cfg.head_dim, NO_ROPE)
+        tables = {}  # Rope -> (cos, sin), each (positions, D/2): one per kind the layers use
+        for rope in map(cfg.rope_of, range(cfg.num_hidden_layers)):
+            if rope not in tables:
+                tables[rope] = ops.rope_tables(positions, cfg.head_dim, rope)
+        self.rope_tables = [tables[cfg.rope_of(layer)] for layer in range(cfg.num_hidden_layers)]
 
     def forward(self, token_ids: np.ndarray, meta: AttentionMetadata,
                 kv: PagedKVCache) -> np.ndarray:
@@ -72,10 +73,15 @@ class LlamaModel:
         residual = None
         for layer in range(cfg.num_hidden_layers):
             p = f"model.layers.{layer}."
-            if cfg.norm_layout == "post":  # x is the residual stream, each block's input
-                a = self._attention(layer, x, meta, kv)
+            if cfg.norm_layout != "pre":  # x is the residual stream
+                # OLMo 2 feeds it to each block as it is; Gemma 2 and 3 norm it first
+                h = x if cfg.norm_layout == "post" else \
+                    ops.rms_norm(x, w[p + "input_layernorm.weight"], eps)
+                a = self._attention(layer, h, meta, kv)
                 x = ops.add(x, ops.rms_norm(a, w[p + "post_attention_layernorm.weight"], eps))
-                m = self._mlp(p, x)
+                h = x if cfg.norm_layout == "post" else \
+                    ops.rms_norm(x, w[p + "pre_feedforward_layernorm.weight"], eps)
+                m = self._mlp(p, h)
                 x = ops.add(x, ops.rms_norm(m, w[p + "post_feedforward_layernorm.weight"], eps))
                 continue
             h, residual = ops.add_rms_norm(x, residual, w[p + "input_layernorm.weight"], eps)
@@ -90,7 +96,8 @@ class LlamaModel:
         else:
             h, _ = ops.add_rms_norm(last, ops.gather_rows(residual, meta.logits_indices),
                                     w["model.norm.weight"], eps)
-        return ops.linear(h, w["lm_head.weight"])  # (R, vocab)
+        logits = ops.linear(h, w["lm_head.weight"])  # (R, vocab)
+        return logits if cfg.final_softcap is None else ops.softcap(logits, cfg.final_softcap)
 
     def _attention(self, layer: int, h, meta, kv: PagedKVCache):
         """h (T, H) -> o_proj(attention) (T, H); writes the layer's K/V to the pool."""
@@ -109,20 +116,21 @@ class LlamaModel:
                              cfg.rms_norm_eps)
             k = ops.rms_norm(k.reshape(n_tokens * n_kv, head_dim), w[a + "k_norm.weight"],
                              cfg.rms_norm_eps)
-        cos, sin = (self.cos, self.sin) if cfg.uses_rope(layer) else self.no_rope
+        cos, sin = self.rope_tables[layer]
         q = ops.rope_write_kv(q.reshape(n_tokens, n_heads, head_dim),
                               k.reshape(n_tokens, n_kv, head_dim),
                               v.reshape(n_tokens, n_kv, head_dim), meta.positions,
                               cos, sin, kv.k[layer], kv.v[layer], meta.slot_mapping)
         attn = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta, cfg.window(layer),
-                                   cfg.attention_scale)  # (T, n_heads, D)
+                                   cfg.attention_scale, cfg.attn_softcap)  # (T, n_heads, D)
         return ops.linear(attn.reshape(n_tokens, n_heads * head_dim), w[a + "o_proj.weight"],
                           w[a + "o_proj.bias"] if cfg.o_proj_bias else None)
 
     def _mlp(self, p: str, h):
-        """h (T, H) -> down(silu(gate(h)) * up(h)) (T, H)."""
+        """h (T, H) -> down(act(gate(h)) * up(h)) (T, H); act SiLU or GELU (tanh)."""
         w, ops = self.w, self.ops
-        act = ops.gate_up_silu(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"])
+        gate_up = ops.gate_up_gelu if self.cfg.activation == "gelu_tanh" else ops.gate_up_silu
+        act = gate_up(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"])
         return ops.linear(act, w[p + "mlp.down_proj.weight"])  # act: (T, I)
 
     def _scaled(self, x):

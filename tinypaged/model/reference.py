@@ -62,7 +62,6 @@ class ReferenceModel:
         positions = np.arange(start, start + n_tokens)
         end = start + n_tokens
         n_heads, n_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        cos, sin = ops.rope_cos_sin(positions, head_dim, cfg.rope, self.dtype)  # (T, D)
         eps = cfg.rms_norm_eps
 
         def attention(layer: int, h: np.ndarray) -> np.ndarray:
@@ -77,21 +76,22 @@ class ReferenceModel:
             q, k = q.reshape(n_tokens, n_heads, head_dim), k.reshape(n_tokens, n_kv, head_dim)
             if cfg.qk_norm == "head":
                 q, k = ops.rms_norm(q, w[p + "q_norm.weight"], eps), ops.rms_norm(k, w[p + "k_norm.weight"], eps)
-            if cfg.uses_rope(layer):
-                q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+            cos, sin = ops.rope_cos_sin(positions, head_dim, cfg.rope_of(layer), self.dtype)  # (T, D)
+            q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
             cache.k[layer, start:end] = k
             cache.v[layer, start:end] = v.reshape(n_tokens, n_kv, head_dim)
             if cfg.attention_scale is not None:  # causal_attention divides by sqrt(D)
                 q = q * np.asarray(cfg.attention_scale * head_dim ** 0.5, dtype=q.dtype)
             attn = ops.causal_attention(q, cache.k[layer, :end], cache.v[layer, :end], positions,
-                                        cfg.window(layer))
+                                        cfg.window(layer), cfg.attn_softcap)
             out = self._product(attn.reshape(n_tokens, n_heads * head_dim), p + "o_proj.weight")
             return out + w[p + "o_proj.bias"] if cfg.o_proj_bias else out
 
         def mlp(p: str, h: np.ndarray) -> np.ndarray:
             gate = self._product(h, p + "mlp.gate_proj.weight")  # (T, I)
             up = self._product(h, p + "mlp.up_proj.weight")
-            return self._product(ops.silu_mul(gate, up), p + "mlp.down_proj.weight")
+            act = ops.gelu_tanh_mul if cfg.activation == "gelu_tanh" else ops.silu_mul
+            return self._product(act(gate, up), p + "mlp.down_proj.weight")
 
         x = w["model.embed_tokens.weight"][ids] * np.asarray(cfg.embedding_scale, self.dtype)  # (T, H)
         block_scale = np.asarray(cfg.residual_scale, self.dtype)
@@ -101,6 +101,12 @@ class ReferenceModel:
                 x = x + ops.rms_norm(attention(layer, x), w[p + "post_attention_layernorm.weight"], eps)
                 x = x + ops.rms_norm(mlp(p, x), w[p + "post_feedforward_layernorm.weight"], eps)
                 continue
+            if cfg.norm_layout == "sandwich":  # Gemma 2 and 3: norms before and after
+                h = ops.rms_norm(x, w[p + "input_layernorm.weight"], eps)
+                x = x + ops.rms_norm(attention(layer, h), w[p + "post_attention_layernorm.weight"], eps)
+                h = ops.rms_norm(x, w[p + "pre_feedforward_layernorm.weight"], eps)
+                x = x + ops.rms_norm(mlp(p, h), w[p + "post_feedforward_layernorm.weight"], eps)
+                continue
             x = x + attention(layer, ops.rms_norm(x, w[p + "input_layernorm.weight"], eps)) * block_scale
             x = x + mlp(p, ops.rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)) * block_scale
         cache.length = end
@@ -108,4 +114,5 @@ class ReferenceModel:
         if not all_logits:
             x = x[-1:]
         x = ops.rms_norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
-        return self._product(x, "lm_head.weight")  # (T or 1, vocab)
+        logits = self._product(x, "lm_head.weight")  # (T or 1, vocab)
+        return logits if cfg.final_softcap is None else ops.softcap(logits, cfg.final_softcap)

@@ -23,8 +23,11 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         p = f"model.layers.{layer}."
         if cfg.norm_layout == "pre":  # (Llama's post_attention_layernorm is the MLP's pre-norm)
             norms = ("input_layernorm", "post_attention_layernorm")
-        else:  # OLMo 2: after each block
+        elif cfg.norm_layout == "post":  # OLMo 2: after each block
             norms = ("post_attention_layernorm", "post_feedforward_layernorm")
+        else:  # Gemma 2 and 3: before and after each
+            norms = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm")
         shapes.update({p + f"{norm}.weight": (h,) for norm in norms})
         if cfg.qk_norm is not None:
             head = cfg.qk_norm == "head"
@@ -153,8 +156,19 @@ def load_model(model_dir: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.
         raise FileNotFoundError(f"model folder not found: {model_dir}")
     else:
         cfg = ModelConfig.from_json(model_dir)
-        weights = load_weights(model_dir, cfg)
+        weights = offset_norms(load_weights(model_dir, cfg), cfg)
     return cfg, scale_logits(weights, cfg)
+
+
+def offset_norms(weights: dict, cfg: ModelConfig) -> dict:
+    """Gemma's norms multiply by 1 + w: the 1 added once here (float32), so every
+    backend's RMSNorm is the plain one. (llama.cpp's converter adds it when writing a
+    GGUF file: GGUF weights come as they are.)"""
+    if cfg.norm_offset:
+        for name in weights:
+            if name.endswith("norm.weight"):
+                weights[name] = weights[name].astype(np.float32) + np.float32(cfg.norm_offset)
+    return weights
 
 
 def scale_logits(weights: dict, cfg: ModelConfig) -> dict:

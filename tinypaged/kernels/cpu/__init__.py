@@ -1,11 +1,11 @@
 """The CPU backend: numba.njit kernels; large matrix products through NumPy's BLAS."""
 # NumPy is already the right tool for these: slicing, fancy indexing, host arrays
-from ..reference import (add, copy_blocks, default_kv_memory, embedding, gather_rows, scale,
+from ..reference import (add, copy_blocks, default_kv_memory, embedding, gather_rows, scale, softcap,
                          logits_for_sampling, memory_available, prepare_inputs, rope_tables,
                          to_host, use_in_this_thread)
 from .attention import paged_attention
 from .cache_ops import allocate_kv, write_kv
-from .elementwise import add_rms_norm, rms_norm, rope, silu_mul
+from .elementwise import add_rms_norm, gelu_tanh_mul, rms_norm, rope, silu_mul
 from .linear import linear, prepare_linear_weights
 from .stacks import stack_layer_matrices, stacked_linear
 
@@ -13,7 +13,7 @@ name = "cpu"
 __all__ = ["name", "use_in_this_thread", "default_kv_memory", "memory_available", "prepare_weights", "allocate_kv",
            "prepare_inputs", "to_host", "logits_for_sampling", "rope_tables", "embedding", "add_rms_norm", "rms_norm", "linear",
            "qkv_proj", "gate_up_silu", "rope_write_kv", "paged_attention", "silu_mul",
-           "gather_rows", "copy_blocks", "write_kv", "rope", "scale", "add"]
+           "gather_rows", "copy_blocks", "write_kv", "rope", "scale", "add", "gate_up_gelu", "softcap"]
 
 
 def rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping):
@@ -32,6 +32,11 @@ def qkv_proj(x, wq, wk, wv, bq=None, bk=None, bv=None):
     """The attention's three projections of x: (q, k, v)."""
     q, k, v = stacked_linear(x, [wq, wk, wv])
     return tuple(out if b is None else out + b for out, b in ((q, bq), (k, bk), (v, bv)))
+
+
+def gate_up_gelu(x, w_gate, w_up):
+    """gelu_tanh(x @ w_gate.T) * (x @ w_up.T) (Gemma's GeGLU)."""
+    return gelu_tanh_mul(*stacked_linear(x, [w_gate, w_up]))
 
 
 def gate_up_silu(x, w_gate, w_up):

@@ -30,11 +30,11 @@ NO_SCORE = float32(-3.0e38)  # below any score; finite, as fastmath assumes no i
 
 
 @njit(fastmath=True, inline="always")
-def _attend_one_token(q, k_cache, v_cache, table, position, t, scale, window, acc, top, total,
-                      out):
+def _attend_one_token(q, k_cache, v_cache, table, position, t, scale, window, softcap, acc, top,
+                      total, out):
     """out[t] = softmax(q[t] . K) V over positions 0 .. position of one sequence's
-    blocks (the last `window` of them when window > 0); acc (n_heads, D), top and
-    total (n_heads,) are the caller's scratch."""
+    blocks (the last `window` of them when window > 0; scores soft-capped when
+    softcap > 0); acc (n_heads, D), top and total (n_heads,) are the caller's scratch."""
     n_heads, head_dim = q.shape[1], q.shape[2]
     block_size, n_kv = k_cache.shape[1], k_cache.shape[2]
     group = n_heads // n_kv
@@ -51,6 +51,8 @@ def _attend_one_token(q, k_cache, v_cache, table, position, t, scale, window, ac
                 for d in range(head_dim):
                     dot += q[t, h, d] * kv_widen(k_row[d])
                 score = dot * scale
+                if softcap > 0:  # Gemma 2
+                    score = softcap * np.tanh(score / softcap)
                 if score > top[h]:  # a new max: rescale what was summed so far
                     shrink = np.exp(top[h] - score)
                     total[h] *= shrink
@@ -69,19 +71,19 @@ def _attend_one_token(q, k_cache, v_cache, table, position, t, scale, window, ac
 
 @njit(fastmath=True, cache=True)
 def _paged_attention(q, k_cache, v_cache, block_tables, positions, token_seq, scale, window,
-                     out):
+                     softcap, out):
     n_heads, head_dim = q.shape[1], q.shape[2]
     acc = np.empty((n_heads, head_dim), dtype=np.float32)  # sum of p * V, per query head
     top = np.empty(n_heads, dtype=np.float32)  # running max score
     total = np.empty(n_heads, dtype=np.float32)  # running sum of exp(score - top)
     for t in range(q.shape[0]):
         _attend_one_token(q, k_cache, v_cache, block_tables[token_seq[t]], positions[t], t,
-                          scale, window, acc, top, total, out)
+                          scale, window, softcap, acc, top, total, out)
 
 
 @njit(fastmath=True, parallel=True, cache=True)
 def _paged_attention_parallel(q, k_cache, v_cache, block_tables, positions, token_seq, scale,
-                              window, out):
+                              window, softcap, out):
     """_paged_attention with the tokens dealt round-robin to N_CHUNKS work items (so
     a causal prefill's long and short rows mix in every item)."""
     n_tokens, n_heads, head_dim = q.shape
@@ -91,10 +93,10 @@ def _paged_attention_parallel(q, k_cache, v_cache, block_tables, positions, toke
         total = np.empty(n_heads, dtype=np.float32)
         for t in range(c, n_tokens, N_CHUNKS):
             _attend_one_token(q, k_cache, v_cache, block_tables[token_seq[t]], positions[t], t,
-                              scale, window, acc, top, total, out)
+                              scale, window, softcap, acc, top, total, out)
 
 
-def paged_attention(q, k_cache, v_cache, meta, window=None, scores_scale=None):
+def paged_attention(q, k_cache, v_cache, meta, window=None, scores_scale=None, softcap=None):
     """q (T, n_heads, D) -> (T, n_heads, D); see kernels/reference.paged_attention.
     Batches small enough for linear.py's numba kernels run on numba's threads too;
     larger ones (whose products run in BLAS's threads) on this one."""
@@ -103,5 +105,5 @@ def paged_attention(q, k_cache, v_cache, meta, window=None, scores_scale=None):
     scale = np.float32(1.0 / np.sqrt(q.shape[-1]) if scores_scale is None else scores_scale)
     kernel = _paged_attention_parallel if parallel else _paged_attention
     kernel(q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq, scale,
-           window or 0, out)
+           window or 0, np.float32(softcap or 0.0), out)
     return out

@@ -81,6 +81,23 @@ def _silu_mul(gate, up, out):
             out[t, i] = g / (float32(1.0) + np.exp(-g)) * up[t, i]
 
 
+@njit(fastmath=True, cache=True)
+def _gelu_tanh_mul(gate, up, out):
+    n_tokens, width = gate.shape
+    c = float32(np.sqrt(2.0 / np.pi))
+    for t in range(n_tokens):
+        for i in range(width):
+            g = gate[t, i]
+            out[t, i] = float32(0.5) * g * (float32(1.0) + np.tanh(c * (g + float32(0.044715) * g * g * g))) * up[t, i]
+
+
+def gelu_tanh_mul(gate, up):
+    """gelu_tanh(gate) * up, both (T, I) (reference.gelu_tanh_mul)."""
+    out = np.empty_like(gate)
+    _gelu_tanh_mul(gate, up, out)
+    return out
+
+
 def silu_mul(gate, up):
     """silu(gate) * up, both (T, I)."""
     out = np.empty_like(gate)

@@ -4,7 +4,8 @@ Both read K/V through the block table: position j of sequence s lives in block
 block_tables[s, j // block_size] at offset j % block_size. GQA: query head h uses
 KV head h // (n_heads // n_kv). Scores are scaled by `scale` = 1/sqrt(D). With a
 sliding window (window > 0), a query at position p sees keys p - window + 1 .. p
-only; window 0 means every key up to p.
+only; window 0 means every key up to p. softcap > 0 (Gemma 2) turns each scaled
+score s into softcap * tanh(s / softcap).
 """
 import math
 
@@ -36,7 +37,7 @@ def _lane_value(a, i, j, k, d, head_dim):
 
 @jit_bounded(MAX_DECODE_THREADS)
 def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_seq,
-                           decode_rows, scale, window, part_acc, part_ml, out):
+                           decode_rows, scale, window, softcap, part_acc, part_ml, out):
     """Split-K, GQA-grouped decode attention, FlashDecoding style.
 
     Grid (len(decode_rows), n_kv, n_partitions), block (32 * group,): block (i, kvh, p)
@@ -87,8 +88,9 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_s
         b0, o0 = _slot(block_tables, s, j, block_size)
         b1, o1 = _slot(block_tables, s, j + 1, block_size)
         # (a key past the end scores -inf: weight 0; the warp takes every shuffle)
-        s0 = _score(q0, q1, q2, q3, k_cache, b0, o0, kvh, lane, head_dim, scale, True)
-        s1 = _score(q0, q1, q2, q3, k_cache, b1, o1, kvh, lane, head_dim, scale, j + 1 < end)
+        s0 = _score(q0, q1, q2, q3, k_cache, b0, o0, kvh, lane, head_dim, scale, softcap, True)
+        s1 = _score(q0, q1, q2, q3, k_cache, b1, o1, kvh, lane, head_dim, scale, softcap,
+                    j + 1 < end)
         m_new = max(m, max(s0, s1))
         correction = math.exp(m - m_new)  # 0 on the first keys (m = -inf)
         p0, p1 = math.exp(s0 - m_new), math.exp(s1 - m_new)
@@ -118,9 +120,9 @@ def _slot(block_tables, s, j, block_size):
 
 
 @cuda.jit(device=True, inline="always")
-def _score(q0, q1, q2, q3, k_cache, block, offset, kvh, lane, head_dim, scale, live):
-    """q . k of one key, scaled (every lane gets it), or -inf for a key not live. The
-    warp always runs the butterfly: live is the same for all its lanes."""
+def _score(q0, q1, q2, q3, k_cache, block, offset, kvh, lane, head_dim, scale, softcap, live):
+    """q . k of one key, scaled and soft-capped (every lane gets it), or -inf for a key
+    not live. The warp always runs the butterfly: live is the same for all its lanes."""
     partial = float32(0.0)
     if live:
         partial = (q0 * _lane_value(k_cache, block, offset, kvh, lane, head_dim)
@@ -128,6 +130,8 @@ def _score(q0, q1, q2, q3, k_cache, block, offset, kvh, lane, head_dim, scale, l
                    + q2 * _lane_value(k_cache, block, offset, kvh, lane + 64, head_dim)
                    + q3 * _lane_value(k_cache, block, offset, kvh, lane + 96, head_dim))
     total = warp_sum(partial) * scale
+    if softcap > float32(0.0):
+        total = softcap * math.tanh(total / softcap)
     return total if live else NEG_INF
 
 
@@ -195,7 +199,7 @@ def merge_partitions(positions, decode_rows, window, part_acc, part_ml, out):
 
 @jit_bounded((PREFILL_THREADS, PREFILL_BLOCKS_PER_SM))
 def paged_attention_prefill(q, k_cache, v_cache, block_tables, positions, token_seq,
-                            prefill_tiles, scale, window, out):
+                            prefill_tiles, scale, window, softcap, out):
     """Grid (len(prefill_tiles), n_heads), block PREFILL_THREADS; flash-style.
 
     Tile i holds query rows r0 .. r0 + nq - 1 (prefill_tiles[i] = (r0, nq), nq <=
@@ -248,6 +252,8 @@ def paged_attention_prefill(q, k_cache, v_cache, block_tables, positions, token_
                 for d in range(head_dim):
                     score += q_s[qi, d] * k_s[j, d]
                 score *= scale
+                if softcap > float32(0.0):
+                    score = softcap * math.tanh(score / softcap)
             p_s[qi, j] = score
         cuda.syncthreads()  # scores of the tile complete
         if t < Q_TILE:

@@ -187,6 +187,12 @@ class CudaBackend:
     def rms_norm(self, x, weight, eps):
         return self.add_rms_norm(x, None, weight, eps)[0]
 
+    def softcap(self, x, cap):
+        out = self._empty(*x.shape)
+        n = x.shape[0] * x.shape[1]
+        self._launch(elementwise.softcap, ceil_div(n, 256), 256, x, np.float32(cap), out)
+        return out
+
     def scale(self, x, factor):
         out = self._empty(*x.shape)
         n = x.shape[0] * x.shape[1]
@@ -285,7 +291,8 @@ class CudaBackend:
                      q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping)
         return q  # rotated in place
 
-    def paged_attention(self, q, k_cache, v_cache, meta, window=None, scores_scale=None):
+    def paged_attention(self, q, k_cache, v_cache, meta, window=None, scores_scale=None,
+                        softcap=None):
         if q.shape[2] > attention.MAX_HEAD_DIM:
             raise ValueError(f"head_dim={q.shape[2]} exceeds the CUDA kernels' "
                              f"MAX_HEAD_DIM={attention.MAX_HEAD_DIM}")
@@ -293,14 +300,16 @@ class CudaBackend:
         scale = np.float32(1.0 / np.sqrt(q.shape[2]) if scores_scale is None else scores_scale)
         args = (q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq)
         window = np.int32(window or 0)  # 0: no sliding window
+        cap = np.float32(softcap or 0.0)  # 0: no soft-capping
         if meta.num_decode:
-            self._decode_attention(args, meta, scale, window, out)
+            self._decode_attention(args, meta, scale, window, cap, out)
         if meta.num_tiles:
             self._launch(attention.paged_attention_prefill, (meta.num_tiles, q.shape[1]),
-                         attention.PREFILL_THREADS, *args, meta.prefill_tiles, scale, window, out)
+                         attention.PREFILL_THREADS, *args, meta.prefill_tiles, scale, window, cap,
+                         out)
         return out
 
-    def _decode_attention(self, args, meta, scale, window, out):
+    def _decode_attention(self, args, meta, scale, window, cap, out):
         """Split-K decode: a block per (row, KV head, partition), a warp per query head
         of the GQA group; partitions merged by log-sum-exp when there are several."""
         q, k_cache = args[0], args[1]
@@ -314,10 +323,19 @@ class CudaBackend:
         part_acc = self._empty(n_rows, n_heads, parts, head_dim) if parts > 1 else self._empty(1, 1, 1, 1)
         part_ml = self._empty(n_rows, n_heads, parts, 2) if parts > 1 else self._empty(1, 1, 1, 2)
         self._launch(attention.paged_attention_decode, (n_rows, k_cache.shape[2], parts),
-                     32 * group, *args, meta.decode_rows, scale, window, part_acc, part_ml, out)
+                     32 * group, *args, meta.decode_rows, scale, window, cap, part_acc, part_ml,
+                     out)
         if parts > 1:
             self._launch(attention.merge_partitions, (n_rows, n_heads), attention.MERGE_THREADS,
                          meta.positions, meta.decode_rows, window, part_acc, part_ml, out)
+
+    def gate_up_gelu(self, x, w_gate, w_up):
+        """Gemma's GeGLU: two products, then gelu_tanh(gate) * up."""
+        gate, up = self.linear(x, w_gate), self.linear(x, w_up)
+        out = self._empty(*gate.shape)
+        n = gate.shape[0] * gate.shape[1]
+        self._launch(elementwise.gelu_tanh_mul, ceil_div(n, 256), 256, gate, up, out)
+        return out
 
     def silu_mul(self, gate, up):
         out = self._empty(*gate.shape)

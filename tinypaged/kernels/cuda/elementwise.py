@@ -104,6 +104,28 @@ def silu_mul(gate, up, out):
 
 
 @cuda.jit
+def gelu_tanh_mul(gate, up, out):
+    """1-D grid over T * I elements: out = gelu_tanh(gate) * up."""
+    e = cuda.grid(1)
+    width = gate.shape[1]
+    if e < gate.shape[0] * width:
+        t, i = e // width, e % width
+        g = gate[t, i]
+        inner = float32(0.7978845608028654) * (g + float32(0.044715) * g * g * g)
+        out[t, i] = float32(0.5) * g * (float32(1.0) + math.tanh(inner)) * up[t, i]
+
+
+@cuda.jit
+def softcap(x, cap, out):
+    """1-D grid over T * V elements: out = cap * tanh(x / cap) (Gemma 2's logits)."""
+    e = cuda.grid(1)
+    width = x.shape[1]
+    if e < x.shape[0] * width:
+        t, i = e // width, e % width
+        out[t, i] = cap * math.tanh(x[t, i] / cap)
+
+
+@cuda.jit
 def scale(x, factor, out):
     """1-D grid over T * H elements: out = x * factor."""
     e = cuda.grid(1)

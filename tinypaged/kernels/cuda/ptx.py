@@ -55,9 +55,9 @@ def signatures() -> list[tuple[str, object, tuple]]:
         attn = (q, pool, pool, arr(I32, 2), arr(I32, 1), arr(I32, 1))
         sigs += [
             ("paged_attention_decode" + kv_name, attention.paged_attention_decode,
-             (*attn, arr(I32, 1), F32, I32, arr(F32, 4), arr(F32, 4), arr(F32, 3))),
+             (*attn, arr(I32, 1), F32, I32, F32, arr(F32, 4), arr(F32, 4), arr(F32, 3))),
             ("paged_attention_prefill" + kv_name, attention.paged_attention_prefill,
-             (*attn, arr(I32, 2), F32, I32, arr(F32, 3))),
+             (*attn, arr(I32, 2), F32, I32, F32, arr(F32, 3))),
             ("rope_write_kv" + kv_name, elementwise.rope_write_kv,
              (q, q, q, arr(I32, 1), arr(F32, 2), arr(F32, 2), pool, pool, arr(I32, 1))),
             ("copy_blocks" + kv_name, elementwise.copy_blocks,
@@ -71,6 +71,8 @@ def signatures() -> list[tuple[str, object, tuple]]:
           types.boolean)),
         ("silu_mul", elementwise.silu_mul, (arr(F32, 2), arr(F32, 2), arr(F32, 2))),
         ("scale", elementwise.scale, (arr(F32, 2), F32, arr(F32, 2))),
+        ("softcap", elementwise.softcap, (arr(F32, 2), F32, arr(F32, 2))),
+        ("gelu_tanh_mul", elementwise.gelu_tanh_mul, (arr(F32, 2), arr(F32, 2), arr(F32, 2))),
         ("add", elementwise.add, (arr(F32, 2), arr(F32, 2), arr(F32, 2))),
         ("gather_rows", elementwise.gather_rows, (arr(F32, 2), arr(I32, 1), arr(F32, 2))),
         ("round_activations", elementwise.round_activations, (arr(F32, 2), arr(F32, 2))),
@@ -91,7 +93,7 @@ def block_threads(label: str) -> int:
             "merge_partitions": attention.MERGE_THREADS,
             "paged_attention_prefill": attention.PREFILL_THREADS,
             "add_rms_norm": elementwise.NORM_THREADS, "rope_write_kv": attention.MAX_HEAD_DIM // 2,
-            "silu_mul": 256, "scale": 256, "add": 256, "gather_rows": elementwise.ROW_THREADS,
+            "silu_mul": 256, "scale": 256, "add": 256, "gelu_tanh_mul": 256, "softcap": 256, "gather_rows": elementwise.ROW_THREADS,
             "copy_blocks": elementwise.ROW_THREADS,
             "round_activations": elementwise.ROUND_THREADS,
             "top_candidates": logits.TOP_THREADS}[name]

@@ -1,0 +1,27 @@
+"""Gemma 2: Gemma with norms both before and after each block ("sandwich": input,
+post_attention, pre_feedforward and post_feedforward layernorms), a sliding window
+in every other layer (the even ones), attention scores scaled by
+query_pre_attn_scalar^-0.5 and soft-capped (cap * tanh(score / cap)), and the
+logits soft-capped the same way."""
+from .family import Family, layer_types, window
+from .gemma import gelu_tanh, gemma_basics, optional_positive
+
+
+def read(get, layers: int) -> dict:
+    gelu_tanh(get, ("hidden_act", "hidden_activation"))
+    scalar = get.number("query_pre_attn_scalar", 256)
+    if scalar <= 0:
+        raise ValueError(f"{get.where}: query_pre_attn_scalar={scalar:g} must be positive")
+    return {**gemma_basics(get), "norm_layout": "sandwich", "attention_scale": scalar ** -0.5,
+            "sliding_window": window(get),
+            "layer_types": layer_types(get, layers, ["sliding_attention" if (i + 1) % 2 else
+                                                     "full_attention" for i in range(layers)]),
+            "attn_softcap": optional_positive(get, "attn_logit_softcapping", 50.0),
+            "final_softcap": optional_positive(get, "final_logit_softcapping", 30.0)}
+
+
+GEMMA2 = Family("Gemma2ForCausalLM",
+                frozenset({"attention_bias", "hidden_activation", "use_bidirectional_attention",
+                           "query_pre_attn_scalar", "sliding_window", "layer_types",
+                           "attn_logit_softcapping", "final_logit_softcapping",
+                           "cache_implementation"}), read, reads_activation=True)
