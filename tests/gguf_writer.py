@@ -12,18 +12,26 @@ _FMT = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32_T: "
         BOOL: "<?", U64: "<Q", I64: "<q", F64_T: "<d"}
 # ggml tensor types
 GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K, GGML_BF16 = 0, 1, 2, 3, 8, 12, 30
-GGML_Q5_0, GGML_Q5_K, GGML_Q6_K = 6, 13, 14  # Q5_0: a type tinypaged does not read
+GGML_Q5_0, GGML_Q5_1, GGML_Q5_K, GGML_Q6_K = 6, 7, 13, 14
+GGML_Q2_K = 10  # a type tinypaged does not read
 RAW_ONLY = {GGML_Q4_K: (256, 144), GGML_Q5_K: (256, 176), GGML_Q6_K: (256, 210),
-            GGML_Q5_0: (32, 22)}  # no quantiser here: (values, bytes) per block
-RAW_TYPES = {"Q4_K": GGML_Q4_K, "Q5_K": GGML_Q5_K, "Q6_K": GGML_Q6_K}
+            GGML_Q5_0: (32, 22), GGML_Q5_1: (32, 24),
+            GGML_Q2_K: (256, 84)}  # no quantiser here: (values, bytes) per block
+RAW_TYPES = {"Q4_K": GGML_Q4_K, "Q5_K": GGML_Q5_K, "Q6_K": GGML_Q6_K, "Q5_0": GGML_Q5_0,
+             "Q5_1": GGML_Q5_1}
 KQUANT_SCALE_OFFSETS = {GGML_Q4_K: (0, 2), GGML_Q5_K: (0, 2), GGML_Q6_K: (208,)}
 
 
 def random_raw_blocks(rng, ggml_type: int, n_values: int) -> np.ndarray:
-    """Random bits for n_values of a block type, with finite float16 scales (K-quants);
-    all zero for the other raw types."""
+    """Random bits for n_values of a block type, with finite float16 scales (K-quants,
+    Q5_x); all zero for the other raw types (Q2_K)."""
     per_block, block_bytes = RAW_ONLY[ggml_type]
     n = n_values // per_block
+    if ggml_type in (GGML_Q5_0, GGML_Q5_1):  # finite float16 d (and m), random bits
+        raw = rng.integers(0, 256, (n, block_bytes), dtype=np.uint8)
+        for offset in ((0,) if ggml_type == GGML_Q5_0 else (0, 2)):
+            raw[:, offset:offset + 2] = (rng.standard_normal(n) * 2e-3).astype(np.float16).view(np.uint8).reshape(n, 2)
+        return raw
     if ggml_type not in KQUANT_SCALE_OFFSETS:
         return np.zeros((n, block_bytes), dtype=np.uint8)
     raw = rng.integers(0, 256, (n, block_bytes), dtype=np.uint8)

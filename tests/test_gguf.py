@@ -73,10 +73,10 @@ def test_zero_blocks_quantise_to_zero(tmp_path):
 
 def test_unsupported_quantisation_type_is_named(tmp_path):
     w = gw.GGUFWriter()
-    w.add_raw_tensor("k", (256,), gw.GGML_Q5_0, b"\0" * 176)
+    w.add_raw_tensor("k", (256,), gw.GGML_Q2_K, b"\0" * 84)
     w.write(tmp_path / "k.gguf")
     g = GGUFFile(tmp_path / "k.gguf")
-    with pytest.raises(ValueError, match="'k' uses quantisation type Q5_0.*supported: F32"):
+    with pytest.raises(ValueError, match="'k' uses quantisation type Q2_K.*supported: F32"):
         g.load("k")
 
 

@@ -64,10 +64,10 @@ def write_tiny_llama_gguf(path, arch="llama", ffn_up_type=gw.GGML_Q8_0, matrix_t
             elif gg == "attn_k.weight":
                 x = llama_cpp_permute(x, cfg.num_key_value_heads)
             t = ffn_up_type if gg == "ffn_up.weight" else gw.GGML_F32 if "norm" in gg else matrix_type
-            if t in gw.RAW_ONLY:  # no quantiser here: random blocks (zeros for Q5_0)
+            if t in gw.RAW_ONLY:  # no quantiser here: random blocks (zeros for Q2_K)
                 raw = gw.random_raw_blocks(np.random.default_rng(layer), t, x.size)
                 w.add_raw_tensor(f"blk.{layer}.{gg}", x.shape, t, raw.tobytes())
-                if t != gw.GGML_Q5_0:  # what the file decodes to, by llama.cpp's package
+                if t != gw.GGML_Q2_K:  # what the file decodes to, by llama.cpp's package
                     from gguf import quants  # (tests only)
                     weights[f"model.layers.{layer}.{hf}"] = quants.dequantize(raw, t).reshape(x.shape)
                 continue
@@ -118,9 +118,9 @@ def test_unsupported_architecture_and_type_and_existing_output(tmp_path):
     write_tiny_llama_gguf(tmp_path / "gpt2.gguf", arch="gpt2")
     with pytest.raises(ValueError, match="architecture 'gpt2' is not supported"):
         convert_gguf(tmp_path / "gpt2.gguf", tmp_path / "a")
-    write_tiny_llama_gguf(tmp_path / "q5.gguf", ffn_up_type=gw.GGML_Q5_0)
-    with pytest.raises(ValueError, match="'blk.0.ffn_up.weight' uses quantisation type Q5_0"):
-        convert_gguf(tmp_path / "q5.gguf", tmp_path / "a")
+    write_tiny_llama_gguf(tmp_path / "q2.gguf", ffn_up_type=gw.GGML_Q2_K)
+    with pytest.raises(ValueError, match="'blk.0.ffn_up.weight' uses quantisation type Q2_K"):
+        convert_gguf(tmp_path / "q2.gguf", tmp_path / "a")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     with pytest.raises(ValueError, match="already exists"):

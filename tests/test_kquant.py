@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType, quants
 import gguf_writer as gw
 from test_gguf_convert import write_tiny_llama_gguf
 from tinypaged import LLM, SamplingParams
-from tinypaged.model.ggml_quant import Q4_K, Q5_K, Q6_K, Q8_0, dequantize
+from tinypaged.model.ggml_quant import Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, dequantize
 from tinypaged.model.gguf_model import load_gguf_model
 from tinypaged.model.packed import PackedWeight
 
@@ -26,6 +26,19 @@ def random_blocks(rng, n, block_bytes, scale_offsets):
     return raw
 
 
+@pytest.mark.parametrize("name, ours, theirs, block_bytes", [
+    ("Q5_0", Q5_0, GGMLQuantizationType.Q5_0, 22), ("Q5_1", Q5_1, GGMLQuantizationType.Q5_1, 24)])
+def test_q5_dequantizes_as_llama_cpp_does_bit_for_bit(name, ours, theirs, block_bytes):
+    rng = np.random.default_rng(block_bytes)
+    for _ in range(5):
+        raw = rng.integers(0, 256, (40, block_bytes), dtype=np.uint8)
+        for offset in ((0,) if ours == Q5_0 else (0, 2)):  # finite float16 d (and m)
+            raw[:, offset:offset + 2] = (rng.standard_normal((40, 1)) * rng.choice([1e-3, 1.0])
+                                         ).astype(np.float16).view(np.uint8)
+        expected = quants.dequantize(raw, theirs).reshape(-1)
+        assert np.array_equal(dequantize(raw.reshape(-1), ours, (40 * 32,), name), expected)
+
+
 @pytest.mark.parametrize("name", TYPES)
 def test_dequantizing_equals_llama_cpp_bit_for_bit(name):
     ours, theirs, block_bytes, scale_offsets = TYPES[name]
@@ -37,9 +50,9 @@ def test_dequantizing_equals_llama_cpp_bit_for_bit(name):
         assert np.array_equal(got, expected)
 
 
-@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("name", [*TYPES, "Q5_0", "Q5_1"])
 def test_a_k_quant_matrix_is_requantized_to_q8_0_and_runs(tmp_path, name):
-    ours = TYPES[name][0]
+    ours = {**{k: v[0] for k, v in TYPES.items()}, "Q5_0": Q5_0, "Q5_1": Q5_1}[name]
     path = tmp_path / f"{name}.gguf"
     _, weights = write_tiny_llama_gguf(path, ffn_up_type=gw.RAW_TYPES[name], hidden=256,
                                        intermediate=256)

@@ -4,7 +4,10 @@ Quantised types pack the last (fastest) axis in blocks of 32 values:
     Q8_0: f16 d, i8 q[32]                      x = d * q
     Q4_0: f16 d, u8 qs[16]                     x = d * (q - 8)
     Q4_1: f16 d, f16 m, u8 qs[16]              x = d * q + m
-In Q4_x, byte j holds value j in its low nibble and value j + 16 in its high one.
+    Q5_0: f16 d, u8 qh[4], u8 qs[16]           x = d * (q - 16)
+    Q5_1: f16 d, f16 m, u8 qh[4], u8 qs[16]    x = d * q + m
+In Q4_x and Q5_x, byte j holds value j in its low nibble and value j + 16 in its
+high one; Q5_x's fifth bits are the 32 bits of qh (little-endian), bit j for value j.
 
 K-quants (what most GGUF files on the hub use) pack 256 values in a super-block of
 sub-blocks that carry their own 6- or 8-bit scales (kquant.py has the layouts):
@@ -16,7 +19,7 @@ import math
 
 import numpy as np
 
-F32, F16, Q4_0, Q4_1, Q8_0, BF16 = 0, 1, 2, 3, 8, 30
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, BF16 = 0, 1, 2, 3, 6, 7, 8, 30
 Q4_K, Q5_K, Q6_K = 12, 13, 14
 
 GGML_TYPE_NAMES = {
@@ -32,8 +35,10 @@ QK = 32  # values per quantisation block
 QK_K = 256  # values per K-quant super-block
 BLOCK_LAYOUT = {F32: (1, 4), F16: (1, 2), BF16: (1, 2),
                 Q8_0: (QK, 2 + QK), Q4_0: (QK, 2 + QK // 2), Q4_1: (QK, 4 + QK // 2),
+                Q5_0: (QK, 6 + QK // 2), Q5_1: (QK, 8 + QK // 2),
                 Q4_K: (QK_K, 144), Q5_K: (QK_K, 176), Q6_K: (QK_K, 210)}
 K_QUANTS = (Q4_K, Q5_K, Q6_K)
+REQUANTIZED = K_QUANTS + (Q5_0, Q5_1)  # read, then held as Q8_0 (no kernel of their own yet)
 SUPPORTED = ", ".join(GGML_TYPE_NAMES[t] for t in BLOCK_LAYOUT)
 
 
@@ -78,8 +83,14 @@ def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...], name: st
         else:
             qs = blocks[:, -QK // 2:]
             q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)  # (n_blocks, 32)
+            if ggml_type in (Q5_0, Q5_1):  # the fifth bit of value j: bit j of qh
+                start = 2 if ggml_type == Q5_0 else 4
+                qh = blocks[:, start:start + 4].copy().view("<u4")  # (n_blocks, 1)
+                q += ((qh >> np.arange(QK, dtype=np.uint32)) & 1).astype(np.float32) * 16
             if ggml_type == Q4_0:
                 out = d * (q - 8.0)
+            elif ggml_type == Q5_0:
+                out = d * (q - 16.0)
             else:
                 m = blocks[:, 2:4].copy().view("<f2").astype(np.float32)
                 out = d * q + m

@@ -4,8 +4,8 @@ from the memory-mapped tensors, quantized matrices kept packed (PackedWeight).
 Every weight is a copy, and each tensor's file pages are released once copied,
 so the weights are resident once (the file stays mapped for the tokenizer).
 Q8_0 / Q4_0 / Q4_1 matrices become PackedWeights (the same bytes, split into
-quants and scales; packed.py says why). K-quant matrices (Q4_K, Q5_K, Q6_K) are
-requantized to Q8_0 (1.06 bytes a weight, against 0.56-0.82 on file). F32 / F16 /
+quants and scales; packed.py says why). K-quant and Q5 matrices (Q4_K, Q5_K, Q6_K, Q5_0,
+Q5_1) are requantized to Q8_0 (1.06 bytes a weight, against 0.56-0.82 on file). F32 / F16 /
 BF16 tensors, the norms, and a Q4 matrix whose rows are not a multiple of 64 are
 read as float32. llama.cpp stores Llama's Q and K rows permuted for the
 interleaved RoPE form (their biases too): the rows are put back in rotate-half
@@ -22,7 +22,7 @@ from .config import ModelConfig
 from .gguf import GGUFFile
 from .gguf_config import ARCHITECTURES, gguf_model_config
 from .gguf_convert import hf_name, unpermute_rows
-from .ggml_quant import K_QUANTS, Q8_0
+from .ggml_quant import Q8_0, REQUANTIZED
 from .packed import PackedWeight
 from .weights import check_consumed, check_layer_count, check_weights, expected_shapes
 
@@ -62,7 +62,7 @@ def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
                              f"the metadata implies {list(expected[target])}")
         if len(info.shape) == 2 and PackedWeight.can_pack(info.ggml_type, info.shape[1]):
             w = PackedWeight.from_bytes(gguf.raw(name), info.ggml_type, info.shape)
-        elif len(info.shape) == 2 and info.ggml_type in K_QUANTS:  # rows of 256: whole Q8_0
+        elif len(info.shape) == 2 and info.ggml_type in REQUANTIZED:  # rows of 32k: whole Q8_0
             w = PackedWeight.quantize(gguf.load(name), Q8_0)  # blocks; our kernels read Q8_0
         else:  # float32 (a copy: an F32 tensor would be a view of the file); an
             w = np.array(gguf.load(name), dtype=np.float32)  # unsupported type is named here
