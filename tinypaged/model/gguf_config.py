@@ -1,7 +1,7 @@
 """GGUF metadata -> a HF config.json dict, by the same rule as config.json: every
 `<arch>.*` key is read, ignored on purpose, or refused by name.
 
-llama.cpp's converter writes the model's shape under `<arch>.` (llama, qwen2), the
+llama.cpp's converter writes the model's shape under `<arch>.` (llama, qwen2...), the
 tokenizer under `tokenizer.` (gguf_tokenizer.py reads those) and provenance under
 `general.` (name, license, quantization: nothing that changes the math, but for
 general.architecture). RoPE scaling appears as `<arch>.rope.scaling.*` (linear,
@@ -9,12 +9,91 @@ YaRN) or, for Llama 3's, as the tensor rope_freqs.weight (gguf_model.py).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 from .gguf import GGUFFile
 
-# GGUF architecture -> (HF architecture, Q/K rows permuted by llama.cpp's converter)
-ARCHITECTURES = {"llama": ("LlamaForCausalLM", True), "qwen2": ("Qwen2ForCausalLM", False)}
+# llama.cpp's tensor names in a layer (blk.N.<name>) -> HF's (model.layers.N.<name>)
+LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "ffn_norm.weight": "post_attention_layernorm.weight",  # Llama's: the MLP's pre-norm
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+GLOBAL_TENSORS = {"token_embd.weight": "model.embed_tokens.weight",
+                  "output_norm.weight": "model.norm.weight",
+                  "output.weight": "lm_head.weight"}
+QK_NORMS = {"attn_q_norm.weight": "self_attn.q_norm.weight",
+            "attn_k_norm.weight": "self_attn.k_norm.weight"}
+SANDWICH = {"ffn_norm.weight": "pre_feedforward_layernorm.weight",  # (Gemma 2 and 3)
+            "post_attention_norm.weight": "post_attention_layernorm.weight",
+            "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 
-# <arch>.<key>s read below
+
+@dataclass(frozen=True)
+class GGUFArchitecture:
+    hf_name: str  # the HF architecture it reads as
+    permuted: bool  # Q/K rows interleaved by llama.cpp's converter (Llama's RoPE form)
+    tensors: dict  # layer tensor names beyond (or replacing) LAYER_TENSORS'
+    keys: frozenset = frozenset()  # <arch>.* keys read beyond READ
+    config: Callable = lambda gguf, arch, config: {}  # (file, arch, config so far) -> more keys
+
+
+def _gemma(gguf, arch: str, config: dict) -> dict:
+    """What llama.cpp fixes for Gemma rather than writing it: GELU's tanh form, the
+    norms' 1 already added to the file's weights (so: loaded as they are), scores
+    scaled by head_dim^-0.5 (hidden / heads for the 27B models: 46 or 62 layers)."""
+    out = {"hidden_activation": "gelu_pytorch_tanh"}
+    if arch in ("gemma2", "gemma3"):
+        big = config["num_hidden_layers"] in (46, 62)
+        out["query_pre_attn_scalar"] = (config["hidden_size"] // config["num_attention_heads"]
+                                        if big else config["head_dim"])
+        out["sliding_window"] = gguf.integer(f"{arch}.attention.sliding_window", 4096)
+    if arch == "gemma2":
+        out["attn_logit_softcapping"] = gguf.number(f"{arch}.attn_logit_softcapping", 50.0)
+        out["final_logit_softcapping"] = gguf.number(f"{arch}.final_logit_softcapping", 30.0)
+    if arch == "gemma3":  # five local layers to one global; the local RoPE base is 10,000
+        out["sliding_window_pattern"] = 6
+        out["rope_local_base_freq"] = 10000.0
+    return out
+
+
+GEMMA_KEYS = frozenset({"attention.sliding_window", "attn_logit_softcapping",
+                        "final_logit_softcapping"})
+ARCHITECTURES = {
+    "llama": GGUFArchitecture("LlamaForCausalLM", True, {}),
+    "qwen2": GGUFArchitecture("Qwen2ForCausalLM", False, {}),
+    "qwen3": GGUFArchitecture("Qwen3ForCausalLM", False, QK_NORMS),
+    "gemma": GGUFArchitecture("GemmaForCausalLM", False, {}, config=_gemma),
+    "gemma2": GGUFArchitecture("Gemma2ForCausalLM", False, SANDWICH, GEMMA_KEYS, _gemma),
+    "gemma3": GGUFArchitecture("Gemma3ForCausalLM", False, {**SANDWICH, **QK_NORMS}, GEMMA_KEYS,
+                               _gemma),
+}
+
+
+def hf_name(gguf_name: str, arch: str) -> str | None:
+    """HF tensor name for a GGUF tensor name of architecture arch, or None for a
+    tensor nothing reads."""
+    if gguf_name in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[gguf_name]
+    parts = gguf_name.split(".", 2)  # blk.N.rest
+    layer = {**LAYER_TENSORS, **ARCHITECTURES[arch].tensors} if arch in ARCHITECTURES else LAYER_TENSORS
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer:
+        return f"model.layers.{parts[1]}.{layer[parts[2]]}"
+    return None
+
+
+# <arch>.<key>s every architecture's reading below reads
 READ = {"context_length", "embedding_length", "block_count", "feed_forward_length",
         "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
         "rope.freq_base", "rope.dimension_count", "attention.key_length",
@@ -27,8 +106,9 @@ IGNORED = {"rope.scaling.finetuned", "tensor_data_layout"}
 
 
 def check_metadata_keys(gguf: GGUFFile, arch: str) -> None:
+    known = READ | IGNORED | ARCHITECTURES[arch].keys
     unknown = sorted(key for key in gguf.metadata
-                     if key.startswith(arch + ".") and key[len(arch) + 1:] not in READ | IGNORED)
+                     if key.startswith(arch + ".") and key[len(arch) + 1:] not in known)
     if unknown:
         raise ValueError(f"{gguf.path}: GGUF metadata {', '.join(unknown)}: "
                          f"{'a key' if len(unknown) == 1 else 'keys'} tinypaged does not read, "
@@ -60,7 +140,7 @@ def gguf_model_config(gguf: GGUFFile) -> dict:
                              f"({what}) is not supported")
     tokens = gguf.require("tokenizer.ggml.tokens")
     config = {
-        "architectures": [ARCHITECTURES[arch][0]],
+        "architectures": [ARCHITECTURES[arch].hf_name],
         "model_type": arch,
         "vocab_size": gguf.integer(f"{arch}.vocab_size", len(tokens)),
         "hidden_size": hidden,
@@ -74,9 +154,9 @@ def gguf_model_config(gguf: GGUFFile) -> dict:
         "rms_norm_eps": float(f"{gguf.number(f'{arch}.attention.layer_norm_rms_epsilon', 1e-5):.7g}"),
         "rope_theta": gguf.number(f"{arch}.rope.freq_base", 10000.0),
         "tie_word_embeddings": "output.weight" not in gguf.tensors,
-        "hidden_act": "silu",
         "torch_dtype": "float16",
     }
+    config.update(ARCHITECTURES[arch].config(gguf, arch, config))
     scaling = rope_scaling(gguf, arch)
     if scaling:
         config["rope_scaling"] = scaling

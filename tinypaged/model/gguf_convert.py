@@ -17,40 +17,12 @@ from safetensors.numpy import save_file
 
 from .config import ModelConfig
 from .gguf import GGUFFile
-from .gguf_config import ARCHITECTURES, gguf_model_config
+from .gguf_config import ARCHITECTURES, gguf_model_config, hf_name
 from .ggml_quant import BLOCK_LAYOUT
 from .gguf_tokenizer import write_tokenizer_files
 from .weights import check_consumed, check_weights
 
-LAYER_TENSORS = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-GLOBAL_TENSORS = {"token_embd.weight": "model.embed_tokens.weight",
-                  "output_norm.weight": "model.norm.weight",
-                  "output.weight": "lm_head.weight"}
 F16_MAX = float(np.finfo(np.float16).max)
-
-
-def hf_name(gguf_name: str) -> str | None:
-    """HF tensor name for a GGUF tensor name, or None for tensors we do not use."""
-    if gguf_name in GLOBAL_TENSORS:
-        return GLOBAL_TENSORS[gguf_name]
-    parts = gguf_name.split(".", 2)  # blk.N.rest
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in LAYER_TENSORS:
-        return f"model.layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}"
-    return None
 
 
 def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -70,16 +42,17 @@ def convert_gguf(path: str | os.PathLike, out_dir: str | os.PathLike,
     gguf = GGUFFile(path)
     config = gguf_model_config(gguf)
     cfg = ModelConfig.from_dict(config)
-    unmapped = [name for name in gguf.tensors if hf_name(name) is None]
+    arch = gguf.require("general.architecture")
+    unmapped = [name for name in gguf.tensors if hf_name(name, arch) is None]
     if unmapped:
         raise ValueError(f"{path}: tensor {unmapped[0]!r} has no place in a HF {cfg.architecture} "
                          f"folder (load the GGUF file itself instead)")
-    wanted = {name: hf_name(name) for name in gguf.tensors}
+    wanted = {name: hf_name(name, arch) for name in gguf.tensors}
     for name in wanted:  # reject unsupported quantisation before doing any work
         if gguf.tensors[name].ggml_type not in BLOCK_LAYOUT:
             gguf.load(name)  # raises ValueError naming the type
 
-    permuted = ARCHITECTURES[gguf.require("general.architecture")][1]
+    permuted = ARCHITECTURES[arch].permuted
     tensors: dict[str, np.ndarray] = {}
     for i, (name, target) in enumerate(wanted.items()):
         w = gguf.load(name)
@@ -87,6 +60,8 @@ def convert_gguf(path: str | os.PathLike, out_dir: str | os.PathLike,
             w = unpermute_rows(w, cfg.num_attention_heads)
         elif permuted and name.endswith(("attn_k.weight", "attn_k.bias")):
             w = unpermute_rows(w, cfg.num_key_value_heads)
+        if cfg.norm_offset and target.endswith("norm.weight"):
+            w = w - np.float32(cfg.norm_offset)  # a HF folder stores Gemma's norms as w - 1
         tensors[target] = w.astype(np.float16) if np.abs(w).max() <= F16_MAX else w
         if (i + 1) % 50 == 0 or i + 1 == len(wanted):
             log(f"dequantised {i + 1}/{len(wanted)} tensors")

@@ -20,8 +20,8 @@ import numpy as np
 
 from .config import ModelConfig
 from .gguf import GGUFFile
-from .gguf_config import ARCHITECTURES, gguf_model_config
-from .gguf_convert import hf_name, unpermute_rows
+from .gguf_config import ARCHITECTURES, gguf_model_config, hf_name
+from .gguf_convert import unpermute_rows
 from .ggml_quant import Q8_0, REQUANTIZED
 from .packed import PackedWeight
 from .weights import check_consumed, check_layer_count, check_weights, expected_shapes
@@ -33,7 +33,8 @@ def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
     """(config, weights) of a GGUF file: HF tensor names, checked shapes."""
     gguf = GGUFFile(path)
     cfg = ModelConfig.from_dict(gguf_model_config(gguf), gguf.path)
-    permuted = ARCHITECTURES[gguf.require("general.architecture")][1]
+    arch = gguf.require("general.architecture")
+    permuted = ARCHITECTURES[arch].permuted
     heads = {"attn_q.weight": cfg.num_attention_heads, "attn_k.weight": cfg.num_key_value_heads,
              "attn_q.bias": cfg.num_attention_heads, "attn_k.bias": cfg.num_key_value_heads}
     # a GGUF file says which biases it has by holding them (layer 0 speaks for all)
@@ -45,13 +46,13 @@ def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
             raise ValueError(f"{gguf.path}: {ROPE_FREQS} must hold {cfg.head_dim // 2} positive "
                              f"factors, got shape {list(factors.shape)}")
         cfg.rope = replace(cfg.rope, freq_factors=tuple(float(f) for f in factors))
-    unmapped = [name for name in gguf.tensors if hf_name(name) is None and name != ROPE_FREQS]
+    unmapped = [name for name in gguf.tensors if hf_name(name, arch) is None and name != ROPE_FREQS]
     if unmapped:
         shown = ", ".join(map(repr, unmapped[:4])) + (f" and {len(unmapped) - 4} more" if len(unmapped) > 4 else "")
         raise ValueError(f"{gguf.path}: the file holds {shown}, which tinypaged's "
                          f"{cfg.architecture} does not read; refused rather than run without")
     expected = expected_shapes(cfg)
-    targets = {name: hf_name(name) for name in gguf.tensors if name != ROPE_FREQS}
+    targets = {name: hf_name(name, arch) for name in gguf.tensors if name != ROPE_FREQS}
     check_layer_count(targets.values(), cfg, gguf.path)
     check_consumed(targets.values(), cfg, gguf.path)
     weights = {}

@@ -1,7 +1,15 @@
 """Rebuild a HF `tokenizer.json` (+ `tokenizer_config.json`) from a GGUF's vocabulary.
 
-Supported: `tokenizer.ggml.model = gpt2` (byte-level BPE) with the pre-tokenizers
-`smollm` (GPT-2 regex, each digit split on its own), `gpt2` or `default`.
+Supported:
+- `tokenizer.ggml.model = gpt2` (byte-level BPE) with the pre-tokenizers `smollm`
+  (GPT-2 regex, each digit split on its own), `gpt2` or `default`;
+- `tokenizer.ggml.model = llama` (SentencePiece BPE: Llama 1-2, Gemma), as
+  llama.cpp tokenizes it: spaces become "▁" (and one is put first when
+  add_space_prefix), then adjacent pieces merge, the pair whose merged piece scores
+  highest first; characters outside the vocabulary fall back to their UTF-8 bytes
+  (<0xXX> tokens). Expressed as a `tokenizers` BPE whose merges are every split of
+  every piece into two pieces, ranked by the whole piece's score. User-defined
+  tokens (Gemma's runs of spaces and newlines) match the raw text first.
 """
 from __future__ import annotations
 
@@ -10,12 +18,13 @@ import os
 
 import numpy as np
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from .gguf import GGUFFile
 
 # GGUF token types (llama.cpp's llama_token_type)
-TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_BYTE = 1, 2, 3, 4, 6
+SPACE = "\u2581"  # SentencePiece's visible space
 SUPPORTED_PRE = ("smollm", "gpt2", "default")
 
 
@@ -26,21 +35,96 @@ def _strings(gguf: GGUFFile, key: str) -> list[str]:
     return values
 
 
+def _token_types(gguf: GGUFFile, tokens: list[str]) -> list[int]:
+    types = gguf.get("tokenizer.ggml.token_type")
+    if types is None:
+        return [TOKEN_NORMAL] * len(tokens)
+    if not isinstance(types, np.ndarray) or types.dtype.kind not in "iu" or len(types) != len(tokens):
+        raise ValueError(f"{gguf.path}: tokenizer.ggml.token_type must be {len(tokens)} integers")
+    return types.tolist()
+
+
+def _add_special_and_user_tokens(tokenizer: Tokenizer, tokens: list[str], types: list[int]) -> None:
+    tokenizer.add_special_tokens([
+        AddedToken(tok, special=True, normalized=False)
+        for tok, t in zip(tokens, types) if t == TOKEN_CONTROL])
+    tokenizer.add_tokens([
+        AddedToken(tok, special=False, normalized=False)
+        for tok, t in zip(tokens, types) if t == TOKEN_USER_DEFINED])
+
+
+def _bos(gguf: GGUFFile, tokens: list[str]) -> tuple[str, int] | None:
+    """(BOS text, id) when the file asks for BOS to open every prompt."""
+    if gguf.get("tokenizer.ggml.add_bos_token", False) is not True \
+            or gguf.get("tokenizer.ggml.bos_token_id") is None:
+        return None
+    bos_id = gguf.integer("tokenizer.ggml.bos_token_id")
+    if not 0 <= bos_id < len(tokens):
+        raise ValueError(f"{gguf.path}: tokenizer.ggml.bos_token_id={bos_id} is not a "
+                         f"token id (the vocabulary has {len(tokens)})")
+    return tokens[bos_id], bos_id
+
+
+def sentencepiece_merges(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
+    """Every split of a normal piece into two pieces of the vocabulary, best first: by
+    the whole piece's score (llama.cpp merges the best-scoring pair first), then by
+    its place in the vocabulary."""
+    index = {tok: i for i, tok in enumerate(tokens)}
+    ranked = []
+    for i, tok in enumerate(tokens):
+        if types[i] != TOKEN_NORMAL or len(tok) < 2:
+            continue
+        for k in range(1, len(tok)):
+            left, right = tok[:k], tok[k:]
+            if left in index and right in index:
+                ranked.append((-scores[i], i, index[left], left, right))
+    ranked.sort()
+    return [(left, right) for *_, left, right in ranked]
+
+
+def build_sentencepiece(gguf: GGUFFile) -> Tokenizer:
+    tokens = _strings(gguf, "tokenizer.ggml.tokens")
+    types = _token_types(gguf, tokens)
+    scores = gguf.get("tokenizer.ggml.scores")
+    if not isinstance(scores, np.ndarray) or scores.dtype.kind != "f" or len(scores) != len(tokens):
+        raise ValueError(f"{gguf.path}: tokenizer.ggml.scores must be {len(tokens)} numbers")
+    if sum(t == TOKEN_BYTE for t in types) != 256:
+        raise ValueError(f"{gguf.path}: a SentencePiece vocabulary needs its 256 byte tokens "
+                         f"(<0x00>..<0xFF>) for the characters it lacks")
+    unknown = gguf.get("tokenizer.ggml.unknown_token_id")
+    unk = tokens[int(unknown)] if unknown is not None and 0 <= int(unknown) < len(tokens) else None
+    tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)},
+                                     merges=sentencepiece_merges(tokens, scores.tolist(), types),
+                                     byte_fallback=True, unk_token=unk, fuse_unk=True))
+    prefix = gguf.get("tokenizer.ggml.add_space_prefix", True) is True
+    spaces = normalizers.Replace(" ", SPACE)
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), spaces]) if prefix \
+        else spaces
+    steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if prefix:
+        steps.append(decoders.Strip(" ", 1, 0))
+    tokenizer.decoder = decoders.Sequence(steps)
+    bos = _bos(gguf, tokens)
+    if bos is not None:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos[0]} $A", pair=f"{bos[0]} $A $B", special_tokens=[bos])
+    _add_special_and_user_tokens(tokenizer, tokens, types)
+    return tokenizer
+
+
 def build_tokenizer(gguf: GGUFFile) -> Tokenizer:
     model = gguf.require("tokenizer.ggml.model")
+    if model == "llama":
+        return build_sentencepiece(gguf)
     if model != "gpt2":
         raise ValueError(f"{gguf.path}: tokenizer model {model!r} is not supported "
-                         f"(supported: 'gpt2' byte-level BPE)")
+                         f"(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)")
     pre = gguf.get("tokenizer.ggml.pre", "default")
     if pre not in SUPPORTED_PRE:
         raise ValueError(f"{gguf.path}: pre-tokenizer {pre!r} is not supported "
                          f"(supported: {', '.join(SUPPORTED_PRE)})")
     tokens = _strings(gguf, "tokenizer.ggml.tokens")
-    types = gguf.get("tokenizer.ggml.token_type")
-    if types is None:
-        types = [TOKEN_NORMAL] * len(tokens)
-    elif not isinstance(types, np.ndarray) or types.dtype.kind not in "iu" or len(types) != len(tokens):
-        raise ValueError(f"{gguf.path}: tokenizer.ggml.token_type must be {len(tokens)} integers")
+    types = _token_types(gguf, tokens)
     merges = [tuple(m.split(" ", 1)) for m in _strings(gguf, "tokenizer.ggml.merges")]
     if any(len(m) != 2 for m in merges):
         raise ValueError(f"{gguf.path}: malformed BPE merge in tokenizer.ggml.merges")
@@ -55,23 +139,13 @@ def build_tokenizer(gguf: GGUFFile) -> Tokenizer:
         tokenizer.pre_tokenizer = byte_level
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    if gguf.get("tokenizer.ggml.add_bos_token", False) is True \
-            and gguf.get("tokenizer.ggml.bos_token_id") is not None:
-        bos_id = gguf.integer("tokenizer.ggml.bos_token_id")
-        if not 0 <= bos_id < len(tokens):
-            raise ValueError(f"{gguf.path}: tokenizer.ggml.bos_token_id={bos_id} is not a "
-                             f"token id (the vocabulary has {len(tokens)})")
-        bos = tokens[bos_id]
+    bos = _bos(gguf, tokens)
+    if bos is not None:
         tokenizer.post_processor = processors.Sequence([
             processors.ByteLevel(trim_offsets=False),
-            processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
-                                          special_tokens=[(bos, bos_id)])])
-    tokenizer.add_special_tokens([
-        AddedToken(tok, special=True, normalized=False)
-        for tok, t in zip(tokens, types) if t == TOKEN_CONTROL])
-    tokenizer.add_tokens([
-        AddedToken(tok, special=False, normalized=False)
-        for tok, t in zip(tokens, types) if t == TOKEN_USER_DEFINED])
+            processors.TemplateProcessing(single=f"{bos[0]} $A", pair=f"{bos[0]} $A $B",
+                                          special_tokens=[bos])])
+    _add_special_and_user_tokens(tokenizer, tokens, types)
     return tokenizer
 
 
