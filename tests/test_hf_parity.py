@@ -121,15 +121,24 @@ GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj": 
               "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
               "self_attn.o_proj": "attn_output", "post_attention_layernorm.weight": "ffn_norm.weight",
               "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-              "mlp.down_proj.weight": "ffn_down.weight"}
+              "mlp.down_proj.weight": "ffn_down.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+              "self_attn.k_norm.weight": "attn_k_norm.weight"}
 def model_type(case: str) -> str:
     with open(os.path.join(FIXTURES, case, "config.json")) as f:
         return json.load(f)["model_type"]
 
 
-# the GGUF architectures read so far; llama.cpp writes no sliding window for llama
-# (Mistral) or qwen2: those cases stay out
-GGUF_CASES = [c for c in CASES if model_type(c) in ("llama", "qwen2") and window_of(c) is None]
+# the GGUF architectures read so far. llama.cpp writes no sliding window for llama
+# (Mistral), qwen2 or qwen3, and fixes Gemma 3's local RoPE and layer pattern: the
+# cases it cannot express stay out (gemma3-gguf is Gemma 3 as llama.cpp fixes it)
+GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
+             "gemma2": "gemma2", "gemma3_text": "gemma3"}
+GGUF_CASES = [c for c in CASES if model_type(c) in GGUF_ARCH and c != "gemma3"
+              and (window_of(c) is None or model_type(c).startswith("gemma"))]
+# HF names -> llama.cpp's, where the sandwich norms of Gemma 2 and 3 differ from Llama's
+GEMMA_NORMS = {"post_attention_layernorm.weight": "post_attention_norm.weight",
+               "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+               "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
 
 
 def llama_cpp_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
@@ -158,10 +167,11 @@ def write_gguf(case: str, path) -> None:
     with open(os.path.join(FIXTURES, case, "config.json")) as f:
         config = json.load(f)
     weights = read_safetensors(os.path.join(FIXTURES, case, "model.safetensors"))
-    arch = config["model_type"]
+    arch = GGUF_ARCH[config["model_type"]]
+    gemma = arch.startswith("gemma")
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    rope = config["rope_parameters"]
+    rope = config["rope_parameters"].get("full_attention", config["rope_parameters"])
     w = gw.GGUFWriter()
     for key, vtype, value in [
             ("general.architecture", gw.STRING, arch), ("general.name", gw.STRING, case),
@@ -179,6 +189,14 @@ def write_gguf(case: str, path) -> None:
             ("tokenizer.ggml.merges", gw.ARRAY, (gw.STRING, [])),
             ("tokenizer.ggml.bos_token_id", gw.U32, 1), ("tokenizer.ggml.eos_token_id", gw.U32, 2)]:
         w.add(key, vtype, value)
+    if gemma:
+        w.add(f"{arch}.attention.key_length", gw.U32, head_dim)
+        w.add(f"{arch}.attention.value_length", gw.U32, head_dim)
+    if arch in ("gemma2", "gemma3"):
+        w.add(f"{arch}.attention.sliding_window", gw.U32, config["sliding_window"])
+    if arch == "gemma2":
+        w.add(f"{arch}.attn_logit_softcapping", gw.F32_T, config["attn_logit_softcapping"])
+        w.add(f"{arch}.final_logit_softcapping", gw.F32_T, config["final_logit_softcapping"])
     if rope["rope_type"] in ("linear", "yarn"):
         w.add(f"{arch}.rope.scaling.type", gw.STRING, rope["rope_type"])
         w.add(f"{arch}.rope.scaling.factor", gw.F32_T, rope["factor"])
@@ -187,8 +205,9 @@ def write_gguf(case: str, path) -> None:
                   rope["original_max_position_embeddings"])
     elif rope["rope_type"] == "llama3":
         w.add_tensor("rope_freqs.weight", llama_cpp_rope_freqs(rope, head_dim))
+    offset = np.float32(1.0 if gemma else 0.0)  # llama.cpp stores Gemma's norms as 1 + w
     w.add_tensor("token_embd.weight", weights["model.embed_tokens.weight"].astype(np.float32))
-    w.add_tensor("output_norm.weight", weights["model.norm.weight"].astype(np.float32))
+    w.add_tensor("output_norm.weight", weights["model.norm.weight"].astype(np.float32) + offset)
     if not config["tie_word_embeddings"]:
         w.add_tensor("output.weight", weights["lm_head.weight"].astype(np.float32))
     for layer in range(config["num_hidden_layers"]):
@@ -198,8 +217,11 @@ def write_gguf(case: str, path) -> None:
                 continue
             rest = name[len(prefix):]
             stem, kind = rest.rsplit(".", 1)
-            target = GGUF_LAYER.get(rest) or f"{GGUF_LAYER[stem]}.{kind}"
+            names = {**GGUF_LAYER, **GEMMA_NORMS} if arch in ("gemma2", "gemma3") else GGUF_LAYER
+            target = names.get(rest) or f"{names[stem]}.{kind}"
             x = x.astype(np.float32)
+            if rest.endswith("norm.weight"):
+                x = x + offset
             if arch == "llama" and stem in ("self_attn.q_proj", "self_attn.k_proj"):
                 x = llama_cpp_permute(x, heads if stem == "self_attn.q_proj" else kv_heads)
             w.add_tensor(f"blk.{layer}.{target}", x)

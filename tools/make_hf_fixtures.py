@@ -69,7 +69,8 @@ CASES = {
     "phi3": ("Phi3Config", {}),
     "phi3-window": ("Phi3Config", {"sliding_window": 8}),
     "gemma": ("GemmaConfig", {"head_dim": 16, "tie_word_embeddings": True}),
-    "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+    # (query_pre_attn_scalar = head_dim, as llama.cpp assumes for all but the 27B models)
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 16,
                                 "attn_logit_softcapping": 3.0, "final_logit_softcapping": 5.0}),
     "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
                                     "num_hidden_layers": 3, "sliding_window_pattern": 3,
@@ -78,6 +79,14 @@ CASES = {
                                                            "rope_theta": 80000.0},
                                         "sliding_attention": {"rope_type": "default",
                                                               "rope_theta": 1000.0}}}),
+    # what llama.cpp's gemma3 fixes: six layers a period, local base 10,000, scalar = head_dim
+    "gemma3-gguf": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 8,
+                                         "query_pre_attn_scalar": 16, "num_hidden_layers": 6,
+                                         "rope_parameters": {
+                                             "full_attention": {"rope_type": "default",
+                                                                "rope_theta": 1000000.0},
+                                             "sliding_attention": {"rope_type": "default",
+                                                                   "rope_theta": 10000.0}}}),
 }
 MODELS = {"LlamaConfig": "LlamaForCausalLM", "MistralConfig": "MistralForCausalLM",
           "Qwen2Config": "Qwen2ForCausalLM", "Qwen3Config": "Qwen3ForCausalLM",
