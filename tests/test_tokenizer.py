@@ -34,7 +34,7 @@ def test_flush_drops_a_character_cut_short_at_the_end(tok):
     assert tok.decode(ids[:-1]).endswith("\ufffd")  # what it would have shown
 
 
-def test_chatml_template_adds_the_default_system_prompt(tok):
+def test_the_chat_template_adds_its_default_system_prompt(tok):
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}])
     assert text == ("<|im_start|>system\nYou are a tiny test model.<|im_end|>\n"
                     "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
@@ -45,8 +45,12 @@ def test_chatml_template_adds_the_default_system_prompt(tok):
 
 
 def test_chat_errors(tok, tmp_path):
-    with pytest.raises(ValueError, match="message 0 must be"):
-        tok.apply_chat_template([{"role": "wizard", "content": "hi"}])
+    with pytest.raises(ValueError, match="message 0 needs a 'role'"):
+        tok.apply_chat_template([{"role": 5, "content": "hi"}])
+    with pytest.raises(ValueError, match="message 1 content must be text or a list of parts"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "user", "content": 7}])
+    with pytest.raises(ValueError, match="message 0 content part 0 must be"):
+        tok.apply_chat_template([{"role": "user", "content": ["hi"]}])
     with pytest.raises(ValueError, match="at least one message"):
         tok.apply_chat_template([])
     write_tiny_model(str(tmp_path / "m"))

@@ -148,13 +148,20 @@ class LLM:
         return prompt, params
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
-        return self.generate([self.chat_prompt(messages)], params)[0]
+        return self.generate([self.chat_prompt_ids(messages)], params)[0]
 
     async def achat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
-        return (await self.agenerate([self.chat_prompt(messages)], params))[0]
+        return (await self.agenerate([self.chat_prompt_ids(messages)], params))[0]
 
     def chat_prompt(self, messages: list[dict]) -> str:
+        """The conversation as the model's chat template renders it (text that holds the
+        template's special tokens: pass chat_prompt_ids' ids to generate, which adds no
+        second BOS)."""
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
+        """chat_prompt's text as token ids, encoded without adding special tokens."""
+        return self.tokenizer.chat_ids(messages, add_generation_prompt=True)
 
     def beam_search(self, prompts: str | list[int] | list[str] | list[list[int]], beam_width: int,
                     max_tokens: int = 64, length_penalty: float = 1.0,

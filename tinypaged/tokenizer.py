@@ -1,5 +1,5 @@
-"""Tokenizer: HF `tokenizer.json` through `tokenizers`, the ChatML chat template,
-and incremental detokenisation for streaming."""
+"""Tokenizer: HF `tokenizer.json` through `tokenizers`, the model's chat template
+(chat_template.py renders it), and incremental detokenisation for streaming."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,8 @@ import re
 from tokenizers import Tokenizer as HFTokenizer
 
 from . import checks
+from .chat_template import render
 
-_CHATML_SYSTEM = re.compile(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", re.S)
-CHAT_ROLES = ("system", "user", "assistant")
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -39,6 +38,34 @@ def _read_json(path: str) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def _special_token(config: dict, key: str, where: str) -> str | None:
+    value = config.get(key)
+    value = value.get("content") if isinstance(value, dict) else value  # HF allows an AddedToken dict
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{where}: {key} must be a string, got {value!r}")
+    return value
+
+
+def _check_message(i: int, message: dict) -> None:
+    """A message as chat templates take it: a role, and content that is text, a list
+    of parts ({"type": ..., ...}), or absent (an assistant's tool calls)."""
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(role, str) or not role:
+        raise ValueError(f"message {i} needs a 'role' (a string), got {message!r:.200}")
+    if isinstance(content, str):
+        checks.text(f"message {i} content", content)
+    elif isinstance(content, list):
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise ValueError(f"message {i} content part {j} must be {{'type': ..., ...}}, "
+                                 f"got {part!r:.200}")
+            if part["type"] == "text":
+                checks.text(f"message {i} content part {j} text", part.get("text"))
+    elif content is not None or "tool_calls" not in message:
+        raise ValueError(f"message {i} content must be text or a list of parts, got "
+                         f"{type(content).__name__}")
 
 
 def _from_folder(model_dir: str) -> tuple[HFTokenizer, dict, str]:
@@ -77,11 +104,9 @@ class Tokenizer:
         if self.chat_template is not None and not isinstance(self.chat_template, str):
             raise ValueError(f"{config_path}: chat_template must be a string (a list of "
                              f"named templates is not supported)")
-        eos = config.get("eos_token")
-        eos = eos.get("content") if isinstance(eos, dict) else eos  # HF allows an AddedToken dict
-        if eos is not None and not isinstance(eos, str):
-            raise ValueError(f"{config_path}: eos_token must be a string, got {eos!r}")
-        self.eos_token_id = self._tok.token_to_id(eos) if eos else None
+        self.bos_token = _special_token(config, "bos_token", config_path)
+        self.eos_token = _special_token(config, "eos_token", config_path)
+        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
 
     @property
     def vocab_size(self) -> int:
@@ -107,37 +132,33 @@ class Tokenizer:
         match = _BYTE_FALLBACK.fullmatch(piece)  # SentencePiece byte fallback
         return bytes([int(match.group(1), 16)]) if match else piece.replace("\u2581", " ").encode()
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render `messages` ([{"role", "content"}]) with the model's ChatML template.
-
-        A template that opens with a default system prompt (SmolLM2's does) gets it
-        when the conversation has none.
-        """
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        """`messages` ([{"role", "content"}], content text or a list of parts) rendered
+        by the model's own chat template, as transformers renders it. The text holds
+        the special tokens the template writes (BOS among them): encode it with
+        add_special_tokens=False (chat_ids does)."""
         if not isinstance(messages, (list, tuple)) or not all(isinstance(m, dict) for m in messages):
             raise TypeError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, "
                             f"got {type(messages).__name__}" + (
                                 f" {messages[:40]!r}" if isinstance(messages, str) else ""))
         if not self.chat_template:
-            raise ValueError("this model has no chat template (tokenizer_config.json "
-                             "has no chat_template); use a plain prompt")
-        if "<|im_start|>" not in self.chat_template:
-            raise ValueError("only ChatML chat templates (<|im_start|>role ... <|im_end|>) "
-                             "are supported")
+            raise ValueError("this model has no chat template (neither tokenizer_config.json "
+                             "nor the GGUF file holds one); use a plain prompt")
         if not messages:
             raise ValueError("chat needs at least one message")
-        parts = []
-        default_system = _CHATML_SYSTEM.search(self.chat_template)
-        if default_system and messages[0].get("role") != "system":
-            parts.append(f"<|im_start|>system\n{default_system.group(1)}<|im_end|>\n")
         for i, m in enumerate(messages):
-            if m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
-                raise ValueError(f"message {i} must be {{'role': one of {CHAT_ROLES}, "
-                                 f"'content': str}}, got {m!r}")
-            checks.text(f"message {i} content", m["content"])
-            parts.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
-        if add_generation_prompt:
-            parts.append("<|im_start|>assistant\n")
-        return "".join(parts)
+            _check_message(i, m)
+        names = {"bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
+        if tools is not None:
+            names["tools"] = tools
+        return render(self.chat_template, [dict(m) for m in messages], add_generation_prompt,
+                      **names)
+
+    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """The rendered conversation's token ids (no BOS added: the template writes it)."""
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        return self._tok.encode(text, add_special_tokens=False).ids
 
     def detokenizer(self, context: list[int] = ()) -> "IncrementalDetokenizer":
         """context: the tokens the text follows (a prompt), whose text is not emitted.

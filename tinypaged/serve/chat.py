@@ -27,7 +27,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     try:
-        prompt = client.llm.chat_prompt(req.chat_messages())
+        prompt = client.llm.chat_prompt_ids(req.chat_messages())
     except (ValueError, TypeError) as e:
         raise APIError(400, str(e), param="messages") from None
     max_tokens = req.requested_max_tokens()

@@ -1,0 +1,74 @@
+"""Chat templates as models ship them, rendered as transformers renders them
+(fixtures by tools/make_chat_fixtures.py), in a sandbox that cuts off a template
+that loops or explodes, with errors that name the message at fault."""
+import json
+from pathlib import Path
+
+import pytest
+
+from tinypaged import LLM, SamplingParams
+from tinypaged.chat_template import TemplateError, render
+
+FOLDER = Path(__file__).parent / "fixtures" / "chat_templates"
+EXPECTED = json.loads((FOLDER / "expected.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("case", EXPECTED, ids=lambda c: f"{c['template']}-{len(c['messages'])}"
+                         f"{'-gen' if c['add_generation_prompt'] else ''}")
+def test_renders_as_transformers_does(case):
+    template = (FOLDER / f"{case['template']}.jinja").read_text(encoding="utf-8")
+    got = render(template, case["messages"], case["add_generation_prompt"],
+                 bos_token=case["bos_token"], eos_token=case["eos_token"])
+    assert got == case["rendered"]
+
+
+def test_a_template_that_raises_names_the_message_at_fault():
+    template = (FOLDER / "gemma3.jinja").read_text(encoding="utf-8")
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                {"role": "assistant", "content": "c"}]
+    with pytest.raises(TemplateError) as e:
+        render(template, messages, bos_token="<bos>")
+    message = str(e.value)
+    assert "at message 2 (role 'assistant')" in message and "must alternate" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("template, what", [
+    ("{% for i in range(1000000) %}{% for j in range(1000000) %}x{% endfor %}{% endfor %}",
+     "loop items"),
+    ("{% for i in range(60000) %}{% for j in range(60000) %}{% endfor %}{% endfor %}", "loop items"),
+    ("{{ 'x' * 1000000000 }}", "builds a value"),
+    ("{{ [1] * 100000000 }}", "builds a value"),
+    ("{{ 10 ** 100000000 }}", "power"),
+    ("{% for m in messages %}{{ m.content * 600000 }}{% endfor %}", "builds a value"),
+    ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "sandbox forbids"),
+    ("{{ messages.append(1) }}", "sandbox forbids"),
+    ("{% for i in range(5) %}", "does not parse"),
+    ("{{ messages[0]['content'] | nosuchfilter }}", "does not parse"),
+    ("{{ 1 / 0 }}", "ZeroDivisionError"),
+])
+def test_a_template_that_loops_explodes_or_escapes_is_cut_off(template, what):
+    with pytest.raises(TemplateError, match=what):
+        render(template, [{"role": "user", "content": "hi"}])
+
+
+def test_a_bad_template_fails_its_chat_and_the_engine_lives_on(tiny_model_dir):
+    config = tiny_model_dir / "tokenizer_config.json"
+    settings = json.loads(config.read_text())
+    settings["chat_template"] = "{% for i in range(10**6) %}{% for j in range(10**6) %}{% endfor %}{% endfor %}"
+    config.write_text(json.dumps(settings))
+    llm = LLM(tiny_model_dir, backend="cpu", num_blocks=64)
+    with pytest.raises(ValueError, match="loop items"):
+        llm.chat([{"role": "user", "content": "hi"}])
+    out = llm.generate("hello", SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3 and llm.stats()["blocks_used"] == 0
+
+
+def test_the_templates_bos_is_not_added_twice(gemma3_gguf):
+    """A template that writes BOS itself (Gemma 3's does, as the text <bos>) is encoded
+    without the tokenizer adding another."""
+    from tinypaged.tokenizer import Tokenizer
+    tokenizer = Tokenizer(gemma3_gguf)
+    tokenizer.chat_template = (FOLDER / "gemma3.jinja").read_text(encoding="utf-8")
+    ids = tokenizer.chat_ids([{"role": "user", "content": "Hi"}])
+    assert ids[0] == 2 and ids[1] != 2 and ids[1] == tokenizer.encode("<start_of_turn>", False)[0]
