@@ -21,6 +21,36 @@ def computed(bm, seq):
     bm.register_full_blocks(seq, seq.num_computed_tokens)
 
 
+def test_blocks_behind_a_window_are_released_and_the_hash_chain_goes_on():
+    """Window 4, blocks of 2: after 7 computed tokens the next token (position 7) sees
+    keys 4..7, so blocks 0 and 1 (positions 0-3) go back; the released blocks stay in
+    the prefix cache, forks and frees skip the released entries, and the block filled
+    next is hashed on the chain that ran through the released ones."""
+    from tinypaged.engine.block_manager import RELEASED
+    bm = BlockManager(num_blocks=8, block_size=2, window=4)
+    a = seq_of([1, 2, 3, 4, 5, 6, 7])
+    bm.allocate(a)
+    computed(bm, a)
+    held = list(a.block_table)
+    assert bm.release_behind(a) == 2
+    assert a.block_table[:2] == [RELEASED, RELEASED] and a.block_table[2:] == held[2:]
+    assert bm.release_behind(a) == 0  # (again: nothing more)
+    bm.check_invariants([a])
+    assert bm.num_cached_free_blocks == 2  # still findable by the next request
+    b = a.fork(1)
+    bm.fork(a, b)
+    bm.check_invariants([a, b])
+    a.append_token(8)
+    bm.append_slot(a)
+    computed(bm, a)  # block 3 = [7, 8] fills: hashed on the chain through blocks 0-2
+    same = seq_of([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert bm.cached_prefix_len(same) == 8
+    bm.free(b)
+    bm.free(a)
+    bm.check_invariants([])
+    assert bm.num_free_blocks == 8
+
+
 def test_lru_reuse_keeps_a_freed_prefix_until_its_blocks_are_needed():
     bm = BlockManager(num_blocks=4, block_size=2)
     a = seq_of([1, 2, 3, 4, 5])  # 3 blocks: [1 2] [3 4] [5]

@@ -261,3 +261,36 @@ def test_the_cuda_backend_matches_transformers_at_every_prompt_position(case, tm
         got = dict(entry.top) | {entry.token_id: entry.logprob}
         assert_close(np.array(list(got.values())), wanted[t - 1, list(got)], f"{case} position {t}")
     llm.close()
+
+
+@pytest.mark.parametrize("case, backend, new_tokens", [
+    ("mistral-window", "cpu", 40), ("phi3-window", "cpu", 40),
+    pytest.param("mistral-window", "cuda", 12, marks=pytest.mark.cuda)])
+def test_blocks_behind_a_window_go_back_to_the_pool(case, backend, new_tokens, tmp_path,
+                                                    monkeypatch):
+    """Every layer slides (window 8, blocks of 4): while a sequence decodes, the blocks
+    wholly behind its window return to the pool, and the tokens are still the dense
+    reference's (which masks the window, and matches transformers above)."""
+    from helpers import dense_greedy
+
+    folder = model_folder(case, "config.json", tmp_path)
+    llm = LLM(folder, backend=backend, block_size=4, num_blocks=24, gpu_weight_dtype="float32")
+    bm = llm.engine.block_manager
+    assert bm.window == 8
+    used_after_step = []
+    schedule = llm.engine.scheduler.schedule
+
+    def recording_schedule():
+        batch = schedule()
+        used_after_step.append(bm.num_blocks - bm.num_free_blocks)
+        return batch
+    monkeypatch.setattr(llm.engine.scheduler, "schedule", recording_schedule)
+    prompt = expected(case)[1][0].tolist()  # 40 tokens
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    out = llm.generate([prompt], params)[0]
+    want = dense_greedy(ReferenceModel(*load_model(folder)), prompt, new_tokens)
+    assert out.outputs[0].token_ids == want
+    assert used_after_step[0] >= 10  # the prompt's 40 tokens, allocated at admission
+    assert max(used_after_step[2:]) <= 8 // 4 + 2  # the window's blocks, and the one filling
+    assert llm.stats()["blocks_used"] == 0
+    llm.close()

@@ -9,12 +9,20 @@ hash((parent block's hash, its token ids)), so equal hashes mean equal prefixes.
 A freed block keeps its hash and content until the allocator reuses it; the free
 list is kept in LRU order, so a system prompt stays cached between requests that
 do not overlap in time.
+
+Sliding windows: when every layer of the model attends to the last `window` tokens
+only, a block wholly behind the window of a sequence's next token is never read
+again; release_behind() returns it to the pool while the sequence runs (its entry
+becomes RELEASED, which no kernel reads: they start at the window).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 
+from .block_table import PAD_BLOCK
 from .sequence import Sequence
+
+RELEASED = PAD_BLOCK  # a block-table entry whose block went back behind a sliding window
 
 
 class Block:
@@ -32,8 +40,12 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 window: int | None = None):
+        """window: the tokens every layer attends to, when all of them slide (None:
+        blocks stay with their sequence to its end)."""
         self.block_size = block_size
+        self.window = window
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         # ref_count == 0 blocks; the front is evicted first
@@ -145,25 +157,52 @@ class BlockManager:
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """child shares all of parent's blocks."""
         child.block_table = list(parent.block_table)
+        child.released_hash = parent.released_hash
         for block_id in child.block_table:
-            self.blocks[block_id].ref_count += 1
+            if block_id != RELEASED:
+                self.blocks[block_id].ref_count += 1
 
     def free(self, seq: Sequence) -> None:
         """Return seq's blocks. Cached blocks keep hash and content, and go to the back of
         the LRU list (tail of the chain first, so prefixes outlive their continuations);
         uncached ones go to the front, to be reused first."""
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            assert block.ref_count >= 0
-            if block.ref_count == 0:
-                self.free_list[block_id] = None
-                if self._is_cached(block):
-                    self.num_cached_free_blocks += 1
-                else:
-                    self.free_list.move_to_end(block_id, last=False)
+            self._drop(block_id)
         seq.block_table = []
         seq.num_computed_tokens = 0
+        seq.released_hash = None
+
+    def _drop(self, block_id: int) -> None:
+        """One holder less for block_id; at none it joins the free list."""
+        if block_id == RELEASED:
+            return
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        assert block.ref_count >= 0
+        if block.ref_count == 0:
+            self.free_list[block_id] = None
+            if self._is_cached(block):
+                self.num_cached_free_blocks += 1
+            else:
+                self.free_list.move_to_end(block_id, last=False)
+
+    def release_behind(self, seq: Sequence) -> int:
+        """With a window, return the blocks wholly behind the window of seq's next token
+        (position num_computed_tokens sees keys from num_computed_tokens - window + 1 on).
+        Returns how many blocks it released."""
+        if self.window is None:
+            return 0
+        first_key = seq.num_computed_tokens - self.window + 1
+        released = 0
+        for i in range(max(0, first_key) // self.block_size):
+            block_id = seq.block_table[i]
+            if block_id == RELEASED:
+                continue
+            seq.released_hash = self.blocks[block_id].hash  # the chain's link to what follows
+            self._drop(block_id)
+            seq.block_table[i] = RELEASED
+            released += 1
+        return released
 
     # -- prefix caching --------------------------------------------------------
     def register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
@@ -180,7 +219,9 @@ class BlockManager:
             block = self.blocks[seq.block_table[i]]
             if block.hash is not None:
                 continue
-            parent = self.blocks[seq.block_table[i - 1]].hash if i else None
+            before = seq.block_table[i - 1] if i else None
+            parent = None if before is None else \
+                seq.released_hash if before == RELEASED else self.blocks[before].hash
             block.token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             block.hash = hash((parent, block.token_ids))
             self.cached.setdefault(block.hash, block.block_id)  # first copy wins
@@ -190,6 +231,8 @@ class BlockManager:
         registered when scheduled, and the step that was to fill them failed."""
         bs = self.block_size
         for block_id in seq.block_table[seq.num_computed_tokens // bs:]:
+            if block_id == RELEASED:
+                continue
             block = self.blocks[block_id]
             if self._is_cached(block):
                 del self.cached[block.hash]
@@ -201,7 +244,8 @@ class BlockManager:
         holders = [0] * self.num_blocks
         for seq in live:
             for block_id in seq.block_table:
-                holders[block_id] += 1
+                if block_id != RELEASED:
+                    holders[block_id] += 1
         for block in self.blocks:
             assert block.ref_count >= 0, f"block {block.block_id}: negative ref count"
             assert block.ref_count == holders[block.block_id], \

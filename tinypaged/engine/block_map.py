@@ -36,7 +36,8 @@ class PoolPicture:
         holders = [0] * self.num_blocks
         for *_, blocks in self.tables:
             for b in blocks:
-                holders[b] += 1
+                if b >= 0:  # (a block released behind a sliding window is no longer held)
+                    holders[b] += 1
         cached = self.cached_free or frozenset()
         chars = [_char(n, b in cached) for b, n in enumerate(holders)]
         last = max((i for i, c in enumerate(chars) if c != "."), default=-1)

@@ -67,7 +67,8 @@ class LLMEngine:
         num_blocks = pool_blocks(config, bytes_per_block, self.max_model_len,
                                  ops.default_kv_memory)
         check_pool_fits(num_blocks, bytes_per_block, ops.memory_available())
-        self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
+        self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching,
+                                          window=cfg.window_everywhere)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens)
         kv = PagedKVCache(cfg, num_blocks, bs, ops, config.kv_cache_dtype)

@@ -91,6 +91,10 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         preemptions_before = self.num_preemptions
 
+        # 0. with a sliding window over every layer, blocks behind it go back to the pool
+        for seq in self.running:
+            bm.release_behind(seq)
+
         # 1. decoding sequences (one token left) need a slot; make room by preemption
         kept: list[Sequence] = []
         queue = list(self.running)

@@ -30,6 +30,7 @@ class Sequence:
         self.params = params
         self.rng = rng if rng is not None else sample_rng(params.seed, sample_index)
         self.block_table: list[int] = []  # logical block i -> physical block id
+        self.released_hash = None  # prefix-cache hash of the last block released behind a window
         self.num_computed_tokens = 0  # tokens whose K/V are in the pool
         self.num_cached_tokens = 0  # of those, found in the prefix cache on admission
         self.status = SequenceStatus.WAITING

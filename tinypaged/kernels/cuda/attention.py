@@ -238,7 +238,7 @@ def paged_attention_prefill(q, k_cache, v_cache, block_tables, positions, token_
         for e in range(t, KV_TILE * head_dim, PREFILL_THREADS):
             j, d = e // head_dim, e % head_dim
             pos = k0 + j
-            if pos < p0 + nq:
+            if lowest <= pos < p0 + nq:  # (before lowest: masked, its block maybe released)
                 block, offset = block_tables[s, pos // block_size], pos % block_size
                 k_s[j, d] = float32(k_cache[block, offset, kvh, d])  # (the pool may be float16)
                 v_s[j, d] = float32(v_cache[block, offset, kvh, d])
@@ -273,7 +273,7 @@ def paged_attention_prefill(q, k_cache, v_cache, block_tables, positions, token_
             qi, d = e // head_dim, e % head_dim
             a = acc[qi, d] * corr_s[qi]
             for j in range(KV_TILE):
-                if k0 + j < p0 + nq:
+                if lowest <= k0 + j < p0 + nq:  # (only staged rows: p is 0 elsewhere)
                     a += p_s[qi, j] * v_s[j, d]
             acc[qi, d] = a
         cuda.syncthreads()  # done with this tile's shared arrays
