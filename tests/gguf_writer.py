@@ -151,3 +151,27 @@ class GGUFWriter:
     def write(self, path) -> None:
         with open(path, "wb") as f:
             f.write(self.to_bytes())
+
+
+def byte_level_vocab_gguf(path, pre: str) -> None:
+    """A GGUF holding only a byte-level BPE vocabulary (GPT-2's 256 byte characters
+    and merges that join digits, letters, 'Ġ'-led words and contractions) whose
+    tokenizer.ggml.pre is pre: what the pre-tokenizer tests load, here and in
+    tools/make_tokenizer_fixtures.py (same bytes in both)."""
+    from tokenizers import pre_tokenizers
+    merges = [("1", "2"), ("12", "3"), ("4", "5"), ("h", "e"), ("he", "l"), ("hel", "l"),
+              ("hell", "o"), ("Ġ", "w"), ("Ġw", "o"), ("Ġwo", "r"), ("Ġwor", "l"), ("Ġworl", "d"),
+              ("'", "s"), ("'", "m"), ("Ġ", "Ġ"), ("Ċ", "Ċ"), ("T", "h"), ("Th", "e"), ("Ġ", "1"),
+              ("Ġ", "h"), ("Ġh", "e")]
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = ["<s>", "</s>"] + alphabet + ["".join(m) for m in merges]
+    w = GGUFWriter()
+    w.add("general.architecture", STRING, "llama")
+    w.add("tokenizer.ggml.model", STRING, "gpt2")
+    w.add("tokenizer.ggml.pre", STRING, pre)
+    w.add("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))
+    w.add("tokenizer.ggml.token_type", ARRAY, (I32, [3, 3] + [1] * (len(tokens) - 2)))
+    w.add("tokenizer.ggml.merges", ARRAY, (STRING, [f"{a} {b}" for a, b in merges]))
+    w.add("tokenizer.ggml.bos_token_id", U32, 0)
+    w.add("tokenizer.ggml.eos_token_id", U32, 1)
+    w.write(path)

@@ -2,7 +2,9 @@
 
 Supported:
 - `tokenizer.ggml.model = gpt2` (byte-level BPE) with the pre-tokenizers `smollm`
-  (GPT-2 regex, each digit split on its own), `gpt2` or `default`;
+  (GPT-2 regex, each digit split on its own), `gpt2` or `default`, and the split
+  patterns of Llama 3 (`llama-bpe`: digits in threes), Qwen2 (`qwen2`: digits one
+  by one) and GPT-4o (`gpt-4o`, `llama4`: case-aware words);
 - `tokenizer.ggml.model = llama` (SentencePiece BPE: Llama 1-2, Gemma), as
   llama.cpp tokenizes it: spaces become "▁" (and one is put first when
   add_space_prefix), then adjacent pieces merge, the pair whose merged piece scores
@@ -18,14 +20,31 @@ import os
 
 import numpy as np
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                        processors)
 
 from .gguf import GGUFFile
 
 # GGUF token types (llama.cpp's llama_token_type)
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_BYTE = 1, 2, 3, 4, 6
 SPACE = "\u2581"  # SentencePiece's visible space
-SUPPORTED_PRE = ("smollm", "gpt2", "default")
+# How byte-level BPE vocabularies split text into words before merging, by the name
+# llama.cpp's converter writes in tokenizer.ggml.pre (the patterns llama.cpp uses)
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_CASED = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"
+_LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+GPT4O_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_CASED}*{_LOWER}+{_CONTRACTION}"
+               rf"|[^\r\n\p{{L}}\p{{N}}]?{_CASED}+{_LOWER}*{_CONTRACTION}"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPLITS = {**dict.fromkeys(("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "dbrx", "falcon3"),
+                          LLAMA3_SPLIT),
+          **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), QWEN2_SPLIT),
+          **dict.fromkeys(("gpt-4o", "llama4"), GPT4O_SPLIT)}
+SUPPORTED_PRE = ("smollm", "gpt2", "default", *SPLITS)
 
 
 def _strings(gguf: GGUFFile, key: str) -> list[str]:
@@ -135,6 +154,10 @@ def build_tokenizer(gguf: GGUFFile) -> Tokenizer:
     if pre == "smollm":
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif pre in SPLITS:  # the words by the family's own pattern, then bytes as characters
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(SPLITS[pre]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:
         tokenizer.pre_tokenizer = byte_level
     tokenizer.decoder = decoders.ByteLevel()
