@@ -132,9 +132,12 @@ def model_type(case: str) -> str:
 # (Mistral), qwen2 or qwen3, and fixes Gemma 3's local RoPE and layer pattern: the
 # cases it cannot express stay out (gemma3-gguf is Gemma 3 as llama.cpp fixes it)
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
-             "gemma2": "gemma2", "gemma3_text": "gemma3"}
+             "gemma2": "gemma2", "gemma3_text": "gemma3", "granite": "granite", "olmo2": "olmo2",
+             "phi3": "phi3"}
 GGUF_CASES = [c for c in CASES if model_type(c) in GGUF_ARCH and c != "gemma3"
-              and (window_of(c) is None or model_type(c).startswith("gemma"))]
+              and (window_of(c) is None or model_type(c).startswith(("gemma", "phi3")))]
+OLMO2_NORMS = {"post_attention_layernorm.weight": "post_attention_norm.weight",
+               "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
 # HF names -> llama.cpp's, where the sandwich norms of Gemma 2 and 3 differ from Llama's
 GEMMA_NORMS = {"post_attention_layernorm.weight": "post_attention_norm.weight",
                "pre_feedforward_layernorm.weight": "ffn_norm.weight",
@@ -159,7 +162,8 @@ def llama_cpp_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
     return np.array(factors, dtype=np.float32)
 
 
-def write_gguf(case: str, path) -> None:
+def write_gguf(case: str, path, matrix_type: int | None = None) -> None:
+    """matrix_type: the ggml type of the fused Phi-3 matrices (default F32)."""
     import gguf_writer as gw
     from test_gguf_convert import llama_cpp_permute
     from tinypaged.model.safetensors_io import read_safetensors
@@ -192,8 +196,13 @@ def write_gguf(case: str, path) -> None:
     if gemma:
         w.add(f"{arch}.attention.key_length", gw.U32, head_dim)
         w.add(f"{arch}.attention.value_length", gw.U32, head_dim)
-    if arch in ("gemma2", "gemma3"):
+    if arch in ("gemma2", "gemma3") or (arch == "phi3" and config.get("sliding_window")):
         w.add(f"{arch}.attention.sliding_window", gw.U32, config["sliding_window"])
+    if arch == "granite":  # llama.cpp's names for the four multipliers
+        for key, name in (("embedding_scale", "embedding_multiplier"),
+                          ("residual_scale", "residual_multiplier"),
+                          ("logit_scale", "logits_scaling"), ("attention.scale", "attention_multiplier")):
+            w.add(f"{arch}.{key}", gw.F32_T, config[name])
     if arch == "gemma2":
         w.add(f"{arch}.attn_logit_softcapping", gw.F32_T, config["attn_logit_softcapping"])
         w.add(f"{arch}.final_logit_softcapping", gw.F32_T, config["final_logit_softcapping"])
@@ -210,6 +219,14 @@ def write_gguf(case: str, path) -> None:
     w.add_tensor("output_norm.weight", weights["model.norm.weight"].astype(np.float32) + offset)
     if not config["tie_word_embeddings"]:
         w.add_tensor("output.weight", weights["lm_head.weight"].astype(np.float32))
+    if arch == "phi3":  # llama.cpp keeps Phi-3's fused matrices (gate and up in ffn_up)
+        for layer in range(config["num_hidden_layers"]):
+            p = f"model.layers.{layer}."
+            kind = gw.GGML_F32 if matrix_type is None else matrix_type
+            w.add_tensor(f"blk.{layer}.attn_qkv.weight",
+                         weights.pop(p + "self_attn.qkv_proj.weight").astype(np.float32), kind)
+            w.add_tensor(f"blk.{layer}.ffn_up.weight",
+                         weights.pop(p + "mlp.gate_up_proj.weight").astype(np.float32), kind)
     for layer in range(config["num_hidden_layers"]):
         for name, x in weights.items():
             prefix = f"model.layers.{layer}."
@@ -217,12 +234,13 @@ def write_gguf(case: str, path) -> None:
                 continue
             rest = name[len(prefix):]
             stem, kind = rest.rsplit(".", 1)
-            names = {**GGUF_LAYER, **GEMMA_NORMS} if arch in ("gemma2", "gemma3") else GGUF_LAYER
+            names = {**GGUF_LAYER, **GEMMA_NORMS} if arch in ("gemma2", "gemma3") else \
+                {**GGUF_LAYER, **OLMO2_NORMS} if arch == "olmo2" else GGUF_LAYER
             target = names.get(rest) or f"{names[stem]}.{kind}"
             x = x.astype(np.float32)
             if rest.endswith("norm.weight"):
                 x = x + offset
-            if arch == "llama" and stem in ("self_attn.q_proj", "self_attn.k_proj"):
+            if arch in ("llama", "granite") and stem in ("self_attn.q_proj", "self_attn.k_proj"):
                 x = llama_cpp_permute(x, heads if stem == "self_attn.q_proj" else kv_heads)
             w.add_tensor(f"blk.{layer}.{target}", x)
     w.write(path)
@@ -294,3 +312,22 @@ def test_blocks_behind_a_window_go_back_to_the_pool(case, backend, new_tokens, t
     assert max(used_after_step[2:]) <= 8 // 4 + 2  # the window's blocks, and the one filling
     assert llm.stats()["blocks_used"] == 0
     llm.close()
+
+
+def test_phi3s_packed_fused_matrices_split_into_packed_rows(tmp_path):
+    """A Q8_0 attn_qkv and ffn_up (as a quantized Phi-3 GGUF holds them) split into
+    packed q/k/v and gate/up, and the engine runs them as the reference does."""
+    import gguf_writer as gw
+    from helpers import dense_greedy
+    from tinypaged.model.packed import PackedWeight
+
+    path = tmp_path / "phi3-q8.gguf"
+    write_gguf("phi3", path, gw.GGML_Q8_0)
+    cfg, weights = load_model(str(path))
+    q = weights["model.layers.0.self_attn.q_proj.weight"]
+    assert isinstance(q, PackedWeight) and q.shape == (cfg.q_size, cfg.hidden_size)
+    assert weights["model.layers.0.mlp.up_proj.weight"].shape == (cfg.intermediate_size, cfg.hidden_size)
+    prompt = expected("phi3")[0][0].tolist()
+    llm = LLM(str(path), backend="cpu")
+    got = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
+    assert got.outputs[0].token_ids == dense_greedy(ReferenceModel(cfg, weights), prompt, 8)

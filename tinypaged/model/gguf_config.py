@@ -68,12 +68,42 @@ def _gemma(gguf, arch: str, config: dict) -> dict:
     return out
 
 
+def _granite(gguf, arch: str, config: dict) -> dict:
+    """Granite's multipliers, as llama.cpp's keys hold them (logit_scale divides; an
+    absent attention.scale is llama.cpp's 1/sqrt(head_dim))."""
+    def positive(key: str, default: float) -> float:
+        value = gguf.number(f"{arch}.{key}", default)
+        if value <= 0:
+            raise ValueError(f"{gguf.path}: {arch}.{key}={value:g} must be positive")
+        return value
+    return {"embedding_multiplier": positive("embedding_scale", 1.0),
+            "residual_multiplier": positive("residual_scale", 1.0),
+            "logits_scaling": positive("logit_scale", 1.0),
+            "attention_multiplier": positive("attention.scale", config["head_dim"] ** -0.5)}
+
+
+def _phi3(gguf, arch: str, config: dict) -> dict:
+    window = gguf.get(f"{arch}.attention.sliding_window")
+    return {} if window is None else {"sliding_window": gguf.integer(f"{arch}.attention.sliding_window")}
+
+
 GEMMA_KEYS = frozenset({"attention.sliding_window", "attn_logit_softcapping",
                         "final_logit_softcapping"})
 ARCHITECTURES = {
     "llama": GGUFArchitecture("LlamaForCausalLM", True, {}),
     "qwen2": GGUFArchitecture("Qwen2ForCausalLM", False, {}),
     "qwen3": GGUFArchitecture("Qwen3ForCausalLM", False, QK_NORMS),
+    "granite": GGUFArchitecture("GraniteForCausalLM", True, {},
+                                frozenset({"embedding_scale", "residual_scale", "logit_scale",
+                                           "attention.scale"}), _granite),
+    "olmo2": GGUFArchitecture("Olmo2ForCausalLM", False,
+                              {**QK_NORMS, "post_attention_norm.weight": "post_attention_layernorm.weight",
+                               "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}),
+    # Phi-3: q, k, v in one matrix, gate and up in ffn_up (split at load, weights.py)
+    "phi3": GGUFArchitecture("Phi3ForCausalLM", False,
+                             {"attn_qkv.weight": "self_attn.qkv_proj.weight",
+                              "ffn_up.weight": "mlp.gate_up_proj.weight"},
+                             frozenset({"attention.sliding_window"}), _phi3),
     "gemma": GGUFArchitecture("GemmaForCausalLM", False, {}, config=_gemma),
     "gemma2": GGUFArchitecture("Gemma2ForCausalLM", False, SANDWICH, GEMMA_KEYS, _gemma),
     "gemma3": GGUFArchitecture("Gemma3ForCausalLM", False, {**SANDWICH, **QK_NORMS}, GEMMA_KEYS,

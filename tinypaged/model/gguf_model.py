@@ -24,7 +24,8 @@ from .gguf_config import ARCHITECTURES, gguf_model_config, hf_name
 from .gguf_convert import unpermute_rows
 from .ggml_quant import Q8_0, REQUANTIZED
 from .packed import PackedWeight
-from .weights import check_consumed, check_layer_count, check_weights, expected_shapes
+from .weights import (check_consumed, check_layer_count, check_weights, expected_shapes,
+                      file_shapes, split_fused)
 
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's RoPE scaling, as llama.cpp writes it
 
@@ -51,10 +52,10 @@ def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
         shown = ", ".join(map(repr, unmapped[:4])) + (f" and {len(unmapped) - 4} more" if len(unmapped) > 4 else "")
         raise ValueError(f"{gguf.path}: the file holds {shown}, which tinypaged's "
                          f"{cfg.architecture} does not read; refused rather than run without")
-    expected = expected_shapes(cfg)
+    expected = file_shapes(cfg)
     targets = {name: hf_name(name, arch) for name in gguf.tensors if name != ROPE_FREQS}
     check_layer_count(targets.values(), cfg, gguf.path)
-    check_consumed(targets.values(), cfg, gguf.path)
+    check_consumed(targets.values(), cfg, gguf.path, expected)
     weights = {}
     for name, target in targets.items():
         info = gguf.tensors[name]
@@ -73,6 +74,8 @@ def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
             w = w.take_rows(order) if isinstance(w, PackedWeight) else w[order]
         weights[target] = w
         gguf.release(name)  # every weight is a copy: the file's pages can go
+    if cfg.fused_projections:
+        weights = split_fused(weights, cfg)
     check_weights(weights, cfg, gguf.path)
     weights = {name: weights[name] for name in expected_shapes(cfg)}
     if cfg.tie_word_embeddings:

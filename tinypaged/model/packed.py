@@ -100,10 +100,11 @@ class PackedWeight:
         return scale * q + low
 
     def take_rows(self, rows: np.ndarray) -> "PackedWeight":
-        """The same weights with rows reordered (Q/K rows are unpermuted at load)."""
+        """These rows of the weights, in this order (Q/K rows are unpermuted at load,
+        Phi-3's fused matrices split)."""
         take = (lambda a: None if a is None else np.ascontiguousarray(a[rows]))
-        return PackedWeight(self.ggml_type, self.shape, take(self.quants), take(self.scales),
-                            take(self.mins))
+        return PackedWeight(self.ggml_type, (len(rows), self.shape[1]), take(self.quants),
+                            take(self.scales), take(self.mins))
 
 
 def quantize_matrices(weights: dict, ggml_type: int) -> dict:

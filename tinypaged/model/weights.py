@@ -57,11 +57,11 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 _DERIVED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
 
 
-def check_consumed(names, cfg: ModelConfig, where: str) -> None:
+def check_consumed(names, cfg: ModelConfig, where: str, expected: dict | None = None) -> None:
     """Refuse, by name, a tensor that the forward pass would not read (a bias of a
     model configured without one, a norm of another architecture...): running
-    without it would be silently wrong."""
-    expected = expected_shapes(cfg)
+    without it would be silently wrong. expected: the names read (expected_shapes')."""
+    expected = expected_shapes(cfg) if expected is None else expected
     unused = sorted(name for name in names if name not in expected and not _DERIVED.match(name)
                     and not (cfg.tie_word_embeddings and name == "lm_head.weight"))
     if unused:
@@ -69,6 +69,26 @@ def check_consumed(names, cfg: ModelConfig, where: str) -> None:
         raise ValueError(f"{where}: the weights hold {shown}, which {cfg.architecture} as "
                          f"configured does not use; refused rather than run without "
                          f"{'it' if len(unused) == 1 else 'them'}")
+
+
+def file_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """expected_shapes as a file holds them: Phi-3's q/k/v and gate/up fused."""
+    shapes = expected_shapes(cfg)
+    if not cfg.fused_projections:
+        return shapes
+    for layer in range(cfg.num_hidden_layers):
+        p = f"model.layers.{layer}."
+        for part in "qkv":
+            del shapes[p + f"self_attn.{part}_proj.weight"]
+        del shapes[p + "mlp.gate_proj.weight"], shapes[p + "mlp.up_proj.weight"]
+        shapes[p + "self_attn.qkv_proj.weight"] = (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)
+        shapes[p + "mlp.gate_up_proj.weight"] = (2 * cfg.intermediate_size, cfg.hidden_size)
+    return shapes
+
+
+def _rows(t, start: int, stop: int):
+    """Rows start..stop-1 of an array (a view) or of a PackedWeight."""
+    return t[start:stop] if isinstance(t, np.ndarray) else t.take_rows(np.arange(start, stop))
 
 
 def split_fused(tensors: dict, cfg: ModelConfig) -> dict:
@@ -82,14 +102,16 @@ def split_fused(tensors: dict, cfg: ModelConfig) -> dict:
             if t.shape[0] != q + 2 * kv:
                 raise ValueError(f"tensor {name!r} has {t.shape[0]} rows, expected "
                                  f"{q + 2 * kv} (q, k and v)")
-            out.update({stem + "q_proj.weight": t[:q], stem + "k_proj.weight": t[q:q + kv],
-                        stem + "v_proj.weight": t[q + kv:]})
+            out.update({stem + "q_proj.weight": _rows(t, 0, q),
+                        stem + "k_proj.weight": _rows(t, q, q + kv),
+                        stem + "v_proj.weight": _rows(t, q + kv, q + 2 * kv)})
         elif name.endswith("mlp.gate_up_proj.weight"):
             stem, i = name[:-len("gate_up_proj.weight")], cfg.intermediate_size
             if t.shape[0] != 2 * i:
                 raise ValueError(f"tensor {name!r} has {t.shape[0]} rows, expected {2 * i} "
                                  f"(gate and up)")
-            out.update({stem + "gate_proj.weight": t[:i], stem + "up_proj.weight": t[i:]})
+            out.update({stem + "gate_proj.weight": _rows(t, 0, i),
+                        stem + "up_proj.weight": _rows(t, i, 2 * i)})
         else:
             out[name] = t
     return out
