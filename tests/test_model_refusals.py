@@ -4,6 +4,7 @@ architecture, a RoPE kind, and bad values of the keys that are read."""
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -208,3 +209,47 @@ def test_gguf_rope_freqs_of_the_wrong_length_are_refused(tmp_path):
     with pytest.raises(ValueError) as e:
         load_model(str(tmp_path / "bad.gguf"))
     assert "rope_freqs.weight must hold 8 positive factors" in one_line(e)
+
+
+# -- fuzzed values of the keys the families read -------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+ANY_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=True)
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=8)
+ROPE_PARAMETERS = st.fixed_dictionaries(
+    {"rope_type": st.sampled_from(["default", "linear", "llama3", "yarn", "dynamic", "longrope", "x"])},
+    optional={"factor": ANY_VALUE, "rope_theta": ANY_VALUE, "low_freq_factor": ANY_VALUE,
+              "high_freq_factor": ANY_VALUE, "original_max_position_embeddings": ANY_VALUE,
+              "beta_fast": ANY_VALUE, "attention_factor": ANY_VALUE, "truncate": ANY_VALUE})
+FUZZED_KEYS = {  # case -> keys of its family worth fuzzing
+    "llama": ["rope_parameters", "rope_theta", "attention_bias", "head_dim", "mlp_bias"],
+    "mistral-window": ["sliding_window"],
+    "qwen2-window": ["sliding_window", "use_sliding_window", "max_window_layers", "layer_types"],
+    "smollm3": ["no_rope_layers", "no_rope_layer_interval", "use_sliding_window"],
+    "granite": ["embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                "logits_scaling"],
+    "gemma2": ["query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+               "hidden_activation"],
+    "gemma3": ["rope_parameters", "sliding_window_pattern", "rope_local_base_freq", "layer_types"],
+}
+CONFIGS = {case: json.loads(Path(FIXTURES, case, "config.json").read_text()) for case in FUZZED_KEYS}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=st.sampled_from(sorted(FUZZED_KEYS)), data=st.data())
+def test_fuzzed_values_load_or_give_one_clear_line(case, data):
+    config = dict(CONFIGS[case])
+    key = data.draw(st.sampled_from(FUZZED_KEYS[case]))
+    value = data.draw(ROPE_PARAMETERS if key == "rope_parameters" and data.draw(st.booleans())
+                      else ANY_VALUE)
+    config[key] = value
+    try:
+        ModelConfig.from_dict(config, "config.json")
+    except ValueError as e:
+        message = str(e)
+        assert message.startswith("config.json") and "\n" not in message, message
