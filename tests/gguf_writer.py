@@ -175,3 +175,27 @@ def byte_level_vocab_gguf(path, pre: str) -> None:
     w.add("tokenizer.ggml.bos_token_id", U32, 0)
     w.add("tokenizer.ggml.eos_token_id", U32, 1)
     w.write(path)
+
+
+def sentencepiece_vocab_gguf(path, add_space_prefix: bool) -> None:
+    """A GGUF holding only a SentencePiece BPE vocabulary (tokenizer.ggml.model =
+    llama): <unk>, <s>, </s>, the 256 byte pieces, then pieces scored best first (the
+    order SentencePiece merges them), as Llama 2's or Gemma's files hold theirs."""
+    pieces = ["▁", "e", "l", "h", "o", "w", "r", "d", "1", "2", "3", "a", "t", "n", "i", "s",
+              "ll", "he", "▁h", "▁he", "▁hell", "▁hello", "▁w", "▁wo", "▁wor", "▁world",
+              "12", "123", "▁t", "▁th", "▁the", "in", "▁in", ",", ".", "el", "▁hel"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
+    w = GGUFWriter()
+    w.add("general.architecture", STRING, "llama")
+    w.add("tokenizer.ggml.model", STRING, "llama")
+    w.add("tokenizer.ggml.pre", STRING, "default")
+    w.add("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))
+    w.add("tokenizer.ggml.token_type", ARRAY, (I32, types))
+    w.add("tokenizer.ggml.scores", ARRAY, (F32_T, scores))
+    w.add("tokenizer.ggml.unknown_token_id", U32, 0)
+    w.add("tokenizer.ggml.bos_token_id", U32, 1)
+    w.add("tokenizer.ggml.eos_token_id", U32, 2)
+    w.add("tokenizer.ggml.add_space_prefix", BOOL, add_space_prefix)
+    w.write(path)
