@@ -188,21 +188,18 @@ class CudaBackend:
         return self.add_rms_norm(x, None, weight, eps)[0]
 
     def softcap(self, x, cap):
-        out = self._empty(*x.shape)
-        n = x.shape[0] * x.shape[1]
-        self._launch(elementwise.softcap, ceil_div(n, 256), 256, x, np.float32(cap), out)
-        return out
+        return self._elementwise(elementwise.softcap, x, np.float32(cap))
 
     def scale(self, x, factor):
-        out = self._empty(*x.shape)
-        n = x.shape[0] * x.shape[1]
-        self._launch(elementwise.scale, ceil_div(n, 256), 256, x, np.float32(factor), out)
-        return out
+        return self._elementwise(elementwise.scale, x, np.float32(factor))
 
     def add(self, x, y):
+        return self._elementwise(elementwise.add, x, y)
+
+    def _elementwise(self, kernel, x, *args):
+        """kernel(x, *args, out) over x's (T, H) elements, 256 threads a block: out."""
         out = self._empty(*x.shape)
-        n = x.shape[0] * x.shape[1]
-        self._launch(elementwise.add, ceil_div(n, 256), 256, x, y, out)
+        self._launch(kernel, ceil_div(x.shape[0] * x.shape[1], 256), 256, x, *args, out)
         return out
 
     def _input_for(self, x, weight):
@@ -331,17 +328,11 @@ class CudaBackend:
 
     def gate_up_gelu(self, x, w_gate, w_up):
         """Gemma's GeGLU: two products, then gelu_tanh(gate) * up."""
-        gate, up = self.linear(x, w_gate), self.linear(x, w_up)
-        out = self._empty(*gate.shape)
-        n = gate.shape[0] * gate.shape[1]
-        self._launch(elementwise.gelu_tanh_mul, ceil_div(n, 256), 256, gate, up, out)
-        return out
+        return self._elementwise(elementwise.gelu_tanh_mul, self.linear(x, w_gate),
+                                 self.linear(x, w_up))
 
     def silu_mul(self, gate, up):
-        out = self._empty(*gate.shape)
-        n = gate.shape[0] * gate.shape[1]
-        self._launch(elementwise.silu_mul, ceil_div(n, 256), 256, gate, up, out)
-        return out
+        return self._elementwise(elementwise.silu_mul, gate, up)
 
     def copy_blocks(self, k_pool, v_pool, pairs):
         """Copy-on-write copies: the (src, dst) pairs go up in a small reused buffer."""
