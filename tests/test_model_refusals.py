@@ -54,6 +54,7 @@ def test_a_config_key_nobody_reads_is_refused_by_name(key, value, tmp_path):
     ("initializer_range", 0.5), ("use_cache", False), ("attention_dropout", 0.3),
     ("hidden_dropout_prob", 0.1), ("pad_token_id", 0), ("_name_or_path", "x"),
     ("transformers_version", "4.40.0"), ("torch_dtype", "bfloat16"),
+    ("transformers.js_config", {"dtype": "q4"}), ("is_llama_config", True), ("rope_interleaved", False),
 ])
 def test_keys_that_do_not_change_the_math_are_ignored(key, value, tmp_path):
     folder = fixture_copy("llama", tmp_path)
@@ -127,6 +128,7 @@ def test_bad_rope_settings_get_one_clear_line(rope, message, layout, tmp_path):
     ("qwen2-window", {"layer_types": "sliding_attention"}, "for each of the 2 layers"),
     ("llama", {"mlp_bias": True}, "mlp_bias=true"),
     ("llama", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ("llama", {"rope_interleaved": True}, "rope_interleaved=true"),
     ("llama", {"rope_theta": 10000.0}, "rope_theta=10000.0 disagrees"),
 ])
 def test_bad_values_of_the_keys_read_get_one_clear_line(case, changes, message, tmp_path):

@@ -45,7 +45,7 @@ IGNORED_KEYS = frozenset({
     "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
     "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
     "auto_map", "unsloth_version", "unsloth_fixed", "use_return_dict",
-    "output_router_logits", "tokenizer_config", "architectures_version",
+    "transformers.js_config", "is_llama_config",  # (HuggingFaceTB's SmolLM configs)
 })
 
 

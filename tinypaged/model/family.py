@@ -64,6 +64,9 @@ def qwen_windows(get, layers: int) -> dict:
 
 def _llama(get, layers: int) -> dict:
     no_mlp_bias(get)
+    if get.boolean("rope_interleaved", False):  # (nanotron's flag, in SmolLM configs)
+        raise ValueError(f"{get.where}: rope_interleaved=true (RoPE on interleaved pairs) is "
+                         f"not supported")
     return attention_biases(get)
 
 
@@ -75,7 +78,8 @@ def _qwen2(get, layers: int) -> dict:
     return {"attention_bias": True, **qwen_windows(get, layers)}
 
 
-LLAMA = Family("LlamaForCausalLM", frozenset({"attention_bias", "mlp_bias", "pretraining_tp"}), _llama)
+LLAMA = Family("LlamaForCausalLM",
+               frozenset({"attention_bias", "mlp_bias", "pretraining_tp", "rope_interleaved"}), _llama)
 MISTRAL = Family("MistralForCausalLM", frozenset({"sliding_window"}), _mistral)
 QWEN_WINDOW_KEYS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
 QWEN2 = Family("Qwen2ForCausalLM", QWEN_WINDOW_KEYS, _qwen2)

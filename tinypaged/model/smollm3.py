@@ -22,5 +22,7 @@ def read(get, layers: int) -> dict:
 
 
 SMOLLM3 = Family("SmolLM3ForCausalLM",
+                 # (max_window_layers: written by some configs, read by nothing in SmolLM3)
                  frozenset({"attention_bias", "mlp_bias", "no_rope_layers", "no_rope_layer_interval",
-                            "use_sliding_window", "sliding_window", "layer_types"}), read)
+                            "use_sliding_window", "sliding_window", "layer_types",
+                            "max_window_layers"}), read)
