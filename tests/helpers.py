@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -149,6 +150,34 @@ class StepGate:
 
     def close(self) -> None:
         self.open_event.clear()
+
+
+def ctrl_c_while_waiting_for_output(thread: threading.Thread, timeout: float = 300.0,
+                                    patience: float = 5.0) -> None:
+    """Send SIGINT to thread (the main one) once it waits for a request's output, and
+    again each time it is still waiting there `patience` seconds later: a signal can
+    reach Python between the moment the wait's frame opens and the moment it blocks,
+    and a collection run there (any library's __del__) drops the KeyboardInterrupt.
+    A delivered one takes the thread out of the wait at once, so none is sent twice."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        wait_until_waiting_for_output(thread, deadline - time.monotonic())
+        signal.pthread_kill(thread.ident, signal.SIGINT)
+        left_at = time.monotonic() + patience
+        while time.monotonic() < left_at:
+            if not _waiting_for_output(thread):
+                return
+            time.sleep(0.01)
+    raise AssertionError(f"{thread.name} never left its wait for output")
+
+
+def _waiting_for_output(thread: threading.Thread) -> bool:
+    frame = sys._current_frames().get(thread.ident)
+    names = []
+    while frame is not None and len(names) < 4:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names[:2] == ["wait", "updates"]
 
 
 def wait_until_waiting_for_output(thread: threading.Thread, timeout: float = 300.0) -> None:

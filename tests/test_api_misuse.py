@@ -1,15 +1,13 @@
 """What users actually pass the library: every mistake is named before any work starts,
 and no failure or interrupt leaves a request or a block behind (issue 9's reproducers)."""
 import math
-import os
-import signal
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from helpers import step_gate, wait_until_waiting_for_output
+from helpers import ctrl_c_while_waiting_for_output, step_gate
 from tinypaged import LLM, SamplingParams
 from tinypaged.config import EngineConfig
 from tinypaged.outputs import KV_CACHE_FULL
@@ -88,8 +86,7 @@ def test_a_real_sigint_during_generate_leaves_the_pool_whole(llm, expected, monk
 
     def interrupt_once_running():
         assert gate.reached.wait(300)  # the three requests' first step waits at the gate,
-        wait_until_waiting_for_output(threading.main_thread())  # and the caller for them
-        os.kill(os.getpid(), signal.SIGINT)
+        ctrl_c_while_waiting_for_output(threading.main_thread())  # and the caller for them
     signaller = threading.Thread(target=interrupt_once_running)
     signaller.start()
     with pytest.raises(KeyboardInterrupt):

@@ -1,13 +1,12 @@
 """Many callers, one engine: threads and asyncio tasks share the engine loop; cancels
 free blocks; a failed step reaches exactly its callers; nothing ever hangs."""
 import asyncio
-import signal
 import threading
 import time
 
 import pytest
 
-from helpers import step_gate, wait_until_waiting_for_output, write_tiny_model
+from helpers import ctrl_c_while_waiting_for_output, step_gate, write_tiny_model
 from serving import wait_until
 from tinypaged import LLM, EngineDeadError, SamplingParams
 from tinypaged.engine import step_logits
@@ -224,8 +223,7 @@ def test_an_interrupt_during_generate_aborts_its_requests(stories, monkeypatch, 
 
     def interrupt_while_running():
         assert gate.reached.wait(300)  # both requests' first step waits at the gate,
-        wait_until_waiting_for_output(threading.main_thread())  # and the caller for them
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # Ctrl+C
+        ctrl_c_while_waiting_for_output(threading.main_thread())  # and the caller for them
         gate.open()
     threading.Thread(target=interrupt_while_running).start()
     with pytest.raises(KeyboardInterrupt):
