@@ -271,7 +271,7 @@ def test_the_cuda_backend_matches_transformers_at_every_prompt_position(case, tm
     """On a GPU, or the simulator without one: float32 weights; the short prompt, or
     for a model with a window, the long one."""
     llm = LLM(model_folder(case, "config.json", tmp_path), backend="cuda", block_size=4,
-              num_blocks=16, gpu_weight_dtype="float32")
+              num_blocks=80, gpu_weight_dtype="float32")
     ids, logits = expected(case)[0 if window_of(case) is None else 1]  # past the window
     out = llm.generate([ids.tolist()], SamplingParams(max_tokens=1, prompt_logprobs=5))[0]
     wanted = log_softmax(logits)
@@ -282,25 +282,31 @@ def test_the_cuda_backend_matches_transformers_at_every_prompt_position(case, tm
 
 
 @pytest.mark.parametrize("case, backend, new_tokens", [
-    ("mistral-window", "cpu", 40), ("phi3-window", "cpu", 40),
-    pytest.param("mistral-window", "cuda", 12, marks=pytest.mark.cuda)])
+    ("mistral-window", "cpu", 40), ("phi3-window", "cpu", 40), ("gemma3", "cpu", 40),
+    ("gemma2", "cpu", 24),
+    pytest.param("mistral-window", "cuda", 12, marks=pytest.mark.cuda),
+    pytest.param("gemma3", "cuda", 12, marks=pytest.mark.cuda)])
 def test_blocks_behind_a_window_go_back_to_the_pool(case, backend, new_tokens, tmp_path,
                                                     monkeypatch):
-    """Every layer slides (window 8, blocks of 4): while a sequence decodes, the blocks
-    wholly behind its window return to the pool, and the tokens are still the dense
-    reference's (which masks the window, and matches transformers above)."""
+    """Sliding layers (window 8, blocks of 4): while a sequence decodes, the blocks
+    wholly behind its window return to the pool in every sliding KV group; global
+    layers' groups (Gemma 2 and 3 mix both) keep every block. The pool then holds
+    exactly KVGroups.blocks_held blocks at each decode step, and the tokens are still
+    the dense reference's (which masks the window, and matches transformers above)."""
     from helpers import dense_greedy
+    from tinypaged.model.kv_groups import blocks_for
 
     folder = model_folder(case, "config.json", tmp_path)
-    llm = LLM(folder, backend=backend, block_size=4, num_blocks=24, gpu_weight_dtype="float32")
-    bm = llm.engine.block_manager
-    assert bm.window == 8
-    used_after_step = []
+    llm = LLM(folder, backend=backend, block_size=4, num_blocks=48, gpu_weight_dtype="float32")
+    bm, groups = llm.engine.block_manager, llm.engine.runner.model.kv_groups
+    assert 8 in bm.windows and bm.windows == groups.windows
+    decode_steps = []  # (tokens of the sequence, blocks in use) at each decode step
     schedule = llm.engine.scheduler.schedule
 
     def recording_schedule():
         batch = schedule()
-        used_after_step.append(bm.num_blocks - bm.num_free_blocks)
+        if batch.decodes:
+            decode_steps.append((len(batch.decodes[0]), bm.num_blocks - bm.num_free_blocks))
         return batch
     monkeypatch.setattr(llm.engine.scheduler, "schedule", recording_schedule)
     prompt = expected(case)[1][0].tolist()  # 40 tokens
@@ -308,8 +314,11 @@ def test_blocks_behind_a_window_go_back_to_the_pool(case, backend, new_tokens, t
     out = llm.generate([prompt], params)[0]
     want = dense_greedy(ReferenceModel(*load_model(folder)), prompt, new_tokens)
     assert out.outputs[0].token_ids == want
-    assert used_after_step[0] >= 10  # the prompt's 40 tokens, allocated at admission
-    assert max(used_after_step[2:]) <= 8 // 4 + 2  # the window's blocks, and the one filling
+    assert len(decode_steps) == new_tokens - 1
+    for tokens, used in decode_steps:
+        assert used == groups.blocks_held(tokens, 4), (tokens, used)
+        sliding = sum(w is not None for w in groups.windows)
+        assert used <= (groups.num_groups - sliding) * blocks_for(tokens, 4) + sliding * 3
     assert llm.stats()["blocks_used"] == 0
     llm.close()
 
@@ -331,3 +340,41 @@ def test_phi3s_packed_fused_matrices_split_into_packed_rows(tmp_path):
     llm = LLM(str(path), backend="cpu")
     got = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
     assert got.outputs[0].token_ids == dense_greedy(ReferenceModel(cfg, weights), prompt, 8)
+
+
+@pytest.mark.cuda
+def test_replayed_decode_steps_read_every_kv_groups_tables(tmp_path):
+    """Gemma 3's fixture has three KV groups (two sliding, one global): a recorded
+    decode step takes each group's tables and slots from its fixed buffer, and gives
+    the eager step's logits bit for bit while the sliding groups release blocks."""
+    from tinypaged.config import EngineConfig
+    from tinypaged.engine.llm_engine import LLMEngine
+
+    folder = model_folder("gemma3", "config.json", tmp_path)
+    runs = {}
+    for cuda_graphs in (False, True):
+        engine = LLMEngine(folder, EngineConfig(backend="cuda", block_size=4, num_blocks=40,
+                                                gpu_weight_dtype="float32",
+                                                cuda_graphs=cuda_graphs))
+        assert engine.block_manager.num_groups == 3
+        logits, run = [], engine.runner.run
+
+        def recorded_run(batch, rows=None, needs=None, run=run, logits=logits):
+            out = run(batch, rows, needs)
+            logits.append(np.array(out.rows(list(range(len(out))))))
+            return out
+        engine.runner.run = recorded_run
+        released, release = [], engine.block_manager.release_behind
+        engine.block_manager.release_behind = lambda seq: released.append(release(seq)) or released[-1]
+        # 10 prompt tokens and 6 more: blocks of 4 behind a window of 8 go from position 12
+        engine.add_request(list(range(3, 13)), SamplingParams(temperature=0, max_tokens=6,
+                                                              ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+        assert sum(released) == 2  # block 0 of both sliding groups, mid-run
+        runs[cuda_graphs] = logits, engine
+    (eager, _), (replayed, engine) = runs[False], runs[True]
+    assert engine.runner.model.ops.replays >= 4
+    assert engine.block_manager.num_free_blocks == 40 and len(eager) == len(replayed)
+    for step, (got, want) in enumerate(zip(replayed, eager)):
+        np.testing.assert_array_equal(got, want, err_msg=f"step {step}")

@@ -64,7 +64,8 @@ class BeamSearch:
             self.bm.register_full_blocks(seq, seq.num_computed_tokens)
         self.engine.statistics.note_peak([s for s, _ in self.live])
         used = self.bm.num_blocks - self.bm.num_free_blocks
-        unshared = sum(blocks_for(len(s), self.bm.block_size) for s, _ in self.live)
+        unshared = sum(self.bm.num_groups * blocks_for(len(s), self.bm.block_size)
+                       for s, _ in self.live)
         self.peak_blocks, self.peak_unshared = max(self.peak_blocks, used), max(self.peak_unshared, unshared)
         return logits
 
@@ -112,12 +113,11 @@ class BeamSearch:
             return
         copies = []
         for seq, _ in self.live:
+            self.bm.release_behind(seq)  # (sliding layers' blocks behind their window)
             if not self.bm.can_append(seq):
                 self.release()
                 raise ValueError(f"the KV pool is too small for beam_width={self.width}")
-            copy = self.bm.append_slot(seq)  # a shared last block is copied, never written
-            if copy is not None:
-                copies.append(copy)
+            copies += self.bm.append_slot(seq)  # a shared last block is copied, never written
         self.logits = self._run(ScheduledBatch(decodes=[s for s, _ in self.live], block_copies=copies))
 
     def release(self) -> None:

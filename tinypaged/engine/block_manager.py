@@ -1,19 +1,24 @@
 """BlockManager: the KV pool's bookkeeping. Owns every ref count, hash and the free list.
 
 A physical block holds `block_size` consecutive tokens of one or more sequences
-(shared blocks). A sequence's `block_table` maps its logical block i (tokens
-i*block_size .. (i+1)*block_size - 1) to a physical block id.
+(shared blocks). The model's layers form KV groups (model/kv_groups.py): one group
+of every layer, or, for models that mix sliding and global layers, groups of equal
+size that all draw on this one pool. A sequence holds one block table per group;
+`block_tables[g][i]` is the physical block holding its tokens
+i*block_size .. (i+1)*block_size - 1 for group g's layers.
 
-Prefix caching: a block full of computed tokens gets a chained hash,
-hash((parent block's hash, its token ids)), so equal hashes mean equal prefixes.
-A freed block keeps its hash and content until the allocator reuses it; the free
-list is kept in LRU order, so a system prompt stays cached between requests that
-do not overlap in time.
+Prefix caching: a block full of computed tokens is keyed by (its group, the chained
+hash of the sequence's blocks up to it: hash((parent block's hash, its token ids))),
+so equal keys mean equal prefixes. A freed block keeps its key and content until
+the allocator reuses it; the free list is kept in LRU order, so a system prompt
+stays cached between requests that do not overlap in time.
 
-Sliding windows: when every layer of the model attends to the last `window` tokens
-only, a block wholly behind the window of a sequence's next token is never read
-again; release_behind() returns it to the pool while the sequence runs (its entry
-becomes RELEASED, which no kernel reads: they start at the window).
+Sliding windows: a group whose layers attend to the last `window` tokens never
+reads a block wholly behind the window of the sequence's next token again;
+release_behind() returns it to the pool while the sequence runs (its entry becomes
+RELEASED, which no kernel reads: they start at the window). A prefix-cache hit
+needs, in such a group, only the blocks of the window before the first token to
+compute.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ class Block:
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0
-        self.hash: int | None = None  # set once the block is full of computed tokens
+        self.hash: tuple[int, int] | None = None  # (group, chain hash) once full of computed tokens
         self.token_ids: tuple[int, ...] | None = None  # compared on a hash hit (collisions)
 
 
@@ -41,16 +46,16 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 window: int | None = None):
-        """window: the tokens every layer attends to, when all of them slide (None:
-        blocks stay with their sequence to its end)."""
+                 windows: tuple[int | None, ...] = (None,)):
+        """windows: per KV group, the tokens its layers attend to (None: all of them;
+        KVGroups.windows). One group with a window: every layer slides."""
         self.block_size = block_size
-        self.window = window
+        self.windows = tuple(windows)
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         # ref_count == 0 blocks; the front is evicted first
         self.free_list: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.cached: dict[int, int] = {}  # hash -> block id holding that prefix block
+        self.cached: dict[tuple[int, int], int] = {}  # (group, chain hash) -> block id
         self.num_cached_free_blocks = 0  # free blocks still findable in the prefix cache
         self.prefix_query_tokens = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hit_tokens = 0  # of those, found
@@ -59,6 +64,10 @@ class BlockManager:
     @property
     def num_blocks(self) -> int:
         return len(self.blocks)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.windows)
 
     @property
     def num_free_blocks(self) -> int:
@@ -72,6 +81,12 @@ class BlockManager:
     def _is_cached(self, block: Block) -> bool:
         return block.hash is not None and self.cached.get(block.hash) == block.block_id
 
+    def _first_needed(self, group: int, num_tokens: int) -> int:
+        """The first logical block group's layers read when computing the token at
+        position num_tokens (0 unless the group slides)."""
+        window = self.windows[group]
+        return 0 if window is None else max(0, num_tokens - window + 1) // self.block_size
+
     # -- allocation ----------------------------------------------------------
     def _take_free_block(self) -> int:
         block_id, _ = self.free_list.popitem(last=False)
@@ -82,95 +97,137 @@ class BlockManager:
         block.hash, block.token_ids, block.ref_count = None, None, 1
         return block_id
 
-    def _prefix_hits(self, seq: Sequence) -> list[int]:
-        """Cached blocks of seq's longest cached prefix of full blocks. The block
-        holding the last token is never taken: that token must be computed so
+    def _chain_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
+        """The chained hashes of seq's first num_blocks full blocks, kept on seq
+        (its tokens never change, so each is computed once)."""
+        hashes, bs = seq.block_hashes, self.block_size
+        while len(hashes) < num_blocks:
+            i = len(hashes)
+            hashes.append(hash((hashes[-1] if i else None,
+                                tuple(seq.token_ids[i * bs:(i + 1) * bs]))))
+        return hashes[:num_blocks]
+
+    def _lookup(self, group: int, seq: Sequence, i: int, chain_hash: int) -> int | None:
+        """The cached block holding seq's block i for group, or None."""
+        block_id = self.cached.get((group, chain_hash))
+        if block_id is None:
+            return None
+        tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+        return block_id if self.blocks[block_id].token_ids == tokens else None
+
+    def _found(self, group: int, seq: Sequence, hashes: list[int]) -> list[int | None]:
+        """The cached block of each of seq's full blocks in group (None: not cached),
+        up to the first miss in a global group (which needs every block)."""
+        found = []
+        for i, chain_hash in enumerate(hashes):
+            found.append(self._lookup(group, seq, i, chain_hash))
+            if found[-1] is None and self.windows[group] is None:
+                return found[:-1]
+        return found
+
+    def _prefix_hits(self, seq: Sequence) -> list[list[int]]:
+        """Per group, the table of seq's longest cached prefix of k full blocks: the
+        cached blocks, RELEASED where a sliding group no longer needs them. A prefix
+        counts only where every group holds what the first token after it reads. The
+        block holding the last token is never taken: that token must be computed so
         that its logits exist. A sequence that asks for prompt logprobs computes its
         whole prompt (cached tokens would have no logits)."""
         if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
-            return []
-        hits, parent, bs = [], None, self.block_size
-        for i in range((len(seq) - 1) // bs):
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
-            h = hash((parent, tokens))
-            block_id = self.cached.get(h)
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
-                break
-            hits.append(block_id)
-            parent = h
-        return hits
+            return [[] for _ in self.windows]
+        hashes = self._chain_hashes(seq, (len(seq) - 1) // self.block_size)
+        found = [self._found(g, seq, hashes) for g in range(self.num_groups)]
+        k = min(len(blocks) for blocks in found)  # a global group's prefix ends at its first miss
+        while k > 0 and any(None in found[g][self._first_needed(g, k * self.block_size):k]
+                            for g in range(self.num_groups) if self.windows[g] is not None):
+            k -= 1
+        tables = []
+        for g in range(self.num_groups):
+            first = self._first_needed(g, k * self.block_size)
+            tables.append([RELEASED] * first + found[g][first:k])
+        return tables
 
     def cached_prefix_len(self, seq: Sequence) -> int:
         """Tokens of seq that allocate() would find in the prefix cache."""
-        return len(self._prefix_hits(seq)) * self.block_size
+        return len(self._prefix_hits(seq)[0]) * self.block_size
 
     def can_allocate(self, seq: Sequence) -> bool:
         hits = self._prefix_hits(seq)
-        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)  # leave the free list too
-        return blocks_for(len(seq), self.block_size) - len(hits) + revived <= len(self.free_list)
+        fresh = self.num_groups * blocks_for(len(seq), self.block_size) - \
+            sum(len(table) for table in hits)
+        revived = sum(1 for table in hits for b in table  # they leave the free list too
+                      if b != RELEASED and self.blocks[b].ref_count == 0)
+        return fresh + revived <= len(self.free_list)
 
     def allocate(self, seq: Sequence) -> None:
-        """Blocks for all of seq's tokens: prefix-cache hits first, then fresh ones."""
-        assert not seq.block_table, "sequence already holds blocks"
-        hits = self._prefix_hits(seq)
-        for block_id in hits:
+        """Blocks for all of seq's tokens in every group: prefix-cache hits first, then
+        fresh ones."""
+        assert not seq.block_tables, "sequence already holds blocks"
+        tables = self._prefix_hits(seq)
+        num_cached = len(tables[0]) * self.block_size
+        for block_id in (b for table in tables for b in table if b != RELEASED):
             block = self.blocks[block_id]
             if block.ref_count == 0:  # revived from the free list
                 del self.free_list[block_id]
                 self.num_cached_free_blocks -= 1
             block.ref_count += 1
-            seq.block_table.append(block_id)
-        for _ in range(blocks_for(len(seq), self.block_size) - len(hits)):
-            seq.block_table.append(self._take_free_block())
-        seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
+        for table in tables:  # (after every hit left the free list: none is taken as fresh)
+            while len(table) < blocks_for(len(seq), self.block_size):
+                table.append(self._take_free_block())
+        seq.block_tables = tables
+        seq.num_computed_tokens = seq.num_cached_tokens = num_cached
         if self.enable_prefix_caching:
             self.prefix_query_tokens += len(seq)
-            self.prefix_hit_tokens += seq.num_cached_tokens
+            self.prefix_hit_tokens += num_cached
 
     def can_append(self, seq: Sequence) -> bool:
-        """Whether a slot for seq's newest token can be had (needs at most one block)."""
-        return self._needs_block(seq) is False or len(self.free_list) >= 1
+        """Whether a slot for seq's newest token can be had in every group (at most one
+        block each)."""
+        needed = sum(self._needs_block(seq, g) is not False for g in range(self.num_groups))
+        return needed <= len(self.free_list)
 
-    def _needs_block(self, seq: Sequence) -> bool | None:
+    def _needs_block(self, seq: Sequence, group: int) -> bool | None:
         """True: a new block; None: a copy of a shared last block; False: nothing."""
-        if len(seq) > len(seq.block_table) * self.block_size:
+        table = seq.block_tables[group]
+        if len(seq) > len(table) * self.block_size:
             return True
-        last = self.blocks[seq.block_table[(len(seq) - 1) // self.block_size]]
+        last = self.blocks[table[(len(seq) - 1) // self.block_size]]
         return None if last.ref_count > 1 else False
 
-    def append_slot(self, seq: Sequence) -> tuple[int, int] | None:
-        """Make the slot of seq's newest token writable. Returns (src, dst) when the
-        block holding it was shared and had to be copied (copy-on-write)."""
-        need = self._needs_block(seq)
-        if need is True:
-            seq.block_table.append(self._take_free_block())
-            return None
-        if need is None:
-            index = (len(seq) - 1) // self.block_size
-            src = seq.block_table[index]
-            self.blocks[src].ref_count -= 1  # stays >= 1: it was shared
-            dst = self._take_free_block()
-            seq.block_table[index] = dst
-            return src, dst
-        return None
+    def append_slot(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Make the slot of seq's newest token writable in every group. Returns the
+        (src, dst) copies to make where the block holding it was shared
+        (copy-on-write)."""
+        copies = []
+        for g, table in enumerate(seq.block_tables):
+            need = self._needs_block(seq, g)
+            if need is True:
+                table.append(self._take_free_block())
+            elif need is None:
+                index = (len(seq) - 1) // self.block_size
+                src = table[index]
+                self.blocks[src].ref_count -= 1  # stays >= 1: it was shared
+                table[index] = self._take_free_block()
+                copies.append((src, table[index]))
+        return copies
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """child shares all of parent's blocks."""
-        child.block_table = list(parent.block_table)
-        child.released_hash = parent.released_hash
-        for block_id in child.block_table:
-            if block_id != RELEASED:
-                self.blocks[block_id].ref_count += 1
+        child.block_tables = [list(table) for table in parent.block_tables]
+        child.block_hashes = list(parent.block_hashes)
+        for table in child.block_tables:
+            for block_id in table:
+                if block_id != RELEASED:
+                    self.blocks[block_id].ref_count += 1
 
     def free(self, seq: Sequence) -> None:
-        """Return seq's blocks. Cached blocks keep hash and content, and go to the back of
+        """Return seq's blocks. Cached blocks keep key and content, and go to the back of
         the LRU list (tail of the chain first, so prefixes outlive their continuations);
         uncached ones go to the front, to be reused first."""
-        for block_id in reversed(seq.block_table):
-            self._drop(block_id)
-        seq.block_table = []
+        for table in seq.block_tables:
+            for block_id in reversed(table):
+                self._drop(block_id)
+        seq.block_tables = []
         seq.num_computed_tokens = 0
-        seq.released_hash = None
 
     def _drop(self, block_id: int) -> None:
         """One holder less for block_id; at none it joins the free list."""
@@ -187,26 +244,21 @@ class BlockManager:
                 self.free_list.move_to_end(block_id, last=False)
 
     def release_behind(self, seq: Sequence) -> int:
-        """With a window, return the blocks wholly behind the window of seq's next token
-        (position num_computed_tokens sees keys from num_computed_tokens - window + 1 on).
-        Returns how many blocks it released."""
-        if self.window is None:
-            return 0
-        first_key = seq.num_computed_tokens - self.window + 1
+        """In each sliding group, return the blocks wholly behind the window of seq's
+        next token (position num_computed_tokens sees keys from
+        num_computed_tokens - window + 1 on). Returns how many blocks it released."""
         released = 0
-        for i in range(max(0, first_key) // self.block_size):
-            block_id = seq.block_table[i]
-            if block_id == RELEASED:
-                continue
-            seq.released_hash = self.blocks[block_id].hash  # the chain's link to what follows
-            self._drop(block_id)
-            seq.block_table[i] = RELEASED
-            released += 1
+        for g, table in enumerate(seq.block_tables):
+            for i in range(self._first_needed(g, seq.num_computed_tokens)):
+                if table[i] != RELEASED:
+                    self._drop(table[i])
+                    table[i] = RELEASED
+                    released += 1
         return released
 
     # -- prefix caching --------------------------------------------------------
     def register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
-        """Hash the blocks filled by seq's first num_tokens tokens that are not hashed yet.
+        """Key the blocks filled by seq's first num_tokens tokens that have no key yet.
 
         The scheduler calls this for the tokens it schedules, before they are computed:
         they are computed in this step's forward pass, whose K/V writes precede its
@@ -215,44 +267,48 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        for i in range(num_tokens // bs):
-            block = self.blocks[seq.block_table[i]]
-            if block.hash is not None:
-                continue
-            before = seq.block_table[i - 1] if i else None
-            parent = None if before is None else \
-                seq.released_hash if before == RELEASED else self.blocks[before].hash
-            block.token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
-            block.hash = hash((parent, block.token_ids))
-            self.cached.setdefault(block.hash, block.block_id)  # first copy wins
+        hashes = self._chain_hashes(seq, num_tokens // bs)
+        for g, table in enumerate(seq.block_tables):
+            for i, chain_hash in enumerate(hashes):
+                if table[i] == RELEASED:
+                    continue
+                block = self.blocks[table[i]]
+                if block.hash is not None:
+                    continue
+                block.token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+                block.hash = (g, chain_hash)
+                self.cached.setdefault(block.hash, block.block_id)  # first copy wins
 
     def forget_uncomputed(self, seq: Sequence) -> None:
         """Drop the cache entries of seq's blocks past its computed tokens: they were
         registered when scheduled, and the step that was to fill them failed."""
-        bs = self.block_size
-        for block_id in seq.block_table[seq.num_computed_tokens // bs:]:
-            if block_id == RELEASED:
-                continue
-            block = self.blocks[block_id]
-            if self._is_cached(block):
-                del self.cached[block.hash]
-            block.hash, block.token_ids = None, None
+        for table in seq.block_tables:
+            for block_id in table[seq.num_computed_tokens // self.block_size:]:
+                if block_id == RELEASED:
+                    continue
+                block = self.blocks[block_id]
+                if self._is_cached(block):
+                    del self.cached[block.hash]
+                block.hash, block.token_ids = None, None
 
     # -- checking ------------------------------------------------------------
     def check_invariants(self, live: list[Sequence]) -> None:
         """Every invariant of the pool, given all sequences that hold blocks (for tests)."""
         holders = [0] * self.num_blocks
         for seq in live:
-            for block_id in seq.block_table:
-                if block_id != RELEASED:
-                    holders[block_id] += 1
+            assert len(seq.block_tables) == self.num_groups, \
+                f"sequence {seq.seq_id}: {len(seq.block_tables)} tables for {self.num_groups} groups"
+            for table in seq.block_tables:
+                for block_id in table:
+                    if block_id != RELEASED:
+                        holders[block_id] += 1
         for block in self.blocks:
             assert block.ref_count >= 0, f"block {block.block_id}: negative ref count"
             assert block.ref_count == holders[block.block_id], \
                 f"block {block.block_id}: ref {block.ref_count} != {holders[block.block_id]} holders"
             assert (block.ref_count == 0) == (block.block_id in self.free_list), \
                 f"block {block.block_id}: free list and ref count disagree"
-        for h, block_id in self.cached.items():
-            assert self.blocks[block_id].hash == h, f"cache entry for block {block_id} is stale"
+        for key, block_id in self.cached.items():
+            assert self.blocks[block_id].hash == key, f"cache entry for block {block_id} is stale"
         assert self.num_cached_free_blocks == len(self.cached_free_block_ids()), \
             "cached free block count drifted"

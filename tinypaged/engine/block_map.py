@@ -20,7 +20,8 @@ WIDTH = 64  # blocks per line
 class PoolPicture:
     num_blocks: int
     block_size: int
-    tables: tuple[tuple[str, int, int, tuple[int, ...]], ...]  # (request, sample, tokens, blocks)
+    # (request, sample, tokens, blocks of each KV group)
+    tables: tuple[tuple[str, int, int, tuple[tuple[int, ...], ...]], ...]
     num_cached_free: int
     cached_free: frozenset[int] | None = None  # which blocks those are; None: not recorded
 
@@ -28,14 +29,15 @@ class PoolPicture:
     def take(cls, bm: BlockManager, seqs: list[Sequence], where_cached: bool = False):
         """The pool now, held by `seqs` (every sequence holding blocks). where_cached
         also records which free blocks are cached (a walk over the free list)."""
-        tables = tuple((s.request_id, s.sample_index, len(s), tuple(s.block_table)) for s in seqs)
+        tables = tuple((s.request_id, s.sample_index, len(s), tuple(map(tuple, s.block_tables)))
+                       for s in seqs)
         cached = frozenset(bm.cached_free_block_ids()) if where_cached else None
         return cls(bm.num_blocks, bm.block_size, tables, bm.num_cached_free_blocks, cached)
 
     def render(self) -> str:
         holders = [0] * self.num_blocks
-        for *_, blocks in self.tables:
-            for b in blocks:
+        for *_, groups in self.tables:
+            for b in (b for blocks in groups for b in blocks):
                 if b >= 0:  # (a block released behind a sliding window is no longer held)
                     holders[b] += 1
         cached = self.cached_free or frozenset()
@@ -49,9 +51,11 @@ class PoolPicture:
         if self.cached_free is None and self.num_cached_free:
             lines.append(f"({self.num_cached_free} of the free blocks held cached prefixes; "
                          f"not placed in this picture)")
-        for request_id, sample, tokens, blocks in self.tables:
+        for request_id, sample, tokens, groups in self.tables:
+            where = " | ".join(" ".join("-" if b < 0 else str(b) for b in blocks)
+                               for blocks in groups)  # KV groups apart; - released
             lines.append(f"request {request_id} sample {sample}: {tokens} tokens "
-                         f"in blocks [{' '.join(map(str, blocks))}]")
+                         f"in blocks [{where}]")
         return "\n".join(lines)
 
 

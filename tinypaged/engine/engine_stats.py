@@ -50,13 +50,15 @@ class EngineStats:
         bs, empty, seen = self.bm.block_size, 0, set()
         for seq in running:
             computed = seq.num_computed_tokens
-            slack = len(seq.block_table) * bs - computed
-            if slack and seq.params.n > 1:
-                last = seq.block_table[computed // bs]
-                if last in seen:  # counted with the sample it was forked from
-                    slack -= bs - computed % bs
-                seen.add(last)
-            empty += slack
+            for table in seq.block_tables:  # one per KV group
+                released = table.count(-1)  # blocks given back behind a sliding window
+                slack = (len(table) - released) * bs - (computed - released * bs)
+                if slack and seq.params.n > 1:
+                    last = table[computed // bs]
+                    if last in seen:  # counted with the sample it was forked from
+                        slack -= bs - computed % bs
+                    seen.add(last)
+                empty += slack
         used = self.bm.num_blocks - self.bm.num_free_blocks
         return (used * bs - empty) / (used * bs) if used else 1.0
 

@@ -2,8 +2,10 @@
 allocated (the pool, its bookkeeping, the RoPE tables).
 
 Default pool: only max_num_seqs sequences of at most max_model_len tokens can be
-live at once, so the pool never needs more than that many blocks. A margin on top
-keeps freed prefixes findable in the prefix cache. The backend's share of free
+live at once, so the pool never needs more than what they hold while they decode
+(in a sliding KV group, only the window's blocks) plus what one long prompt takes
+on admission (every block, in every group). A margin on top keeps freed prefixes
+findable in the prefix cache. The backend's share of free
 memory caps it (a fifth of RAM on the CPU, gpu_memory_utilization on a GPU).
 """
 from __future__ import annotations
@@ -11,20 +13,23 @@ from __future__ import annotations
 import math
 
 from ..config import EngineConfig, format_bytes
-from .block_manager import blocks_for
+from ..model.kv_groups import KVGroups
 
 PREFIX_CACHE_MARGIN = 0.25  # extra blocks, as a share of the live work, for cached prefixes
 HOST_BYTES_PER_BLOCK = 256  # the block manager's Python bookkeeping per block (Block + free list)
 
 
-def work_blocks(config: EngineConfig, max_model_len: int) -> int:
-    """Blocks for max_num_seqs full-length sequences, plus the prefix-cache margin."""
-    live = config.max_num_seqs * blocks_for(max_model_len, config.block_size)
+def work_blocks(config: EngineConfig, max_model_len: int, groups: KVGroups) -> int:
+    """Blocks for max_num_seqs full-length sequences decoding and one full-length
+    prompt's admission, plus the prefix-cache margin."""
+    held = groups.blocks_held(max_model_len, config.block_size)
+    admission = groups.blocks_at_admission(max_model_len, config.block_size)
+    live = config.max_num_seqs * held + max(0, admission - held)
     return math.ceil(live * (1 + PREFIX_CACHE_MARGIN))
 
 
 def pool_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int,
-                default_memory) -> int:
+                default_memory, groups: KVGroups) -> int:
     """num_blocks, else kv_cache_memory // bytes per block, else the default pool:
     work_blocks capped by default_memory(config) bytes (asked only then)."""
     if config.num_blocks is not None:
@@ -39,7 +44,7 @@ def pool_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int,
     if cap < 1:
         raise ValueError(f"no memory left for a KV pool (one block needs "
                          f"{format_bytes(bytes_per_block)}): free some, or give kv_cache_memory")
-    return min(work_blocks(config, max_model_len), cap)
+    return min(work_blocks(config, max_model_len, groups), cap)
 
 
 def check_fits(what: str, nbytes: int, available: int, remedy: str) -> None:

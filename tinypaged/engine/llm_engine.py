@@ -65,10 +65,10 @@ class LLMEngine:
         del weights  # (the backend's form replaces them)
         bytes_per_block = PagedKVCache.bytes_per_block(cfg, bs, config.kv_cache_dtype)
         num_blocks = pool_blocks(config, bytes_per_block, self.max_model_len,
-                                 ops.default_kv_memory)
+                                 ops.default_kv_memory, model.kv_groups)
         check_pool_fits(num_blocks, bytes_per_block, ops.memory_available())
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching,
-                                          window=cfg.window_everywhere)
+                                          windows=model.kv_groups.windows)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens)
         kv = PagedKVCache(cfg, num_blocks, bs, ops, config.kv_cache_dtype)
@@ -139,7 +139,8 @@ class LLMEngine:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is "
                              f"{self.max_model_len} tokens, leaving no room to generate")
-        need = blocks_for(len(ids) + 1, self.config.block_size)
+        # admission takes the prompt's blocks and the first output token's, in every KV group
+        need = self.block_manager.num_groups * blocks_for(len(ids) + 1, self.config.block_size)
         if need > self.block_manager.num_blocks:
             raise ValueError(f"prompt of {len(ids)} tokens needs {need} KV blocks; the pool "
                              f"has only {self.block_manager.num_blocks}")

@@ -24,8 +24,9 @@ class ModelRunner:
                  for seq, n in batch.chunks]
         token_ids = np.concatenate([np.asarray(seq.token_ids[start:end])
                                     for seq, start, end in spans]).astype(np.int64)
-        meta = AttentionMetadata.build([(seq.block_table, start, end) for seq, start, end in spans],
-                                       self.block_size, logits_rows)
+        meta = AttentionMetadata.build_grouped(
+            [(seq.block_tables, start, end) for seq, start, end in spans], self.block_size,
+            logits_rows)
         return token_ids, meta
 
     def run(self, batch: ScheduledBatch, logits_rows: list[int] | None = None,

@@ -91,7 +91,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         preemptions_before = self.num_preemptions
 
-        # 0. with a sliding window over every layer, blocks behind it go back to the pool
+        # 0. in KV groups whose layers slide, blocks behind the window go back to the pool
         for seq in self.running:
             bm.release_behind(seq)
 
@@ -112,9 +112,7 @@ class Scheduler:
                     batch.out_of_memory.append(seq)
                     break
             else:
-                copy = bm.append_slot(seq)
-                if copy is not None:
-                    batch.block_copies.append(copy)
+                batch.block_copies += bm.append_slot(seq)
                 kept.append(seq)
         # A sequence preempted after it got its slot may leave a copy-on-write pair behind:
         # copying into a block nobody reads yet is harmless, and pairs run in order.

@@ -29,14 +29,22 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.rng = rng if rng is not None else sample_rng(params.seed, sample_index)
-        self.block_table: list[int] = []  # logical block i -> physical block id
-        self.released_hash = None  # prefix-cache hash of the last block released behind a window
+        # per KV group (model/kv_groups.py), logical block i -> physical block id; [] when
+        # the sequence holds no blocks
+        self.block_tables: list[list[int]] = []
+        self.block_hashes: list[int] = []  # chained hash of each full block (BlockManager)
         self.num_computed_tokens = 0  # tokens whose K/V are in the pool
         self.num_cached_tokens = 0  # of those, found in the prefix cache on admission
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.logprobs: list[TokenLogprobs] = []  # per output token, when params.logprobs is set
         self.cumulative_logprob = 0.0
+
+    @property
+    def block_table(self) -> list[int]:
+        """The first KV group's table (the only one, unless the model mixes sliding and
+        global layers)."""
+        return self.block_tables[0] if self.block_tables else []
 
     def __len__(self) -> int:
         return len(self.token_ids)

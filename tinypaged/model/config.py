@@ -152,13 +152,6 @@ class ModelConfig:
         return self.sliding_window
 
     @property
-    def window_everywhere(self) -> int | None:
-        """The window when every layer slides by the same one (then blocks behind it can
-        go back to the pool), else None."""
-        windows = set(map(self.window, range(self.num_hidden_layers)))
-        return windows.pop() if len(windows) == 1 else None
-
-    @property
     def smallest_window(self) -> int | None:
         windows = [w for w in map(self.window, range(self.num_hidden_layers)) if w is not None]
         return min(windows) if windows else None

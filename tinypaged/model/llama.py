@@ -17,25 +17,27 @@ import numpy as np
 
 from ..engine.attention_metadata import AttentionMetadata
 from .config import ModelConfig
+from .kv_groups import KVGroups
 
 
 class PagedKVCache:
-    """The KV pool: K and V of shape (n_layers, num_blocks, block_size, n_kv, D),
+    """The KV pool: K and V of shape (layers_per_group, num_blocks, block_size, n_kv, D),
     allocated once by the backend (host or device memory), in float32 or float16
     (dtype: half the bytes a token; values rounded to float16 when written, widened
-    to float32 when attention reads them)."""
+    to float32 when attention reads them). Layer l keeps its K/V in k[slot_of[l]],
+    in the blocks of its KV group's table (kv_groups.py); with one group, slot l."""
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, ops,
                  dtype: str = "float32"):
-        shape = (cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads,
-                 cfg.head_dim)
+        shape = (KVGroups.of(cfg).layers_per_group, num_blocks, block_size,
+                 cfg.num_key_value_heads, cfg.head_dim)
         self.dtype = np.dtype(dtype)
         self.k, self.v = ops.allocate_kv(shape, self.dtype)
         self.nbytes = 2 * int(np.prod(shape)) * self.dtype.itemsize
 
     @staticmethod
     def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: str = "float32") -> int:
-        per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
+        per_token = 2 * KVGroups.of(cfg).layers_per_group * cfg.num_key_value_heads * cfg.head_dim
         return per_token * block_size * np.dtype(dtype).itemsize
 
 
@@ -53,6 +55,7 @@ class LlamaModel:
             if rope not in tables:
                 tables[rope] = ops.rope_tables(positions, cfg.head_dim, rope)
         self.rope_tables = [tables[cfg.rope_of(layer)] for layer in range(cfg.num_hidden_layers)]
+        self.kv_groups = KVGroups.of(cfg)
 
     def forward(self, token_ids: np.ndarray, meta: AttentionMetadata,
                 kv: PagedKVCache) -> np.ndarray:
@@ -71,13 +74,15 @@ class LlamaModel:
         if cfg.embedding_scale != 1.0:
             x = ops.scale(x, cfg.embedding_scale)
         residual = None
+        metas = [meta.for_group(g) for g in range(self.kv_groups.num_groups)]
         for layer in range(cfg.num_hidden_layers):
+            layer_meta = metas[self.kv_groups.group_of[layer]]  # its KV group's tables and slots
             p = f"model.layers.{layer}."
             if cfg.norm_layout != "pre":  # x is the residual stream
                 # OLMo 2 feeds it to each block as it is; Gemma 2 and 3 norm it first
                 h = x if cfg.norm_layout == "post" else \
                     ops.rms_norm(x, w[p + "input_layernorm.weight"], eps)
-                a = self._attention(layer, h, meta, kv)
+                a = self._attention(layer, h, layer_meta, kv)
                 x = ops.add(x, ops.rms_norm(a, w[p + "post_attention_layernorm.weight"], eps))
                 h = x if cfg.norm_layout == "post" else \
                     ops.rms_norm(x, w[p + "pre_feedforward_layernorm.weight"], eps)
@@ -85,7 +90,7 @@ class LlamaModel:
                 x = ops.add(x, ops.rms_norm(m, w[p + "post_feedforward_layernorm.weight"], eps))
                 continue
             h, residual = ops.add_rms_norm(x, residual, w[p + "input_layernorm.weight"], eps)
-            x = self._scaled(self._attention(layer, h, meta, kv))
+            x = self._scaled(self._attention(layer, h, layer_meta, kv))
             h, residual = ops.add_rms_norm(x, residual, w[p + "post_attention_layernorm.weight"],
                                            eps)
             x = self._scaled(self._mlp(p, h))
@@ -117,11 +122,12 @@ class LlamaModel:
             k = ops.rms_norm(k.reshape(n_tokens * n_kv, head_dim), w[a + "k_norm.weight"],
                              cfg.rms_norm_eps)
         cos, sin = self.rope_tables[layer]
+        slot = self.kv_groups.slot_of[layer]
         q = ops.rope_write_kv(q.reshape(n_tokens, n_heads, head_dim),
                               k.reshape(n_tokens, n_kv, head_dim),
                               v.reshape(n_tokens, n_kv, head_dim), meta.positions,
-                              cos, sin, kv.k[layer], kv.v[layer], meta.slot_mapping)
-        attn = ops.paged_attention(q, kv.k[layer], kv.v[layer], meta, cfg.window(layer),
+                              cos, sin, kv.k[slot], kv.v[slot], meta.slot_mapping)
+        attn = ops.paged_attention(q, kv.k[slot], kv.v[slot], meta, cfg.window(layer),
                                    cfg.attention_scale, cfg.attn_softcap)  # (T, n_heads, D)
         return ops.linear(attn.reshape(n_tokens, n_heads * head_dim), w[a + "o_proj.weight"],
                           w[a + "o_proj.bias"] if cfg.o_proj_bias else None)

@@ -53,7 +53,8 @@ class DecodeGraphs:
         step = self.steps.get((bucket, partitions))
         if step is None:
             if bucket not in self.inputs:
-                self.inputs[bucket] = StaticDecodeInputs(bucket, self.max_blocks)
+                self.inputs[bucket] = StaticDecodeInputs(bucket, self.max_blocks,
+                                                         self.model.kv_groups.num_groups)
                 self.workspaces[bucket] = StepWorkspace()
             step = self.steps[bucket, partitions] = RecordedStep(
                 self.inputs[bucket], partitions, StepRecording(self.workspaces[bucket]))

@@ -3,7 +3,7 @@ per-step metadata buffer. After the first steps have grown them, the step loop
 allocates nothing on the device."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import cuda
@@ -52,6 +52,14 @@ class DeviceMetadata:
     num_decode: int
     num_tiles: int
     decode_partitions: int = 1  # split-K partitions the decode grid has (attention.PARTITION keys each)
+    groups: tuple = ()  # per KV group past the first, (block_tables, slot_mapping) views
+
+    def for_group(self, group: int) -> "DeviceMetadata":
+        """The metadata of KV group `group`'s layers (AttentionMetadata.for_group)."""
+        if group == 0:
+            return self
+        tables, slots = self.groups[group - 1]
+        return replace(self, block_tables=tables, slot_mapping=slots, groups=())
 
 
 def partitions_for(n_keys: int, partition: int) -> int:
@@ -90,6 +98,8 @@ class MetadataUploader:
         longest = int(meta.positions[decode_rows].max()) + 1 if len(decode_rows) else 1
         parts = [token_ids, meta.positions, meta.slot_mapping, meta.token_seq,
                  meta.logits_indices, decode_rows, tiles.ravel(), meta.block_tables.ravel()]
+        for tables, slots in meta.groups:  # further KV groups' tables and slots
+            parts += [tables.ravel(), slots]
         packed = np.concatenate([np.asarray(p, dtype=np.int32).ravel() for p in parts])
         if self.device is None or self.device.size < packed.size:
             self.device = cuda.device_array(max(2 * packed.size, 4096), dtype=np.int32)
@@ -98,10 +108,12 @@ class MetadataUploader:
         for p in parts:
             views.append(self.device[offset:offset + p.size])
             offset += p.size
-        ids, positions, slots, token_seq, logits_rows, rows, tile_flat, tables = views
+        ids, positions, slots, token_seq, logits_rows, rows, tile_flat, tables = views[:8]
+        groups = tuple((views[i].reshape(meta.groups[(i - 8) // 2][0].shape), views[i + 1])
+                       for i in range(8, len(views), 2))
         return ids, DeviceMetadata(
             positions=positions, slot_mapping=slots, token_seq=token_seq,
             block_tables=tables.reshape(meta.block_tables.shape), logits_indices=logits_rows,
             decode_rows=rows, prefill_tiles=tile_flat.reshape(tiles.shape),
             num_decode=len(decode_rows), num_tiles=len(tiles),
-            decode_partitions=partitions_for(longest, partition))
+            decode_partitions=partitions_for(longest, partition), groups=groups)

@@ -35,36 +35,48 @@ def bucket_for(n_rows: int, buckets: list[int]) -> int:
 
 
 def pack_decode_step(token_ids: np.ndarray, meta, bucket: int, max_blocks: int) -> np.ndarray:
-    """The per-step part of a bucket's buffer, (bucket * (3 + max_blocks),) int32:
-    token ids | positions | slots | block tables (bucket, max_blocks), padded."""
+    """The per-step part of a bucket's buffer, (bucket * (2 + G * (1 + max_blocks)),)
+    int32 for G KV groups: token ids | positions | then per group, slots | block
+    tables (bucket, max_blocks), padded."""
     n = len(token_ids)
     assert n <= bucket and meta.block_tables.shape[1] <= max_blocks
     ids = np.zeros(bucket, dtype=np.int32)
     positions = np.full(bucket, PAD_POSITION, dtype=np.int32)
-    slots = np.full(bucket, PAD_POSITION, dtype=np.int32)
-    tables = np.full((bucket, max_blocks), PAD_BLOCK, dtype=np.int32)
-    ids[:n], positions[:n], slots[:n] = token_ids, meta.positions, meta.slot_mapping
-    tables[:n, :meta.block_tables.shape[1]] = meta.block_tables
-    return np.concatenate([ids, positions, slots, tables.ravel()])
+    ids[:n], positions[:n] = token_ids, meta.positions
+    parts = [ids, positions]
+    for g in range(meta.num_groups):
+        group = meta.for_group(g)
+        slots = np.full(bucket, PAD_POSITION, dtype=np.int32)
+        tables = np.full((bucket, max_blocks), PAD_BLOCK, dtype=np.int32)
+        slots[:n] = group.slot_mapping
+        tables[:n, :group.block_tables.shape[1]] = group.block_tables
+        parts += [slots, tables.ravel()]
+    return np.concatenate(parts)
 
 
 class StaticDecodeInputs:
     """One bucket's device buffer: [per-step part | 0..bucket-1], the second part
     (token_seq, decode_rows and logits_indices: row i is sequence i) written once."""
 
-    def __init__(self, bucket: int, max_blocks: int):
+    def __init__(self, bucket: int, max_blocks: int, num_groups: int = 1):
         self.bucket, self.max_blocks = bucket, max_blocks
-        self.step_size = bucket * (3 + max_blocks)
+        b, per_group = bucket, bucket * (1 + max_blocks)
+        self.step_size = 2 * b + num_groups * per_group
         rows = np.arange(bucket, dtype=np.int32)
         self.device = cuda.to_device(np.concatenate([np.zeros(self.step_size, np.int32), rows]))
-        b = bucket
         self.token_ids = self.device[:b]
         rows_dev = self.device[self.step_size:]
+        groups = []  # (block tables, slots) views per KV group
+        for g in range(num_groups):
+            start = 2 * b + g * per_group
+            groups.append((self.device[start + b:start + per_group].reshape(b, max_blocks),
+                           self.device[start:start + b]))
         self.meta = DeviceMetadata(
-            positions=self.device[b:2 * b], slot_mapping=self.device[2 * b:3 * b],
-            token_seq=rows_dev, block_tables=self.device[3 * b:self.step_size].reshape(b, max_blocks),
+            positions=self.device[b:2 * b], slot_mapping=groups[0][1],
+            token_seq=rows_dev, block_tables=groups[0][0],
             logits_indices=rows_dev, decode_rows=rows_dev,
-            prefill_tiles=self.device[:0].reshape(0, 2), num_decode=b, num_tiles=0)
+            prefill_tiles=self.device[:0].reshape(0, 2), num_decode=b, num_tiles=0,
+            groups=tuple(groups[1:]))
 
     def upload(self, token_ids: np.ndarray, meta) -> None:
         """One host-to-device copy of the step's token ids and metadata."""
