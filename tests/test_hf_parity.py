@@ -130,11 +130,12 @@ def model_type(case: str) -> str:
 
 # the GGUF architectures read so far. llama.cpp writes no sliding window for llama
 # (Mistral), qwen2 or qwen3, and fixes Gemma 3's local RoPE and layer pattern: the
-# cases it cannot express stay out (gemma3-gguf is Gemma 3 as llama.cpp fixes it)
+# cases it cannot express stay out (gemma3-gguf is Gemma 3 as llama.cpp fixes it, and
+# smollm3-gguf SmolLM3: RoPE off in every 4th layer, which no key records)
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
              "gemma2": "gemma2", "gemma3_text": "gemma3", "granite": "granite", "olmo2": "olmo2",
-             "phi3": "phi3"}
-GGUF_CASES = [c for c in CASES if model_type(c) in GGUF_ARCH and c != "gemma3"
+             "phi3": "phi3", "smollm3": "smollm3"}
+GGUF_CASES = [c for c in CASES if model_type(c) in GGUF_ARCH and c not in ("gemma3", "smollm3")
               and (window_of(c) is None or model_type(c).startswith(("gemma", "phi3")))]
 OLMO2_NORMS = {"post_attention_layernorm.weight": "post_attention_norm.weight",
                "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
@@ -240,7 +241,7 @@ def write_gguf(case: str, path, matrix_type: int | None = None) -> None:
             x = x.astype(np.float32)
             if rest.endswith("norm.weight"):
                 x = x + offset
-            if arch in ("llama", "granite") and stem in ("self_attn.q_proj", "self_attn.k_proj"):
+            if arch in ("llama", "granite", "smollm3") and stem in ("self_attn.q_proj", "self_attn.k_proj"):
                 x = llama_cpp_permute(x, heads if stem == "self_attn.q_proj" else kv_heads)
             w.add_tensor(f"blk.{layer}.{target}", x)
     w.write(path)

@@ -63,6 +63,8 @@ CASES = {
     "qwen3-window": ("Qwen3Config", {"head_dim": 16, "use_sliding_window": True,
                                      "sliding_window": 8, "max_window_layers": 1}),
     "smollm3": ("SmolLM3Config", {"no_rope_layer_interval": 2}),  # layer 1 without RoPE
+    # what llama.cpp's smollm3 fixes: every 4th layer without RoPE (no key says so)
+    "smollm3-gguf": ("SmolLM3Config", {"num_hidden_layers": 4, "no_rope_layer_interval": 4}),
     "granite": ("GraniteConfig", {"embedding_multiplier": 2.5, "residual_multiplier": 0.4,
                                   "attention_multiplier": 0.11, "logits_scaling": 3.0}),
     "olmo2": ("Olmo2Config", {}),

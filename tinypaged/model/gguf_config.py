@@ -87,6 +87,11 @@ def _phi3(gguf, arch: str, config: dict) -> dict:
     return {} if window is None else {"sliding_window": gguf.integer(f"{arch}.attention.sliding_window")}
 
 
+def _smollm3(gguf, arch: str, config: dict) -> dict:
+    """llama.cpp fixes SmolLM3's RoPE-less layers at every 4th (n_no_rope_layer_step)."""
+    return {"no_rope_layer_interval": 4}
+
+
 GEMMA_KEYS = frozenset({"attention.sliding_window", "attn_logit_softcapping",
                         "final_logit_softcapping"})
 ARCHITECTURES = {
@@ -96,6 +101,7 @@ ARCHITECTURES = {
     "granite": GGUFArchitecture("GraniteForCausalLM", True, {},
                                 frozenset({"embedding_scale", "residual_scale", "logit_scale",
                                            "attention.scale"}), _granite),
+    "smollm3": GGUFArchitecture("SmolLM3ForCausalLM", True, {}, config=_smollm3),
     "olmo2": GGUFArchitecture("Olmo2ForCausalLM", False,
                               {**QK_NORMS, "post_attention_norm.weight": "post_attention_layernorm.weight",
                                "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}),
@@ -190,7 +196,8 @@ def gguf_model_config(gguf: GGUFFile) -> dict:
     scaling = rope_scaling(gguf, arch)
     if scaling:
         config["rope_scaling"] = scaling
-    if arch == "llama" and all(f"blk.0.attn_{n}.bias" in gguf.tensors for n in ("q", "k", "v", "output")):
+    if arch in ("llama", "smollm3") and \
+            all(f"blk.0.attn_{n}.bias" in gguf.tensors for n in ("q", "k", "v", "output")):
         config["attention_bias"] = True
     for key in ("bos_token_id", "eos_token_id"):
         if gguf.get(f"tokenizer.ggml.{key}") is not None:
