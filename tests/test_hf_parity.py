@@ -267,10 +267,11 @@ def test_a_gguf_as_llama_cpp_writes_it_matches_transformers(case, tmp_path):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [c for c in CASES if not c.endswith("-gguf")])
 def test_the_cuda_backend_matches_transformers_at_every_prompt_position(case, tmp_path):
     """On a GPU, or the simulator without one: float32 weights; the short prompt, or
-    for a model with a window, the long one."""
+    for a model with a window, the long one. (The -gguf fixtures differ from their
+    family's only in the settings llama.cpp fixes: nothing new for the kernels.)"""
     llm = LLM(model_folder(case, "config.json", tmp_path), backend="cuda", block_size=4,
               num_blocks=80, gpu_weight_dtype="float32")
     ids, logits = expected(case)[0 if window_of(case) is None else 1]  # past the window
