@@ -1,0 +1,118 @@
+"""Where a batch-1 decode step's time goes (CPU backend): each backend op timed, the
+matrix products by weight kind, the Python between ops inside the forward, and
+what lies outside it (sampling, scheduling, bookkeeping).
+
+Every op of the model's backend module is wrapped by a timer (a proxy set as the
+model's `ops`), then one request decodes --steps tokens; the prefill step is left
+out. Timers cost ~1 us a call, counted in "python between ops".
+
+Usage: python bench/profile_step.py MODEL [--steps 64]
+Prints a table; asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tinypaged import LLM, SamplingParams  # noqa: E402
+from tinypaged.bench.suite import on_engine_thread  # noqa: E402
+from tinypaged.model.ggml_quant import GGML_TYPE_NAMES  # noqa: E402
+
+WEIGHT_OPS = {"linear": 1, "qkv_proj": 1, "gate_up_silu": 1, "gate_up_gelu": 1}  # op -> weight arg
+
+
+def kind_of(weight) -> str:
+    """A weight's form: its GGML type name (packed, or LinearWeight.kind), else dtype."""
+    if hasattr(weight, "type_name"):
+        return weight.type_name
+    if hasattr(weight, "kind"):
+        return GGML_TYPE_NAMES.get(weight.kind, str(weight.kind))
+    return str(getattr(weight, "dtype", type(weight).__name__))
+
+
+class TimedOps:
+    """The backend module's ops, each call timed into `seconds` (keyed by op, and by
+    weight kind and output width for the matrix products)."""
+
+    def __init__(self, ops):
+        self._ops = ops
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def __getattr__(self, name):
+        op = getattr(self._ops, name)
+        if not callable(op):
+            return op
+
+        def timed(*args, **kwargs):
+            key = name
+            if name in WEIGHT_OPS:
+                weight = args[WEIGHT_OPS[name]]
+                key = f"{name} {kind_of(weight)} {tuple(weight.shape)}"
+            start = time.perf_counter()
+            out = op(*args, **kwargs)
+            self.seconds[key] += time.perf_counter() - start
+            self.calls[key] += 1
+            return out
+        return timed
+
+
+def profile(model: str, steps: int) -> None:
+    llm = LLM(model, backend="cpu")
+
+    def work(engine):
+        model_ = engine.runner.model
+        timed = TimedOps(model_.ops)
+        forward_s = [0.0]
+        forward = model_.forward_on_device
+
+        def timed_forward(*args, **kwargs):
+            start = time.perf_counter()
+            out = forward(*args, **kwargs)
+            forward_s[0] += time.perf_counter() - start
+            return out
+        engine.add_request("Once upon a time", SamplingParams(temperature=0, max_tokens=steps + 1,
+                                                              ignore_eos=True))
+        engine.step()  # the prefill, untimed
+        model_.ops, model_.forward_on_device = timed, timed_forward
+        try:
+            start = time.perf_counter()
+            n = 0
+            while engine.has_unfinished():
+                engine.step()
+                n += 1
+            total = time.perf_counter() - start
+        finally:
+            model_.ops, model_.forward_on_device = timed._ops, forward
+        return timed, forward_s[0], total, n
+    timed, forward_s, total, n = on_engine_thread(llm, work)
+    llm.close()
+    ms = lambda s: 1000 * s / n  # noqa: E731  (per step)
+    print(f"{model}: {n} decode steps, {ms(total):.2f} ms a step "
+          f"({n / total:.1f} tokens/s); {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+    print("| part | ms a step | calls a step | share |\n|---|---|---|---|")
+    ops_s = sum(timed.seconds.values())
+    for key, s in sorted(timed.seconds.items(), key=lambda kv: -kv[1]):
+        print(f"| {key} | {ms(s):.3f} | {timed.calls[key] / n:.0f} | {100 * s / total:.1f}% |")
+    print(f"| python between ops (forward) | {ms(forward_s - ops_s):.3f} | | "
+          f"{100 * (forward_s - ops_s) / total:.1f}% |")
+    print(f"| outside the forward (sampling, scheduling, outputs) | {ms(total - forward_s):.3f} | | "
+          f"{100 * (total - forward_s) / total:.1f}% |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--steps", type=int, default=64)
+    args = parser.parse_args()
+    profile(args.model, args.steps)
+
+
+if __name__ == "__main__":
+    main()
