@@ -78,7 +78,8 @@ def main() -> None:
         fresh = njit(parallel=True)(kernel.py_func)  # the cached one cannot show its assembly
         w = PackedWeight.quantize(rng.standard_normal((64, 576)).astype(np.float32), ggml_type)
         out = np.empty((1, 64), np.float32)
-        fresh(x, w.quants, w.scales, out) if ggml_type == Q8_0 else fresh(x, w.quants, w.scales, w.mins, out)
+        fresh(x, w.quants, w.scales, out) if ggml_type == Q8_0 else \
+            fresh(x, w.quants, w.scales, w.mins, None, out)
         asm = fresh.overloads[fresh.signatures[0]].library.get_asm_str()
         ops = collections.Counter(re.findall(r"^\s+(v\w+)", asm, re.M))
         print(f"{kernel.py_func.__name__}: integer dot-product instructions",

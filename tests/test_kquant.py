@@ -1,6 +1,7 @@
 """K-quants (Q4_K, Q5_K, Q6_K), as most GGUF files on the hub hold them: our NumPy
 dequantizer against llama.cpp's own Python package (`gguf`, tests only), and a
-model with K-quant matrices loaded directly (requantized to Q8_0)."""
+model with K-quant matrices loaded directly (Q4_K kept packed, the others
+requantized to Q8_0)."""
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
@@ -50,7 +51,25 @@ def test_dequantizing_equals_llama_cpp_bit_for_bit(name):
         assert np.array_equal(got, expected)
 
 
-@pytest.mark.parametrize("name", [*TYPES, "Q5_0", "Q5_1"])
+def _greedy_equal_on_cpu_and_reference(path) -> None:
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    got = LLM(path, backend="cpu").generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
+    want = LLM(path, backend="reference").generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
+    assert got == want and len(got) == 6
+
+
+def test_a_q4_k_matrix_stays_packed_with_the_files_values_and_runs(tmp_path):
+    path = tmp_path / "Q4_K.gguf"
+    _, weights = write_tiny_llama_gguf(path, ffn_up_type=gw.RAW_TYPES["Q4_K"], hidden=256,
+                                       intermediate=256)
+    cfg, loaded = load_gguf_model(path)
+    up = loaded["model.layers.0.mlp.up_proj.weight"]
+    assert isinstance(up, PackedWeight) and up.ggml_type == Q4_K and up.supers is not None
+    assert np.array_equal(up.dequantize(), weights["model.layers.0.mlp.up_proj.weight"])
+    _greedy_equal_on_cpu_and_reference(path)
+
+
+@pytest.mark.parametrize("name", ["Q5_K", "Q6_K", "Q5_0", "Q5_1"])
 def test_a_k_quant_matrix_is_requantized_to_q8_0_and_runs(tmp_path, name):
     ours = {**{k: v[0] for k, v in TYPES.items()}, "Q5_0": Q5_0, "Q5_1": Q5_1}[name]
     path = tmp_path / f"{name}.gguf"
@@ -66,7 +85,21 @@ def test_a_k_quant_matrix_is_requantized_to_q8_0_and_runs(tmp_path, name):
     scale_error = np.maximum(step * 2.0 ** -11, 2.0 ** -25)
     error = np.abs(up.dequantize() - on_file).reshape(-1, 32)
     assert (error <= (step * 0.5 + 127 * scale_error)[:, None] + 1e-9).all() and error.max() > 0
-    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    got = LLM(path, backend="cpu").generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
+    _greedy_equal_on_cpu_and_reference(path)
+
+
+@pytest.mark.cuda
+def test_the_cuda_backend_holds_a_q4_k_matrix_as_q8_0_until_it_has_kernels_for_it(tmp_path):
+    """(Issue 20 brings warp kernels that read Q4_K blocks; until then the upload
+    requantizes, as loading did for every backend before.) This file packs up_proj
+    and not gate_proj, so the fused gate/up kernel gives way to two products."""
+    from tinypaged.kernels.cuda.packed_matmul import Q8_0_KIND, DevicePacked
+    path = tmp_path / "Q4_K.gguf"
+    write_tiny_llama_gguf(path, ffn_up_type=gw.RAW_TYPES["Q4_K"], hidden=256, intermediate=256)
+    llm = LLM(path, backend="cuda", num_blocks=8)
+    up = llm.engine.runner.model.w["model.layers.0.mlp.up_proj.weight"]
+    assert isinstance(up, DevicePacked) and up.kind == Q8_0_KIND
+    greedy = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    got = llm.generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
     want = LLM(path, backend="reference").generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
-    assert got == want and len(got) == 6
+    assert got == want

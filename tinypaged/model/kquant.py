@@ -29,16 +29,16 @@ def _half(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view("<f2").astype(np.float32)
 
 
-def _scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(n, 12) uint8 -> 6-bit scales (n, 8) and mins (n, 8), as float32."""
+def scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(n, 12) uint8 -> 6-bit scales (n, 8) and mins (n, 8), uint8."""
     b = packed.astype(np.uint8)
     low, high = b[:, 0:4], b[:, 8:12]  # j < 4 in b[0:4] and b[4:8]; j >= 4 use b[8:12]
     scales = np.concatenate([low & 63, (high & 15) | ((low >> 6) << 4)], axis=1)
     mins = np.concatenate([b[:, 4:8] & 63, (high >> 4) | ((b[:, 4:8] >> 6) << 4)], axis=1)
-    return scales.astype(np.float32), mins.astype(np.float32)
+    return scales, mins
 
 
-def _nibbles(qs: np.ndarray) -> np.ndarray:
+def nibbles(qs: np.ndarray) -> np.ndarray:
     """(n, 128) bytes -> (n, 8, 32) 4-bit values: runs of 32 bytes give sub-blocks
     2i (low nibbles) and 2i + 1 (high nibbles)."""
     runs = qs.reshape(-1, 4, 32)
@@ -65,8 +65,8 @@ def dequantize_k(raw: np.ndarray, ggml_type: int) -> np.ndarray:
         scale = np.repeat(sub, 16, axis=2)  # (n, 8, 32)
         return (d[:, :, None] * scale * q).reshape(-1)
     d, dmin = _half(blocks[:, 0:2]), _half(blocks[:, 2:4])  # (n, 1) each
-    scales, mins = _scales_and_mins(blocks[:, 4:16])
-    q = _nibbles(blocks[:, -128:]).astype(np.float32)  # (n, 8, 32)
+    scales, mins = (a.astype(np.float32) for a in scales_and_mins(blocks[:, 4:16]))
+    q = nibbles(blocks[:, -128:]).astype(np.float32)  # (n, 8, 32)
     if ggml_type == Q5_K:
         qh = blocks[:, 16:48]  # bit j of byte l: the 5th bit of value l of sub-block j
         fifth = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1

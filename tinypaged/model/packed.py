@@ -11,31 +11,61 @@ arrays of the same bytes:
     mins    (N, K/32) float16 bits, Q4_1 only
 Weight (n, k) = scale * q (Q8_0), scale * (q - 8) (Q4_0), scale * q + min (Q4_1),
 with the scale and min of block k // 32. `dequantize()` is the NumPy reference.
+
+Q4_K (super-blocks of 256 weights in eight 32-weight sub-blocks) is Q4_1 whose
+block scale and min are computed: weight = (d * sc) * q - dmin * m, with 6-bit
+integers sc and m per sub-block and float16 d and dmin per super-block. d * sc (an
+11-bit mantissa times a 6-bit integer) and dmin * m are exact in float32, so the
+Q4_1 kernels serve it with only the scale's and min's source changed:
+    quants  (N, K/2) uint8, as Q4_x
+    scales  (N, K/32) uint8: sc        mins (N, K/32) uint8: m
+    supers  (N, K/256, 2) float16 bits: d, dmin
+4.625 bits a weight, against the file's 4.5.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .ggml_quant import GGML_TYPE_NAMES, Q4_0, Q4_1, Q8_0, QK
+from .ggml_quant import GGML_TYPE_NAMES, Q4_0, Q4_1, Q4_K, Q8_0, QK, QK_K
 from .weights import convert_matrices
 
-PACKED_TYPES = (Q8_0, Q4_0, Q4_1)
+PACKED_TYPES = (Q8_0, Q4_0, Q4_1, Q4_K)
+ROW_ARRAYS = ("quants", "scales", "mins", "supers")  # a PackedWeight's arrays, rows first
 
 
 class PackedWeight:
-    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "stack")
+    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "supers", "stack")
 
     def __init__(self, ggml_type: int, shape: tuple[int, int], quants: np.ndarray,
-                 scales: np.ndarray, mins: np.ndarray | None = None):
+                 scales: np.ndarray, mins: np.ndarray | None = None,
+                 supers: np.ndarray | None = None):
         self.ggml_type, self.shape = ggml_type, (int(shape[0]), int(shape[1]))
-        self.quants, self.scales, self.mins = quants, scales, mins
+        self.quants, self.scales, self.mins, self.supers = quants, scales, mins, supers
         self.stack = None  # (a matrix stacking this one's rows with others', (start, stop)): kernels/cpu/stacks.py
 
     @staticmethod
     def can_pack(ggml_type: int, columns: int) -> bool:
         """Q8_0 rows need whole blocks; Q4_x rows an even number of them (the nibbles
-        pair weight p with weight p + K/2)."""
+        pair weight p with weight p + K/2); Q4_K rows whole super-blocks."""
+        if ggml_type == Q4_K:
+            return columns % QK_K == 0
         return ggml_type in PACKED_TYPES and columns % (QK if ggml_type == Q8_0 else 2 * QK) == 0
+
+    def arrays(self) -> list:
+        return [getattr(self, name) for name in ROW_ARRAYS]
+
+    def with_rows(self, pick, rows: int) -> "PackedWeight":
+        """The same kind with pick(array) of each array (a selection of `rows` rows)."""
+        return PackedWeight(self.ggml_type, (rows, self.shape[1]),
+                            *(None if a is None else pick(a) for a in self.arrays()))
+
+    @classmethod
+    def concatenate(cls, parts: list) -> "PackedWeight":
+        """One matrix of the parts' rows in order (one kind, one width)."""
+        first = parts[0]
+        return cls(first.ggml_type, (sum(p.shape[0] for p in parts), first.shape[1]),
+                   *(None if getattr(first, name) is None
+                     else np.concatenate([getattr(p, name) for p in parts]) for name in ROW_ARRAYS))
 
     @classmethod
     def from_bytes(cls, raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> "PackedWeight":
@@ -44,7 +74,9 @@ class PackedWeight:
         if not cls.can_pack(ggml_type, k):
             raise ValueError(f"a {GGML_TYPE_NAMES.get(ggml_type, ggml_type)} matrix of {k} "
                              f"columns cannot be kept packed (Q8_0: a multiple of 32 columns; "
-                             f"Q4_0, Q4_1: of 64)")
+                             f"Q4_0, Q4_1: of 64; Q4_K: of 256)")
+        if ggml_type == Q4_K:
+            return cls._from_q4_k(raw, shape)
         quad = ggml_type != Q8_0
         head = {Q8_0: 2, Q4_0: 2, Q4_1: 4}[ggml_type]
         blocks = np.asarray(raw, dtype=np.uint8).reshape(n, k // QK, -1)  # (N, K/32, bytes)
@@ -58,6 +90,18 @@ class PackedWeight:
         values = np.concatenate([body & 15, body >> 4], axis=2).reshape(n, k)  # GGUF order
         quants = values[:, :k // 2] | (values[:, k // 2:] << 4)
         return cls(ggml_type, shape, quants.astype(np.uint8), scales, mins)
+
+    @classmethod
+    def _from_q4_k(cls, raw: np.ndarray, shape: tuple[int, int]) -> "PackedWeight":
+        from .kquant import nibbles, scales_and_mins
+        n, k = shape
+        blocks = np.asarray(raw, dtype=np.uint8).reshape(n * k // QK_K, 144)
+        supers = np.ascontiguousarray(blocks[:, 0:4]).view(np.uint16).reshape(n, k // QK_K, 2)
+        sc, m = scales_and_mins(blocks[:, 4:16])  # (n * K/256, 8) each
+        values = nibbles(blocks[:, 16:]).reshape(n, k)  # GGUF order: sub-block j, value l
+        quants = values[:, :k // 2] | (values[:, k // 2:] << 4)
+        return cls(Q4_K, shape, quants.astype(np.uint8), sc.reshape(n, k // QK),
+                   m.reshape(n, k // QK), supers)
 
     @classmethod
     def quantize(cls, w: np.ndarray, ggml_type: int, rows_at_once: int = 2048) -> "PackedWeight":
@@ -75,7 +119,7 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.quants, self.scales, self.mins) if a is not None)
+        return sum(a.nbytes for a in self.arrays() if a is not None)
 
     @property
     def ndim(self) -> int:
@@ -91,6 +135,11 @@ class PackedWeight:
     def dequantize(self, rows=slice(None)) -> np.ndarray:
         """float32 (r, K) of the selected rows (all by default): the reference."""
         q = self.values(rows)
+        if self.ggml_type == Q4_K:  # (d * sc) * q - dmin * m, as gguf's dequantizer rounds
+            d, dmin = (np.repeat(self.supers[rows][:, :, i].view(np.float16).astype(np.float32),
+                                 QK_K // QK, axis=1) for i in (0, 1))
+            scale = np.repeat(d * self.scales[rows].astype(np.float32), QK, axis=1)
+            return scale * q - np.repeat(dmin * self.mins[rows].astype(np.float32), QK, axis=1)
         scale = np.repeat(self.scales[rows].view(np.float16).astype(np.float32), QK, axis=1)
         if self.ggml_type == Q8_0:
             return scale * q
@@ -102,9 +151,7 @@ class PackedWeight:
     def take_rows(self, rows: np.ndarray) -> "PackedWeight":
         """These rows of the weights, in this order (Q/K rows are unpermuted at load,
         Phi-3's fused matrices split)."""
-        take = (lambda a: None if a is None else np.ascontiguousarray(a[rows]))
-        return PackedWeight(self.ggml_type, (len(rows), self.shape[1]), take(self.quants),
-                            take(self.scales), take(self.mins))
+        return self.with_rows(lambda a: np.ascontiguousarray(a[rows]), len(rows))
 
 
 def quantize_matrices(weights: dict, ggml_type: int) -> dict:

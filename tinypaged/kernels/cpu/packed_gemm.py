@@ -19,10 +19,10 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .activations import quantize_activations
-from .common import N_CHUNKS, f16_bits_to_f32
+from .common import N_CHUNKS
 from .group_ir import (BLOCK, LANES, X_ROWS, accumulate_block_float, accumulate_block_vnni,
                        widen_chunk_bytes, widen_chunk_float)
-from .packed_terms import min_of, nibble_offset
+from .packed_terms import min_of, nibble_offset, scale_of
 
 HAS_VNNI = bool(llvm.get_host_cpu_features().get("avx512vnni", False))
 
@@ -52,12 +52,12 @@ def _dot_offset_by_kind(quants, mins):
 
 
 @njit(inline="always")
-def _group_scales(scales, mins, n0, scale, low):
+def _group_scales(scales, mins, supers, n0, scale, low):
     """scale[b, j], low[b, j] = row n0 + j's scale and min (0 without mins) of block b."""
     for j in range(LANES):
         for b in range(scale.shape[0]):
-            scale[b, j] = f16_bits_to_f32(scales[n0 + j, b])
-            low[b, j] = min_of(mins, n0 + j, b)
+            scale[b, j] = scale_of(scales, supers, n0 + j, b)
+            low[b, j] = min_of(mins, supers, n0 + j, b)
 
 
 @njit(inline="always")
@@ -110,7 +110,7 @@ def _accumulate_block_by_form(group, at, x, x_at, scale, low, b, dx, qsum, m0, a
 
 
 @njit(parallel=True, cache=True)
-def _gemm(xq, dx, qsum, quants, scales, mins, out, layout):
+def _gemm(xq, dx, qsum, quants, scales, mins, supers, out, layout):
     """out (M, N) for packed W (N >= 16 rows); xq (M8, K) x's int8 values, M8 = M
     rounded up to a multiple of 8 (zero rows after M); dx, qsum (M8, K/32). layout, an
     empty array, picks the form at compile time: uint8 vnni, float32 float lanes.
@@ -132,7 +132,7 @@ def _gemm(xq, dx, qsum, quants, scales, mins, out, layout):
             n0 = min(g * LANES, n_out - LANES)
             for p0 in range(0, quants.shape[1], LANES):
                 _lay_out_chunk(group, quants, n0, p0, mins)
-            _group_scales(scales, mins, n0, scale, low)
+            _group_scales(scales, mins, supers, n0, scale, low)
             for m0 in range(0, padded_rows, X_ROWS):
                 acc[:] = 0.0
                 for b in range(n_blocks):
@@ -141,9 +141,11 @@ def _gemm(xq, dx, qsum, quants, scales, mins, out, layout):
                 _store_rows(acc, out, m0, n0)
 
 
-def gemm_packed(x: np.ndarray, quants, scales, mins, out: np.ndarray, vnni: bool = HAS_VNNI) -> None:
+def gemm_packed(x: np.ndarray, quants, scales, mins, out: np.ndarray, vnni: bool = HAS_VNNI,
+                supers=None) -> None:
     """out (M, N) = round_activations(x) @ W.T for packed W (N >= 16 rows), bit for bit
-    as the decode GEMV computes each row. vnni: the byte kernel (needs AVX-512 VNNI)."""
+    as the decode GEMV computes each row. vnni: the byte kernel (needs AVX-512 VNNI);
+    supers: Q4_K's super-block scales (model/packed.py)."""
     xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
     layout = np.empty(0, dtype=np.uint8 if vnni else np.float32)
-    _gemm(xq, dx, qsum, quants, scales, mins, out, layout)
+    _gemm(xq, dx, qsum, quants, scales, mins, supers, out, layout)

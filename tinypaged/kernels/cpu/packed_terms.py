@@ -4,13 +4,13 @@ how many rows were multiplied with it (which kernel ran), and greedy output does
 not depend on the batch.
 
 With x rounded to int8 blocks (activations.py: scale dx, values qx, sum qsum) and
-W's block b of row n holding integers w (Q8_0: q; Q4_0: q - 8; Q4_1: q, plus a
-min), out[m, n] is, with blocks taken in order b = 0, 1, ...:
+W's block b of row n holding integers w (Q8_0: q; Q4_0: q - 8; Q4_1 and Q4_K: q,
+plus a min; scale_of and min_of give a block's float32 scale and min), out[m, n] is, with blocks taken in order b = 0, 1, ...:
 
     acc = 0
     acc = acc + block_term(...)   where, with dot = sum of w * qx over the block,
         Q8_0, Q4_0:  (scale * dx) * dot
-        Q4_1:        (scale * dx) * dot + (min * dx) * qsum
+        Q4_1, Q4_K:  (scale * dx) * dot + (min * dx) * qsum
 
 `dot` is an exact integer in every kernel: the decode GEMV takes it from an integer
 dot product (int8_dot.py), the group GEMM from vpdpbusd or from float32
@@ -44,16 +44,32 @@ def _block_term_by_kind(scale, mins, min_value, x_scale, dot, qsum):
     return term
 
 
-def min_of(mins, n, b):
-    """mins[n, b] widened to float32, or 0 when mins is None (Q8_0, Q4_0)."""
+def scale_of(scales, supers, n, b):
+    """Block b of row n's scale in float32: scales[n, b] as float16 bits, or for Q4_K
+    (supers given) d * sc, exact in float32 (model/packed.py)."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(scale_of, inline="always")
+def _scale_of_by_kind(scales, supers, n, b):
+    if isinstance(supers, types.NoneType):
+        return lambda scales, supers, n, b: f16_bits_to_f32(scales[n, b])
+    return lambda scales, supers, n, b: f16_bits_to_f32(supers[n, b >> 3, 0]) * float32(scales[n, b])
+
+
+def min_of(mins, supers, n, b):
+    """Block b of row n's min in float32: 0 when mins is None (Q8_0, Q4_0), mins[n, b]
+    as float16 bits (Q4_1), or -(dmin * m) for Q4_K (supers given), exact."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
 @overload(min_of, inline="always")
-def _min_of_by_kind(mins, n, b):
+def _min_of_by_kind(mins, supers, n, b):
     if isinstance(mins, types.NoneType):
-        return lambda mins, n, b: float32(0.0)
-    return lambda mins, n, b: f16_bits_to_f32(mins[n, b])
+        return lambda mins, supers, n, b: float32(0.0)
+    if isinstance(supers, types.NoneType):
+        return lambda mins, supers, n, b: f16_bits_to_f32(mins[n, b])
+    return lambda mins, supers, n, b: -(f16_bits_to_f32(supers[n, b >> 3, 1]) * float32(mins[n, b]))
 
 
 def nibble_offset(mins):

@@ -1,4 +1,4 @@
-"""CPU matrix products with packed weights (model/packed.py): Q8_0, Q4_0, Q4_1.
+"""CPU matrix products with packed weights (model/packed.py): Q8_0, Q4_0, Q4_1, Q4_K.
 
 A packed weight multiplies x rounded to int8 per 32-block (activations.py), as
 llama.cpp's CPU path does. Each block's product is then an exact integer dot
@@ -22,7 +22,7 @@ from ...model.ggml_quant import Q8_0
 from .activations import quantize_activations
 from .common import N_CHUNKS, f16_bits_to_f32
 from .int8_dot import dot32_biased, dot32_high, dot32_low
-from .packed_terms import block_term, min_of, nibble_offset
+from .packed_terms import block_term, min_of, nibble_offset, scale_of
 from .packed_gemm import LANES, gemm_packed
 
 GEMV_MAX_ROWS = 2  # rows of x up to which the GEMV beats laying out a group (packed_gemm)
@@ -54,12 +54,13 @@ def _gemv_q8_0(x, quants, scales, out):
 
 
 @njit(parallel=True, cache=True)
-def _gemv_q4(x, quants, scales, mins, out):
-    """_gemv_q8_0 for Q4_0 (mins None) and Q4_1. Byte p of a row holds weight p (low
-    nibble, block p // 32) and weight K/2 + p (high nibble, block upper + p // 32):
-    the low blocks, then the high ones, each 32 bytes read twice (from L1). The
-    kinds differ in nibble_offset and block_term, chosen at compile time: a runtime
-    branch on the kind in this loop made it 2x slower."""
+def _gemv_q4(x, quants, scales, mins, supers, out):
+    """_gemv_q8_0 for Q4_0 (mins None), Q4_1 and Q4_K (supers given). Byte p of a row
+    holds weight p (low nibble, block p // 32) and weight K/2 + p (high nibble, block
+    upper + p // 32): the low blocks, then the high ones, each 32 bytes read twice
+    (from L1). The kinds differ in nibble_offset, scale_of, min_of and block_term,
+    chosen at compile time: a runtime branch on the kind in this loop made it 2x
+    slower."""
     xq, dx, qsum = quantize_activations(x)
     n_rows, width = x.shape
     n_out = quants.shape[0]
@@ -75,13 +76,13 @@ def _gemv_q4(x, quants, scales, mins, out):
                 for b in range(upper):
                     dot = dot32_low(weights, n * half + b * 32, xs, m * width + b * 32) \
                         - nibble_offset(mins) * qsum[m, b]
-                    acc = acc + block_term(f16_bits_to_f32(scales[n, b]), mins,
-                                           min_of(mins, n, b), dx[m, b], dot, qsum[m, b])
+                    acc = acc + block_term(scale_of(scales, supers, n, b), mins,
+                                           min_of(mins, supers, n, b), dx[m, b], dot, qsum[m, b])
                 for b in range(upper, 2 * upper):
                     dot = dot32_high(weights, n * half + (b - upper) * 32, xs, m * width + b * 32) \
                         - nibble_offset(mins) * qsum[m, b]
-                    acc = acc + block_term(f16_bits_to_f32(scales[n, b]), mins,
-                                           min_of(mins, n, b), dx[m, b], dot, qsum[m, b])
+                    acc = acc + block_term(scale_of(scales, supers, n, b), mins,
+                                           min_of(mins, supers, n, b), dx[m, b], dot, qsum[m, b])
                 out[m, n] = acc
 
 
@@ -92,7 +93,7 @@ def gemv_packed(x: np.ndarray, weight) -> np.ndarray:
     if weight.ggml_type == Q8_0:
         _gemv_q8_0(x, weight.quants, weight.scales, out)
     else:
-        _gemv_q4(x, weight.quants, weight.scales, weight.mins, out)
+        _gemv_q4(x, weight.quants, weight.scales, weight.mins, weight.supers, out)
     return out
 
 
@@ -103,5 +104,5 @@ def packed_product(x: np.ndarray, weight) -> np.ndarray:
     if len(x) <= GEMV_MAX_ROWS or weight.shape[0] < LANES:
         return gemv_packed(x, weight)
     out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
-    gemm_packed(x, weight.quants, weight.scales, weight.mins, out)
+    gemm_packed(x, weight.quants, weight.scales, weight.mins, out, supers=weight.supers)
     return out

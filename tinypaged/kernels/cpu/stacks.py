@@ -35,19 +35,14 @@ def _same_format(parts: list) -> bool:
 def _rows(weight, start: int, stop: int):
     """A view of rows start .. stop - 1 of a LinearWeight or PackedWeight."""
     if isinstance(weight, PackedWeight):
-        pick = (lambda a: None if a is None else a[start:stop])
-        return PackedWeight(weight.ggml_type, (stop - start, weight.shape[1]), pick(weight.quants),
-                            pick(weight.scales), pick(weight.mins))
+        return weight.with_rows(lambda a: a[start:stop], stop - start)
     return LinearWeight.of(weight.kind, weight.data[start:stop])
 
 
 def _stack(parts: list) -> list:
     """The parts as views of one matrix that holds their rows in order."""
     if isinstance(parts[0], PackedWeight):
-        cat = (lambda name: None if getattr(parts[0], name) is None
-               else np.concatenate([getattr(p, name) for p in parts]))
-        stack = PackedWeight(parts[0].ggml_type, (sum(p.shape[0] for p in parts), parts[0].shape[1]),
-                             cat("quants"), cat("scales"), cat("mins"))
+        stack = PackedWeight.concatenate(parts)
     else:
         stack = LinearWeight.of(parts[0].kind, np.concatenate([p.data for p in parts]))
     views, start = [], 0

@@ -13,12 +13,15 @@ from contextlib import contextmanager
 import numpy as np
 from numba import cuda
 
+from ...model.ggml_quant import Q4_0, Q4_1, Q8_0
 from ...model.packed import PackedWeight
 from ..reference import rope_tables as host_rope_tables
 from . import attention, elementwise, matmul, packed_matmul
 from .logits import DeviceLogits, LogitsCopier
 from .packed_matmul import DevicePacked
 from .memory import MetadataUploader, StepWorkspace
+
+DEVICE_PACKED_TYPES = (Q8_0, Q4_0, Q4_1)  # the packed kinds the device kernels read
 
 EMBEDDING = "model.embed_tokens.weight"
 WORKSPACE_RESERVE = 2 << 30  # bytes kept out of the KV pool for step activations
@@ -31,6 +34,13 @@ def ceil_div(a: int, b: int) -> int:
 def _decode(x) -> bool:
     """Few enough rows of x for the decode GEMVs (else the tiled products)."""
     return x.shape[0] <= matmul.GEMV_MAX_ROWS
+
+
+def _one_form(*weights) -> bool:
+    """Whether the matrices one fused kernel would read are all packed alike, or all
+    plain (a file may quantize gate and up, or q, k and v, differently)."""
+    kinds = {w.kind if isinstance(w, DevicePacked) else None for w in weights}
+    return len(kinds) == 1
 
 
 def _packed_args(w: DevicePacked) -> tuple:
@@ -97,6 +107,9 @@ class CudaBackend:
         (reference.round_activations); a packed embedding table is widened."""
         out = {}
         for name, w in weights.items():
+            if isinstance(w, PackedWeight) and w.ggml_type not in DEVICE_PACKED_TYPES:
+                # (a kind without device kernels yet, Q4_K: held as Q8_0 here)
+                w = PackedWeight.quantize(w.dequantize(), Q8_0)
             if isinstance(w, PackedWeight) and name != EMBEDDING:
                 out[name] = DevicePacked(w)
                 self._packed = True
@@ -250,7 +263,9 @@ class CudaBackend:
                          x, w.quants, w.scales, w.mins, w.kind, bias, has_bias, out)
 
     def qkv_proj(self, x, wq, wk, wv, bq=None, bk=None, bv=None):
-        x = self._input_for(x, wq)  # (q, k and v are packed alike, or not at all)
+        if not _one_form(wq, wk, wv):
+            return self.linear(x, wq, bq), self.linear(x, wk, bk), self.linear(x, wv, bv)
+        x = self._input_for(x, wq)
         if not _decode(x):
             return self._product(x, wq, bq), self._product(x, wk, bk), self._product(x, wv, bv)
         q, k, v = (self._empty(x.shape[0], w.shape[0]) for w in (wq, wk, wv))
@@ -267,6 +282,8 @@ class CudaBackend:
         return q, k, v
 
     def gate_up_silu(self, x, w_gate, w_up):
+        if not _one_form(w_gate, w_up):
+            return self.silu_mul(self.linear(x, w_gate), self.linear(x, w_up))
         x = self._input_for(x, w_gate)
         if not _decode(x):
             return self.silu_mul(self._product(x, w_gate), self._product(x, w_up))
