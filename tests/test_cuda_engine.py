@@ -112,10 +112,10 @@ def test_samples_take_candidates_found_on_the_device_and_draw_what_whole_rows_dr
     """A greedy or small-top-k sample needs a few candidates, not its 512-float row
     (SmolLM2: 49,152): found on the device, they are all that comes back, and the
     tokens are those the whole rows give, seeded draws included (B7)."""
-    params = [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
-              SamplingParams(temperature=1.0, top_k=5, top_p=0.9, seed=3, max_tokens=4,
+    params = [SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+              SamplingParams(temperature=1.0, top_k=5, top_p=0.9, seed=3, max_tokens=3,
                              ignore_eos=True, n=2),
-              SamplingParams(temperature=0.7, top_k=40, min_p=0.05, seed=4, max_tokens=4,
+              SamplingParams(temperature=0.7, top_k=40, min_p=0.05, seed=4, max_tokens=3,
                              ignore_eos=True)]
     prompts = ["Once upon a time", "The dog", "A girl"]
     runs = {}
@@ -128,8 +128,8 @@ def test_samples_take_candidates_found_on_the_device_and_draw_what_whole_rows_dr
     (reduced, reduced_bytes), (whole, whole_bytes) = runs[True], runs[False]
     assert reduced == whole
     # rows: 3 in the prefill step (the two samples of the second prompt share its row),
-    # then 4 in each of the 3 decode steps
-    vocab, rows = 512, 3 + 3 * 4
+    # then 4 in each of the 2 decode steps
+    vocab, rows = 512, 3 + 2 * 4
     assert whole_bytes >= rows * vocab * 4  # every sample's row, every step
     # candidates alone: (value, id) pairs, as many a row as the step's largest top_k + 1
     assert reduced_bytes <= rows * 41 * 2 * 4 < whole_bytes / 5

@@ -368,15 +368,15 @@ def test_replayed_decode_steps_read_every_kv_groups_tables(tmp_path):
         engine.runner.run = recorded_run
         released, release = [], engine.block_manager.release_behind
         engine.block_manager.release_behind = lambda seq: released.append(release(seq)) or released[-1]
-        # 10 prompt tokens and 6 more: blocks of 4 behind a window of 8 go from position 12
-        engine.add_request(list(range(3, 13)), SamplingParams(temperature=0, max_tokens=6,
+        # 10 prompt tokens and 5 more: blocks of 4 behind a window of 8 go from position 12
+        engine.add_request(list(range(3, 13)), SamplingParams(temperature=0, max_tokens=5,
                                                               ignore_eos=True))
         while engine.has_unfinished():
             engine.step()
         assert sum(released) == 2  # block 0 of both sliding groups, mid-run
         runs[cuda_graphs] = logits, engine
     (eager, _), (replayed, engine) = runs[False], runs[True]
-    assert engine.runner.model.ops.replays >= 4
+    assert engine.runner.model.ops.replays >= 3
     assert engine.block_manager.num_free_blocks == 40 and len(eager) == len(replayed)
     for step, (got, want) in enumerate(zip(replayed, eager)):
         np.testing.assert_array_equal(got, want, err_msg=f"step {step}")

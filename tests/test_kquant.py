@@ -99,7 +99,7 @@ def test_the_cuda_backend_holds_a_q4_k_matrix_as_q8_0_until_it_has_kernels_for_i
     llm = LLM(path, backend="cuda", num_blocks=8)
     up = llm.engine.runner.model.w["model.layers.0.mlp.up_proj.weight"]
     assert isinstance(up, DevicePacked) and up.kind == Q8_0_KIND
-    greedy = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)  # a prefill, a decode
     got = llm.generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
     want = LLM(path, backend="reference").generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
     assert got == want
