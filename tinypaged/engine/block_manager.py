@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from ..model.kv_groups import blocks_for
 from .block_table import PAD_BLOCK
 from .sequence import Sequence
 
@@ -38,10 +39,6 @@ class Block:
         self.ref_count = 0
         self.hash: tuple[int, int] | None = None  # (group, chain hash) once full of computed tokens
         self.token_ids: tuple[int, ...] | None = None  # compared on a hash hit (collisions)
-
-
-def blocks_for(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)
 
 
 class BlockManager:

@@ -50,9 +50,8 @@ class EngineStats:
         bs, empty, seen = self.bm.block_size, 0, set()
         for seq in running:
             computed = seq.num_computed_tokens
-            for table in seq.block_tables:  # one per KV group
-                released = table.count(-1)  # blocks given back behind a sliding window
-                slack = (len(table) - released) * bs - (computed - released * bs)
+            for table in seq.block_tables:  # one per KV group (a block released behind
+                slack = len(table) * bs - computed  # a window held computed tokens only)
                 if slack and seq.params.n > 1:
                     last = table[computed // bs]
                     if last in seen:  # counted with the sample it was forked from
