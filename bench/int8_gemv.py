@@ -74,17 +74,15 @@ def main() -> None:
                 print(f"{name:5} {n:>6}x{k:<5} {rows:>4} {vnni} {forms[-1]:9.2f} {f16:8.2f} {blas:8.2f}")
     wanted = ("dpbusd", "pmaddubs", "pmaddwd")
     x = rng.standard_normal((1, 576)).astype(np.float32)
-    for kernel, ggml_type in ((quantized._gemv_q8_0, Q8_0), (quantized._gemv_q4, Q4_1)):
-        fresh = njit(parallel=True)(kernel.py_func)  # the cached one cannot show its assembly
+    fresh = njit(parallel=True)(quantized._gemv.py_func)  # the cached one cannot show its assembly
+    for ggml_type, name in ((Q8_0, "Q8_0"), (Q4_1, "Q4_1")):
         w = PackedWeight.quantize(rng.standard_normal((64, 576)).astype(np.float32), ggml_type)
         out = np.empty((1, 64), np.float32)
-        fresh(x, w.quants, w.scales, out) if ggml_type == Q8_0 else \
-            fresh(x, w.quants, w.scales, w.mins, None, out)
-        asm = fresh.overloads[fresh.signatures[0]].library.get_asm_str()
+        fresh(x, w.quants, w.scales, w.mins, None, out)
+    for signature in fresh.signatures:
+        asm = fresh.overloads[signature].library.get_asm_str()
         ops = collections.Counter(re.findall(r"^\s+(v\w+)", asm, re.M))
-        print(f"{kernel.py_func.__name__}: integer dot-product instructions",
-              {op: c for op, c in ops.items() if any(w in op for w in wanted)})
-
+        print(f"_gemv for {signature[1].dtype} quants: integer dot-product instructions", {op: c for op, c in ops.items() if any(w in op for w in wanted)})
 
 if __name__ == "__main__":
     main()

@@ -116,6 +116,26 @@ def test_the_decode_gemv_equals_rounded_x_times_the_dequantized_weights(name, ro
         assert np.array_equal(gemv_packed(x[m:m + 1], weight)[0], got[m])
 
 
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("width", [448, 960])
+def test_the_decode_gemv_takes_rows_in_tiles_with_the_group_gemms_bits(name, width):
+    """600 rows, so that each thread takes full tiles of rows and a shorter tail: the
+    GEMV's rows are the group GEMM's bits (both its forms), within the bound of the
+    float64 product."""
+    rng = np.random.default_rng(width)
+    weight = PackedWeight.quantize(random_matrix(rng, 600, width), TYPES[name])
+    x = random_activations(rng, 3, width)
+    w = weight.dequantize().astype(np.float64)
+    rounded = reference.round_activations(x).astype(np.float64)
+    got = gemv_packed(x, weight)
+    bound = 1e-5 * (np.abs(rounded) @ np.abs(w).T) * (width / 192) + 1e-6
+    assert (np.abs(got - rounded @ w.T) <= bound).all()
+    for vnni in [False] + [True] * HAS_VNNI:
+        out = np.empty_like(got)
+        gemm_packed(x, weight.quants, weight.scales, weight.mins, out, vnni=vnni)
+        assert np.array_equal(out, got)
+
+
 @pytest.mark.parametrize("name", ["F16", "BF16", "F32"])
 @pytest.mark.parametrize("rows, n_out", [(5, 70), (6, 4), (17, 33), (64, 72)])
 def test_the_small_batch_gemm_equals_widen_then_multiply(name, rows, n_out):

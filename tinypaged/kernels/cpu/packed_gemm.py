@@ -22,7 +22,7 @@ from .activations import quantize_activations
 from .common import N_CHUNKS
 from .group_ir import (BLOCK, LANES, X_ROWS, accumulate_block_float, accumulate_block_vnni,
                        widen_chunk_bytes, widen_chunk_float)
-from .packed_terms import min_of, nibble_offset, scale_of
+from .packed_terms import dot_offset, min_of, nibble_offset, scale_of
 
 HAS_VNNI = bool(llvm.get_host_cpu_features().get("avx512vnni", False))
 
@@ -37,18 +37,6 @@ def _lows_by_kind(mins, low):
     if isinstance(mins, types.NoneType):
         return lambda mins, low: None
     return lambda mins, low: low
-
-
-def dot_offset(quants, mins):
-    """What the vnni kernel subtracts, times the block's sum of x, from its dots:
-    128 for Q8_0 (its bytes are biased to unsigned), then as nibble_offset."""
-    raise NotImplementedError("numba-only: see the overload below")
-
-
-@overload(dot_offset, inline="always")
-def _dot_offset_by_kind(quants, mins):
-    offset = 128 if quants.dtype == types.int8 else 8 if isinstance(mins, types.NoneType) else 0
-    return lambda quants, mins: offset
 
 
 @njit(inline="always")

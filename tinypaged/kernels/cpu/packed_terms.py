@@ -81,3 +81,15 @@ def nibble_offset(mins):
 def _nibble_offset_by_kind(mins):
     offset = 8 if isinstance(mins, types.NoneType) else 0
     return lambda mins: offset
+
+
+def dot_offset(quants, mins):
+    """What a kernel subtracts, times the block's sum of x, from dots of the weights'
+    unsigned bytes: 128 for Q8_0 (int8 quants, read xor 128), then as nibble_offset."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(dot_offset, inline="always")
+def _dot_offset_by_kind(quants, mins):
+    offset = 128 if quants.dtype == types.int8 else 8 if isinstance(mins, types.NoneType) else 0
+    return lambda quants, mins: offset

@@ -16,84 +16,88 @@ More rows (batched decode, prefill) go to packed_gemm.py, which lays out 16 weig
 rows at a time for vector lanes and is as fast as BLAS on float32 or faster.
 """
 import numpy as np
-from numba import float32, njit, prange
+from numba import float32, njit, prange, types
+from numba.extending import overload
 
-from ...model.ggml_quant import Q8_0
 from .activations import quantize_activations
-from .common import N_CHUNKS, f16_bits_to_f32
-from .int8_dot import dot32_biased, dot32_high, dot32_low
-from .packed_terms import block_term, min_of, nibble_offset, scale_of
+from .common import N_CHUNKS
 from .packed_gemm import LANES, gemm_packed
+from .packed_terms import block_term, dot_offset, min_of, scale_of
+from .int8_dot import dot32_biased, dot32_high, dot32_low
 
 GEMV_MAX_ROWS = 2  # rows of x up to which the GEMV beats laying out a group (packed_gemm)
+TILE = 8  # W rows whose dots, then terms, then sums a thread takes together
+
+
+def _row_dots(quants, weights, n, xs, x_at, width, dots, at):
+    """dots[at + b] = the integer dot of row n's block b with x's (from xs[x_at]),
+    exact (int8_dot.py)."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(_row_dots, inline="always")
+def _row_dots_by_kind(quants, weights, n, xs, x_at, width, dots, at):
+    if quants.dtype == types.int8:  # Q8_0: a row's bytes in order, read xor 128
+        def row(quants, weights, n, xs, x_at, width, dots, at):
+            for b in range(width >> 5):
+                dots[at + b] = dot32_biased(weights, n * width + b * 32, xs, x_at + b * 32)
+    else:  # Q4_x: byte p holds weight p (low nibble) and K/2 + p (high nibble)
+        def row(quants, weights, n, xs, x_at, width, dots, at):
+            half = width >> 1
+            upper = half >> 5
+            for b in range(upper):
+                dots[at + b] = dot32_low(weights, n * half + b * 32, xs, x_at + b * 32)
+            for b in range(upper):
+                dots[at + upper + b] = dot32_high(weights, n * half + b * 32, xs, x_at + half + b * 32)
+    return row
 
 
 @njit(parallel=True, cache=True)
-def _gemv_q8_0(x, quants, scales, out):
-    """out (M, N) = round_activations(x) (M, K) @ W.T for Q8_0 W, small M. x is
-    quantized to int8 blocks first (activations.py); each block's product is then
-    an integer dot product (int8_dot.py), scaled as packed_terms.py says. Threads
-    split W's rows into N_CHUNKS ranges. Traffic: the packed bytes once (1.06 per
-    weight), x from L1."""
-    xq, dx, qsum = quantize_activations(x)
-    n_rows, width = x.shape
-    n_out, n_blocks = scales.shape
-    weights = quants.reshape(-1)
-    xs = xq.reshape(-1)
-    per_chunk = -(-n_out // N_CHUNKS)
-    for c in prange(N_CHUNKS):
-        for n in range(c * per_chunk, min(n_out, (c + 1) * per_chunk)):
-            for m in range(n_rows):
-                acc = float32(0.0)
-                for b in range(n_blocks):
-                    dot = dot32_biased(weights, n * width + b * 32, xs, m * width + b * 32) \
-                        - 128 * qsum[m, b]
-                    acc = acc + block_term(f16_bits_to_f32(scales[n, b]), None, float32(0.0),
-                                           dx[m, b], dot, qsum[m, b])
-                out[m, n] = acc
-
-
-@njit(parallel=True, cache=True)
-def _gemv_q4(x, quants, scales, mins, supers, out):
-    """_gemv_q8_0 for Q4_0 (mins None), Q4_1 and Q4_K (supers given). Byte p of a row
-    holds weight p (low nibble, block p // 32) and weight K/2 + p (high nibble, block
-    upper + p // 32): the low blocks, then the high ones, each 32 bytes read twice
-    (from L1). The kinds differ in nibble_offset, scale_of, min_of and block_term,
-    chosen at compile time: a runtime branch on the kind in this loop made it 2x
-    slower."""
+def _gemv(x, quants, scales, mins, supers, out):
+    """out (M, N) = round_activations(x) (M, K) @ W.T for packed W, small M. x is
+    quantized to int8 blocks (activations.py); threads split W's rows into N_CHUNKS
+    ranges and take them TILE at a time: first every block's integer dot (row_dots.py,
+    several blocks per horizontal sum), then every block's float term (a vectorised
+    loop over blocks), then each row's sum of terms in block order (packed_terms.py).
+    The sums are serial chains of float adds; TILE rows give the CPU TILE chains to
+    run side by side, and the dots are long stored when the terms loop reads them.
+    Traffic: the packed bytes once (0.56-1.06 bytes a weight), x from L1. mins None:
+    Q8_0 (int8 quants) and Q4_0; supers given: Q4_K."""
     xq, dx, qsum = quantize_activations(x)
     n_rows, width = x.shape
     n_out = quants.shape[0]
-    half = width >> 1
+    n_blocks = width >> 5
     weights = quants.reshape(-1)
     xs = xq.reshape(-1)
+    offset = dot_offset(quants, mins)
     per_chunk = -(-n_out // N_CHUNKS)
     for c in prange(N_CHUNKS):
-        for n in range(c * per_chunk, min(n_out, (c + 1) * per_chunk)):
-            upper = half >> 5  # the block holding weight K/2 (K is a multiple of 64)
+        dots = np.zeros(TILE * n_blocks, dtype=np.int32)
+        terms = np.zeros(TILE * n_blocks, dtype=np.float32)
+        end = min(n_out, (c + 1) * per_chunk)
+        for n0 in range(c * per_chunk, end, TILE):
+            rows = min(TILE, end - n0)
             for m in range(n_rows):
-                acc = float32(0.0)
-                for b in range(upper):
-                    dot = dot32_low(weights, n * half + b * 32, xs, m * width + b * 32) \
-                        - nibble_offset(mins) * qsum[m, b]
-                    acc = acc + block_term(scale_of(scales, supers, n, b), mins,
-                                           min_of(mins, supers, n, b), dx[m, b], dot, qsum[m, b])
-                for b in range(upper, 2 * upper):
-                    dot = dot32_high(weights, n * half + (b - upper) * 32, xs, m * width + b * 32) \
-                        - nibble_offset(mins) * qsum[m, b]
-                    acc = acc + block_term(scale_of(scales, supers, n, b), mins,
-                                           min_of(mins, supers, n, b), dx[m, b], dot, qsum[m, b])
-                out[m, n] = acc
+                for r in range(rows):
+                    _row_dots(quants, weights, n0 + r, xs, m * width, width, dots, r * n_blocks)
+                for r in range(rows):
+                    for b in range(n_blocks):
+                        dot = dots[r * n_blocks + b] - offset * qsum[m, b]
+                        terms[r * n_blocks + b] = block_term(
+                            scale_of(scales, supers, n0 + r, b), mins,
+                            min_of(mins, supers, n0 + r, b), dx[m, b], dot, qsum[m, b])
+                for r in range(rows):
+                    acc = float32(0.0)
+                    for b in range(n_blocks):
+                        acc = acc + terms[r * n_blocks + b]
+                    out[m, n0 + r] = acc
 
 
 def gemv_packed(x: np.ndarray, weight) -> np.ndarray:
     """round_activations(x) (M, K), small M, @ packed weight (N, K).T -> (M, N), in
     integer block dot products."""
     out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
-    if weight.ggml_type == Q8_0:
-        _gemv_q8_0(x, weight.quants, weight.scales, out)
-    else:
-        _gemv_q4(x, weight.quants, weight.scales, weight.mins, weight.supers, out)
+    _gemv(x, weight.quants, weight.scales, weight.mins, weight.supers, out)
     return out
 
 
