@@ -56,11 +56,11 @@ def _row_dots_by_kind(quants, weights, n, xs, x_at, width, dots, at):
 def _gemv(x, quants, scales, mins, supers, out):
     """out (M, N) = round_activations(x) (M, K) @ W.T for packed W, small M. x is
     quantized to int8 blocks (activations.py); threads split W's rows into N_CHUNKS
-    ranges and take them TILE at a time: first every block's integer dot (row_dots.py,
-    several blocks per horizontal sum), then every block's float term (a vectorised
-    loop over blocks), then each row's sum of terms in block order (packed_terms.py).
-    The sums are serial chains of float adds; TILE rows give the CPU TILE chains to
-    run side by side, and the dots are long stored when the terms loop reads them.
+    ranges and take them TILE at a time: first every block's integer dot (int8_dot.py),
+    then every block's float term (a loop LLVM vectorises), then each row's sum of
+    terms in block order (packed_terms.py). Each sum is a serial chain of float adds
+    (4 cycles each); TILE rows give the CPU TILE chains to run side by side, where
+    row by row the chains were the GEMV's bound (bench/NOTES.md).
     Traffic: the packed bytes once (0.56-1.06 bytes a weight), x from L1. mins None:
     Q8_0 (int8 quants) and Q4_0; supers given: Q4_K."""
     xq, dx, qsum = quantize_activations(x)
