@@ -78,7 +78,7 @@ def main() -> None:
     for ggml_type, name in ((Q8_0, "Q8_0"), (Q4_1, "Q4_1")):
         w = PackedWeight.quantize(rng.standard_normal((64, 576)).astype(np.float32), ggml_type)
         out = np.empty((1, 64), np.float32)
-        fresh(x, w.quants, w.scales, w.mins, None, out)
+        fresh(x, w.quants, w.scales, w.mins, None, None, out)
     for signature in fresh.signatures:
         asm = fresh.overloads[signature].library.get_asm_str()
         ops = collections.Counter(re.findall(r"^\s+(v\w+)", asm, re.M))

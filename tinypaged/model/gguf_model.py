@@ -3,12 +3,12 @@ from the memory-mapped tensors, quantized matrices kept packed (PackedWeight).
 
 Every weight is a copy, and each tensor's file pages are released once copied,
 so the weights are resident once (the file stays mapped for the tokenizer).
-Q8_0 / Q4_0 / Q4_1 / Q4_K matrices become PackedWeights (the same bytes, split into
-quants and scales; packed.py says why). The kinds without kernels of their own yet
-(Q5_K, Q6_K, Q5_0, Q5_1) are requantized to Q8_0 (1.06 bytes a weight, against
-0.69-0.82 on file). F32 / F16 /
-BF16 tensors, the norms, and a Q4 matrix whose rows are not a multiple of 64 are
-read as float32. llama.cpp stores Llama's Q and K rows permuted for the
+Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_0 / Q5_1 matrices become PackedWeights (the same
+bytes, split into quants, scales and fifth bits; packed.py says why). The kinds
+without kernels of their own yet (Q5_K, Q6_K), and a Q5_x matrix whose rows are an
+odd number of blocks, are requantized to Q8_0 (1.06 bytes a weight, against
+0.69-0.82 on file). F32 / F16 / BF16 tensors, the norms, and a Q4 matrix whose rows
+are not a multiple of 64 are read as float32. llama.cpp stores Llama's Q and K rows permuted for the
 interleaved RoPE form (their biases too): the rows are put back in rotate-half
 order here, on the packed rows (a row of blocks moves as a whole).
 """

@@ -21,32 +21,41 @@ Q4_1 kernels serve it with only the scale's and min's source changed:
     scales  (N, K/32) uint8: sc        mins (N, K/32) uint8: m
     supers  (N, K/256, 2) float16 bits: d, dmin
 4.625 bits a weight, against the file's 4.5.
+
+Q5_0 and Q5_1 are Q4_0 and Q4_1 with a fifth bit per weight: q = nibble + 16 * bit,
+weight = scale * (q - 16) (Q5_0) or scale * q + min (Q5_1). The nibbles are laid
+out as Q4_x's; the fifth bits are kept apart, in column order:
+    highs   (N, K/8) uint8: bit j of byte i is weight 8i + j's fifth bit
+(the file's qh words, which hold block b's 32 bits little-endian, are exactly that
+row by row). 5.5 / 6 bits a weight, as in the file.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .ggml_quant import GGML_TYPE_NAMES, Q4_0, Q4_1, Q4_K, Q8_0, QK, QK_K
+from .ggml_quant import GGML_TYPE_NAMES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q8_0, QK, QK_K
 from .weights import convert_matrices
 
-PACKED_TYPES = (Q8_0, Q4_0, Q4_1, Q4_K)
-ROW_ARRAYS = ("quants", "scales", "mins", "supers")  # a PackedWeight's arrays, rows first
+PACKED_TYPES = (Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1)
+ROW_ARRAYS = ("quants", "scales", "mins", "supers", "highs")  # a PackedWeight's arrays, rows first
+_OFFSET = {Q4_0: 8, Q5_0: 16}  # what the kinds without mins subtract from q
 
 
 class PackedWeight:
-    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "supers", "stack")
+    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "supers", "highs", "stack")
 
     def __init__(self, ggml_type: int, shape: tuple[int, int], quants: np.ndarray,
                  scales: np.ndarray, mins: np.ndarray | None = None,
-                 supers: np.ndarray | None = None):
+                 supers: np.ndarray | None = None, highs: np.ndarray | None = None):
         self.ggml_type, self.shape = ggml_type, (int(shape[0]), int(shape[1]))
         self.quants, self.scales, self.mins, self.supers = quants, scales, mins, supers
+        self.highs = highs
         self.stack = None  # (a matrix stacking this one's rows with others', (start, stop)): kernels/cpu/stacks.py
 
     @staticmethod
     def can_pack(ggml_type: int, columns: int) -> bool:
-        """Q8_0 rows need whole blocks; Q4_x rows an even number of them (the nibbles
-        pair weight p with weight p + K/2); Q4_K rows whole super-blocks."""
+        """Q8_0 rows need whole blocks; Q4_x and Q5_x rows an even number of them (the
+        nibbles pair weight p with weight p + K/2); Q4_K rows whole super-blocks."""
         if ggml_type == Q4_K:
             return columns % QK_K == 0
         return ggml_type in PACKED_TYPES and columns % (QK if ggml_type == Q8_0 else 2 * QK) == 0
@@ -74,22 +83,23 @@ class PackedWeight:
         if not cls.can_pack(ggml_type, k):
             raise ValueError(f"a {GGML_TYPE_NAMES.get(ggml_type, ggml_type)} matrix of {k} "
                              f"columns cannot be kept packed (Q8_0: a multiple of 32 columns; "
-                             f"Q4_0, Q4_1: of 64; Q4_K: of 256)")
+                             f"Q4_0, Q4_1, Q5_0, Q5_1: of 64; Q4_K: of 256)")
         if ggml_type == Q4_K:
             return cls._from_q4_k(raw, shape)
-        quad = ggml_type != Q8_0
-        head = {Q8_0: 2, Q4_0: 2, Q4_1: 4}[ggml_type]
+        head = {Q8_0: 2, Q4_0: 2, Q4_1: 4, Q5_0: 6, Q5_1: 8}[ggml_type]
         blocks = np.asarray(raw, dtype=np.uint8).reshape(n, k // QK, -1)  # (N, K/32, bytes)
         scales = np.ascontiguousarray(blocks[:, :, 0:2]).view(np.uint16)[:, :, 0]
         mins = np.ascontiguousarray(blocks[:, :, 2:4]).view(np.uint16)[:, :, 0] \
-            if ggml_type == Q4_1 else None
+            if ggml_type in (Q4_1, Q5_1) else None
         body = blocks[:, :, head:]
-        if not quad:
+        if ggml_type == Q8_0:
             return cls(ggml_type, shape, np.ascontiguousarray(body).view(np.int8).reshape(n, k),
                        scales, mins)
+        highs = np.ascontiguousarray(blocks[:, :, head - 4:head]).reshape(n, k // 8) \
+            if ggml_type in (Q5_0, Q5_1) else None  # qh: block b's bits, little-endian
         values = np.concatenate([body & 15, body >> 4], axis=2).reshape(n, k)  # GGUF order
         quants = values[:, :k // 2] | (values[:, k // 2:] << 4)
-        return cls(ggml_type, shape, quants.astype(np.uint8), scales, mins)
+        return cls(ggml_type, shape, quants.astype(np.uint8), scales, mins, highs=highs)
 
     @classmethod
     def _from_q4_k(cls, raw: np.ndarray, shape: tuple[int, int]) -> "PackedWeight":
@@ -130,7 +140,10 @@ class PackedWeight:
         q = self.quants[rows]
         if self.ggml_type == Q8_0:
             return q.astype(np.float32)
-        return np.concatenate([q & 15, q >> 4], axis=1).astype(np.float32)
+        q = np.concatenate([q & 15, q >> 4], axis=1)
+        if self.highs is not None:  # the fifth bits, column order
+            q = q | (np.unpackbits(self.highs[rows], axis=1, bitorder="little") << 4)
+        return q.astype(np.float32)
 
     def dequantize(self, rows=slice(None)) -> np.ndarray:
         """float32 (r, K) of the selected rows (all by default): the reference."""
@@ -143,8 +156,8 @@ class PackedWeight:
         scale = np.repeat(self.scales[rows].view(np.float16).astype(np.float32), QK, axis=1)
         if self.ggml_type == Q8_0:
             return scale * q
-        if self.ggml_type == Q4_0:
-            return scale * (q - np.float32(8.0))
+        if self.mins is None:  # Q4_0, Q5_0
+            return scale * (q - np.float32(_OFFSET[self.ggml_type]))
         low = np.repeat(self.mins[rows].view(np.float16).astype(np.float32), QK, axis=1)
         return scale * q + low
 

@@ -82,41 +82,76 @@ def _group_columns(context, builder, array_type, quants, n0, p0):
     return _transpose_16x16(builder, rows), row_bytes
 
 
+def _fifth_bits(context, builder, array_type, highs, n0, column0):
+    """Q5_x's fifth bits of columns column0 .. column0 + 15 (a multiple of 16) of rows
+    n0 .. n0 + 15, as 16 column vectors of bytes 0 or 16 (the bit's weight in q)."""
+    h = context.make_array(array_type)(context, builder, highs)
+    row_bytes = builder.extract_value(h.shape, 1)
+    sixteen = ir.Constant(_BYTES, [4] * LANES)
+    rows = []
+    for j in range(LANES):
+        at = builder.add(builder.mul(builder.add(n0, _index(j)), row_bytes),
+                         builder.lshr(column0, _index(3)))
+        word = builder.load(builder.bitcast(builder.gep(h.data, [at]), ir.IntType(16).as_pointer()),
+                            align=1)
+        bits = builder.zext(builder.bitcast(word, ir.VectorType(ir.IntType(1), LANES)), _BYTES)
+        rows.append(builder.shl(bits, sixteen))
+    return _transpose_16x16(builder, rows)
+
+
+def _with_fifth_bits(context, builder, sig_highs, highs, n0, p0, row_bytes, halves):
+    """halves: [(low, high)] nibble columns p0 + p and K/2 + p0 + p, p < 16; with Q5_x's
+    bits (sig_highs not None) added in: q = nibble + 16 * bit."""
+    if isinstance(sig_highs, types.NoneType):
+        return halves
+    low_bits = _fifth_bits(context, builder, sig_highs, highs, n0, p0)
+    high_bits = _fifth_bits(context, builder, sig_highs, highs, n0, builder.add(p0, row_bytes))
+    return [(builder.or_(low, lb), builder.or_(high, hb))
+            for (low, high), lb, hb in zip(halves, low_bits, high_bits)]
+
+
 def _nibbles(builder, column):
     """A column of Q4 bytes -> (low nibbles, high nibbles), as bytes."""
     return (builder.and_(column, ir.Constant(_BYTES, [15] * LANES)),
             builder.lshr(column, ir.Constant(_BYTES, [4] * LANES)))
 
 
+def _highs_ok(highs) -> bool:
+    return isinstance(highs, types.NoneType) or (highs.ndim == 2 and _c_array(highs, (types.uint8,)))
+
+
 @intrinsic
-def widen_chunk_float(typingctx, quants, n0, p0, offset, wt):
+def widen_chunk_float(typingctx, quants, highs, n0, p0, offset, wt):
     """Bytes p0 .. p0 + 15 of the group's rows n0 .. n0 + 15 into wt (float32, k-major):
-    Q8_0 (int8 quants): wt[(p0 + p) * 16 + j] = q; Q4_x (uint8): column p0 + p from the
-    low nibble and K/2 + p0 + p from the high one, each minus offset (8: Q4_0)."""
+    Q8_0 (int8 quants): wt[(p0 + p) * 16 + j] = q; Q4_x, Q5_x (uint8): column p0 + p
+    from the low nibble and K/2 + p0 + p from the high one (plus 16 times the fifth
+    bit from highs, for Q5_x), each minus offset (8: Q4_0, 16: Q5_0)."""
     if not (quants.ndim == 2 and _c_array(quants, (types.int8, types.uint8))
-            and _c_array(wt, (types.float32,))):
+            and _highs_ok(highs) and _c_array(wt, (types.float32,))):
         return None
     signed = quants.dtype == types.int8
 
     def codegen(context, builder, sig, args):
-        q_arr, n0, p0, offset, wt_arr = args
+        q_arr, h_arr, n0, p0, offset, wt_arr = args
         columns, row_bytes = _group_columns(context, builder, sig.args[0], q_arr, n0, p0)
         minus = _splat(builder, builder.trunc(offset, _I32), _INTS)
 
         def store(values, column):
-            pointer = _pointer(context, builder, sig.args[4], wt_arr,
+            pointer = _pointer(context, builder, sig.args[5], wt_arr,
                                builder.mul(column, _index(LANES)), _FLOATS)
             builder.store(builder.sitofp(values, _FLOATS), pointer, align=4)
-        for p, column in enumerate(columns):
+        if signed:
+            for p, column in enumerate(columns):
+                store(builder.sext(column, _INTS), builder.add(p0, _index(p)))
+            return context.get_dummy_value()
+        halves = _with_fifth_bits(context, builder, sig.args[1], h_arr, n0, p0, row_bytes,
+                                  [_nibbles(builder, column) for column in columns])
+        for p, (low, high) in enumerate(halves):
             at = builder.add(p0, _index(p))
-            if signed:
-                store(builder.sext(column, _INTS), at)
-            else:
-                low, high = _nibbles(builder, column)
-                store(builder.sub(builder.zext(low, _INTS), minus), at)
-                store(builder.sub(builder.zext(high, _INTS), minus), builder.add(at, row_bytes))
+            store(builder.sub(builder.zext(low, _INTS), minus), at)
+            store(builder.sub(builder.zext(high, _INTS), minus), builder.add(at, row_bytes))
         return context.get_dummy_value()
-    return types.void(quants, types.intp, types.intp, types.intp, wt), codegen
+    return types.void(quants, highs, types.intp, types.intp, types.intp, wt), codegen
 
 
 def _interleave_4(builder, columns):
@@ -130,34 +165,37 @@ def _interleave_4(builder, columns):
 
 
 @intrinsic
-def widen_chunk_bytes(typingctx, quants, n0, p0, wb):
+def widen_chunk_bytes(typingctx, quants, highs, n0, p0, wb):
     """Bytes p0 .. p0 + 15 of the group's rows into wb (uint8, the vnni layout):
-    Q8_0 (int8): q + 128 (so unsigned); Q4_x (uint8): the nibbles, the low ones as
-    columns p0 + p, the high ones as K/2 + p0 + p (offsets are applied to the dots)."""
+    Q8_0 (int8): q + 128 (so unsigned); Q4_x, Q5_x (uint8): q, the low nibbles' as
+    columns p0 + p, the high ones' as K/2 + p0 + p (with Q5_x's fifth bits from highs;
+    offsets are applied to the dots)."""
     if not (quants.ndim == 2 and _c_array(quants, (types.int8, types.uint8))
-            and _c_array(wb, (types.uint8,))):
+            and _highs_ok(highs) and _c_array(wb, (types.uint8,))):
         return None
     signed = quants.dtype == types.int8
 
     def codegen(context, builder, sig, args):
-        q_arr, n0, p0, wb_arr = args
+        q_arr, h_arr, n0, p0, wb_arr = args
         columns, row_bytes = _group_columns(context, builder, sig.args[0], q_arr, n0, p0)
 
         def store(chunk, first_column):  # 4 columns from first_column (a multiple of 4)
             at = builder.mul(first_column, _index(LANES))  # (4 columns x 16 rows = 64 bytes)
             builder.store(_interleave_4(builder, chunk),
-                          _pointer(context, builder, sig.args[3], wb_arr, at, _QUAD_BYTES), align=1)
+                          _pointer(context, builder, sig.args[4], wb_arr, at, _QUAD_BYTES), align=1)
+        if signed:
+            bias = ir.Constant(_BYTES, [128] * LANES)
+            for c in range(0, LANES, 4):
+                store([builder.xor(col, bias) for col in columns[c:c + 4]], builder.add(p0, _index(c)))
+            return context.get_dummy_value()
+        halves = _with_fifth_bits(context, builder, sig.args[1], h_arr, n0, p0, row_bytes,
+                                  [_nibbles(builder, column) for column in columns])
         for c in range(0, LANES, 4):
             at = builder.add(p0, _index(c))
-            if signed:
-                bias = ir.Constant(_BYTES, [128] * LANES)
-                store([builder.xor(col, bias) for col in columns[c:c + 4]], at)
-            else:
-                halves = [_nibbles(builder, col) for col in columns[c:c + 4]]
-                store([low for low, _ in halves], at)
-                store([high for _, high in halves], builder.add(at, row_bytes))
+            store([low for low, _ in halves[c:c + 4]], at)
+            store([high for _, high in halves[c:c + 4]], builder.add(at, row_bytes))
         return context.get_dummy_value()
-    return types.void(quants, types.intp, types.intp, wb), codegen
+    return types.void(quants, highs, types.intp, types.intp, wb), codegen
 
 
 # -- one block's products for 8 rows of x --------------------------------------------
@@ -226,7 +264,7 @@ def accumulate_block_float(typingctx, wt, w_at, xf, x_at, scale, low, b, dx, qsu
 def accumulate_block_vnni(typingctx, wb, w_at, xq, x_at, scale, low, b, dx, qsum, m0, acc, offset):
     """accumulate_block_float's result from the byte layout: per 4 columns, one vpdpbusd
     per row of x (unsigned weight bytes times x's int8 values, 4 per lane), then the
-    integer offset (128 for Q8_0's biased bytes, 8 for Q4_0, 0 for Q4_1) times the
+    integer offset (128 for Q8_0's biased bytes, 8 for Q4_0, 16 for Q5_0, else 0) times the
     block's sum of x, all exact, then _accumulate."""
     if not _block_types_ok(wb, types.uint8, xq, types.int8, scale, low, dx, qsum, acc):
         return None

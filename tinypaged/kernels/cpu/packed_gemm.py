@@ -67,38 +67,40 @@ def _x_for_by_form(layout, xq):
     return lambda layout, xq: xq.astype(np.float32)
 
 
-def _lay_out_chunk(group, quants, n0, p0, mins):
+def _lay_out_chunk(group, quants, highs, n0, p0, mins):
     """Columns p0 .. p0 + 15 of the group's 16 rows into group, in the form's layout."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
 @overload(_lay_out_chunk, inline="always")
-def _lay_out_chunk_by_form(group, quants, n0, p0, mins):
+def _lay_out_chunk_by_form(group, quants, highs, n0, p0, mins):
     if group.dtype == types.uint8:
-        return lambda group, quants, n0, p0, mins: widen_chunk_bytes(quants, n0, p0, group)
-    return lambda group, quants, n0, p0, mins: widen_chunk_float(quants, n0, p0,
-                                                                 nibble_offset(mins), group)
+        return lambda group, quants, highs, n0, p0, mins: widen_chunk_bytes(quants, highs, n0, p0,
+                                                                            group)
+    return lambda group, quants, highs, n0, p0, mins: widen_chunk_float(
+        quants, highs, n0, p0, nibble_offset(mins, highs), group)
 
 
-def _accumulate_block(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc, quants, mins):
+def _accumulate_block(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc, quants, mins, highs):
     """One block's products for 8 rows of x, in the form's way (group_ir.py)."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
 @overload(_accumulate_block, inline="always")
-def _accumulate_block_by_form(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc, quants, mins):
+def _accumulate_block_by_form(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc, quants, mins,
+                              highs):
     if group.dtype == types.uint8:
-        def accumulate(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc, quants, mins):
+        def accumulate(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc, quants, mins, highs):
             accumulate_block_vnni(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc,
-                                  dot_offset(quants, mins))
+                                  dot_offset(quants, mins, highs))
     else:
-        def accumulate(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc, quants, mins):
+        def accumulate(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc, quants, mins, highs):
             accumulate_block_float(group, at, x, x_at, scale, low, b, dx, qsum, m0, acc)
     return accumulate
 
 
 @njit(parallel=True, cache=True)
-def _gemm(xq, dx, qsum, quants, scales, mins, supers, out, layout):
+def _gemm(xq, dx, qsum, quants, scales, mins, supers, highs, out, layout):
     """out (M, N) for packed W (N >= 16 rows); xq (M8, K) x's int8 values, M8 = M
     rounded up to a multiple of 8 (zero rows after M); dx, qsum (M8, K/32). layout, an
     empty array, picks the form at compile time: uint8 vnni, float32 float lanes.
@@ -119,21 +121,21 @@ def _gemm(xq, dx, qsum, quants, scales, mins, supers, out, layout):
         for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):
             n0 = min(g * LANES, n_out - LANES)
             for p0 in range(0, quants.shape[1], LANES):
-                _lay_out_chunk(group, quants, n0, p0, mins)
+                _lay_out_chunk(group, quants, highs, n0, p0, mins)
             _group_scales(scales, mins, supers, n0, scale, low)
             for m0 in range(0, padded_rows, X_ROWS):
                 acc[:] = 0.0
                 for b in range(n_blocks):
                     _accumulate_block(group, b * BLOCK * LANES, x, b * BLOCK, scale,
-                                      _lows(mins, low), b, dx, qsum, m0, acc, quants, mins)
+                                      _lows(mins, low), b, dx, qsum, m0, acc, quants, mins, highs)
                 _store_rows(acc, out, m0, n0)
 
 
 def gemm_packed(x: np.ndarray, quants, scales, mins, out: np.ndarray, vnni: bool = HAS_VNNI,
-                supers=None) -> None:
+                supers=None, highs=None) -> None:
     """out (M, N) = round_activations(x) @ W.T for packed W (N >= 16 rows), bit for bit
     as the decode GEMV computes each row. vnni: the byte kernel (needs AVX-512 VNNI);
-    supers: Q4_K's super-block scales (model/packed.py)."""
+    supers: Q4_K's super-block scales; highs: Q5_x's fifth bits (model/packed.py)."""
     xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
     layout = np.empty(0, dtype=np.uint8 if vnni else np.float32)
-    _gemm(xq, dx, qsum, quants, scales, mins, supers, out, layout)
+    _gemm(xq, dx, qsum, quants, scales, mins, supers, highs, out, layout)

@@ -4,13 +4,13 @@ how many rows were multiplied with it (which kernel ran), and greedy output does
 not depend on the batch.
 
 With x rounded to int8 blocks (activations.py: scale dx, values qx, sum qsum) and
-W's block b of row n holding integers w (Q8_0: q; Q4_0: q - 8; Q4_1 and Q4_K: q,
-plus a min; scale_of and min_of give a block's float32 scale and min), out[m, n] is, with blocks taken in order b = 0, 1, ...:
+W's block b of row n holding integers w (Q8_0: q; Q4_0: q - 8; Q5_0: q - 16;
+Q4_1, Q5_1 and Q4_K: q, plus a min; scale_of and min_of give a block's float32 scale and min), out[m, n] is, with blocks taken in order b = 0, 1, ...:
 
     acc = 0
     acc = acc + block_term(...)   where, with dot = sum of w * qx over the block,
-        Q8_0, Q4_0:  (scale * dx) * dot
-        Q4_1, Q4_K:  (scale * dx) * dot + (min * dx) * qsum
+        Q8_0, Q4_0, Q5_0:  (scale * dx) * dot
+        Q4_1, Q5_1, Q4_K:  (scale * dx) * dot + (min * dx) * qsum
 
 `dot` is an exact integer in every kernel: the decode GEMV takes it from an integer
 dot product (int8_dot.py), the group GEMM from vpdpbusd or from float32
@@ -72,24 +72,39 @@ def _min_of_by_kind(mins, supers, n, b):
     return lambda mins, supers, n, b: -(f16_bits_to_f32(supers[n, b >> 3, 1]) * float32(mins[n, b]))
 
 
-def nibble_offset(mins):
-    """What a Q4 kind subtracts from its nibbles: 8 for Q4_0 (mins None), 0 for Q4_1."""
+def nibble_offset(mins, highs):
+    """What a Q4 / Q5 kind subtracts from its q: 8 for Q4_0 (mins None), 16 for Q5_0
+    (mins None, highs given), 0 for the kinds with mins."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
 @overload(nibble_offset, inline="always")
-def _nibble_offset_by_kind(mins):
-    offset = 8 if isinstance(mins, types.NoneType) else 0
-    return lambda mins: offset
+def _nibble_offset_by_kind(mins, highs):
+    offset = 0 if not isinstance(mins, types.NoneType) else \
+        8 if isinstance(highs, types.NoneType) else 16
+    return lambda mins, highs: offset
 
 
-def dot_offset(quants, mins):
+def dot_offset(quants, mins, highs):
     """What a kernel subtracts, times the block's sum of x, from dots of the weights'
     unsigned bytes: 128 for Q8_0 (int8 quants, read xor 128), then as nibble_offset."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
 @overload(dot_offset, inline="always")
-def _dot_offset_by_kind(quants, mins):
-    offset = 128 if quants.dtype == types.int8 else 8 if isinstance(mins, types.NoneType) else 0
-    return lambda quants, mins: offset
+def _dot_offset_by_kind(quants, mins, highs):
+    offset = 128 if quants.dtype == types.int8 else 0 if not isinstance(mins, types.NoneType) \
+        else 8 if isinstance(highs, types.NoneType) else 16
+    return lambda quants, mins, highs: offset
+
+
+def flat_bits(highs):
+    """Q5_x's fifth bits (N, K/8) as one flat byte array, or None for the other kinds."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(flat_bits, inline="always")
+def _flat_bits_or_none(highs):
+    if isinstance(highs, types.NoneType):
+        return lambda highs: None
+    return lambda highs: highs.reshape(-1)

@@ -1,4 +1,5 @@
-"""CPU matrix products with packed weights (model/packed.py): Q8_0, Q4_0, Q4_1, Q4_K.
+"""CPU matrix products with packed weights (model/packed.py): Q8_0, Q4_0, Q4_1, Q4_K,
+Q5_0, Q5_1.
 
 A packed weight multiplies x rounded to int8 per 32-block (activations.py), as
 llama.cpp's CPU path does. Each block's product is then an exact integer dot
@@ -22,38 +23,50 @@ from numba.extending import overload
 from .activations import quantize_activations
 from .common import N_CHUNKS
 from .packed_gemm import LANES, gemm_packed
-from .packed_terms import block_term, dot_offset, min_of, scale_of
-from .int8_dot import dot32_biased, dot32_high, dot32_low
+from .packed_terms import block_term, dot_offset, flat_bits, min_of, scale_of
+from .int8_dot import dot32_biased, dot32_bits, dot32_high, dot32_low
 
 GEMV_MAX_ROWS = 2  # rows of x up to which the GEMV beats laying out a group (packed_gemm)
 TILE = 8  # W rows whose dots, then terms, then sums a thread takes together
 
 
-def _row_dots(quants, weights, n, xs, x_at, width, dots, at):
+def _row_dots(quants, weights, bits, n, xs, x_at, width, dots, at):
     """dots[at + b] = the integer dot of row n's block b with x's (from xs[x_at]),
-    exact (int8_dot.py)."""
+    exact (int8_dot.py). bits: Q5_x's fifth bits, flat, or None."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
 @overload(_row_dots, inline="always")
-def _row_dots_by_kind(quants, weights, n, xs, x_at, width, dots, at):
+def _row_dots_by_kind(quants, weights, bits, n, xs, x_at, width, dots, at):
     if quants.dtype == types.int8:  # Q8_0: a row's bytes in order, read xor 128
-        def row(quants, weights, n, xs, x_at, width, dots, at):
+        def row(quants, weights, bits, n, xs, x_at, width, dots, at):
             for b in range(width >> 5):
                 dots[at + b] = dot32_biased(weights, n * width + b * 32, xs, x_at + b * 32)
-    else:  # Q4_x: byte p holds weight p (low nibble) and K/2 + p (high nibble)
-        def row(quants, weights, n, xs, x_at, width, dots, at):
+    elif isinstance(bits, types.NoneType):  # Q4_x: byte p holds weight p (low nibble)
+        def row(quants, weights, bits, n, xs, x_at, width, dots, at):  # and K/2 + p (high)
             half = width >> 1
             upper = half >> 5
             for b in range(upper):
                 dots[at + b] = dot32_low(weights, n * half + b * 32, xs, x_at + b * 32)
             for b in range(upper):
                 dots[at + upper + b] = dot32_high(weights, n * half + b * 32, xs, x_at + half + b * 32)
+    else:  # Q5_x: Q4_x's nibbles, plus 16 times the dot over the set fifth bits
+        def row(quants, weights, bits, n, xs, x_at, width, dots, at):
+            half = width >> 1
+            upper = half >> 5
+            row_bits = n * (width >> 3)  # (bytes of bits: 4 a block, in column order)
+            for b in range(upper):
+                dots[at + b] = dot32_low(weights, n * half + b * 32, xs, x_at + b * 32) \
+                    + 16 * dot32_bits(bits, row_bits + 4 * b, xs, x_at + b * 32)
+            for b in range(upper):
+                dots[at + upper + b] = \
+                    dot32_high(weights, n * half + b * 32, xs, x_at + half + b * 32) \
+                    + 16 * dot32_bits(bits, row_bits + 4 * (upper + b), xs, x_at + half + b * 32)
     return row
 
 
 @njit(parallel=True, cache=True)
-def _gemv(x, quants, scales, mins, supers, out):
+def _gemv(x, quants, scales, mins, supers, highs, out):
     """out (M, N) = round_activations(x) (M, K) @ W.T for packed W, small M. x is
     quantized to int8 blocks (activations.py); threads split W's rows into N_CHUNKS
     ranges and take them TILE at a time: first every block's integer dot (int8_dot.py),
@@ -62,14 +75,15 @@ def _gemv(x, quants, scales, mins, supers, out):
     (4 cycles each); TILE rows give the CPU TILE chains to run side by side, where
     row by row the chains were the GEMV's bound (bench/NOTES.md).
     Traffic: the packed bytes once (0.56-1.06 bytes a weight), x from L1. mins None:
-    Q8_0 (int8 quants) and Q4_0; supers given: Q4_K."""
+    Q8_0 (int8 quants), Q4_0 and Q5_0; supers given: Q4_K; highs given: Q5_x."""
     xq, dx, qsum = quantize_activations(x)
     n_rows, width = x.shape
     n_out = quants.shape[0]
     n_blocks = width >> 5
     weights = quants.reshape(-1)
     xs = xq.reshape(-1)
-    offset = dot_offset(quants, mins)
+    bits = flat_bits(highs)
+    offset = dot_offset(quants, mins, highs)
     per_chunk = -(-n_out // N_CHUNKS)
     for c in prange(N_CHUNKS):
         dots = np.zeros(TILE * n_blocks, dtype=np.int32)
@@ -79,7 +93,7 @@ def _gemv(x, quants, scales, mins, supers, out):
             rows = min(TILE, end - n0)
             for m in range(n_rows):
                 for r in range(rows):
-                    _row_dots(quants, weights, n0 + r, xs, m * width, width, dots, r * n_blocks)
+                    _row_dots(quants, weights, bits, n0 + r, xs, m * width, width, dots, r * n_blocks)
                 for r in range(rows):
                     for b in range(n_blocks):
                         dot = dots[r * n_blocks + b] - offset * qsum[m, b]
@@ -97,7 +111,7 @@ def gemv_packed(x: np.ndarray, weight) -> np.ndarray:
     """round_activations(x) (M, K), small M, @ packed weight (N, K).T -> (M, N), in
     integer block dot products."""
     out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
-    _gemv(x, weight.quants, weight.scales, weight.mins, weight.supers, out)
+    _gemv(x, weight.quants, weight.scales, weight.mins, weight.supers, weight.highs, out)
     return out
 
 
@@ -108,5 +122,6 @@ def packed_product(x: np.ndarray, weight) -> np.ndarray:
     if len(x) <= GEMV_MAX_ROWS or weight.shape[0] < LANES:
         return gemv_packed(x, weight)
     out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
-    gemm_packed(x, weight.quants, weight.scales, weight.mins, out, supers=weight.supers)
+    gemm_packed(x, weight.quants, weight.scales, weight.mins, out, supers=weight.supers,
+                highs=weight.highs)
     return out

@@ -1,0 +1,91 @@
+"""Q5_0 and Q5_1 kept packed on the CPU (model/packed.py: Q4_x's nibbles plus a plane
+of fifth bits): the layout against the `gguf` package's dequantizer bit for bit,
+and the products (the GEMV, the group GEMM in both its forms) against the NumPy
+reference and against each other's bits, on fresh random blocks."""
+import gguf
+import numpy as np
+import pytest
+from test_quantized import packed_product_bound, random_activations
+
+from tinypaged.kernels import reference
+from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed
+from tinypaged.kernels.cpu.quantized import gemv_packed, packed_product
+from tinypaged.model.ggml_quant import Q5_0, Q5_1
+from tinypaged.model.packed import PackedWeight
+
+KINDS = {"Q5_0": (Q5_0, 22, gguf.GGMLQuantizationType.Q5_0),
+         "Q5_1": (Q5_1, 24, gguf.GGMLQuantizationType.Q5_1)}
+
+
+def random_q5(rng, kind: str, n: int, k: int) -> np.ndarray:
+    """GGUF bytes of an (n, k) Q5_x matrix: random float16 scales (and mins), random
+    fifth bits and nibbles; one block with a zero scale."""
+    ggml_type, size, _ = KINDS[kind]
+    blocks = rng.integers(0, 256, (n * k // 32, size), dtype=np.uint8)
+    d = (rng.standard_normal(len(blocks)) * 0.02).astype(np.float16)
+    d[0] = 0
+    blocks[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+    if ggml_type == Q5_1:
+        blocks[:, 2:4] = (rng.standard_normal(len(blocks)) * 0.1).astype(np.float16) \
+            .view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(-1)
+
+
+def packed(rng, kind: str, n: int, k: int) -> tuple[PackedWeight, np.ndarray]:
+    raw = random_q5(rng, kind, n, k)
+    return PackedWeight.from_bytes(raw, KINDS[kind][0], (n, k)), raw
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_layout_dequantizes_as_the_gguf_package_bit_for_bit(kind):
+    rng = np.random.default_rng(21)
+    weight, raw = packed(rng, kind, 24, 512)
+    want = gguf.quants.dequantize(raw.reshape(24, -1), KINDS[kind][2])
+    assert np.array_equal(weight.dequantize(), want)
+    rows = np.array([3, 9, 1])  # (Q/K rows reordered at load; stacks take row ranges)
+    assert np.array_equal(weight.take_rows(rows).dequantize(), want[rows])
+    both = PackedWeight.concatenate([weight, weight.take_rows(rows)])
+    assert np.array_equal(both.dequantize(), np.concatenate([want, want[rows]]))
+    assert weight.nbytes == raw.nbytes  # 5.5 / 6 bits a weight, as the file
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_the_decode_gemv_equals_rounded_x_times_the_dequantized_weights(kind, rows):
+    rng = np.random.default_rng(22 + rows)
+    weight, _ = packed(rng, kind, 40, 576)
+    x = random_activations(rng, rows, 576)
+    w = weight.dequantize().astype(np.float64)
+    rounded = reference.round_activations(x).astype(np.float64)
+    got = gemv_packed(x, weight)
+    assert (np.abs(got - rounded @ w.T) <= packed_product_bound(rounded, w)).all()
+    for m in range(rows):  # a row's result does not depend on the rows beside it
+        assert np.array_equal(gemv_packed(x[m:m + 1], weight)[0], got[m])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows, n_out, width", [(5, 70, 192), (9, 16, 128), (33, 40, 640)])
+def test_every_batch_gives_a_row_the_bits_of_the_gemv(kind, rows, n_out, width):
+    """The group GEMM (both its forms: the fifth bits laid into its columns) and the
+    GEMV give a row the same bits, within the reference's bound."""
+    rng = np.random.default_rng(rows * n_out + width)
+    weight, _ = packed(rng, kind, n_out, width)
+    x = random_activations(rng, rows, width)
+    rounded = reference.round_activations(x).astype(np.float64)
+    w = weight.dequantize().astype(np.float64)
+    got = packed_product(x, weight)
+    assert (np.abs(got - rounded @ w.T) <= packed_product_bound(rounded, w) * width / 192).all()
+    alone = np.concatenate([gemv_packed(x[m:m + 1], weight) for m in range(rows)])
+    assert np.array_equal(got, alone)
+    for vnni in [False] + [True] * HAS_VNNI:
+        out = np.full((rows, n_out), np.nan, np.float32)
+        gemm_packed(x, weight.quants, weight.scales, weight.mins, out, vnni=vnni,
+                    highs=weight.highs)
+        assert np.array_equal(out, alone), vnni
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_width_of_an_odd_number_of_blocks_is_refused(kind):
+    with pytest.raises(ValueError, match=f"{kind} matrix of 96 columns cannot be kept packed"):
+        PackedWeight.from_bytes(random_q5(np.random.default_rng(0), kind, 2, 96),
+                                KINDS[kind][0], (2, 96))
