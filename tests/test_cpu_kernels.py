@@ -32,6 +32,28 @@ def test_rms_norm_rope_silu(seed):
     gate, up = rand(rng, 4, 30) * 4, rand(rng, 4, 30)
     np.testing.assert_allclose(cpu.silu_mul(gate, up), reference.silu_mul(gate, up),
                                rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(cpu.gelu_tanh_mul(gate, up), reference.gelu_tanh_mul(gate, up),
+                               rtol=RTOL, atol=ATOL)
+
+
+def test_the_activations_exp_holds_over_float32s_range():
+    """silu and GeGLU take e^x from fast_exp (a vectorisable polynomial, not libm):
+    gates from -100 to 100, where e^x under- and overflows, against float64."""
+    from tinypaged.kernels.cpu.fast_exp import exp32
+    from numba import njit
+    x = np.concatenate([np.linspace(-100, 100, 20001), [-87.3, 88.7, 0.0, -0.0, 1e-30]]) \
+        .astype(np.float32)
+    got = njit(lambda v: np.array([exp32(e) for e in v], dtype=np.float32))(x)
+    want = np.exp(np.clip(x, -87.33, 88.0).astype(np.float64))
+    assert (np.abs(got - want) <= np.spacing(want.astype(np.float32))).all()  # 1 ulp
+    gate = np.concatenate([x, -x]).reshape(2, -1)
+    up = np.ones_like(gate)
+    for op in ("silu_mul", "gelu_tanh_mul"):
+        want = getattr(reference, op)(gate.astype(np.float64), up.astype(np.float64))
+        got = getattr(cpu, op)(gate, up)
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-12)  # (tanh(u) = -1 in float64
+        # below u = -19: the reference gives 0 where the exp form gives the value, < 1e-15)
 
 
 def test_rope_tables_match_the_dense_rotation():

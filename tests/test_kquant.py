@@ -52,10 +52,15 @@ def test_dequantizing_equals_llama_cpp_bit_for_bit(name):
 
 
 def _greedy_equal_on_cpu_and_reference(path) -> None:
+    """The CPU's greedy tokens equal the reference backend's, and a batch of four (its
+    decode steps through the group GEMM, not the GEMV) gives the first prompt the same."""
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    got = LLM(path, backend="cpu").generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
+    cpu = LLM(path, backend="cpu")
+    got = cpu.generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
     want = LLM(path, backend="reference").generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
     assert got == want and len(got) == 6
+    batch = cpu.generate([[5, 9, 40], [7, 1], [3, 3, 3, 3], [11, 2, 8]], greedy)
+    assert batch[0].outputs[0].token_ids == got
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_0", "Q5_1"])
