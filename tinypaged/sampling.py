@@ -132,8 +132,9 @@ def sample_tokens(logits: np.ndarray, params: list[SamplingParams], uniforms: li
             rows[r] = adjust_logits(rows[r], p, token_ids, num_prompt)
     tokens = [0] * len(params)
     greedy = [r for r, p in enumerate(params) if p.greedy]
-    if greedy:
-        for r, token in zip(greedy, np.argmax(rows[greedy], axis=1)):
+    if greedy:  # (rows[greedy] would copy: 33 MB at 32 rows of Gemma 3's 262,144 logits)
+        best = np.argmax(rows if len(greedy) == len(rows) else rows[greedy], axis=1)
+        for r, token in zip(greedy, best):
             tokens[r] = int(token)
     drawn = [r for r, p in enumerate(params) if not p.greedy]
     if drawn:
