@@ -6,14 +6,63 @@ x is taken as d * q. The kernels then compute each block's dot product in
 integers (quantized.py, packed_gemm.py); the NumPy spec is
 reference.quantize_activations / round_activations.
 
-The rounding is done once per row of x in plain njit code (no fastmath): it must
-equal the NumPy spec bit for bit. Cost: one pass over x, microseconds.
+The rounding must equal the NumPy spec bit for bit. numba's own loops over a block
+stay scalar (32 max, multiply and convert steps, unrolled), so each block's two
+passes are written as whole vectors in LLVM IR: the largest |x| (a max is exact in
+any order) and the round-half-even of x times the inverse scale (llvm.rint, in the
+default rounding mode, as np.rint). Cost: one pass over x, ~20 us for 32 rows of
+640 values, was ~45.
 """
 import numpy as np
-from numba import float32, int32, njit
+from llvmlite import ir
+from numba import float32, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 BLOCK = 32  # activations per scale, as the weights' blocks
 _MAX_Q = float32(127.0)
+_FLOATS = ir.VectorType(ir.FloatType(), BLOCK)
+
+
+def _block_pointer(context, builder, array_type, array, offset, element):
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.bitcast(builder.gep(data, [offset]), ir.VectorType(element, BLOCK).as_pointer())
+
+
+@intrinsic
+def _block_abs_max(typingctx, x, at):
+    """max |x[at .. at + 31]| (x flat float32)."""
+    def codegen(context, builder, sig, args):
+        values = builder.load(_block_pointer(context, builder, sig.args[0], args[0], args[1],
+                                             ir.FloatType()), align=4)
+        fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_FLOATS, [_FLOATS]),
+                                              "llvm.fabs.v32f32")
+        fmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.FloatType(), [_FLOATS]),
+                                              "llvm.vector.reduce.fmax.v32f32")
+        return builder.call(fmax, [builder.call(fabs, [values])])
+    return types.float32(x, types.intp), codegen
+
+
+@intrinsic
+def _round_block(typingctx, x, at, inverse, q):
+    """q[at + j] = int8(rint(x[at + j] * inverse)) for j < 32; returns their sum."""
+    def codegen(context, builder, sig, args):
+        x_arr, at, inverse, q_arr = args
+        values = builder.load(_block_pointer(context, builder, sig.args[0], x_arr, at,
+                                             ir.FloatType()), align=4)
+        one = builder.insert_element(ir.Constant(_FLOATS, None), inverse, ir.Constant(ir.IntType(32), 0))
+        splat = builder.shuffle_vector(one, ir.Constant(_FLOATS, None),
+                                       ir.Constant(ir.VectorType(ir.IntType(32), BLOCK), [0] * BLOCK))
+        rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_FLOATS, [_FLOATS]),
+                                              "llvm.rint.v32f32")
+        rounded = builder.call(rint, [builder.fmul(values, splat)])
+        q8 = builder.fptosi(rounded, ir.VectorType(ir.IntType(8), BLOCK))
+        builder.store(q8, _block_pointer(context, builder, sig.args[3], q_arr, at, ir.IntType(8)), align=1)
+        words = ir.VectorType(ir.IntType(32), BLOCK)
+        add = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), [words]),
+                                             "llvm.vector.reduce.add.v32i32")
+        return builder.call(add, [builder.sext(q8, words)])
+    return types.int32(x, types.intp, types.float32, q), codegen
 
 
 @njit(cache=True)
@@ -27,19 +76,14 @@ def quantize_activations(x, padded_rows=0):
     q = np.zeros((rows, width), dtype=np.int8)
     d = np.zeros((rows, n_blocks), dtype=np.float32)
     qsum = np.zeros((rows, n_blocks), dtype=np.int32)
+    values = np.ascontiguousarray(x).reshape(-1)
+    codes = q.reshape(-1)
     for m in range(n_rows):
         for b in range(n_blocks):
-            k0 = b * BLOCK
-            amax = float32(0.0)
-            for k in range(k0, k0 + BLOCK):
-                amax = max(amax, abs(x[m, k]))
+            at = m * width + b * BLOCK
+            amax = _block_abs_max(values, at)
             scale = float32(amax / _MAX_Q)  # (numba divides float32s in float64: round once)
             inverse = float32(float32(1.0) / scale) if scale > 0 else float32(0.0)
-            total = int32(0)
-            for k in range(k0, k0 + BLOCK):
-                v = np.int8(np.rint(x[m, k] * inverse))  # (float32 * float32 stays float32)
-                q[m, k] = v
-                total += v
             d[m, b] = scale
-            qsum[m, b] = total
+            qsum[m, b] = _round_block(values, at, inverse, codes)
     return q, d, qsum
