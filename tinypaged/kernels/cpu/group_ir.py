@@ -154,14 +154,52 @@ def widen_chunk_float(typingctx, quants, highs, n0, p0, offset, wt):
     return types.void(quants, highs, types.intp, types.intp, types.intp, wt), codegen
 
 
-def _interleave_4(builder, columns):
-    """4 vectors of 16 bytes (columns c..c+3 of the 16 rows) -> 64 bytes, row j's four
-    at 4j .. 4j + 3: the layout vpdpbusd reads."""
-    pairs = _mask(i // 2 + (LANES if i % 2 else 0) for i in range(2 * LANES))
-    first = builder.shuffle_vector(columns[0], columns[1], pairs)  # [2j + s] = column s, row j
-    second = builder.shuffle_vector(columns[2], columns[3], pairs)
-    quads = _mask(2 * (i // 4) + (i % 4) % 2 + (2 * LANES if i % 4 >= 2 else 0) for i in range(4 * LANES))
-    return builder.shuffle_vector(first, second, quads)
+def _quads(builder, rows):
+    """16 rows of 16 bytes (as 4 int32 each) -> 4 vectors of 64 bytes, vector c holding
+    bytes 4c .. 4c + 3 of row j at 4j .. 4j + 3: the layout vpdpbusd reads. A transpose
+    of 4-byte words, not of bytes: a few word shuffles."""
+    def concat(a, b):
+        return builder.shuffle_vector(a, b, _mask(range(2 * a.type.count)))
+    fours = [concat(concat(rows[i], rows[i + 1]), concat(rows[i + 2], rows[i + 3]))
+             for i in range(0, LANES, 4)]  # fours[a] lane 4r + c: row 4a + r, word c
+    halves = [concat(fours[0], fours[1]), concat(fours[2], fours[3])]  # rows 0-7, 8-15
+    out = []
+    for c in range(4):
+        low = builder.shuffle_vector(halves[0], halves[0], _mask(4 * j + c for j in range(8)))
+        high = builder.shuffle_vector(halves[1], halves[1], _mask(4 * j + c for j in range(8)))
+        out.append(builder.bitcast(concat(low, high), _QUAD_BYTES))
+    return out
+
+
+def _group_words(context, builder, array_type, array, n0, byte0):
+    """Bytes byte0 .. byte0 + 15 of rows n0 .. n0 + 15 of a 2-D byte array, row j as 4
+    int32 words (one 16-byte load). Returns them and the row length in bytes."""
+    a = context.make_array(array_type)(context, builder, array)
+    row_bytes = builder.extract_value(a.shape, 1)
+    words = ir.VectorType(_I32, 4)
+    rows = []
+    for j in range(LANES):
+        at = builder.add(builder.mul(builder.add(n0, _index(j)), row_bytes), byte0)
+        rows.append(builder.load(builder.bitcast(builder.gep(a.data, [at]), words.as_pointer()),
+                                 align=1))
+    return rows, row_bytes
+
+
+def _row_fifth_bits(context, builder, array_type, highs, n0, column0):
+    """Q5_x's fifth bits of columns column0 .. column0 + 15 (a multiple of 16) of rows
+    n0 .. n0 + 15, row j as 16 bytes of 0 or 16 (4 int32 words), in column order."""
+    h = context.make_array(array_type)(context, builder, highs)
+    row_bytes = builder.extract_value(h.shape, 1)
+    rows = []
+    for j in range(LANES):
+        at = builder.add(builder.mul(builder.add(n0, _index(j)), row_bytes),
+                         builder.lshr(column0, _index(3)))
+        word = builder.load(builder.bitcast(builder.gep(h.data, [at]), ir.IntType(16).as_pointer()),
+                            align=1)
+        bits = builder.zext(builder.bitcast(word, ir.VectorType(ir.IntType(1), LANES)), _BYTES)
+        rows.append(builder.bitcast(builder.shl(bits, ir.Constant(_BYTES, [4] * LANES)),
+                                    ir.VectorType(_I32, 4)))
+    return rows
 
 
 @intrinsic
@@ -177,23 +215,31 @@ def widen_chunk_bytes(typingctx, quants, highs, n0, p0, wb):
 
     def codegen(context, builder, sig, args):
         q_arr, h_arr, n0, p0, wb_arr = args
-        columns, row_bytes = _group_columns(context, builder, sig.args[0], q_arr, n0, p0)
+        rows, row_bytes = _group_words(context, builder, sig.args[0], q_arr, n0, p0)
+        quads = _quads(builder, rows)  # quads[c]: bytes p0 + 4c .. + 3 of the 16 rows
 
         def store(chunk, first_column):  # 4 columns from first_column (a multiple of 4)
             at = builder.mul(first_column, _index(LANES))  # (4 columns x 16 rows = 64 bytes)
-            builder.store(_interleave_4(builder, chunk),
-                          _pointer(context, builder, sig.args[4], wb_arr, at, _QUAD_BYTES), align=1)
+            builder.store(chunk, _pointer(context, builder, sig.args[4], wb_arr, at, _QUAD_BYTES),
+                          align=1)
+
+        def splat(value):
+            return ir.Constant(_QUAD_BYTES, [value] * 4 * LANES)
         if signed:
-            bias = ir.Constant(_BYTES, [128] * LANES)
-            for c in range(0, LANES, 4):
-                store([builder.xor(col, bias) for col in columns[c:c + 4]], builder.add(p0, _index(c)))
+            for c, quad in enumerate(quads):
+                store(builder.xor(quad, splat(128)), builder.add(p0, _index(4 * c)))
             return context.get_dummy_value()
-        halves = _with_fifth_bits(context, builder, sig.args[1], h_arr, n0, p0, row_bytes,
-                                  [_nibbles(builder, column) for column in columns])
-        for c in range(0, LANES, 4):
-            at = builder.add(p0, _index(c))
-            store([low for low, _ in halves[c:c + 4]], at)
-            store([high for _, high in halves[c:c + 4]], builder.add(at, row_bytes))
+        low = [builder.and_(quad, splat(15)) for quad in quads]
+        high = [builder.lshr(quad, splat(4)) for quad in quads]
+        if not isinstance(sig.args[1], types.NoneType):  # Q5_x: + 16 * the fifth bit
+            for half, column0 in ((low, p0), (high, builder.add(p0, row_bytes))):
+                bits = _quads(builder, _row_fifth_bits(context, builder, sig.args[1], h_arr, n0,
+                                                       column0))
+                half[:] = [builder.or_(v, b) for v, b in zip(half, bits)]
+        for c in range(4):
+            at = builder.add(p0, _index(4 * c))
+            store(low[c], at)
+            store(high[c], builder.add(at, row_bytes))
         return context.get_dummy_value()
     return types.void(quants, highs, types.intp, types.intp, wb), codegen
 
