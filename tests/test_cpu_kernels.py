@@ -96,6 +96,21 @@ def test_paged_attention_decode_and_prefill(block_size, n_heads, n_kv, window, s
                                rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("context_lens", [[33], [17, 40], [5, 1, 64]])
+@pytest.mark.parametrize("n_heads, n_kv", [(4, 2), (9, 3), (6, 1)])
+def test_paged_attention_of_a_few_decode_tokens(context_lens, n_heads, n_kv):
+    """Contexts that start, end and cross KV blocks (the kernel takes a block's
+    positions at a time), with and without a window."""
+    rng = np.random.default_rng(len(context_lens) * 10 + n_kv)
+    k_cache, v_cache, meta = random_paged_batch(rng, 16, n_kv, 8, context_lens,
+                                                [1] * len(context_lens))
+    q = rand(rng, meta.num_tokens, n_heads, 8)
+    for window in (None, 7):
+        args = (q, k_cache, v_cache, meta, window)
+        np.testing.assert_allclose(cpu.paged_attention(*args), reference.paged_attention(*args),
+                                   rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("window", [1, 3, 10])
 def test_paged_attention_reference_masks_a_window_as_dense_attention_does(window):
     rng = np.random.default_rng(window)

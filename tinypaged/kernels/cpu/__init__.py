@@ -4,7 +4,7 @@ from ..reference import (add, copy_blocks, default_kv_memory, embedding, gather_
                          logits_for_sampling, memory_available, prepare_inputs, rope_tables,
                          to_host, use_in_this_thread)
 from .attention import paged_attention
-from .cache_ops import allocate_kv, write_kv
+from .cache_ops import allocate_kv, rope_write_kv, write_kv
 from .elementwise import add_rms_norm, gelu_tanh_mul, rms_norm, rope, silu_mul
 from .linear import linear, prepare_linear_weights
 from .stacks import stack_layer_matrices, stacked_linear
@@ -14,12 +14,6 @@ __all__ = ["name", "use_in_this_thread", "default_kv_memory", "memory_available"
            "prepare_inputs", "to_host", "logits_for_sampling", "rope_tables", "embedding", "add_rms_norm", "rms_norm", "linear",
            "qkv_proj", "gate_up_silu", "rope_write_kv", "paged_attention", "silu_mul",
            "gather_rows", "copy_blocks", "write_kv", "rope", "scale", "add", "gate_up_gelu", "softcap"]
-
-
-def rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping):
-    """Rotate q and k, store k and v at their slots; returns the rotated q."""
-    write_kv(k_cache, v_cache, rope(k, positions, cos_table, sin_table), v, slot_mapping)
-    return rope(q, positions, cos_table, sin_table)
 
 
 def prepare_weights(weights: dict) -> dict:

@@ -8,6 +8,7 @@ import numpy as np
 from numba import njit
 
 from .common import kv_narrow
+from .elementwise import rope_row
 
 
 def allocate_kv(shape: tuple[int, ...], dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
@@ -31,3 +32,35 @@ def _write_kv(k_cache, v_cache, k, v, slot_mapping):
 def write_kv(k_cache, v_cache, k, v, slot_mapping):
     """Store k, v (T, n_kv, D) at pool slots slot_mapping (T,)."""
     _write_kv(k_cache, v_cache, k, v, slot_mapping)
+
+
+@njit(fastmath=True, cache=True)
+def _rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping,
+                   q_out):
+    """q_out = rope(q); k rotated and v stored at their slots, in one pass (no rotated
+    k array in between): at decode, three calls and two allocations were ~3/4 of the
+    op's 9 us."""
+    block_size, n_kv = k_cache.shape[1], k_cache.shape[2]
+    for t in range(len(slot_mapping)):
+        p = positions[t]
+        for h in range(q.shape[1]):
+            rope_row(q[t, h], cos_table[p], sin_table[p], q_out[t, h])
+        block, offset = slot_mapping[t] // block_size, slot_mapping[t] % block_size
+        for h in range(n_kv):
+            k_row, v_row = k_cache[block, offset, h], v_cache[block, offset, h]
+            half = k.shape[2] // 2
+            for i in range(half):
+                a, b = k[t, h, i], k[t, h, i + half]
+                c, s = cos_table[p, i], sin_table[p, i]
+                k_row[i] = kv_narrow(a * c - b * s, k_cache)
+                k_row[i + half] = kv_narrow(b * c + a * s, k_cache)
+            for d in range(k.shape[2]):
+                v_row[d] = kv_narrow(v[t, h, d], v_cache)
+
+
+def rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping):
+    """Rotate q (T, n_heads, D) and k (T, n_kv, D), store k and v at their slots;
+    returns the rotated q (reference.rope_write_kv)."""
+    q_out = np.empty_like(q)
+    _rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping, q_out)
+    return q_out

@@ -53,18 +53,22 @@ def add_rms_norm(x, residual, weight, eps):
     return out, residual
 
 
+@njit(fastmath=True, inline="always")
+def rope_row(x, cos, sin, out):
+    """One head's row x (D,) rotated by a position's cos, sin (D/2,) into out."""
+    half = x.shape[0] // 2
+    for i in range(half):
+        a, b = x[i], x[i + half]
+        out[i] = a * cos[i] - b * sin[i]  # rotate-half: pair (i, i + D/2)
+        out[i + half] = b * cos[i] + a * sin[i]
+
+
 @njit(fastmath=True, cache=True)
 def _rope(x, positions, cos_table, sin_table, out):
-    n_tokens, n_heads, head_dim = x.shape
-    half = head_dim // 2
-    for t in range(n_tokens):
+    for t in range(x.shape[0]):
         p = positions[t]
-        for h in range(n_heads):
-            for i in range(half):
-                a, b = x[t, h, i], x[t, h, i + half]
-                c, s = cos_table[p, i], sin_table[p, i]
-                out[t, h, i] = a * c - b * s  # rotate-half: pair (i, i + D/2)
-                out[t, h, i + half] = b * c + a * s
+        for h in range(x.shape[1]):
+            rope_row(x[t, h], cos_table[p], sin_table[p], out[t, h])
 
 
 def rope(x, positions, cos_table, sin_table):
