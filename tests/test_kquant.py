@@ -111,3 +111,31 @@ def test_the_cuda_backend_holds_a_q4_k_matrix_as_q8_0_until_it_has_kernels_for_i
     got = llm.generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
     want = LLM(path, backend="reference").generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
     assert got == want
+
+
+LIES = {"its type Q6_K (longer blocks)": ("type", 14), "its type Q5_0 (shorter)": ("type", 6),
+        "its type Q5_K": ("type", 13), "384 columns (not whole super-blocks)": ("columns", 384),
+        "512 rows": ("rows", 512)}
+
+
+@pytest.mark.parametrize("lie", LIES)
+def test_a_k_quant_header_that_lies_is_one_clear_line(tmp_path, lie):
+    """A Q4_K tensor whose header says another type or shape: the data would be read
+    as something it is not (tensors overlap, or leave a gap), so the file is refused
+    with one line that names it, as llama.cpp refuses it; never garbage logits."""
+    path = tmp_path / "ok.gguf"
+    write_tiny_llama_gguf(path, ffn_up_type=gw.RAW_TYPES["Q4_K"], hidden=256, intermediate=256)
+    data = bytearray(path.read_bytes())
+    name = b"blk.0.ffn_up.weight"
+    dims_at = data.find(name) + len(name) + 4  # (after the name: n_dims u32, dims u64s, type u32)
+    field, value = LIES[lie]
+    at = {"columns": dims_at, "rows": dims_at + 8, "type": dims_at + 16}[field]
+    data[at:at + (4 if field == "type" else 8)] = value.to_bytes(4 if field == "type" else 8, "little")
+    broken = tmp_path / "lying.gguf"
+    broken.write_bytes(bytes(data))
+    with pytest.raises(ValueError) as refused:
+        load_gguf_model(broken)
+    message = str(refused.value)
+    assert str(broken) in message and "blk.0.ffn_" in message and "\n" not in message
+    if field == "type":
+        assert "type or shape" in message

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ggml_quant import GGML_TYPE_NAMES, dequantize, tensor_nbytes
+from .ggml_quant import BLOCK_LAYOUT, GGML_TYPE_NAMES, dequantize, tensor_nbytes
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -121,8 +121,17 @@ class GGUFFile:
             raise ValueError(f"{self.path}: corrupt GGUF header (general.alignment={alignment})")
         data_start = -(-cur.pos // alignment) * alignment
         self.tensors: dict[str, GGUFTensorInfo] = {}
+        expected = 0  # where the tensor's data must start: the ones before it, each aligned
         for name, shape, ggml_type, rel_offset in raw_infos:
             nbytes = self._checked(lambda: tensor_nbytes(ggml_type, shape, name))
+            if expected is not None and rel_offset != expected:  # (as llama.cpp checks: a
+                raise ValueError(  # lying type or shape shows here)
+                    f"{self.path}: tensor {name!r} starts at data offset {rel_offset}, but the "
+                    f"tensors before it end at {expected}: the header's type or shape of it or "
+                    f"of one before it is wrong")
+            # after a type we cannot size (refused by name if it is loaded), no more checks
+            expected = -(-(rel_offset + nbytes) // alignment) * alignment \
+                if expected is not None and ggml_type in BLOCK_LAYOUT else None
             info = GGUFTensorInfo(name, shape, ggml_type, data_start + rel_offset, nbytes)
             if info.offset + nbytes > len(self._buf):
                 raise ValueError(f"{self.path}: truncated GGUF file: tensor {name!r} needs bytes "
