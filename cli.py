@@ -56,7 +56,11 @@ def collect_prompts(args) -> list[str]:
 def print_stats(stats: dict) -> None:
     print()
     for key, value in stats.items():
-        print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+        if isinstance(value, dict):  # (the requantized matrices: how many, of which kinds)
+            kinds = sorted(set(value.values()))
+            print(f"{key}: {len(value)} matrices" + (f" ({', '.join(kinds)})" if kinds else ""))
+        else:
+            print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
 
 
 def cmd_generate(args) -> None:

@@ -94,6 +94,9 @@ def test_a_k_quant_matrix_is_requantized_to_q8_0_and_runs(tmp_path, name):
     error = np.abs(up.dequantize() - on_file).reshape(-1, 32)
     assert (error <= (step * 0.5 + 127 * scale_error)[:, None] + 1e-9).all() and error.max() > 0
     _greedy_equal_on_cpu_and_reference(path)
+    stats = LLM(path, backend="cpu").stats()  # each layer's up_proj, named with the file's kind
+    assert stats["requantized"] == {f"model.layers.{i}.mlp.up_proj.weight": f"{name} -> Q8_0"
+                                    for i in range(2)}
 
 
 @pytest.mark.cuda

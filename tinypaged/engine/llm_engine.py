@@ -8,7 +8,7 @@ from ..config import EngineConfig
 from ..kernels import get_backend
 from ..logprobs import token_logprobs
 from ..model.llama import LlamaModel, PagedKVCache
-from ..model.ggml_quant import Q4_0, Q4_1, Q8_0
+from ..model.ggml_quant import GGML_TYPE_NAMES, Q4_0, Q4_1, Q8_0
 from ..model.packed import quantize_matrices
 from ..model.weights import load_model
 from ..outputs import KV_CACHE_FULL, RequestOutput, TokenLogprobs
@@ -50,6 +50,10 @@ class LLMEngine:
     def __init__(self, model_dir: str | os.PathLike, config: EngineConfig):
         self.config = config
         self.model_config, weights = load_model(model_dir)
+        # what loading rounded to another kind than the file's: name -> "Q6_K -> Q8_0"
+        self.requantized = {name: f"{GGML_TYPE_NAMES[w.requantized_from]} -> {w.type_name}"
+                            for name, w in weights.items()
+                            if getattr(w, "requantized_from", None) is not None}
         if config.quantization:
             weights = quantize_matrices(weights, QUANTIZATION_TYPES[config.quantization])
         self.tokenizer = Tokenizer(model_dir)
@@ -339,6 +343,8 @@ class LLMEngine:
 
     def stats(self) -> dict:
         """Pool, cache and token figures (EngineStats), with the bytes of the pool and
-        of the weights (as the backend holds them), and the preemptions so far."""
+        of the weights (as the backend holds them), the matrices loading requantized
+        (the file's kinds without a kernel of their own), and the preemptions so far."""
         return {**self.statistics.as_dict(), "kv_cache_bytes": self.runner.kv.nbytes,
-                "weight_bytes": self.weight_bytes, "preemptions": self.scheduler.num_preemptions}
+                "weight_bytes": self.weight_bytes, "requantized": dict(self.requantized),
+                "preemptions": self.scheduler.num_preemptions}

@@ -67,6 +67,7 @@ def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
             w = PackedWeight.from_bytes(gguf.raw(name), info.ggml_type, info.shape)
         elif len(info.shape) == 2 and info.ggml_type in REQUANTIZED:  # rows of 32k: whole Q8_0
             w = PackedWeight.quantize(gguf.load(name), Q8_0)  # blocks; our kernels read Q8_0
+            w.requantized_from = info.ggml_type
         else:  # float32 (a copy: an F32 tensor would be a view of the file); an
             w = np.array(gguf.load(name), dtype=np.float32)  # unsupported type is named here
         suffix = name.split(".", 2)[-1]

@@ -42,7 +42,8 @@ _OFFSET = {Q4_0: 8, Q5_0: 16}  # what the kinds without mins subtract from q
 
 
 class PackedWeight:
-    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "supers", "highs", "stack")
+    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "supers", "highs", "stack",
+                 "requantized_from")
 
     def __init__(self, ggml_type: int, shape: tuple[int, int], quants: np.ndarray,
                  scales: np.ndarray, mins: np.ndarray | None = None,
@@ -50,6 +51,7 @@ class PackedWeight:
         self.ggml_type, self.shape = ggml_type, (int(shape[0]), int(shape[1]))
         self.quants, self.scales, self.mins, self.supers = quants, scales, mins, supers
         self.highs = highs
+        self.requantized_from = None  # the file's kind when loading rounded it to this one
         self.stack = None  # (a matrix stacking this one's rows with others', (start, stop)): kernels/cpu/stacks.py
 
     @staticmethod
@@ -65,8 +67,10 @@ class PackedWeight:
 
     def with_rows(self, pick, rows: int) -> "PackedWeight":
         """The same kind with pick(array) of each array (a selection of `rows` rows)."""
-        return PackedWeight(self.ggml_type, (rows, self.shape[1]),
-                            *(None if a is None else pick(a) for a in self.arrays()))
+        picked = PackedWeight(self.ggml_type, (rows, self.shape[1]),
+                              *(None if a is None else pick(a) for a in self.arrays()))
+        picked.requantized_from = self.requantized_from
+        return picked
 
     @classmethod
     def concatenate(cls, parts: list) -> "PackedWeight":
