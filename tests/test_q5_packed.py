@@ -5,7 +5,7 @@ reference and against each other's bits, on fresh random blocks."""
 import gguf
 import numpy as np
 import pytest
-from test_quantized import packed_product_bound, random_activations
+from test_quantized import check_decode_gemv, packed_product_bound, random_activations
 
 from tinypaged.kernels import reference
 from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed
@@ -55,12 +55,7 @@ def test_the_decode_gemv_equals_rounded_x_times_the_dequantized_weights(kind, ro
     rng = np.random.default_rng(22 + rows)
     weight, _ = packed(rng, kind, 40, 576)
     x = random_activations(rng, rows, 576)
-    w = weight.dequantize().astype(np.float64)
-    rounded = reference.round_activations(x).astype(np.float64)
-    got = gemv_packed(x, weight)
-    assert (np.abs(got - rounded @ w.T) <= packed_product_bound(rounded, w)).all()
-    for m in range(rows):  # a row's result does not depend on the rows beside it
-        assert np.array_equal(gemv_packed(x[m:m + 1], weight)[0], got[m])
+    check_decode_gemv(weight, x)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -97,6 +97,19 @@ def packed_product_bound(x, w):
     return 1e-5 * (np.abs(x) @ np.abs(w).T) + 1e-6
 
 
+def check_decode_gemv(weight, x) -> np.ndarray:
+    """The GEMV of x (M, K) against the float64 product of the rounded x and the
+    dequantized weight, and each row alone against the batch: returns the product.
+    (Every packed kind's tests call it.)"""
+    w = weight.dequantize().astype(np.float64)
+    rounded = reference.round_activations(x).astype(np.float64)
+    got = gemv_packed(x, weight)
+    assert (np.abs(got - rounded @ w.T) <= packed_product_bound(rounded, w)).all()
+    for m in range(len(x)):  # a row's result does not depend on the rows beside it
+        assert np.array_equal(gemv_packed(x[m:m + 1], weight)[0], got[m])
+    return got
+
+
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("rows", [1, 3, 4])
 def test_the_decode_gemv_equals_rounded_x_times_the_dequantized_weights(name, rows):
@@ -104,16 +117,12 @@ def test_the_decode_gemv_equals_rounded_x_times_the_dequantized_weights(name, ro
     rng = np.random.default_rng(4 + rows)
     weight = PackedWeight.quantize(random_matrix(rng, 70, 192), TYPES[name])
     x = random_activations(rng, rows, 192)
-    w = weight.dequantize().astype(np.float64)
-    rounded = reference.round_activations(x).astype(np.float64)
-    got = gemv_packed(x, weight)
-    assert (np.abs(got - rounded @ w.T) <= packed_product_bound(rounded, w)).all()
+    got = check_decode_gemv(weight, x)
     # the stated cost of rounding x: at most half a step per value, times |W|
+    w = weight.dequantize().astype(np.float64)
     half_step = np.repeat(reference.quantize_activations(x)[1], 32, axis=1) / 2
     exact = x.astype(np.float64) @ w.T
     assert (np.abs(got - exact) <= half_step @ np.abs(w).T + packed_product_bound(x, w)).all()
-    for m in range(rows):  # a row's result does not depend on the rows beside it
-        assert np.array_equal(gemv_packed(x[m:m + 1], weight)[0], got[m])
 
 
 @pytest.mark.parametrize("name", TYPES)

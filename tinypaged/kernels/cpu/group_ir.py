@@ -83,20 +83,9 @@ def _group_columns(context, builder, array_type, quants, n0, p0):
 
 
 def _fifth_bits(context, builder, array_type, highs, n0, column0):
-    """Q5_x's fifth bits of columns column0 .. column0 + 15 (a multiple of 16) of rows
-    n0 .. n0 + 15, as 16 column vectors of bytes 0 or 16 (the bit's weight in q)."""
-    h = context.make_array(array_type)(context, builder, highs)
-    row_bytes = builder.extract_value(h.shape, 1)
-    sixteen = ir.Constant(_BYTES, [4] * LANES)
-    rows = []
-    for j in range(LANES):
-        at = builder.add(builder.mul(builder.add(n0, _index(j)), row_bytes),
-                         builder.lshr(column0, _index(3)))
-        word = builder.load(builder.bitcast(builder.gep(h.data, [at]), ir.IntType(16).as_pointer()),
-                            align=1)
-        bits = builder.zext(builder.bitcast(word, ir.VectorType(ir.IntType(1), LANES)), _BYTES)
-        rows.append(builder.shl(bits, sixteen))
-    return _transpose_16x16(builder, rows)
+    """_row_fifth_bits as 16 column vectors of bytes (the float form's layout)."""
+    return _transpose_16x16(builder, _row_fifth_bits(context, builder, array_type, highs, n0,
+                                                     column0))
 
 
 def _with_fifth_bits(context, builder, sig_highs, highs, n0, p0, row_bytes, halves):
@@ -187,7 +176,7 @@ def _group_words(context, builder, array_type, array, n0, byte0):
 
 def _row_fifth_bits(context, builder, array_type, highs, n0, column0):
     """Q5_x's fifth bits of columns column0 .. column0 + 15 (a multiple of 16) of rows
-    n0 .. n0 + 15, row j as 16 bytes of 0 or 16 (4 int32 words), in column order."""
+    n0 .. n0 + 15, row j as 16 bytes of 0 or 16 (the bit's weight in q), column order."""
     h = context.make_array(array_type)(context, builder, highs)
     row_bytes = builder.extract_value(h.shape, 1)
     rows = []
@@ -197,8 +186,7 @@ def _row_fifth_bits(context, builder, array_type, highs, n0, column0):
         word = builder.load(builder.bitcast(builder.gep(h.data, [at]), ir.IntType(16).as_pointer()),
                             align=1)
         bits = builder.zext(builder.bitcast(word, ir.VectorType(ir.IntType(1), LANES)), _BYTES)
-        rows.append(builder.bitcast(builder.shl(bits, ir.Constant(_BYTES, [4] * LANES)),
-                                    ir.VectorType(_I32, 4)))
+        rows.append(builder.shl(bits, ir.Constant(_BYTES, [4] * LANES)))
     return rows
 
 
@@ -233,8 +221,8 @@ def widen_chunk_bytes(typingctx, quants, highs, n0, p0, wb):
         high = [builder.lshr(quad, splat(4)) for quad in quads]
         if not isinstance(sig.args[1], types.NoneType):  # Q5_x: + 16 * the fifth bit
             for half, column0 in ((low, p0), (high, builder.add(p0, row_bytes))):
-                bits = _quads(builder, _row_fifth_bits(context, builder, sig.args[1], h_arr, n0,
-                                                       column0))
+                rows = _row_fifth_bits(context, builder, sig.args[1], h_arr, n0, column0)
+                bits = _quads(builder, [builder.bitcast(r, ir.VectorType(_I32, 4)) for r in rows])
                 half[:] = [builder.or_(v, b) for v, b in zip(half, bits)]
         for c in range(4):
             at = builder.add(p0, _index(4 * c))
