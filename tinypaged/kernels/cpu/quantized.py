@@ -9,7 +9,7 @@ result of a request never depends on the batch it ran in.
 
 Decode (M <= GEMV_MAX_ROWS rows of x) is bound by the bytes of weights read: the
 GEMV here streams each packed row once (1.06 bytes per weight for Q8_0, 0.56-0.63
-for Q4_x, against 2 for float16) and takes each block's dot product in integers
+for Q4_x, 0.69-0.75 for Q5_x, against 2 for float16) and takes each block's dot product in integers
 (int8_dot.py: vpdpbusd here), nothing widened: 2-2.7x faster than widening each
 row to float32 first, which was arithmetic-bound at batch 1 (bench/NOTES.md).
 
