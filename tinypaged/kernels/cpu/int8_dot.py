@@ -16,9 +16,9 @@ u is an unsigned byte taken from q[qoff + j]:
                                        q . x = dot32_biased - 128 * sum(x))
 The unsigned-times-signed form is the one the dot-product instructions take.
 
-dot32_bits returns sum over j < 32 of bit j * x[xoff + j], the bits being the 4
-bytes at q[qoff] little-endian (Q5_x's fifth bits: model/packed.py): the bits
-become bytes of 0 or 1 (a mask move on AVX-512) for the same multiply-add.
+dot32_low5 and dot32_high5 take Q5_x's fifth bits too, (q, qoff, bits, boff, x,
+xoff): u = the nibble + 16 * bit j of the 4 bytes at bits[boff] (little-endian;
+model/packed.py), so a Q5 block costs one multiply-add and one sum, as a Q4 block.
 """
 from llvmlite import ir
 from numba import types
@@ -61,28 +61,35 @@ def _splat(value: int) -> ir.Constant:
     return ir.Constant(_BYTES, [value] * 32)
 
 
+def _block_dot_with_bits(nibble):
+    """An intrinsic (q, qoff, bits, boff, x, xoff) -> int32: nibble(q) + 16 * bit."""
+    def typer(typingctx, q, qoff, bits, boff, x, xoff):
+        if not (isinstance(q, types.Array) and q.layout == "C" and q.dtype == types.uint8
+                and isinstance(bits, types.Array) and bits.layout == "C" and bits.dtype == types.uint8
+                and isinstance(x, types.Array) and x.layout == "C" and x.dtype == types.int8):
+            return None
+        signature = types.int32(q, types.intp, bits, types.intp, x, types.intp)
+
+        def codegen(context, builder, sig, args):
+            q_arr, q_off, b_arr, b_off, x_arr, x_off = args
+            qv = builder.load(_address(context, builder, sig.args[0], q_arr, q_off), align=1)
+            data = context.make_array(sig.args[2])(context, builder, b_arr).data
+            word = builder.load(builder.bitcast(builder.gep(data, [b_off]),
+                                                ir.IntType(32).as_pointer()), align=1)
+            fifth = builder.shl(builder.zext(builder.bitcast(word, ir.VectorType(ir.IntType(1), 32)),
+                                             _BYTES), _splat(4))
+            unsigned = builder.or_(nibble(builder, qv), fifth)
+            xv = builder.load(_address(context, builder, sig.args[4], x_arr, x_off), align=1)
+            products = builder.mul(builder.zext(unsigned, _WORDS), builder.sext(xv, _WORDS))
+            reduce_add = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.IntType(32), [_WORDS]), "llvm.vector.reduce.add.v32i32")
+            return builder.call(reduce_add, [products])
+        return signature, codegen
+    return intrinsic(typer)
+
+
 dot32_low = _block_dot(lambda builder, q: builder.and_(q, _splat(15)))
 dot32_high = _block_dot(lambda builder, q: builder.lshr(q, _splat(4)))
 dot32_biased = _block_dot(lambda builder, q: builder.xor(q, _splat(128)))
-
-
-@intrinsic
-def dot32_bits(typingctx, bits, boff, x, xoff):
-    """(bits, boff, x, xoff) -> int32: see the module docstring."""
-    if not (isinstance(bits, types.Array) and bits.layout == "C" and bits.dtype == types.uint8
-            and isinstance(x, types.Array) and x.layout == "C" and x.dtype == types.int8):
-        return None
-    signature = types.int32(bits, types.intp, x, types.intp)
-
-    def codegen(context, builder, sig, args):
-        b_arr, b_off, x_arr, x_off = args
-        data = context.make_array(sig.args[0])(context, builder, b_arr).data
-        word = builder.load(builder.bitcast(builder.gep(data, [b_off]), ir.IntType(32).as_pointer()),
-                            align=1)
-        mask = builder.bitcast(word, ir.VectorType(ir.IntType(1), 32))
-        xv = builder.load(_address(context, builder, sig.args[2], x_arr, x_off), align=1)
-        products = builder.mul(builder.zext(mask, _WORDS), builder.sext(xv, _WORDS))
-        reduce_add = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.IntType(32), [_WORDS]), "llvm.vector.reduce.add.v32i32")
-        return builder.call(reduce_add, [products])
-    return signature, codegen
+dot32_low5 = _block_dot_with_bits(lambda builder, q: builder.and_(q, _splat(15)))
+dot32_high5 = _block_dot_with_bits(lambda builder, q: builder.lshr(q, _splat(4)))

@@ -24,7 +24,7 @@ from .activations import quantize_activations
 from .common import N_CHUNKS
 from .packed_gemm import LANES, gemm_packed
 from .packed_terms import block_term, dot_offset, flat_bits, min_of, scale_of
-from .int8_dot import dot32_biased, dot32_bits, dot32_high, dot32_low
+from .int8_dot import dot32_biased, dot32_high, dot32_high5, dot32_low, dot32_low5
 
 GEMV_MAX_ROWS = 2  # rows of x up to which the GEMV beats laying out a group (packed_gemm)
 TILE = 8  # W rows whose dots, then terms, then sums a thread takes together
@@ -50,18 +50,17 @@ def _row_dots_by_kind(quants, weights, bits, n, xs, x_at, width, dots, at):
                 dots[at + b] = dot32_low(weights, n * half + b * 32, xs, x_at + b * 32)
             for b in range(upper):
                 dots[at + upper + b] = dot32_high(weights, n * half + b * 32, xs, x_at + half + b * 32)
-    else:  # Q5_x: Q4_x's nibbles, plus 16 times the dot over the set fifth bits
+    else:  # Q5_x: Q4_x's nibbles with the fifth bits (4 bytes a block, column order) added
         def row(quants, weights, bits, n, xs, x_at, width, dots, at):
             half = width >> 1
             upper = half >> 5
-            row_bits = n * (width >> 3)  # (bytes of bits: 4 a block, in column order)
+            row_bits = n * (width >> 3)
             for b in range(upper):
-                dots[at + b] = dot32_low(weights, n * half + b * 32, xs, x_at + b * 32) \
-                    + 16 * dot32_bits(bits, row_bits + 4 * b, xs, x_at + b * 32)
+                dots[at + b] = dot32_low5(weights, n * half + b * 32, bits, row_bits + 4 * b,
+                                          xs, x_at + b * 32)
             for b in range(upper):
-                dots[at + upper + b] = \
-                    dot32_high(weights, n * half + b * 32, xs, x_at + half + b * 32) \
-                    + 16 * dot32_bits(bits, row_bits + 4 * (upper + b), xs, x_at + half + b * 32)
+                dots[at + upper + b] = dot32_high5(weights, n * half + b * 32, bits,
+                                                   row_bits + 4 * (upper + b), xs, x_at + half + b * 32)
     return row
 
 
