@@ -47,13 +47,8 @@ def _rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, s
             rope_row(q[t, h], cos_table[p], sin_table[p], q_out[t, h])
         block, offset = slot_mapping[t] // block_size, slot_mapping[t] % block_size
         for h in range(n_kv):
-            k_row, v_row = k_cache[block, offset, h], v_cache[block, offset, h]
-            half = k.shape[2] // 2
-            for i in range(half):
-                a, b = k[t, h, i], k[t, h, i + half]
-                c, s = cos_table[p, i], sin_table[p, i]
-                k_row[i] = kv_narrow(a * c - b * s, k_cache)
-                k_row[i + half] = kv_narrow(b * c + a * s, k_cache)
+            rope_row(k[t, h], cos_table[p], sin_table[p], k_cache[block, offset, h])
+            v_row = v_cache[block, offset, h]
             for d in range(k.shape[2]):
                 v_row[d] = kv_narrow(v[t, h, d], v_cache)
 

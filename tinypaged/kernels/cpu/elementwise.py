@@ -6,6 +6,7 @@ These are O(T * H) and memory-light next to the matmuls; they run single-threade
 import numpy as np
 from numba import float32, njit
 
+from .common import kv_narrow
 from .fast_exp import exp32
 
 
@@ -55,12 +56,13 @@ def add_rms_norm(x, residual, weight, eps):
 
 @njit(fastmath=True, inline="always")
 def rope_row(x, cos, sin, out):
-    """One head's row x (D,) rotated by a position's cos, sin (D/2,) into out."""
+    """One head's row x (D,) rotated by a position's cos, sin (D/2,) into out (a row of
+    float32, or of a float16 KV pool's bits: kv_narrow rounds for it)."""
     half = x.shape[0] // 2
     for i in range(half):
         a, b = x[i], x[i + half]
-        out[i] = a * cos[i] - b * sin[i]  # rotate-half: pair (i, i + D/2)
-        out[i + half] = b * cos[i] + a * sin[i]
+        out[i] = kv_narrow(a * cos[i] - b * sin[i], out)  # rotate-half: pair (i, i + D/2)
+        out[i + half] = kv_narrow(b * cos[i] + a * sin[i], out)
 
 
 @njit(fastmath=True, cache=True)

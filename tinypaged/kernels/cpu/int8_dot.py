@@ -35,6 +35,14 @@ def _address(context, builder, array_type, array, offset):
     return builder.bitcast(builder.gep(data, [offset]), _BYTES.as_pointer())
 
 
+def _dot(builder, unsigned, signed):
+    """sum over j < 32 of unsigned[j] * signed[j] (two vectors of 32 bytes), int32."""
+    products = builder.mul(builder.zext(unsigned, _WORDS), builder.sext(signed, _WORDS))
+    reduce_add = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.IntType(32), [_WORDS]), "llvm.vector.reduce.add.v32i32")
+    return builder.call(reduce_add, [products])
+
+
 def _block_dot(unsigned_bytes):
     """An intrinsic (q, qoff, x, xoff) -> int32 for one way of reading q's bytes."""
     def typer(typingctx, q, qoff, x, xoff):
@@ -47,12 +55,7 @@ def _block_dot(unsigned_bytes):
             q_arr, q_off, x_arr, x_off = args
             qv = builder.load(_address(context, builder, sig.args[0], q_arr, q_off), align=1)
             xv = builder.load(_address(context, builder, sig.args[2], x_arr, x_off), align=1)
-            products = builder.mul(builder.zext(unsigned_bytes(builder, qv), _WORDS),
-                                   builder.sext(xv, _WORDS))
-            reduce_add = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.IntType(32), [_WORDS]),
-                "llvm.vector.reduce.add.v32i32")
-            return builder.call(reduce_add, [products])
+            return _dot(builder, unsigned_bytes(builder, qv), xv)
         return signature, codegen
     return intrinsic(typer)
 
@@ -80,10 +83,7 @@ def _block_dot_with_bits(nibble):
                                              _BYTES), _splat(4))
             unsigned = builder.or_(nibble(builder, qv), fifth)
             xv = builder.load(_address(context, builder, sig.args[4], x_arr, x_off), align=1)
-            products = builder.mul(builder.zext(unsigned, _WORDS), builder.sext(xv, _WORDS))
-            reduce_add = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.IntType(32), [_WORDS]), "llvm.vector.reduce.add.v32i32")
-            return builder.call(reduce_add, [products])
+            return _dot(builder, unsigned, xv)
         return signature, codegen
     return intrinsic(typer)
 
