@@ -35,8 +35,8 @@ def test_tokenization_equals_transformers_on_mixed_text(gemma3_gguf):
 
 def test_perplexity_is_within_two_percent_of_transformers_float32(gemma3_llm):
     """transformers runs the file dequantized in float32; tinypaged keeps its Q4_K,
-    Q5_0 and Q8_0 matrices packed (Q6_K requantized to Q8_0) and rounds x to int8
-    blocks for them (10.435 against 10.410 when Q5_0 became packed)."""
+    Q5_0, Q6_K and Q8_0 matrices packed and rounds x to int8 blocks for them (10.435
+    against 10.410 when Q5_0 became packed)."""
     ours = engine_perplexity(gemma3_llm, FIGURES["prose_ids"])
     assert ours == pytest.approx(FIGURES["prose_perplexity_transformers_float32"], rel=0.02)
 
@@ -55,13 +55,13 @@ def test_a_greedy_completion_is_sensible(gemma3_llm):
 
 def test_perplexity_is_no_worse_than_the_model_with_its_packed_kinds_as_q8_0(
         gemma3_gguf, gemma3_llm, monkeypatch):
-    """The file's Q4_K and Q5_0 matrices kept packed, against the same model with them
+    """The file's Q4_K, Q5_0 and Q6_K matrices kept packed, against the same model with them
     requantized to Q8_0 (8.5 bits a weight) at load, over the long test text's first
     1,800 tokens (the most a 64 MiB pool admits at once; over prose.txt's 127 tokens a
     change of 1e-7 in GELU moves the perplexity by 0.2%, through the int8 rounding of
-    the activations). (Q6_K is Q8_0 in both, until it is packed.) Measured: 15.550
-    packed, 15.656 requantized: rounding the file's values a second time costs 0.7%;
-    the packed kernels must be within 0.5% of that or better."""
+    the activations). Measured: 15.550 packed, 15.656 requantized (with Q6_K as
+    Q8_0 in both): rounding the file's values a second time costs 0.7%; the packed
+    kernels must be within 0.5% of that or better."""
     from tinypaged.model import gguf_model
     from tinypaged.model.ggml_quant import Q8_0
     from tinypaged.model.packed import PackedWeight
@@ -74,7 +74,7 @@ def test_perplexity_is_no_worse_than_the_model_with_its_packed_kinds_as_q8_0(
     text = gemma3_llm.tokenizer.encode((Path(__file__).parent / "data" / "gpl-3.0.txt").read_text())
     packed = engine_perplexity(gemma3_llm, text[:1800])
     kinds = {w.type_name for w in gemma3_llm.engine.runner.model.w.values() if hasattr(w, "type_name")}
-    assert {"Q4_K", "Q5_0"} <= kinds
+    assert kinds == {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}
     monkeypatch.setattr(gguf_model, "PackedWeight", AsQ8_0)
     as_q8_0 = LLM(gemma3_gguf, backend="cpu", kv_cache_memory=64 << 20)
     assert {w.type_name for w in as_q8_0.engine.runner.model.w.values()

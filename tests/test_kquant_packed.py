@@ -1,7 +1,7 @@
-"""Q4_K kept packed on the CPU (model/packed.py): its layout against the `gguf`
-package's dequantizer bit for bit, and its products through the Q4_1 kernels with
-computed scales (packed_terms.scale_of / min_of) against the NumPy reference, on
-fresh random super-blocks."""
+"""K-quants (Q4_K, Q5_K, Q6_K) kept packed on the CPU (model/packed.py): the layout
+against the `gguf` package's dequantizer bit for bit, and the products (the GEMV,
+the group GEMM in both its forms) against the NumPy reference and against each
+other's bits, on fresh random super-blocks."""
 import gguf
 import numpy as np
 import pytest
@@ -10,69 +10,107 @@ from test_quantized import check_decode_gemv, packed_product_bound, random_activ
 from tinypaged.kernels import reference
 from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed
 from tinypaged.kernels.cpu.quantized import gemv_packed, packed_product
-from tinypaged.model.ggml_quant import Q4_K
+from tinypaged.model.ggml_quant import Q4_K, Q5_K, Q6_K
 from tinypaged.model.packed import PackedWeight
 
+# kind -> (ours, the gguf package's, bytes a super-block, where its float16 scales sit)
+KINDS = {"Q4_K": (Q4_K, gguf.GGMLQuantizationType.Q4_K, 144, (0, 2)),
+         "Q5_K": (Q5_K, gguf.GGMLQuantizationType.Q5_K, 176, (0, 2)),
+         "Q6_K": (Q6_K, gguf.GGMLQuantizationType.Q6_K, 210, (208,))}
 
-def random_q4_k(rng, n: int, k: int) -> np.ndarray:
-    """GGUF bytes of an (n, k) Q4_K matrix: random float16 d and dmin (one super-block
-    with both zero), random 6-bit scales and mins, random nibbles."""
-    blocks = rng.integers(0, 256, (n * k // 256, 144), dtype=np.uint8)
-    d = (np.abs(rng.standard_normal(len(blocks))) * 0.02).astype(np.float16)
-    dmin = (np.abs(rng.standard_normal(len(blocks))) * 0.01).astype(np.float16)
-    d[0] = dmin[0] = 0
-    blocks[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
-    blocks[:, 2:4] = dmin.view(np.uint8).reshape(-1, 2)
+
+def random_k_quant(rng, kind: str, n: int, k: int) -> np.ndarray:
+    """GGUF bytes of an (n, k) matrix: random bits (6-bit scales and mins, Q6_K's int8
+    scales of either sign, quants), random float16 super-block scales (d of either
+    sign, dmin >= 0), the first super-block's all zero."""
+    _, _, size, at = KINDS[kind]
+    blocks = rng.integers(0, 256, (n * k // 256, size), dtype=np.uint8)
+    for offset, spread in zip(at, (0.02, 0.01)):
+        value = (rng.standard_normal(len(blocks)) * spread).astype(np.float16)
+        value = value if offset == at[0] else np.abs(value)
+        value[0] = 0
+        blocks[:, offset:offset + 2] = value.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(-1)
 
 
-def gguf_dequantize(raw: np.ndarray, shape) -> np.ndarray:
-    return gguf.quants.dequantize(raw.reshape(shape[0], -1), gguf.GGMLQuantizationType.Q4_K)
+def packed(rng, kind: str, n: int, k: int) -> tuple[PackedWeight, np.ndarray]:
+    raw = random_k_quant(rng, kind, n, k)
+    return PackedWeight.from_bytes(raw, KINDS[kind][0], (n, k)), raw
 
 
-def test_the_layout_dequantizes_as_the_gguf_package_bit_for_bit():
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_layout_dequantizes_as_the_gguf_package_bit_for_bit(kind):
     rng = np.random.default_rng(11)
-    raw = random_q4_k(rng, 24, 512)
-    weight = PackedWeight.from_bytes(raw, Q4_K, (24, 512))
-    want = gguf_dequantize(raw, (24, 512))
+    weight, raw = packed(rng, kind, 24, 512)
+    want = gguf.quants.dequantize(raw.reshape(24, -1), KINDS[kind][1])
     assert np.array_equal(weight.dequantize(), want)
     assert np.array_equal(weight.dequantize(np.array([5, 0, 17])), want[[5, 0, 17]])
     rows = np.array([3, 9, 1])  # (Q/K rows reordered at load; stacks take row ranges)
     assert np.array_equal(weight.take_rows(rows).dequantize(), want[rows])
     both = PackedWeight.concatenate([weight, weight.take_rows(rows)])
     assert np.array_equal(both.dequantize(), np.concatenate([want, want[rows]]))
-    assert weight.nbytes <= 1.03 * raw.nbytes  # 4.625 bits a weight against 4.5
+    # the file's bits a weight (4.5, 5.5, 6.5625), plus the 6-bit scales and mins
+    # of Q4_K and Q5_K held a byte each (4.625, 5.625)
+    assert weight.nbytes <= 1.03 * raw.nbytes
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("rows", [1, 2, 5])
-def test_the_decode_gemv_equals_rounded_x_times_the_dequantized_weights(rows):
+def test_the_decode_gemv_equals_rounded_x_times_the_dequantized_weights(kind, rows):
     rng = np.random.default_rng(12 + rows)
-    weight = PackedWeight.from_bytes(random_q4_k(rng, 40, 512), Q4_K, (40, 512))
+    weight, _ = packed(rng, kind, 40, 512)
     x = random_activations(rng, rows, 512)
     check_decode_gemv(weight, x)
 
 
-@pytest.mark.parametrize("rows, n_out", [(5, 70), (9, 16), (33, 40), (6, 8)])
-def test_every_batch_gives_a_row_the_bits_of_the_gemv(rows, n_out):
-    """The group GEMM (both its forms) and the GEMV take the same scales and mins
-    in the same float32 steps: any batch gives a row the one-row GEMV's bits."""
-    rng = np.random.default_rng(rows * n_out + 1)
-    weight = PackedWeight.from_bytes(random_q4_k(rng, n_out, 256), Q4_K, (n_out, 256))
-    x = random_activations(rng, rows, 256)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows, n_out, width", [(5, 70, 256), (9, 16, 512), (33, 40, 768),
+                                                (6, 8, 256)])
+def test_every_batch_gives_a_row_the_bits_of_the_gemv(kind, rows, n_out, width):
+    """The group GEMM (both its forms) and the GEMV take the same scales in the same
+    float32 steps and the same exact integer dots (Q6_K's with its sub-scales inside):
+    any batch gives a row the one-row GEMV's bits."""
+    rng = np.random.default_rng(rows * n_out + width)
+    weight, _ = packed(rng, kind, n_out, width)
+    x = random_activations(rng, rows, width)
     rounded = reference.round_activations(x).astype(np.float64)
     w = weight.dequantize().astype(np.float64)
     got = packed_product(x, weight)
-    assert (np.abs(got - rounded @ w.T) <= packed_product_bound(rounded, w)).all()
+    assert (np.abs(got - rounded @ w.T) <= packed_product_bound(rounded, w) * width / 192).all()
     alone = np.concatenate([gemv_packed(x[m:m + 1], weight) for m in range(rows)])
     assert np.array_equal(got, alone)
     if n_out >= 16:
         for vnni in [False] + [True] * HAS_VNNI:
             out = np.full((rows, n_out), np.nan, np.float32)
             gemm_packed(x, weight.quants, weight.scales, weight.mins, out, vnni=vnni,
-                        supers=weight.supers)
+                        supers=weight.supers, highs=weight.highs)
             assert np.array_equal(out, alone), vnni
 
 
-def test_a_row_width_of_partial_super_blocks_is_refused():
-    with pytest.raises(ValueError, match="Q4_K matrix of 384 columns cannot be kept packed"):
-        PackedWeight.from_bytes(np.zeros(2 * 384 // 256 * 144, np.uint8), Q4_K, (2, 384))
+def test_q6_k_at_its_extremes_stays_exact():
+    """Every Q6_K weight at -32 with sub-scale -128 against x at +-127 (x = 127/128:
+    a power-of-two step): each block's integer dot is 2 * 128 * 32 * 16 * 127 =
+    16,646,144, just below 2^24, where the float form's sums would stop being exact.
+    All three kernels give the exact product."""
+    n, k = 16, 256
+    raw = np.zeros((n, 210), np.uint8)  # q = 0 everywhere: weight d * sc * -32
+    raw[:, 192:208] = np.int8(-128).view(np.uint8)
+    raw[:, 208:210] = np.array([2.0 ** -10], np.float16).view(np.uint8)
+    weight = PackedWeight.from_bytes(raw.reshape(-1), Q6_K, (n, k))
+    x = np.full((3, k), 127 / 128, np.float32)
+    x[1] = -x[1]
+    x[2, ::2] = -x[2, ::2]
+    want = (x.astype(np.float64) @ weight.dequantize().astype(np.float64).T).astype(np.float32)
+    assert np.array_equal(gemv_packed(x, weight), want)
+    for vnni in [False] + [True] * HAS_VNNI:
+        out = np.full((3, n), np.nan, np.float32)
+        gemm_packed(x, weight.quants, weight.scales, weight.mins, out, vnni=vnni,
+                    supers=weight.supers, highs=weight.highs)
+        assert np.array_equal(out, want), vnni
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_width_of_partial_super_blocks_is_refused(kind):
+    with pytest.raises(ValueError, match=f"{kind} matrix of 384 columns cannot be kept packed"):
+        PackedWeight.from_bytes(np.zeros(2 * 384 // 256 * KINDS[kind][2], np.uint8),
+                                KINDS[kind][0], (2, 384))

@@ -38,9 +38,9 @@ BLOCK_LAYOUT = {F32: (1, 4), F16: (1, 2), BF16: (1, 2),
                 Q5_0: (QK, 6 + QK // 2), Q5_1: (QK, 8 + QK // 2),
                 Q4_K: (QK_K, 144), Q5_K: (QK_K, 176), Q6_K: (QK_K, 210)}
 K_QUANTS = (Q4_K, Q5_K, Q6_K)
-# read, then held as Q8_0: the K-quants without a kernel of their own yet, and Q5_x
-# rows that PackedWeight cannot keep (an odd number of blocks)
-REQUANTIZED = (Q5_K, Q6_K, Q5_0, Q5_1)
+# read, then held as Q8_0: Q5_x rows that PackedWeight cannot keep (an odd number of
+# blocks). Every other quantized kind is kept packed (model/packed.py).
+REQUANTIZED = (Q5_0, Q5_1)
 SUPPORTED = ", ".join(GGML_TYPE_NAMES[t] for t in BLOCK_LAYOUT)
 
 

@@ -45,22 +45,34 @@ def nibbles(qs: np.ndarray) -> np.ndarray:
     return np.stack([runs & 15, runs >> 4], axis=2).reshape(-1, 8, 32)
 
 
+def q6_values(blocks: np.ndarray) -> np.ndarray:
+    """(n, 210) Q6_K super-blocks -> (n, 8, 32) 6-bit values q (0 .. 63), GGUF order:
+    each half (128 values) reads 64 bytes of ql (low nibbles) and 32 of qh (two bits
+    a value), as four runs of 32."""
+    ql, qh = blocks[:, 0:128], blocks[:, 128:192]
+    halves = []
+    for h in range(2):
+        low, high = ql[:, 64 * h:64 * h + 32], ql[:, 64 * h + 32:64 * h + 64]
+        bits = qh[:, 32 * h:32 * h + 32]
+        q = [(low & 15) | ((bits & 3) << 4), (high & 15) | (((bits >> 2) & 3) << 4),
+             (low >> 4) | (((bits >> 4) & 3) << 4), (high >> 4) | (((bits >> 6) & 3) << 4)]
+        halves.append(np.stack(q, axis=1))  # (n, 4, 32)
+    return np.concatenate(halves, axis=1)
+
+
+def q5_k_fifth_bits(qh: np.ndarray) -> np.ndarray:
+    """(n, 32) Q5_K qh bytes -> (n, 8, 32) fifth bits (0 or 1): bit j of byte l is the
+    fifth bit of value l of sub-block j."""
+    return (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+
+
 def dequantize_k(raw: np.ndarray, ggml_type: int) -> np.ndarray:
     """raw uint8 bytes of whole super-blocks -> float32 values (flat)."""
     blocks = np.asarray(raw, dtype=np.uint8).reshape(-1, BYTES[ggml_type])
     if ggml_type == Q6_K:
-        ql, qh = blocks[:, 0:128], blocks[:, 128:192]
         scales = blocks[:, 192:208].view(np.int8).astype(np.float32)  # (n, 16)
         d = _half(blocks[:, 208:210])  # (n, 1)
-        # each half (128 values) reads 64 bytes of ql and 32 of qh: four runs of 32
-        halves = []
-        for h in range(2):
-            low, high = ql[:, 64 * h:64 * h + 32], ql[:, 64 * h + 32:64 * h + 64]
-            bits = qh[:, 32 * h:32 * h + 32]
-            q = [(low & 15) | ((bits & 3) << 4), (high & 15) | (((bits >> 2) & 3) << 4),
-                 (low >> 4) | (((bits >> 4) & 3) << 4), (high >> 4) | (((bits >> 6) & 3) << 4)]
-            halves.append(np.stack(q, axis=1))  # (n, 4, 32)
-        q = np.concatenate(halves, axis=1).astype(np.float32) - 32.0  # (n, 8, 32)
+        q = q6_values(blocks).astype(np.float32) - 32.0  # (n, 8, 32)
         sub = scales.reshape(-1, 8, 2)  # each run of 32 has two 16-value scales
         scale = np.repeat(sub, 16, axis=2)  # (n, 8, 32)
         return (d[:, :, None] * scale * q).reshape(-1)
@@ -68,7 +80,5 @@ def dequantize_k(raw: np.ndarray, ggml_type: int) -> np.ndarray:
     scales, mins = (a.astype(np.float32) for a in scales_and_mins(blocks[:, 4:16]))
     q = nibbles(blocks[:, -128:]).astype(np.float32)  # (n, 8, 32)
     if ggml_type == Q5_K:
-        qh = blocks[:, 16:48]  # bit j of byte l: the 5th bit of value l of sub-block j
-        fifth = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
-        q += 16.0 * fifth
+        q += 16.0 * q5_k_fifth_bits(blocks[:, 16:48])
     return ((d * scales)[:, :, None] * q - (dmin * mins)[:, :, None]).reshape(-1)

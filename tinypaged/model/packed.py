@@ -27,16 +27,26 @@ weight = scale * (q - 16) (Q5_0) or scale * q + min (Q5_1). The nibbles are laid
 out as Q4_x's; the fifth bits are kept apart, in column order:
     highs   (N, K/8) uint8: bit j of byte i is weight 8i + j's fifth bit
 (the file's qh words, which hold block b's 32 bits little-endian, are exactly that
-row by row). 5.5 / 6 bits a weight, as in the file.
+row by row). 5.5 / 6 bits a weight, as in the file. Q5_K is Q4_K with such a plane
+(5.6875 bits, as the file's 5.5 + the unpacked 6-bit scales and mins).
+
+Q6_K (super-blocks of 256 weights, sixteen 16-weight sub-blocks): weight = d * sc *
+(q - 32), q 6 bits, sc an int8 per 16 weights, float16 d per super-block:
+    quants  (N, K/2) uint8: q's low 4 bits, laid out as Q4_x
+    highs   (N, K/4) uint8: q's top 2 bits, bits 2t, 2t + 1 of byte i for weight 4i + t
+    scales  (N, K/16) int8: sc       supers (N, K/256, 1) float16 bits: d
+6.5625 bits a weight, as in the file. Its int8 scales are what tell the kernels
+the kind (packed_terms.py).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .ggml_quant import GGML_TYPE_NAMES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q8_0, QK, QK_K
+from .ggml_quant import GGML_TYPE_NAMES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QK, QK_K
 from .weights import convert_matrices
 
-PACKED_TYPES = (Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1)
+PACKED_TYPES = (Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K)
+K_QUANTS = (Q4_K, Q5_K, Q6_K)  # super-blocks of 256 weights
 ROW_ARRAYS = ("quants", "scales", "mins", "supers", "highs")  # a PackedWeight's arrays, rows first
 _OFFSET = {Q4_0: 8, Q5_0: 16}  # what the kinds without mins subtract from q
 
@@ -57,8 +67,8 @@ class PackedWeight:
     @staticmethod
     def can_pack(ggml_type: int, columns: int) -> bool:
         """Q8_0 rows need whole blocks; Q4_x and Q5_x rows an even number of them (the
-        nibbles pair weight p with weight p + K/2); Q4_K rows whole super-blocks."""
-        if ggml_type == Q4_K:
+        nibbles pair weight p with weight p + K/2); K-quant rows whole super-blocks."""
+        if ggml_type in K_QUANTS:
             return columns % QK_K == 0
         return ggml_type in PACKED_TYPES and columns % (QK if ggml_type == Q8_0 else 2 * QK) == 0
 
@@ -87,9 +97,9 @@ class PackedWeight:
         if not cls.can_pack(ggml_type, k):
             raise ValueError(f"a {GGML_TYPE_NAMES.get(ggml_type, ggml_type)} matrix of {k} "
                              f"columns cannot be kept packed (Q8_0: a multiple of 32 columns; "
-                             f"Q4_0, Q4_1, Q5_0, Q5_1: of 64; Q4_K: of 256)")
-        if ggml_type == Q4_K:
-            return cls._from_q4_k(raw, shape)
+                             f"Q4_0, Q4_1, Q5_0, Q5_1: of 64; Q4_K, Q5_K, Q6_K: of 256)")
+        if ggml_type in K_QUANTS:
+            return cls._from_k_quant(raw, ggml_type, shape)
         head = {Q8_0: 2, Q4_0: 2, Q4_1: 4, Q5_0: 6, Q5_1: 8}[ggml_type]
         blocks = np.asarray(raw, dtype=np.uint8).reshape(n, k // QK, -1)  # (N, K/32, bytes)
         scales = np.ascontiguousarray(blocks[:, :, 0:2]).view(np.uint16)[:, :, 0]
@@ -102,20 +112,32 @@ class PackedWeight:
         highs = np.ascontiguousarray(blocks[:, :, head - 4:head]).reshape(n, k // 8) \
             if ggml_type in (Q5_0, Q5_1) else None  # qh: block b's bits, little-endian
         values = np.concatenate([body & 15, body >> 4], axis=2).reshape(n, k)  # GGUF order
-        quants = values[:, :k // 2] | (values[:, k // 2:] << 4)
-        return cls(ggml_type, shape, quants.astype(np.uint8), scales, mins, highs=highs)
+        return cls(ggml_type, shape, _nibble_pairs(values), scales, mins, highs=highs)
 
     @classmethod
-    def _from_q4_k(cls, raw: np.ndarray, shape: tuple[int, int]) -> "PackedWeight":
-        from .kquant import nibbles, scales_and_mins
+    def _from_k_quant(cls, raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> "PackedWeight":
+        from .kquant import BYTES, nibbles, q5_k_fifth_bits, q6_values, scales_and_mins
         n, k = shape
-        blocks = np.asarray(raw, dtype=np.uint8).reshape(n * k // QK_K, 144)
+        blocks = np.asarray(raw, dtype=np.uint8).reshape(n * k // QK_K, BYTES[ggml_type])
+
+        def by_column(values):  # (n * K/256, ...) in GGUF order -> (n, K)
+            return values.reshape(n, k)
+        if ggml_type == Q6_K:
+            q = by_column(q6_values(blocks))
+            tops = (q >> 4).reshape(n, k // 4, 4) << np.array([0, 2, 4, 6], np.uint8)
+            highs = np.bitwise_or.reduce(tops, axis=2).astype(np.uint8)
+            scales = np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).reshape(n, k // 16)
+            supers = np.ascontiguousarray(blocks[:, 208:210]).view(np.uint16).reshape(n, k // QK_K, 1)
+            return cls(Q6_K, shape, _nibble_pairs(q & 15), scales, None, supers, highs)
         supers = np.ascontiguousarray(blocks[:, 0:4]).view(np.uint16).reshape(n, k // QK_K, 2)
         sc, m = scales_and_mins(blocks[:, 4:16])  # (n * K/256, 8) each
-        values = nibbles(blocks[:, 16:]).reshape(n, k)  # GGUF order: sub-block j, value l
-        quants = values[:, :k // 2] | (values[:, k // 2:] << 4)
-        return cls(Q4_K, shape, quants.astype(np.uint8), sc.reshape(n, k // QK),
-                   m.reshape(n, k // QK), supers)
+        values = by_column(nibbles(blocks[:, -128:]))  # sub-block j, value l
+        highs = None
+        if ggml_type == Q5_K:
+            highs = np.packbits(by_column(q5_k_fifth_bits(blocks[:, 16:48])), axis=1,
+                                bitorder="little")
+        return cls(ggml_type, shape, _nibble_pairs(values), sc.reshape(n, k // QK),
+                   m.reshape(n, k // QK), supers, highs)
 
     @classmethod
     def quantize(cls, w: np.ndarray, ggml_type: int, rows_at_once: int = 2048) -> "PackedWeight":
@@ -145,14 +167,22 @@ class PackedWeight:
         if self.ggml_type == Q8_0:
             return q.astype(np.float32)
         q = np.concatenate([q & 15, q >> 4], axis=1)
-        if self.highs is not None:  # the fifth bits, column order
+        if self.ggml_type == Q6_K:  # the top two bits, column order
+            tops = self.highs[rows][:, :, None] >> np.array([0, 2, 4, 6], np.uint8)
+            q = q | ((tops & 3).reshape(q.shape) << 4)
+        elif self.highs is not None:  # the fifth bits, column order
             q = q | (np.unpackbits(self.highs[rows], axis=1, bitorder="little") << 4)
         return q.astype(np.float32)
 
     def dequantize(self, rows=slice(None)) -> np.ndarray:
         """float32 (r, K) of the selected rows (all by default): the reference."""
         q = self.values(rows)
-        if self.ggml_type == Q4_K:  # (d * sc) * q - dmin * m, as gguf's dequantizer rounds
+        if self.ggml_type == Q6_K:  # (d * sc) * (q - 32), as gguf's dequantizer rounds
+            d = np.repeat(self.supers[rows][:, :, 0].view(np.float16).astype(np.float32),
+                          QK_K // 16, axis=1)
+            scale = np.repeat(d * self.scales[rows].astype(np.float32), 16, axis=1)
+            return scale * (q - np.float32(32))
+        if self.ggml_type in (Q4_K, Q5_K):  # (d * sc) * q - dmin * m, as gguf's dequantizer rounds
             d, dmin = (np.repeat(self.supers[rows][:, :, i].view(np.float16).astype(np.float32),
                                  QK_K // QK, axis=1) for i in (0, 1))
             scale = np.repeat(d * self.scales[rows].astype(np.float32), QK, axis=1)
@@ -169,6 +199,13 @@ class PackedWeight:
         """These rows of the weights, in this order (Q/K rows are unpermuted at load,
         Phi-3's fused matrices split)."""
         return self.with_rows(lambda a: np.ascontiguousarray(a[rows]), len(rows))
+
+
+def _nibble_pairs(values: np.ndarray) -> np.ndarray:
+    """(N, K) values below 16 -> (N, K/2) bytes: column p in the low nibble, p + K/2 in
+    the high one."""
+    half = values.shape[1] // 2
+    return (values[:, :half] | (values[:, half:] << 4)).astype(np.uint8)
 
 
 def quantize_matrices(weights: dict, ggml_type: int) -> dict:

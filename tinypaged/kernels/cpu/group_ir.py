@@ -11,6 +11,12 @@ Two ways to the exact integer dot products of one 32-column block:
           VNNI only (packed_gemm.py picks).
 Both then scale the dots with block_term's float32 operations, in its order
 (packed_terms.py), so both give the GEMV's bits.
+
+Q6_K's block dot is sa * (its first 16 columns') + sb * (its last 16's), with int8
+sub-scales sa, sb and weights q - 32. The float form widens each weight to
+sc * (q - 32) (below 2^12; the block's sum stays below 2^24, exact). The vnni form
+keeps q (0 .. 63) in bytes, sums the halves apart and applies the 32 and the
+sub-scales to the two int32 sums.
 """
 from llvmlite import ir
 from numba import types
@@ -82,21 +88,58 @@ def _group_columns(context, builder, array_type, quants, n0, p0):
     return _transpose_16x16(builder, rows), row_bytes
 
 
-def _fifth_bits(context, builder, array_type, highs, n0, column0):
-    """_row_fifth_bits as 16 column vectors of bytes (the float form's layout)."""
-    return _transpose_16x16(builder, _row_fifth_bits(context, builder, array_type, highs, n0,
-                                                     column0))
+def _row_tops(context, builder, array_type, tops, n0, column0):
+    """Q6_K's top two bits of columns column0 .. column0 + 15 (a multiple of 16) of rows
+    n0 .. n0 + 15, row j as 16 bytes of 16 * bits (their weight in q), column order."""
+    t = context.make_array(array_type)(context, builder, tops)
+    row_bytes = builder.extract_value(t.shape, 1)
+    shifts = ir.Constant(_INTS, [2 * p for p in range(LANES)])
+    rows = []
+    for j in range(LANES):
+        at = builder.add(builder.mul(builder.add(n0, _index(j)), row_bytes),
+                         builder.lshr(column0, _index(2)))
+        word = builder.load(builder.bitcast(builder.gep(t.data, [at]), _I32.as_pointer()), align=1)
+        bits = builder.and_(builder.lshr(_splat(builder, word, _INTS), shifts),
+                            ir.Constant(_INTS, [3] * LANES))
+        rows.append(builder.shl(builder.trunc(bits, _BYTES), ir.Constant(_BYTES, [4] * LANES)))
+    return rows
 
 
-def _with_fifth_bits(context, builder, sig_highs, highs, n0, p0, row_bytes, halves):
+def _high_bits(context, builder, sig_highs, highs, sig_tops, tops, n0, column0):
+    """Rows of the bits above the nibbles (_row_fifth_bits or _row_tops), or None."""
+    if not isinstance(sig_highs, types.NoneType):
+        return _row_fifth_bits(context, builder, sig_highs, highs, n0, column0)
+    if not isinstance(sig_tops, types.NoneType):
+        return _row_tops(context, builder, sig_tops, tops, n0, column0)
+    return None
+
+
+def _with_high_bits(context, builder, sigs, arrays, n0, p0, row_bytes, halves):
     """halves: [(low, high)] nibble columns p0 + p and K/2 + p0 + p, p < 16; with Q5_x's
-    bits (sig_highs not None) added in: q = nibble + 16 * bit."""
-    if isinstance(sig_highs, types.NoneType):
+    fifth bits or Q6_K's top bits (sigs, arrays: highs and tops, either given) added
+    in: q = nibble + 16 * bits."""
+    low_rows = _high_bits(context, builder, sigs[0], arrays[0], sigs[1], arrays[1], n0, p0)
+    if low_rows is None:
         return halves
-    low_bits = _fifth_bits(context, builder, sig_highs, highs, n0, p0)
-    high_bits = _fifth_bits(context, builder, sig_highs, highs, n0, builder.add(p0, row_bytes))
+    high_rows = _high_bits(context, builder, sigs[0], arrays[0], sigs[1], arrays[1], n0,
+                           builder.add(p0, row_bytes))
+    low_bits, high_bits = _transpose_16x16(builder, low_rows), _transpose_16x16(builder, high_rows)
     return [(builder.or_(low, lb), builder.or_(high, hb))
             for (low, high), lb, hb in zip(halves, low_bits, high_bits)]
+
+
+def _group_subscales(context, builder, array_type, scales, n0, column):
+    """Q6_K's int8 scales of rows n0 .. n0 + 15 at the 16 columns from `column` (a
+    multiple of 16), as int32 lanes."""
+    a = context.make_array(array_type)(context, builder, scales)
+    row_length = builder.extract_value(a.shape, 1)
+    sub = builder.lshr(column, _index(4))
+    lanes = ir.Constant(_INTS, None)
+    for j in range(LANES):
+        at = builder.add(builder.mul(builder.add(n0, _index(j)), row_length), sub)
+        value = builder.sext(builder.load(builder.gep(a.data, [at])), _I32)
+        lanes = builder.insert_element(lanes, value, ir.Constant(_I32, j))
+    return lanes
 
 
 def _nibbles(builder, column):
@@ -110,37 +153,51 @@ def _highs_ok(highs) -> bool:
 
 
 @intrinsic
-def widen_chunk_float(typingctx, quants, highs, n0, p0, offset, wt):
+def widen_chunk_float(typingctx, quants, highs, tops, subscales, n0, p0, offset, wt):
     """Bytes p0 .. p0 + 15 of the group's rows n0 .. n0 + 15 into wt (float32, k-major):
-    Q8_0 (int8 quants): wt[(p0 + p) * 16 + j] = q; Q4_x, Q5_x (uint8): column p0 + p
-    from the low nibble and K/2 + p0 + p from the high one (plus 16 times the fifth
-    bit from highs, for Q5_x), each minus offset (8: Q4_0, 16: Q5_0)."""
+    Q8_0 (int8 quants): wt[(p0 + p) * 16 + j] = q; Q4_x, Q5_x, K-quants (uint8): column
+    p0 + p from the low nibble and K/2 + p0 + p from the high one (plus 16 times the
+    fifth bit from highs, for Q5_x and Q5_K), each minus offset (8: Q4_0, 16: Q5_0).
+    Q6_K (tops and its int8 subscales given): q from the nibbles and tops, widened to
+    sc * (q - 32)."""
     if not (quants.ndim == 2 and _c_array(quants, (types.int8, types.uint8))
-            and _highs_ok(highs) and _c_array(wt, (types.float32,))):
+            and _highs_ok(highs) and _highs_ok(tops) and _c_array(wt, (types.float32,))):
         return None
     signed = quants.dtype == types.int8
+    q6_k = not isinstance(tops, types.NoneType)
+    if q6_k and not (subscales.ndim == 2 and _c_array(subscales, (types.int8,))):
+        return None
 
     def codegen(context, builder, sig, args):
-        q_arr, h_arr, n0, p0, offset, wt_arr = args
+        q_arr, h_arr, t_arr, s_arr, n0, p0, offset, wt_arr = args
         columns, row_bytes = _group_columns(context, builder, sig.args[0], q_arr, n0, p0)
         minus = _splat(builder, builder.trunc(offset, _I32), _INTS)
 
         def store(values, column):
-            pointer = _pointer(context, builder, sig.args[5], wt_arr,
+            pointer = _pointer(context, builder, sig.args[7], wt_arr,
                                builder.mul(column, _index(LANES)), _FLOATS)
             builder.store(builder.sitofp(values, _FLOATS), pointer, align=4)
         if signed:
             for p, column in enumerate(columns):
                 store(builder.sext(column, _INTS), builder.add(p0, _index(p)))
             return context.get_dummy_value()
-        halves = _with_fifth_bits(context, builder, sig.args[1], h_arr, n0, p0, row_bytes,
-                                  [_nibbles(builder, column) for column in columns])
+        halves = _with_high_bits(context, builder, sig.args[1:3], (h_arr, t_arr), n0, p0,
+                                 row_bytes, [_nibbles(builder, column) for column in columns])
+        if q6_k:  # sc * (q - 32): one sub-scale a row for all 16 columns of a half
+            thirty_two = ir.Constant(_INTS, [32] * LANES)
+            low_sc = _group_subscales(context, builder, sig.args[3], s_arr, n0, p0)
+            high_sc = _group_subscales(context, builder, sig.args[3], s_arr, n0,
+                                       builder.add(p0, row_bytes))
         for p, (low, high) in enumerate(halves):
             at = builder.add(p0, _index(p))
-            store(builder.sub(builder.zext(low, _INTS), minus), at)
-            store(builder.sub(builder.zext(high, _INTS), minus), builder.add(at, row_bytes))
+            for nibble, column, sc in ((low, at, low_sc if q6_k else None),
+                                       (high, builder.add(at, row_bytes), high_sc if q6_k else None)):
+                if q6_k:
+                    store(builder.mul(builder.sub(builder.zext(nibble, _INTS), thirty_two), sc), column)
+                else:
+                    store(builder.sub(builder.zext(nibble, _INTS), minus), column)
         return context.get_dummy_value()
-    return types.void(quants, highs, types.intp, types.intp, types.intp, wt), codegen
+    return types.void(quants, highs, tops, subscales, types.intp, types.intp, types.intp, wt), codegen
 
 
 def _quads(builder, rows):
@@ -191,24 +248,25 @@ def _row_fifth_bits(context, builder, array_type, highs, n0, column0):
 
 
 @intrinsic
-def widen_chunk_bytes(typingctx, quants, highs, n0, p0, wb):
+def widen_chunk_bytes(typingctx, quants, highs, tops, n0, p0, wb):
     """Bytes p0 .. p0 + 15 of the group's rows into wb (uint8, the vnni layout):
-    Q8_0 (int8): q + 128 (so unsigned); Q4_x, Q5_x (uint8): q, the low nibbles' as
-    columns p0 + p, the high ones' as K/2 + p0 + p (with Q5_x's fifth bits from highs;
-    offsets are applied to the dots)."""
+    Q8_0 (int8): q + 128 (so unsigned); Q4_x, Q5_x, K-quants (uint8): q, the low
+    nibbles' as columns p0 + p, the high ones' as K/2 + p0 + p (with the fifth bits
+    from highs or Q6_K's top bits from tops; offsets and sub-scales are applied to
+    the dots)."""
     if not (quants.ndim == 2 and _c_array(quants, (types.int8, types.uint8))
-            and _highs_ok(highs) and _c_array(wb, (types.uint8,))):
+            and _highs_ok(highs) and _highs_ok(tops) and _c_array(wb, (types.uint8,))):
         return None
     signed = quants.dtype == types.int8
 
     def codegen(context, builder, sig, args):
-        q_arr, h_arr, n0, p0, wb_arr = args
+        q_arr, h_arr, t_arr, n0, p0, wb_arr = args
         rows, row_bytes = _group_words(context, builder, sig.args[0], q_arr, n0, p0)
         quads = _quads(builder, rows)  # quads[c]: bytes p0 + 4c .. + 3 of the 16 rows
 
         def store(chunk, first_column):  # 4 columns from first_column (a multiple of 4)
             at = builder.mul(first_column, _index(LANES))  # (4 columns x 16 rows = 64 bytes)
-            builder.store(chunk, _pointer(context, builder, sig.args[4], wb_arr, at, _QUAD_BYTES),
+            builder.store(chunk, _pointer(context, builder, sig.args[5], wb_arr, at, _QUAD_BYTES),
                           align=1)
 
         def splat(value):
@@ -219,9 +277,9 @@ def widen_chunk_bytes(typingctx, quants, highs, n0, p0, wb):
             return context.get_dummy_value()
         low = [builder.and_(quad, splat(15)) for quad in quads]
         high = [builder.lshr(quad, splat(4)) for quad in quads]
-        if not isinstance(sig.args[1], types.NoneType):  # Q5_x: + 16 * the fifth bit
-            for half, column0 in ((low, p0), (high, builder.add(p0, row_bytes))):
-                rows = _row_fifth_bits(context, builder, sig.args[1], h_arr, n0, column0)
+        for half, column0 in ((low, p0), (high, builder.add(p0, row_bytes))):  # + 16 * bits
+            rows = _high_bits(context, builder, sig.args[1], h_arr, sig.args[2], t_arr, n0, column0)
+            if rows is not None:
                 bits = _quads(builder, [builder.bitcast(r, ir.VectorType(_I32, 4)) for r in rows])
                 half[:] = [builder.or_(v, b) for v, b in zip(half, bits)]
         for c in range(4):
@@ -229,7 +287,7 @@ def widen_chunk_bytes(typingctx, quants, highs, n0, p0, wb):
             store(low[c], at)
             store(high[c], builder.add(at, row_bytes))
         return context.get_dummy_value()
-    return types.void(quants, highs, types.intp, types.intp, wb), codegen
+    return types.void(quants, highs, tops, types.intp, types.intp, wb), codegen
 
 
 # -- one block's products for 8 rows of x --------------------------------------------
@@ -328,6 +386,58 @@ def accumulate_block_vnni(typingctx, wb, w_at, xq, x_at, scale, low, b, dx, qsum
             at = builder.add(builder.mul(builder.add(m0, _index(i)), n_blocks), args[6])
             total = builder.load(_pointer(context, builder, sig.args[8], qsum_arr, at))
             exact = builder.sub(sums[i], _splat(builder, builder.mul(shift, total), _INTS))
+            dots.append(builder.sitofp(exact, _FLOATS))
+        _accumulate(context, builder, sig, args, dots)
+        return context.get_dummy_value()
+    return signature, codegen
+
+
+@intrinsic
+def accumulate_block_vnni_q6(typingctx, wb, w_at, xq, x_at, scale, low, b, dx, halves, m0, acc,
+                             subs):
+    """accumulate_block_vnni for Q6_K (low None; wb holds q, 0 .. 63): the block's two
+    halves summed apart, dot = sa * (sum_a - 32 * xa) + sb * (sum_b - 32 * xb), with
+    the group's sub-scales subs[2b], subs[2b + 1] (int32 lanes) and x's half-block
+    sums xa, xb from halves (M8, K/16), all exact, then _accumulate."""
+    if not (_block_types_ok(wb, types.uint8, xq, types.int8, scale, low, dx, halves, acc)
+            and isinstance(low, types.NoneType) and _c_array(subs, (types.int32,))):
+        return None
+    signature = types.void(wb, types.intp, xq, types.intp, scale, low, types.intp, dx, halves,
+                           types.intp, acc, subs)
+
+    def codegen(context, builder, sig, args):
+        wb_arr, w_at, xq_arr, x_at = args[:4]
+        b, halves_arr, m0, subs_arr = args[6], args[8], args[9], args[11]
+        dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_INTS, [_INTS] * 3),
+                                                "llvm.x86.avx512.vpdpbusd.512")
+        x = context.make_array(sig.args[2])(context, builder, xq_arr)
+        width = builder.extract_value(x.shape, 1)
+        n_halves = builder.extract_value(
+            context.make_array(sig.args[8])(context, builder, halves_arr).shape, 1)
+        zero = ir.Constant(_INTS, [0] * LANES)
+        sums = [[zero, zero] for _ in range(X_ROWS)]  # [row of x][half]
+        for c in range(BLOCK // 4):
+            w = builder.load(_pointer(context, builder, sig.args[0], wb_arr,
+                                      builder.add(w_at, _index(c * 4 * LANES)), _INTS), align=1)
+            for i in range(X_ROWS):
+                at = builder.add(builder.add(builder.mul(builder.add(m0, _index(i)), width), x_at),
+                                 _index(4 * c))
+                quad = builder.load(_pointer(context, builder, sig.args[2], xq_arr, at, _I32), align=1)
+                sums[i][c // 4] = builder.call(dpbusd, [sums[i][c // 4], w, _splat(builder, quad, _INTS)])
+        sub_scales = [builder.load(_pointer(context, builder, sig.args[11], subs_arr,
+                                            builder.mul(builder.add(builder.mul(b, _index(2)), _index(h)),
+                                                        _index(LANES)), _INTS), align=4)
+                      for h in range(2)]
+        dots = []
+        for i in range(X_ROWS):
+            exact = zero
+            for h in range(2):
+                at = builder.add(builder.mul(builder.add(m0, _index(i)), n_halves),
+                                 builder.add(builder.mul(b, _index(2)), _index(h)))
+                total = builder.load(_pointer(context, builder, sig.args[8], halves_arr, at))
+                centred = builder.sub(sums[i][h], _splat(builder, builder.mul(total, ir.Constant(_I32, 32)),
+                                                         _INTS))
+                exact = builder.add(exact, builder.mul(centred, sub_scales[h]))
             dots.append(builder.sitofp(exact, _FLOATS))
         _accumulate(context, builder, sig, args, dots)
         return context.get_dummy_value()

@@ -19,6 +19,13 @@ The unsigned-times-signed form is the one the dot-product instructions take.
 dot32_low5 and dot32_high5 take Q5_x's fifth bits too, (q, qoff, bits, boff, x,
 xoff): u = the nibble + 16 * bit j of the 4 bytes at bits[boff] (little-endian;
 model/packed.py), so a Q5 block costs one multiply-add and one sum, as a Q4 block.
+
+dot32_q6_low and dot32_q6_high take Q6_K's blocks, (q, qoff, tops, toff, sa, sb, x,
+xoff): q = the nibble + 16 * the two bits of the 8 bytes at tops[toff] (bits 2t,
+2t + 1 of byte i for weight 4i + t), and return the block's exact integer
+    sa * sum_{j < 16} (q_j - 32) x_j  +  sb * sum_{16 <= j < 32} (q_j - 32) x_j
+with the int8 sub-scales sa and sb of its two halves (below 2^24 in magnitude:
+2 * 128 * 32 * 16 * 127), so a block still gives one integer and one float term.
 """
 from llvmlite import ir
 from numba import types
@@ -93,3 +100,42 @@ dot32_high = _block_dot(lambda builder, q: builder.lshr(q, _splat(4)))
 dot32_biased = _block_dot(lambda builder, q: builder.xor(q, _splat(128)))
 dot32_low5 = _block_dot_with_bits(lambda builder, q: builder.and_(q, _splat(15)))
 dot32_high5 = _block_dot_with_bits(lambda builder, q: builder.lshr(q, _splat(4)))
+
+
+def _block_dot_q6(nibble):
+    """An intrinsic (q, qoff, tops, toff, sa, sb, x, xoff) -> int32 (see the docstring)."""
+    def typer(typingctx, q, qoff, tops, toff, sa, sb, x, xoff):
+        if not (isinstance(q, types.Array) and q.layout == "C" and q.dtype == types.uint8
+                and isinstance(tops, types.Array) and tops.layout == "C" and tops.dtype == types.uint8
+                and isinstance(x, types.Array) and x.layout == "C" and x.dtype == types.int8):
+            return None
+        signature = types.int32(q, types.intp, tops, types.intp, types.int32, types.int32, x,
+                                types.intp)
+
+        def codegen(context, builder, sig, args):
+            q_arr, q_off, t_arr, t_off, sa, sb, x_arr, x_off = args
+            qv = builder.load(_address(context, builder, sig.args[0], q_arr, q_off), align=1)
+            data = context.make_array(sig.args[2])(context, builder, t_arr).data
+            eight = builder.load(builder.bitcast(builder.gep(data, [t_off]),
+                                                 ir.VectorType(ir.IntType(8), 8).as_pointer()), align=1)
+            spread = builder.shuffle_vector(eight, eight, ir.Constant(
+                ir.VectorType(ir.IntType(32), 32), [j // 4 for j in range(32)]))
+            shifts = ir.Constant(_BYTES, [2 * (j % 4) for j in range(32)])
+            tops = builder.shl(builder.and_(builder.lshr(spread, shifts), _splat(3)), _splat(4))
+            weights = builder.sub(builder.or_(nibble(builder, qv), tops), _splat(32))  # -32 .. 31
+            xv = builder.load(_address(context, builder, sig.args[6], x_arr, x_off), align=1)
+            products = builder.mul(builder.sext(weights, _WORDS), builder.sext(xv, _WORDS))
+            halves = ir.VectorType(ir.IntType(32), 16)
+            reduce_add = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.IntType(32), [halves]), "llvm.vector.reduce.add.v16i32")
+            first = builder.call(reduce_add, [builder.shuffle_vector(
+                products, products, ir.Constant(halves, list(range(16))))])
+            second = builder.call(reduce_add, [builder.shuffle_vector(
+                products, products, ir.Constant(halves, list(range(16, 32))))])
+            return builder.add(builder.mul(sa, first), builder.mul(sb, second))
+        return signature, codegen
+    return intrinsic(typer)
+
+
+dot32_q6_low = _block_dot_q6(lambda builder, q: builder.and_(q, _splat(15)))
+dot32_q6_high = _block_dot_q6(lambda builder, q: builder.lshr(q, _splat(4)))

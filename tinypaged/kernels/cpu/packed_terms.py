@@ -5,12 +5,14 @@ not depend on the batch.
 
 With x rounded to int8 blocks (activations.py: scale dx, values qx, sum qsum) and
 W's block b of row n holding integers w (Q8_0: q; Q4_0: q - 8; Q5_0: q - 16;
-Q4_1, Q5_1 and Q4_K: q, plus a min; scale_of and min_of give a block's float32 scale and min), out[m, n] is, with blocks taken in order b = 0, 1, ...:
+Q4_1, Q5_1, Q4_K and Q5_K: q, plus a min; Q6_K: sc * (q - 32), sc the int8 scale
+of each 16 weights; scale_of and min_of give a block's float32 scale and min),
+out[m, n] is, with blocks taken in order b = 0, 1, ...:
 
     acc = 0
     acc = acc + block_term(...)   where, with dot = sum of w * qx over the block,
-        Q8_0, Q4_0, Q5_0:  (scale * dx) * dot
-        Q4_1, Q5_1, Q4_K:  (scale * dx) * dot + (min * dx) * qsum
+        Q8_0, Q4_0, Q5_0, Q6_K:  (scale * dx) * dot
+        Q4_1, Q5_1, Q4_K, Q5_K:  (scale * dx) * dot + (min * dx) * qsum
 
 `dot` is an exact integer in every kernel: the decode GEMV takes it from an integer
 dot product (int8_dot.py), the group GEMM from vpdpbusd or from float32
@@ -44,9 +46,15 @@ def _block_term_by_kind(scale, mins, min_value, x_scale, dot, qsum):
     return term
 
 
+def is_q6_k(scales) -> bool:
+    """Whether a packed weight's scales (a numba type) are Q6_K's int8 sub-scales."""
+    return isinstance(scales, types.Array) and scales.dtype == types.int8
+
+
 def scale_of(scales, supers, n, b):
-    """Block b of row n's scale in float32: scales[n, b] as float16 bits, or for Q4_K
-    (supers given) d * sc, exact in float32 (model/packed.py)."""
+    """Block b of row n's scale in float32: scales[n, b] as float16 bits; for Q4_K and
+    Q5_K (supers given) d * sc, exact in float32 (model/packed.py); for Q6_K d alone
+    (its sub-scales are in the block's integer dot)."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
@@ -54,6 +62,8 @@ def scale_of(scales, supers, n, b):
 def _scale_of_by_kind(scales, supers, n, b):
     if isinstance(supers, types.NoneType):
         return lambda scales, supers, n, b: f16_bits_to_f32(scales[n, b])
+    if is_q6_k(scales):
+        return lambda scales, supers, n, b: f16_bits_to_f32(supers[n, b >> 3, 0])
     return lambda scales, supers, n, b: f16_bits_to_f32(supers[n, b >> 3, 0]) * float32(scales[n, b])
 
 
@@ -72,34 +82,40 @@ def _min_of_by_kind(mins, supers, n, b):
     return lambda mins, supers, n, b: -(f16_bits_to_f32(supers[n, b >> 3, 1]) * float32(mins[n, b]))
 
 
-def nibble_offset(mins, highs):
+def _nibble_offset(scales, mins, highs) -> int:
+    if is_q6_k(scales) or not isinstance(mins, types.NoneType):
+        return 0
+    return 8 if isinstance(highs, types.NoneType) else 16
+
+
+def nibble_offset(scales, mins, highs):
     """What a Q4 / Q5 kind subtracts from its q: 8 for Q4_0 (mins None), 16 for Q5_0
-    (mins None, highs given), 0 for the kinds with mins."""
+    (mins None, highs given), 0 for the kinds with mins and for Q6_K (whose 32 goes
+    with its sub-scales, inside the block's dot)."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
 @overload(nibble_offset, inline="always")
-def _nibble_offset_by_kind(mins, highs):
-    offset = 0 if not isinstance(mins, types.NoneType) else \
-        8 if isinstance(highs, types.NoneType) else 16
-    return lambda mins, highs: offset
+def _nibble_offset_by_kind(scales, mins, highs):
+    offset = _nibble_offset(scales, mins, highs)
+    return lambda scales, mins, highs: offset
 
 
-def dot_offset(quants, mins, highs):
+def dot_offset(quants, scales, mins, highs):
     """What a kernel subtracts, times the block's sum of x, from dots of the weights'
     unsigned bytes: 128 for Q8_0 (int8 quants, read xor 128), then as nibble_offset."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
 @overload(dot_offset, inline="always")
-def _dot_offset_by_kind(quants, mins, highs):
-    offset = 128 if quants.dtype == types.int8 else 0 if not isinstance(mins, types.NoneType) \
-        else 8 if isinstance(highs, types.NoneType) else 16
-    return lambda quants, mins, highs: offset
+def _dot_offset_by_kind(quants, scales, mins, highs):
+    offset = 128 if quants.dtype == types.int8 else _nibble_offset(scales, mins, highs)
+    return lambda quants, scales, mins, highs: offset
 
 
 def flat_bits(highs):
-    """Q5_x's fifth bits (N, K/8) as one flat byte array, or None for the other kinds."""
+    """Q5_x's fifth bits (N, K/8) or Q6_K's top bits (N, K/4) as one flat byte array, or
+    None for the other kinds."""
     raise NotImplementedError("numba-only: see the overload below")
 
 

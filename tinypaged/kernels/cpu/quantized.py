@@ -1,5 +1,5 @@
-"""CPU matrix products with packed weights (model/packed.py): Q8_0, Q4_0, Q4_1, Q4_K,
-Q5_0, Q5_1.
+"""CPU matrix products with packed weights (model/packed.py): Q8_0, Q4_0, Q4_1, Q5_0,
+Q5_1 and the K-quants Q4_K, Q5_K, Q6_K.
 
 A packed weight multiplies x rounded to int8 per 32-block (activations.py), as
 llama.cpp's CPU path does. Each block's product is then an exact integer dot
@@ -23,27 +23,42 @@ from numba.extending import overload
 from .activations import quantize_activations
 from .common import N_CHUNKS
 from .packed_gemm import LANES, gemm_packed
-from .packed_terms import block_term, dot_offset, flat_bits, min_of, scale_of
-from .int8_dot import dot32_biased, dot32_high, dot32_high5, dot32_low, dot32_low5
+from .packed_terms import block_term, dot_offset, flat_bits, is_q6_k, min_of, scale_of
+from .int8_dot import (dot32_biased, dot32_high, dot32_high5, dot32_low, dot32_low5, dot32_q6_high,
+                       dot32_q6_low)
 
 GEMV_MAX_ROWS = 2  # rows of x up to which the GEMV beats laying out a group (packed_gemm)
 TILE = 8  # W rows whose dots, then terms, then sums a thread takes together
 
 
-def _row_dots(quants, weights, bits, n, xs, x_at, width, dots, at):
+def _row_dots(quants, scales, weights, bits, n, xs, x_at, width, dots, at):
     """dots[at + b] = the integer dot of row n's block b with x's (from xs[x_at]),
-    exact (int8_dot.py). bits: Q5_x's fifth bits, flat, or None."""
+    exact (int8_dot.py). bits: Q5_x's fifth bits or Q6_K's top bits, flat, or None."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
 @overload(_row_dots, inline="always")
-def _row_dots_by_kind(quants, weights, bits, n, xs, x_at, width, dots, at):
-    if quants.dtype == types.int8:  # Q8_0: a row's bytes in order, read xor 128
-        def row(quants, weights, bits, n, xs, x_at, width, dots, at):
+def _row_dots_by_kind(quants, scales, weights, bits, n, xs, x_at, width, dots, at):
+    if is_q6_k(scales):  # Q6_K: nibbles as Q4_x, 2 top bits a weight, int8 scales per 16
+        def row(quants, scales, weights, bits, n, xs, x_at, width, dots, at):
+            half = width >> 1
+            upper = half >> 5
+            row_bits = n * (width >> 2)
+            for b in range(upper):
+                dots[at + b] = dot32_q6_low(weights, n * half + b * 32, bits, row_bits + 8 * b,
+                                            np.int32(scales[n, 2 * b]), np.int32(scales[n, 2 * b + 1]),
+                                            xs, x_at + b * 32)
+            for b in range(upper):
+                c = upper + b
+                dots[at + c] = dot32_q6_high(weights, n * half + b * 32, bits, row_bits + 8 * c,
+                                             np.int32(scales[n, 2 * c]), np.int32(scales[n, 2 * c + 1]),
+                                             xs, x_at + half + b * 32)
+    elif quants.dtype == types.int8:  # Q8_0: a row's bytes in order, read xor 128
+        def row(quants, scales, weights, bits, n, xs, x_at, width, dots, at):
             for b in range(width >> 5):
                 dots[at + b] = dot32_biased(weights, n * width + b * 32, xs, x_at + b * 32)
     elif isinstance(bits, types.NoneType):  # Q4_x: byte p holds weight p (low nibble)
-        def row(quants, weights, bits, n, xs, x_at, width, dots, at):  # and K/2 + p (high)
+        def row(quants, scales, weights, bits, n, xs, x_at, width, dots, at):  # and K/2 + p (high)
             half = width >> 1
             upper = half >> 5
             for b in range(upper):
@@ -51,7 +66,7 @@ def _row_dots_by_kind(quants, weights, bits, n, xs, x_at, width, dots, at):
             for b in range(upper):
                 dots[at + upper + b] = dot32_high(weights, n * half + b * 32, xs, x_at + half + b * 32)
     else:  # Q5_x: Q4_x's nibbles with the fifth bits (4 bytes a block, column order) added
-        def row(quants, weights, bits, n, xs, x_at, width, dots, at):
+        def row(quants, scales, weights, bits, n, xs, x_at, width, dots, at):
             half = width >> 1
             upper = half >> 5
             row_bits = n * (width >> 3)
@@ -74,7 +89,8 @@ def _gemv(x, quants, scales, mins, supers, highs, out):
     (4 cycles each); TILE rows give the CPU TILE chains to run side by side, where
     row by row the chains were the GEMV's bound (bench/NOTES.md).
     Traffic: the packed bytes once (0.56-1.06 bytes a weight), x from L1. mins None:
-    Q8_0 (int8 quants), Q4_0 and Q5_0; supers given: Q4_K; highs given: Q5_x."""
+    Q8_0 (int8 quants), Q4_0, Q5_0 and Q6_K; supers given: K-quants; highs given: Q5_x,
+    Q5_K and Q6_K."""
     xq, dx, qsum = quantize_activations(x)
     n_rows, width = x.shape
     n_out = quants.shape[0]
@@ -82,7 +98,7 @@ def _gemv(x, quants, scales, mins, supers, highs, out):
     weights = quants.reshape(-1)
     xs = xq.reshape(-1)
     bits = flat_bits(highs)
-    offset = dot_offset(quants, mins, highs)
+    offset = dot_offset(quants, scales, mins, highs)
     per_chunk = -(-n_out // N_CHUNKS)
     for c in prange(N_CHUNKS):
         dots = np.zeros(TILE * n_blocks, dtype=np.int32)
@@ -92,7 +108,8 @@ def _gemv(x, quants, scales, mins, supers, highs, out):
             rows = min(TILE, end - n0)
             for m in range(n_rows):
                 for r in range(rows):
-                    _row_dots(quants, weights, bits, n0 + r, xs, m * width, width, dots, r * n_blocks)
+                    _row_dots(quants, scales, weights, bits, n0 + r, xs, m * width, width, dots,
+                              r * n_blocks)
                 for r in range(rows):
                     for b in range(n_blocks):
                         dot = dots[r * n_blocks + b] - offset * qsum[m, b]
