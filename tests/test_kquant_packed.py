@@ -5,6 +5,7 @@ other's bits, on fresh random super-blocks."""
 import gguf
 import numpy as np
 import pytest
+from numba import njit
 from test_quantized import check_decode_gemv, packed_product_bound, random_activations
 
 from tinypaged.kernels import reference
@@ -114,3 +115,44 @@ def test_a_row_width_of_partial_super_blocks_is_refused(kind):
     with pytest.raises(ValueError, match=f"{kind} matrix of 384 columns cannot be kept packed"):
         PackedWeight.from_bytes(np.zeros(2 * 384 // 256 * KINDS[kind][2], np.uint8),
                                 KINDS[kind][0], (2, 384))
+
+
+def _q6_dots(low, high, quants, tops, scales, x, n, k):
+    """(n, K/32) block dots of a Q6_K layout with x (flat int8) by one pair of dot
+    intrinsics (int8_dot.Q6_DOTS), compiled for that pair."""
+    @njit
+    def run(quants, tops, scales, x, out):
+        half, upper = k // 2, k // 64
+        for r in range(n):
+            for b in range(2 * upper):
+                nibble_at = r * half + (b % upper) * 32
+                sa, sb = np.int32(scales[r, 2 * b]), np.int32(scales[r, 2 * b + 1])
+                if b < upper:
+                    out[r, b] = low(quants, nibble_at, tops, r * k // 4 + 8 * b, sa, sb, x, b * 32)
+                else:
+                    out[r, b] = high(quants, nibble_at, tops, r * k // 4 + 8 * b, sa, sb, x, b * 32)
+    out = np.zeros((n, k // 32), np.int64)
+    run(quants, tops, scales, x, out)
+    return out
+
+
+def test_the_generic_and_vnni_q6_k_dots_are_the_same_exact_integer():
+    """The GEMV uses vpdpbusd for Q6_K where the CPU has it and generic IR elsewhere:
+    both give sa * sum (q - 32) x over a block's first half + sb * ... over its second,
+    the exact integer NumPy computes, on random blocks (extremes included)."""
+    from tinypaged.kernels.cpu.int8_dot import Q6_DOTS
+    rng = np.random.default_rng(31)
+    n, k = 8, 512
+    weight, _ = packed(rng, "Q6_K", n, k)
+    weight.scales[0, :4] = [-128, 127, -128, -128]
+    x = rng.integers(-127, 128, (1, k), dtype=np.int8)
+    x[0, :64] = 127
+    q = weight.values().astype(np.int64) - 32  # (n, K)
+    sub = weight.scales.astype(np.int64).repeat(16, axis=1)
+    want = (q * sub * x.astype(np.int64)).reshape(n, k // 32, 32).sum(axis=2)
+    forms = ["generic"] + ["vnni"] * HAS_VNNI
+    for form in forms:
+        low, high = Q6_DOTS[form]
+        got = _q6_dots(low, high, weight.quants.reshape(-1), weight.highs.reshape(-1),
+                       weight.scales, x.reshape(-1), n, k)
+        assert np.array_equal(got, want), form

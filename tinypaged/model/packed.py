@@ -33,7 +33,8 @@ row by row). 5.5 / 6 bits a weight, as in the file. Q5_K is Q4_K with such a pla
 Q6_K (super-blocks of 256 weights, sixteen 16-weight sub-blocks): weight = d * sc *
 (q - 32), q 6 bits, sc an int8 per 16 weights, float16 d per super-block:
     quants  (N, K/2) uint8: q's low 4 bits, laid out as Q4_x
-    highs   (N, K/4) uint8: q's top 2 bits, bits 2t, 2t + 1 of byte i for weight 4i + t
+    highs   (N, K/4) uint8: q's bits 4 and 5 as two bit planes a block: bytes 8b .. 8b + 3
+            hold block b's bits 4 (bit j: weight 32b + j), bytes 8b + 4 .. 8b + 7 its bits 5
     scales  (N, K/16) int8: sc       supers (N, K/256, 1) float16 bits: d
 6.5625 bits a weight, as in the file. Its int8 scales are what tell the kernels
 the kind (packed_terms.py).
@@ -124,8 +125,9 @@ class PackedWeight:
             return values.reshape(n, k)
         if ggml_type == Q6_K:
             q = by_column(q6_values(blocks))
-            tops = (q >> 4).reshape(n, k // 4, 4) << np.array([0, 2, 4, 6], np.uint8)
-            highs = np.bitwise_or.reduce(tops, axis=2).astype(np.uint8)
+            planes = np.stack([(q >> 4) & 1, q >> 5], axis=1).reshape(n, 2, k // QK, QK)
+            highs = np.packbits(planes.transpose(0, 2, 1, 3), axis=3, bitorder="little")
+            highs = highs.reshape(n, k // 4)  # (block, plane, 4 bytes) in each row
             scales = np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).reshape(n, k // 16)
             supers = np.ascontiguousarray(blocks[:, 208:210]).view(np.uint16).reshape(n, k // QK_K, 1)
             return cls(Q6_K, shape, _nibble_pairs(q & 15), scales, None, supers, highs)
@@ -167,9 +169,10 @@ class PackedWeight:
         if self.ggml_type == Q8_0:
             return q.astype(np.float32)
         q = np.concatenate([q & 15, q >> 4], axis=1)
-        if self.ggml_type == Q6_K:  # the top two bits, column order
-            tops = self.highs[rows][:, :, None] >> np.array([0, 2, 4, 6], np.uint8)
-            q = q | ((tops & 3).reshape(q.shape) << 4)
+        if self.ggml_type == Q6_K:  # the two bit planes of each block
+            highs = self.highs[rows]
+            planes = np.unpackbits(highs.reshape(len(highs), -1, 2, 4), axis=3, bitorder="little")
+            q = q | (planes[:, :, 0] << 4).reshape(q.shape) | (planes[:, :, 1] << 5).reshape(q.shape)
         elif self.highs is not None:  # the fifth bits, column order
             q = q | (np.unpackbits(self.highs[rows], axis=1, bitorder="little") << 4)
         return q.astype(np.float32)

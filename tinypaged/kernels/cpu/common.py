@@ -1,10 +1,14 @@
 """What the CPU kernels share: the float16 and bfloat16 widening intrinsics, the
 float16 KV pool's element conversions, and the work split."""
+import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
 N_CHUNKS = 64  # work items per parallel call: rows of W are split into this many ranges
+_FEATURES = llvm.get_host_cpu_features()
+# vpdpbusd on 512- and 256-bit vectors: the kernels that name it have a generic twin
+HAS_VNNI = bool(_FEATURES.get("avx512vnni", False) and _FEATURES.get("avx512vl", False))
 
 
 @intrinsic

@@ -89,19 +89,24 @@ def _group_columns(context, builder, array_type, quants, n0, p0):
 
 
 def _row_tops(context, builder, array_type, tops, n0, column0):
-    """Q6_K's top two bits of columns column0 .. column0 + 15 (a multiple of 16) of rows
-    n0 .. n0 + 15, row j as 16 bytes of 16 * bits (their weight in q), column order."""
+    """Q6_K's bits 4 and 5 of columns column0 .. column0 + 15 (a multiple of 16) of rows
+    n0 .. n0 + 15, row j as 16 bytes of their weight in q (16 and 32), column order.
+    (Block b's two bit planes are bytes 8b .. 8b + 3 and 8b + 4 .. 8b + 7 of a row:
+    model/packed.py; a half block is 2 bytes of each.)"""
     t = context.make_array(array_type)(context, builder, tops)
     row_bytes = builder.extract_value(t.shape, 1)
-    shifts = ir.Constant(_INTS, [2 * p for p in range(LANES)])
+    within = builder.add(builder.mul(builder.lshr(column0, _index(5)), _index(8)),
+                         builder.and_(builder.lshr(column0, _index(3)), _index(2)))
     rows = []
     for j in range(LANES):
-        at = builder.add(builder.mul(builder.add(n0, _index(j)), row_bytes),
-                         builder.lshr(column0, _index(2)))
-        word = builder.load(builder.bitcast(builder.gep(t.data, [at]), _I32.as_pointer()), align=1)
-        bits = builder.and_(builder.lshr(_splat(builder, word, _INTS), shifts),
-                            ir.Constant(_INTS, [3] * LANES))
-        rows.append(builder.shl(builder.trunc(bits, _BYTES), ir.Constant(_BYTES, [4] * LANES)))
+        at = builder.add(builder.mul(builder.add(n0, _index(j)), row_bytes), within)
+        row = ir.Constant(_BYTES, [0] * LANES)
+        for plane in range(2):
+            address = builder.gep(t.data, [builder.add(at, _index(4 * plane))])
+            half = builder.load(builder.bitcast(address, ir.IntType(16).as_pointer()), align=1)
+            bits = builder.zext(builder.bitcast(half, ir.VectorType(ir.IntType(1), LANES)), _BYTES)
+            row = builder.or_(row, builder.shl(bits, ir.Constant(_BYTES, [4 + plane] * LANES)))
+        rows.append(row)
     return rows
 
 

@@ -21,16 +21,20 @@ xoff): u = the nibble + 16 * bit j of the 4 bytes at bits[boff] (little-endian;
 model/packed.py), so a Q5 block costs one multiply-add and one sum, as a Q4 block.
 
 dot32_q6_low and dot32_q6_high take Q6_K's blocks, (q, qoff, tops, toff, sa, sb, x,
-xoff): q = the nibble + 16 * the two bits of the 8 bytes at tops[toff] (bits 2t,
-2t + 1 of byte i for weight 4i + t), and return the block's exact integer
+xoff): q = the nibble + 16 * bit j of the 4 bytes at tops[toff] + 32 * bit j of the
+4 bytes after them (model/packed.py), and return the block's exact integer
     sa * sum_{j < 16} (q_j - 32) x_j  +  sb * sum_{16 <= j < 32} (q_j - 32) x_j
 with the int8 sub-scales sa and sb of its two halves (below 2^24 in magnitude:
 2 * 128 * 32 * 16 * 127), so a block still gives one integer and one float term.
+With AVX-512 VNNI they name vpdpbusd (a 256-bit one for each half's four lanes);
+elsewhere they are generic IR (Q6_DOTS has both; the tests hold them equal).
 """
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from .common import HAS_VNNI
 
 _BYTES = ir.VectorType(ir.IntType(8), 32)
 _WORDS = ir.VectorType(ir.IntType(32), 32)
@@ -102,8 +106,58 @@ dot32_low5 = _block_dot_with_bits(lambda builder, q: builder.and_(q, _splat(15))
 dot32_high5 = _block_dot_with_bits(lambda builder, q: builder.lshr(q, _splat(4)))
 
 
-def _block_dot_q6(nibble):
-    """An intrinsic (q, qoff, tops, toff, sa, sb, x, xoff) -> int32 (see the docstring)."""
+def _q6_values(context, builder, sig, args, nibble):
+    """Q6_K's q (32 bytes, 0 .. 63) of one block and x's 32 bytes, from the arguments
+    (q, qoff, tops, toff, sa, sb, x, xoff)."""
+    q_arr, q_off, t_arr, t_off, _, _, x_arr, x_off = args
+    qv = builder.load(_address(context, builder, sig.args[0], q_arr, q_off), align=1)
+    data = context.make_array(sig.args[2])(context, builder, t_arr).data
+    u = nibble(builder, qv)
+    for plane in range(2):  # bits 4 and 5 of q, 32 bits each
+        at = builder.add(t_off, ir.Constant(t_off.type, 4 * plane))
+        word = builder.load(builder.bitcast(builder.gep(data, [at]), ir.IntType(32).as_pointer()),
+                            align=1)
+        bits = builder.zext(builder.bitcast(word, ir.VectorType(ir.IntType(1), 32)), _BYTES)
+        u = builder.or_(u, builder.shl(bits, _splat(4 + plane)))
+    return u, builder.load(_address(context, builder, sig.args[6], x_arr, x_off), align=1)
+
+
+def _q6_generic(context, builder, sig, args, nibble):
+    """Any CPU: (q - 32) * x widened to int32, times each half's scale, one sum."""
+    u, xv = _q6_values(context, builder, sig, args, nibble)
+    sa, sb = args[4], args[5]
+    products = builder.mul(builder.sext(builder.sub(u, _splat(32)), _WORDS), builder.sext(xv, _WORDS))
+    scales = ir.Constant(_WORDS, None)
+    for j in range(32):
+        scales = builder.insert_element(scales, sa if j < 16 else sb, ir.Constant(ir.IntType(32), j))
+    reduce_add = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.IntType(32), [_WORDS]), "llvm.vector.reduce.add.v32i32")
+    return builder.call(reduce_add, [builder.mul(products, scales)])
+
+
+def _q6_vnni(context, builder, sig, args, nibble):
+    """AVX-512 VNNI: one vpdpbusd gives q . x in 8 lanes of 4 columns, one more 32 * x
+    in the same lanes; their difference times [sa] * 4 + [sb] * 4, one sum of 8."""
+    u, xv = _q6_values(context, builder, sig, args, nibble)
+    sa, sb = args[4], args[5]
+    lanes = ir.VectorType(ir.IntType(32), 8)
+    dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(lanes, [lanes] * 3),
+                                            "llvm.x86.avx512.vpdpbusd.256")
+    zero = ir.Constant(lanes, [0] * 8)
+    x_words = builder.bitcast(xv, lanes)
+    dots = builder.call(dpbusd, [zero, builder.bitcast(u, lanes), x_words])
+    offsets = builder.call(dpbusd, [zero, builder.bitcast(_splat(32), lanes), x_words])
+    scales = ir.Constant(lanes, None)
+    for j in range(8):
+        scales = builder.insert_element(scales, sa if j < 4 else sb, ir.Constant(ir.IntType(32), j))
+    reduce_add = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.IntType(32), [lanes]), "llvm.vector.reduce.add.v8i32")
+    return builder.call(reduce_add, [builder.mul(builder.sub(dots, offsets), scales)])
+
+
+def _block_dot_q6(nibble, form):
+    """An intrinsic (q, qoff, tops, toff, sa, sb, x, xoff) -> int32 (see the docstring),
+    computed by form (_q6_generic or _q6_vnni: the same exact integer)."""
     def typer(typingctx, q, qoff, tops, toff, sa, sb, x, xoff):
         if not (isinstance(q, types.Array) and q.layout == "C" and q.dtype == types.uint8
                 and isinstance(tops, types.Array) and tops.layout == "C" and tops.dtype == types.uint8
@@ -113,29 +167,19 @@ def _block_dot_q6(nibble):
                                 types.intp)
 
         def codegen(context, builder, sig, args):
-            q_arr, q_off, t_arr, t_off, sa, sb, x_arr, x_off = args
-            qv = builder.load(_address(context, builder, sig.args[0], q_arr, q_off), align=1)
-            data = context.make_array(sig.args[2])(context, builder, t_arr).data
-            eight = builder.load(builder.bitcast(builder.gep(data, [t_off]),
-                                                 ir.VectorType(ir.IntType(8), 8).as_pointer()), align=1)
-            spread = builder.shuffle_vector(eight, eight, ir.Constant(
-                ir.VectorType(ir.IntType(32), 32), [j // 4 for j in range(32)]))
-            shifts = ir.Constant(_BYTES, [2 * (j % 4) for j in range(32)])
-            tops = builder.shl(builder.and_(builder.lshr(spread, shifts), _splat(3)), _splat(4))
-            weights = builder.sub(builder.or_(nibble(builder, qv), tops), _splat(32))  # -32 .. 31
-            xv = builder.load(_address(context, builder, sig.args[6], x_arr, x_off), align=1)
-            products = builder.mul(builder.sext(weights, _WORDS), builder.sext(xv, _WORDS))
-            halves = ir.VectorType(ir.IntType(32), 16)
-            reduce_add = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.IntType(32), [halves]), "llvm.vector.reduce.add.v16i32")
-            first = builder.call(reduce_add, [builder.shuffle_vector(
-                products, products, ir.Constant(halves, list(range(16))))])
-            second = builder.call(reduce_add, [builder.shuffle_vector(
-                products, products, ir.Constant(halves, list(range(16, 32))))])
-            return builder.add(builder.mul(sa, first), builder.mul(sb, second))
+            return form(context, builder, sig, args, nibble)
         return signature, codegen
     return intrinsic(typer)
 
 
-dot32_q6_low = _block_dot_q6(lambda builder, q: builder.and_(q, _splat(15)))
-dot32_q6_high = _block_dot_q6(lambda builder, q: builder.lshr(q, _splat(4)))
+def _low(builder, q):
+    return builder.and_(q, _splat(15))
+
+
+def _high(builder, q):
+    return builder.lshr(q, _splat(4))
+
+
+Q6_DOTS = {"generic": (_block_dot_q6(_low, _q6_generic), _block_dot_q6(_high, _q6_generic)),
+           "vnni": (_block_dot_q6(_low, _q6_vnni), _block_dot_q6(_high, _q6_vnni))}
+dot32_q6_low, dot32_q6_high = Q6_DOTS["vnni" if HAS_VNNI else "generic"]

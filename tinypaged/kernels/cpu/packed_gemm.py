@@ -13,18 +13,15 @@ Measured (2 cores, AVX-512 VNNI; SmolLM2's layer shapes, bench/NOTES.md): at 32
 rows of x, as fast as the float GEMM of gemm.py on widened weights; at 128 rows,
 as BLAS.
 """
-import llvmlite.binding as llvm
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
 from .activations import quantize_activations
-from .common import N_CHUNKS
+from .common import HAS_VNNI, N_CHUNKS
 from .group_ir import (BLOCK, LANES, X_ROWS, accumulate_block_float, accumulate_block_vnni,
                        accumulate_block_vnni_q6, widen_chunk_bytes, widen_chunk_float)
 from .packed_terms import dot_offset, is_q6_k, min_of, nibble_offset, scale_of
-
-HAS_VNNI = bool(llvm.get_host_cpu_features().get("avx512vnni", False))
 
 
 def _lows(mins, low):
