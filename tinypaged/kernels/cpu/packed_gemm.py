@@ -20,7 +20,8 @@ from numba.extending import overload
 from .activations import quantize_activations
 from .common import HAS_VNNI, N_CHUNKS
 from .group_ir import (BLOCK, LANES, X_ROWS, accumulate_block_float, accumulate_block_vnni,
-                       accumulate_block_vnni_q6, widen_chunk_bytes, widen_chunk_float)
+                       accumulate_block_vnni_q6)
+from .group_layout import widen_chunk_bytes, widen_chunk_float
 from .packed_terms import dot_offset, is_q6_k, min_of, nibble_offset, scale_of
 
 
