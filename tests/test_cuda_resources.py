@@ -76,8 +76,10 @@ def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
     per_pool = {f"{k}{pool}" for k in ("paged_attention_decode", "paged_attention_prefill",
                                         "rope_write_kv", "copy_blocks")
                 for pool in ("", "[kv-f16]")}  # float32 and float16 KV pools
+    wide = ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k")  # (no fused q/k/v: kquant_matmul.py)
     packed = {f"gemv_{q}{form}" for q in ("q8_0", "q4") for form in ("", "_qkv", "_gate_up_silu")}
-    packed |= {"matmul_tiled_packed[q8_0]", "matmul_tiled_packed[q4]"}
+    packed |= {f"gemv_{q}{form}" for q in wide for form in ("", "_gate_up_silu")}
+    packed |= {f"matmul_tiled_packed[{q}]" for q in ("q8_0", "q4") + wide}
     assert set(audit) == per_dtype | per_pool | packed | {"merge_partitions", "add_rms_norm",
                                                           "silu_mul", "scale", "add", "gelu_tanh_mul", "softcap",
                                                           "gather_rows",
@@ -88,7 +90,9 @@ def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
     assert all(0 < r["occupancy"] <= 1 for r in audit.values())
     decode = {label: r for label, r in audit.items()
               if label.startswith(("gemv", "paged_attention_decode", "merge_partitions"))}
-    assert len(decode) == 15  # 3 GEMVs x (f16, f32, Q8_0, Q4_x), attention x 2 pools, merge
+    # 3 GEMVs x (f16, f32, Q8_0, Q4_x), 2 x (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), attention x 2
+    # pools, merge
+    assert len(decode) == 25
     for label, r in decode.items():
         # issue 11's bar for decode kernels: registers only, at least half the SM's threads
         assert r["stack"] == 0 and r["spills"] == 0 and r["occupancy"] >= 0.5, label

@@ -104,16 +104,20 @@ def test_a_q5_matrix_of_an_odd_number_of_blocks_is_requantized_to_q8_0_and_runs(
 
 
 @pytest.mark.cuda
-def test_the_cuda_backend_holds_a_q4_k_matrix_as_q8_0_until_it_has_kernels_for_it(tmp_path):
-    """(Issue 20 brings warp kernels that read Q4_K blocks; until then the upload
-    requantizes, as loading did for every backend before.) This file packs up_proj
-    and not gate_proj, so the fused gate/up kernel gives way to two products."""
-    from tinypaged.kernels.cuda.packed_matmul import Q8_0_KIND, DevicePacked
-    path = tmp_path / "Q4_K.gguf"
-    write_tiny_llama_gguf(path, ffn_up_type=gw.RAW_TYPES["Q4_K"], hidden=256, intermediate=256)
+@pytest.mark.parametrize("name", ["Q6_K", "Q5_0"])
+def test_the_cuda_backend_reads_the_packed_blocks_and_runs(tmp_path, name):
+    """The upload keeps the file's kind (kquant_matmul.py reads the blocks; nothing is
+    requantized), and greedy tokens equal the reference's. This file packs up_proj
+    and not gate_proj, so the fused gate/up kernel gives way to two products. (Every
+    kind's kernels are held to the reference in test_cuda_kernels.py; this is two of
+    them in a whole model, on the simulator.)"""
+    from tinypaged.kernels.cuda import kquant_matmul
+    from tinypaged.kernels.cuda.packed_matmul import DevicePacked
+    path = tmp_path / f"{name}.gguf"
+    write_tiny_llama_gguf(path, ffn_up_type=gw.RAW_TYPES[name], hidden=256, intermediate=256)
     llm = LLM(path, backend="cuda", num_blocks=8)
     up = llm.engine.runner.model.w["model.layers.0.mlp.up_proj.weight"]
-    assert isinstance(up, DevicePacked) and up.kind == Q8_0_KIND
+    assert isinstance(up, DevicePacked) and up.kind == getattr(kquant_matmul, f"{name}_KIND")
     greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)  # a prefill, a decode
     got = llm.generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
     want = LLM(path, backend="reference").generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids

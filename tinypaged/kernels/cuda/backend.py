@@ -13,15 +13,13 @@ from contextlib import contextmanager
 import numpy as np
 from numba import cuda
 
-from ...model.ggml_quant import Q4_0, Q4_1, Q8_0
 from ...model.packed import PackedWeight
 from ..reference import rope_tables as host_rope_tables
-from . import attention, elementwise, matmul, packed_matmul
+from . import attention, elementwise, matmul
 from .logits import DeviceLogits, LogitsCopier
 from .packed_matmul import DevicePacked
 from .memory import MetadataUploader, StepWorkspace
 
-DEVICE_PACKED_TYPES = (Q8_0, Q4_0, Q4_1)  # the packed kinds the device kernels read
 
 EMBEDDING = "model.embed_tokens.weight"
 WORKSPACE_RESERVE = 2 << 30  # bytes kept out of the KV pool for step activations
@@ -41,11 +39,6 @@ def _one_form(*weights) -> bool:
     plain (a file may quantize gate and up, or q, k and v, differently)."""
     kinds = {w.kind if isinstance(w, DevicePacked) else None for w in weights}
     return len(kinds) == 1
-
-
-def _packed_args(w: DevicePacked) -> tuple:
-    """(quants as the GEMVs read them, scales, mins, has_mins) of a packed matrix."""
-    return w.words, w.scales, w.mins, w.kind == packed_matmul.Q4_1_KIND
 
 
 def free_device_memory() -> int:
@@ -107,9 +100,6 @@ class CudaBackend:
         (reference.round_activations); a packed embedding table is widened."""
         out = {}
         for name, w in weights.items():
-            if isinstance(w, PackedWeight) and w.ggml_type not in DEVICE_PACKED_TYPES:
-                # (a kind without device kernels yet, Q4_K: held as Q8_0 here)
-                w = PackedWeight.quantize(w.dequantize(), Q8_0)
             if isinstance(w, PackedWeight) and name != EMBEDDING:
                 out[name] = DevicePacked(w)
                 self._packed = True
@@ -254,16 +244,15 @@ class CudaBackend:
         """out = x @ W.T (+ bias) for a packed W: the packed GEMV for decode, else the
         tiled product dequantizing W's tiles in shared memory."""
         if _decode(x):
-            gemv = packed_matmul.decode_kernels(w.kind)[0]
-            self._launch(gemv, matmul.gemv_blocks(w.shape[0]), matmul.GEMV_THREADS,
-                         x, *_packed_args(w), bias, has_bias, out)
+            self._launch(w.decode_kernels[0], matmul.gemv_blocks(w.shape[0]), matmul.GEMV_THREADS,
+                         x, w.decode, bias, has_bias, out)
         else:
             grid = (ceil_div(w.shape[0], matmul.TILE), ceil_div(x.shape[0], matmul.TILE))
-            self._launch(packed_matmul.matmul_tiled_packed, grid, (matmul.TILE, matmul.TILE),
-                         x, w.quants, w.scales, w.mins, w.kind, bias, has_bias, out)
+            self._launch(w.tiled_kernel, grid, (matmul.TILE, matmul.TILE),
+                         x, w.tiled, bias, has_bias, out)
 
     def qkv_proj(self, x, wq, wk, wv, bq=None, bk=None, bv=None):
-        if not _one_form(wq, wk, wv):
+        if not _one_form(wq, wk, wv) or (isinstance(wq, DevicePacked) and wq.decode_kernels[1] is None):
             return self.linear(x, wq, bq), self.linear(x, wk, bk), self.linear(x, wv, bv)
         x = self._input_for(x, wq)
         if not _decode(x):
@@ -273,9 +262,8 @@ class CudaBackend:
         bq, bk, bv = (b if has_bias else self._no_bias for b in (bq, bk, bv))
         blocks = matmul.gemv_blocks(wq.shape[0] + wk.shape[0] + wv.shape[0])
         if isinstance(wq, DevicePacked):
-            matrices = [a for w in (wq, wk, wv) for a in _packed_args(w)[:3]]
-            self._launch(packed_matmul.decode_kernels(wq.kind)[1], blocks, matmul.GEMV_THREADS,
-                         x, *matrices, _packed_args(wq)[3], bq, bk, bv, has_bias, q, k, v)
+            self._launch(wq.decode_kernels[1], blocks, matmul.GEMV_THREADS,
+                         x, wq.decode, wk.decode, wv.decode, bq, bk, bv, has_bias, q, k, v)
         else:
             self._launch(matmul.gemv_qkv, blocks, matmul.GEMV_THREADS,
                          x, wq, wk, wv, bq, bk, bv, has_bias, q, k, v)
@@ -290,9 +278,8 @@ class CudaBackend:
         out = self._empty(x.shape[0], w_gate.shape[0])
         blocks = matmul.gemv_blocks(w_gate.shape[0])
         if isinstance(w_gate, DevicePacked):
-            self._launch(packed_matmul.decode_kernels(w_gate.kind)[2], blocks,
-                         matmul.GEMV_THREADS, x, *_packed_args(w_gate)[:3],
-                         *_packed_args(w_up), out)
+            self._launch(w_gate.decode_kernels[2], blocks, matmul.GEMV_THREADS,
+                         x, w_gate.decode, w_up.decode, out)
         else:
             self._launch(matmul.gemv_gate_up_silu, blocks, matmul.GEMV_THREADS,
                          x, w_gate, w_up, out)

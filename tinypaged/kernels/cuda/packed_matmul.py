@@ -1,8 +1,12 @@
-"""CUDA products with packed (Q8_0 / Q4_0 / Q4_1) weights, uploaded as the host holds
-them (model/packed.py), never widened whole:
-    quants  (N, K) int8 (Q8_0); (N, K/2) uint8 (Q4_x: byte p holds weight p in its
-            low nibble, weight p + K/2 in its high one)
-    scales  (N, K/32) float16, mins (N, K/32) float16 (Q4_1; a placeholder otherwise)
+"""CUDA products with packed weights, uploaded as the host holds them (model/packed.py),
+never widened whole. A matrix goes to the kernels as one tuple (DevicePacked):
+    Q8_0, Q4_0, Q4_1   (quants, scales, mins, has_mins)
+        quants  (N, K) int8 (Q8_0, read by the GEMVs as (N, K/4) int32 words);
+                (N, K/2) uint8 (Q4_x: byte p holds weight p in its low nibble,
+                weight p + K/2 in its high one)
+        scales  (N, K/32) float16, mins (N, K/32) float16 (Q4_1; a placeholder otherwise)
+    Q5_0, Q5_1, Q4_K, Q5_K, Q6_K   (quants, scales, mins, supers, highs, kind):
+        kquant_matmul.py
 Weight (n, k) = scale * q (Q8_0), scale * (q - 8) (Q4_0), scale * q + min (Q4_1).
 x comes rounded to int8 blocks already (elementwise.round_activations), as every
 backend's packed products take it; products accumulate in float32.
@@ -29,8 +33,10 @@ QK = 32  # weights per scale
 
 
 @cuda.jit(device=True, inline="always")
-def _weight(quants, scales, mins, kind, n, k, half):
-    """Weight (n, k) as float32 (half = K / 2, where Q4_x rows fold)."""
+def _weight(w, n, k, half):
+    """Weight (n, k) as float32 of a Q8_0 / Q4_x matrix (half = K / 2, where Q4_x rows
+    fold)."""
+    quants, scales, mins, kind = w
     scale = float32(scales[n, k // QK])
     if kind == Q8_0_KIND:
         return scale * float32(quants[n, k])
@@ -41,10 +47,10 @@ def _weight(quants, scales, mins, kind, n, k, half):
 
 
 @cuda.jit(device=True, inline="always")
-def _q8_0_row_dots(x, words, scales, mins, has_mins, n, lane, acc):
+def _q8_0_row_dots(x, w, n, lane, acc):
     """acc[m] = x[m] . W[n] in every lane (as matmul._warp_row_dots), on Q8_0 quants
-    read as int32 words of 4 (one 4-byte load a lane; the warp reads 128 bytes).
-    (mins, has_mins: unused; the Q4 form's signature.)"""
+    read as int32 words of 4 (one 4-byte load a lane; the warp reads 128 bytes)."""
+    words, scales = w[0], w[1]
     n_rows, width = x.shape
     for m in range(GEMV_MAX_ROWS):
         acc[m] = float32(0.0)
@@ -61,9 +67,10 @@ def _q8_0_row_dots(x, words, scales, mins, has_mins, n, lane, acc):
 
 
 @cuda.jit(device=True, inline="always")
-def _q4_row_dots(x, quants, scales, mins, has_mins, n, lane, acc):
+def _q4_row_dots(x, w, n, lane, acc):
     """acc[m] = x[m] . W[n] in every lane, on Q4_0 (has_mins False) or Q4_1 quants:
     lanes walk the K/2 bytes of the row; byte p gives weights p and p + K/2."""
+    quants, scales, mins, has_mins = w
     n_rows, width = x.shape
     half = width // 2
     for m in range(GEMV_MAX_ROWS):
@@ -82,115 +89,131 @@ def _q4_row_dots(x, quants, scales, mins, has_mins, n, lane, acc):
     _warp_sum_rows(acc, n_rows)
 
 
-def _decode_kernels(row_dots):
-    """The decode kernels of one packed format, given its row-dot device function
-    (quants, scales, mins, has_mins name a matrix): one matrix, q/k/v in one launch,
-    gate/up with SiLU in one launch. Blocks of GEMV_WARPS warps, grid-stride rows per
-    warp (as matmul.gemv_rows, gemv_qkv, gemv_gate_up_silu)."""
+def decode_kernel_family(row_dots, fused_qkv: bool = True):
+    """The decode kernels of one family of packed formats, given its row-dot device
+    function row_dots(x, w, n, lane, acc) (w: a matrix's tuple): one matrix, q/k/v in
+    one launch (None without fused_qkv: three inlined row_dots of the Q5 and K-quant
+    kinds spill registers), gate/up with SiLU in one launch. Blocks of GEMV_WARPS
+    warps, grid-stride rows per warp (as matmul.gemv_rows, gemv_qkv, gemv_gate_up_silu)."""
 
     @jit_bounded(GEMV_BOUNDS)
-    def gemv(x, quants, scales, mins, has_mins, bias, has_bias, out):
+    def gemv(x, w, bias, has_bias, out):
         lane = cuda.threadIdx.x % WARP
         first, stride = _first_warp_and_stride()
         acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-        for n in range(first, quants.shape[0], stride):
-            row_dots(x, quants, scales, mins, has_mins, n, lane, acc)
+        for n in range(first, out.shape[1], stride):
+            row_dots(x, w, n, lane, acc)
             _store_rows(out, bias, has_bias, n, acc, lane, x.shape[0])
 
     @jit_bounded(GEMV_BOUNDS)
-    def qkv(x, wq, sq, mq, wk, sk, mk, wv, sv, mv, has_mins, bq, bk, bv, has_bias,
-            q_out, k_out, v_out):
+    def qkv(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out):
         lane = cuda.threadIdx.x % WARP
         first, stride = _first_warp_and_stride()
-        nq, nk = wq.shape[0], wk.shape[0]
+        nq, nk = q_out.shape[1], k_out.shape[1]
         acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
         for g in range(first, nq + 2 * nk, stride):  # (a branch per matrix: no array is
             if g < nq:                               # chosen at run time, which costs registers)
-                row_dots(x, wq, sq, mq, has_mins, g, lane, acc)
+                row_dots(x, wq, g, lane, acc)
                 _store_rows(q_out, bq, has_bias, g, acc, lane, x.shape[0])
             elif g < nq + nk:
-                row_dots(x, wk, sk, mk, has_mins, g - nq, lane, acc)
+                row_dots(x, wk, g - nq, lane, acc)
                 _store_rows(k_out, bk, has_bias, g - nq, acc, lane, x.shape[0])
             else:
-                row_dots(x, wv, sv, mv, has_mins, g - nq - nk, lane, acc)
+                row_dots(x, wv, g - nq - nk, lane, acc)
                 _store_rows(v_out, bv, has_bias, g - nq - nk, acc, lane, x.shape[0])
 
     @jit_bounded(GEMV_BOUNDS)
-    def gate_up_silu(x, wg, sg, mg, wu, su, mu, has_mins, out):
+    def gate_up_silu(x, wg, wu, out):
         lane = cuda.threadIdx.x % WARP
         first, stride = _first_warp_and_stride()
         gate = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
         up = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-        for n in range(first, wg.shape[0], stride):
-            row_dots(x, wg, sg, mg, has_mins, n, lane, gate)
-            row_dots(x, wu, su, mu, has_mins, n, lane, up)
+        for n in range(first, out.shape[1], stride):
+            row_dots(x, wg, n, lane, gate)
+            row_dots(x, wu, n, lane, up)
             if lane == 0:
                 for m in range(GEMV_MAX_ROWS):
                     if m < x.shape[0]:
                         g = gate[m]
                         out[m, n] = g / (float32(1.0) + math.exp(-g)) * up[m]
 
-    return gemv, qkv, gate_up_silu
+    return gemv, qkv if fused_qkv else None, gate_up_silu
 
 
-gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu = _decode_kernels(_q8_0_row_dots)
-gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu = _decode_kernels(_q4_row_dots)
+def tiled_kernel(weight):
+    """matmul.matmul_tiled with W's tile dequantized by weight(w, n, k, half) as it is
+    staged: grid (ceil(N / TILE), ceil(M / TILE)), block (TILE, TILE)."""
+
+    @cuda.jit
+    def matmul_tiled(x, w, bias, has_bias, out):
+        x_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [row, k]
+        w_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [k, n]
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        n_rows, width = x.shape
+        n_out = out.shape[1]
+        half = width // 2
+        row = cuda.blockIdx.y * TILE + ty
+        col = cuda.blockIdx.x * TILE + tx
+        w_row = cuda.blockIdx.x * TILE + ty  # the W row this thread stages
+        acc = float32(0.0)
+        for k0 in range(0, width, TILE):
+            k = k0 + tx
+            x_tile[ty, tx] = x[row, k] if row < n_rows and k < width else float32(0.0)
+            w_tile[tx, ty] = weight(w, w_row, k, half) if w_row < n_out and k < width \
+                else float32(0.0)
+            cuda.syncthreads()  # both tiles are staged
+            for kk in range(TILE):
+                acc += x_tile[ty, kk] * w_tile[kk, tx]
+            cuda.syncthreads()  # everyone is done reading before the next stage
+        if row < n_rows and col < n_out:
+            if has_bias:
+                acc += bias[col]
+            out[row, col] = acc
+
+    return matmul_tiled
 
 
-def decode_kernels(kind: int) -> tuple:
-    """(gemv, qkv, gate_up_silu) for a packed format."""
-    if kind == Q8_0_KIND:
-        return gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu
-    return gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu
-
-
-@cuda.jit
-def matmul_tiled_packed(x, quants, scales, mins, kind, bias, has_bias, out):
-    """matmul.matmul_tiled with W's tile dequantized (_weight) as it is staged: grid
-    (ceil(N / TILE), ceil(M / TILE)), block (TILE, TILE)."""
-    x_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [row, k]
-    w_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [k, n]
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    n_rows, width = x.shape
-    n_out = quants.shape[0]
-    half = width // 2
-    row = cuda.blockIdx.y * TILE + ty
-    col = cuda.blockIdx.x * TILE + tx
-    w_row = cuda.blockIdx.x * TILE + ty  # the W row this thread stages
-    acc = float32(0.0)
-    for k0 in range(0, width, TILE):
-        k = k0 + tx
-        x_tile[ty, tx] = x[row, k] if row < n_rows and k < width else float32(0.0)
-        w_tile[tx, ty] = _weight(quants, scales, mins, kind, w_row, k, half) \
-            if w_row < n_out and k < width else float32(0.0)
-        cuda.syncthreads()  # both tiles are staged
-        for kk in range(TILE):
-            acc += x_tile[ty, kk] * w_tile[kk, tx]
-        cuda.syncthreads()  # everyone is done reading before the next stage
-    if row < n_rows and col < n_out:
-        if has_bias:
-            acc += bias[col]
-        out[row, col] = acc
+gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu = decode_kernel_family(_q8_0_row_dots)
+gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu = decode_kernel_family(_q4_row_dots)
+matmul_tiled_packed = tiled_kernel(_weight)
 
 
 class DevicePacked:
-    """A PackedWeight's arrays on the device, as the host holds them (scales and mins
-    as float16). shape: (N, K) of the weights it stands for."""
-    __slots__ = ("kind", "shape", "quants", "words", "scales", "mins")
+    """A PackedWeight's arrays on the device, as the host holds them (float16 scales and
+    mins as float16). shape: (N, K) of the weights it stands for. decode and tiled:
+    the tuples the GEMVs and the tiled product take (Q8_0's GEMVs read its quants as
+    int32 words); decode_kernels and tiled_kernel: the kernels that read them."""
+    __slots__ = ("kind", "shape", "arrays", "decode", "tiled", "decode_kernels", "tiled_kernel")
 
     def __init__(self, packed):
         import numpy as np
 
-        from ...model.ggml_quant import Q4_0, Q8_0
-        self.kind = {Q8_0: Q8_0_KIND, Q4_0: Q4_0_KIND}.get(packed.ggml_type, Q4_1_KIND)
+        from ...model.ggml_quant import Q4_0, Q4_1, Q8_0
+        from . import kquant_matmul
         self.shape = packed.shape
-        self.quants = cuda.to_device(packed.quants)
-        # what the GEMVs read: Q8_0's quants 4 at a time, the same bytes as (N, K/4) int32
-        self.words = self.quants.view(np.int32) if self.kind == Q8_0_KIND else self.quants
-        self.scales = cuda.to_device(packed.scales.view(np.float16))
+        if packed.ggml_type not in (Q8_0, Q4_0, Q4_1):
+            self.kind, self.arrays = kquant_matmul.upload(packed)
+            self.decode = self.tiled = (*self.arrays, self.kind)
+            self.decode_kernels = kquant_matmul.DECODE_KERNELS[self.kind]
+            self.tiled_kernel = kquant_matmul.TILED_KERNELS[self.kind]
+            return
+        self.kind = {Q8_0: Q8_0_KIND, Q4_0: Q4_0_KIND}.get(packed.ggml_type, Q4_1_KIND)
+        quants = cuda.to_device(packed.quants)
+        scales = cuda.to_device(packed.scales.view(np.float16))
         mins = packed.mins if packed.mins is not None else np.zeros((1, 1), np.uint16)
-        self.mins = cuda.to_device(mins.view(np.float16))
+        mins = cuda.to_device(mins.view(np.float16))
+        self.arrays = (quants, scales, mins)
+        words = quants.view(np.int32) if self.kind == Q8_0_KIND else quants
+        self.decode = (words, scales, mins, self.kind == Q4_1_KIND)
+        self.tiled = (quants, scales, mins, self.kind)
+        self.decode_kernels = (gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu) \
+            if self.kind == Q8_0_KIND else (gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu)
+        self.tiled_kernel = matmul_tiled_packed
+
+    @property
+    def quants(self):
+        return self.arrays[0]
 
     @property
     def nbytes(self) -> int:
-        return sum(int(a.nbytes) for a in (self.quants, self.scales, self.mins))
+        return sum(int(a.nbytes) for a in self.arrays)

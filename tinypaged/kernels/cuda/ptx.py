@@ -16,7 +16,7 @@ import sys
 
 from numba import cuda, types
 
-from . import attention, elementwise, logits, matmul, packed_matmul
+from . import attention, elementwise, kquant_matmul, logits, matmul, packed_matmul
 
 F32, F16, I32, I64 = types.float32, types.float16, types.int32, types.int64
 I8, U8 = types.int8, types.uint8
@@ -24,6 +24,25 @@ I8, U8 = types.int8, types.uint8
 
 def arr(dtype, ndim):
     return types.Array(dtype, ndim, "C")
+
+
+def packed_families() -> list[tuple[str, tuple, object]]:
+    """(label, its decode kernels or its kquant_matmul kind, a matrix's tuple type) of
+    each packed family: Q8_0 (int32 words), Q4_x, and kquant_matmul's five kinds."""
+    def matrix(*arrays, flag=I64):
+        return types.Tuple((*arrays, flag))
+    k = kquant_matmul
+    placeholder = arr(U8, 2)  # (mins or highs a kind lacks)
+    return [("q8_0", (packed_matmul.gemv_q8_0, packed_matmul.gemv_q8_0_qkv,
+                      packed_matmul.gemv_q8_0_gate_up_silu),
+             matrix(arr(I32, 2), arr(F16, 2), arr(F16, 2), flag=types.boolean)),
+            ("q4", (packed_matmul.gemv_q4, packed_matmul.gemv_q4_qkv, packed_matmul.gemv_q4_gate_up_silu),
+             matrix(arr(U8, 2), arr(F16, 2), arr(F16, 2), flag=types.boolean)),
+            ("q5_0", k.Q5_0_KIND, matrix(arr(U8, 2), arr(F16, 2), placeholder, arr(F16, 3), arr(U8, 2))),
+            ("q5_1", k.Q5_1_KIND, matrix(arr(U8, 2), arr(F16, 2), arr(F16, 2), arr(F16, 3), arr(U8, 2))),
+            ("q4_k", k.Q4_K_KIND, matrix(arr(U8, 2), arr(U8, 2), arr(U8, 2), arr(F16, 3), placeholder)),
+            ("q5_k", k.Q5_K_KIND, matrix(arr(U8, 2), arr(U8, 2), arr(U8, 2), arr(F16, 3), arr(U8, 2))),
+            ("q6_k", k.Q6_K_KIND, matrix(arr(U8, 2), arr(I8, 2), placeholder, arr(F16, 3), arr(U8, 2)))]
 
 
 def signatures() -> list[tuple[str, object, tuple]]:
@@ -39,16 +58,20 @@ def signatures() -> list[tuple[str, object, tuple]]:
                  (f"gemv_gate_up_silu[{wname}]", matmul.gemv_gate_up_silu,
                   (arr(F32, 2), arr(wtype, 2), arr(wtype, 2), arr(F32, 2)))]
     x, bias, flag = arr(F32, 2), arr(F32, 1), types.boolean
-    for qname, qtype in (("q8_0", I32), ("q4", U8)):  # Q8_0's GEMVs read int32 words
-        gemv, qkv, gate_up = packed_matmul.decode_kernels(
-            packed_matmul.Q8_0_KIND if qname == "q8_0" else packed_matmul.Q4_1_KIND)
-        m = (arr(qtype, 2), arr(F16, 2), arr(F16, 2))  # quants, scales, mins
-        sigs += [(f"gemv_{qname}", gemv, (x, *m, flag, bias, flag, x)),
-                 (f"gemv_{qname}_qkv", qkv, (x, *m * 3, flag, bias, bias, bias, flag, x, x, x)),
-                 (f"gemv_{qname}_gate_up_silu", gate_up, (x, *m * 2, flag, x))]
-    for qname, qtype in (("q8_0", I8), ("q4", U8)):
+    for qname, kernels, matrix in packed_families():
+        gemv, qkv, gate_up = kquant_matmul.DECODE_KERNELS.get(kernels, kernels)
+        sigs += [(f"gemv_{qname}", gemv, (x, matrix, bias, flag, x)),
+                 (f"gemv_{qname}_gate_up_silu", gate_up, (x, matrix, matrix, x))]
+        if qkv is not None:
+            sigs.append((f"gemv_{qname}_qkv", qkv,
+                         (x, matrix, matrix, matrix, bias, bias, bias, flag, x, x, x)))
+    for qname, qtype in (("q8_0", I8), ("q4", U8)):  # (the tiled product reads Q8_0 as bytes)
+        matrix = types.Tuple((arr(qtype, 2), arr(F16, 2), arr(F16, 2), I64))
         sigs.append((f"matmul_tiled_packed[{qname}]", packed_matmul.matmul_tiled_packed,
-                     (x, arr(qtype, 2), arr(F16, 2), arr(F16, 2), I64, bias, flag, x)))
+                     (x, matrix, bias, flag, x)))
+    for qname, kind, matrix in packed_families()[2:]:
+        sigs.append((f"matmul_tiled_packed[{qname}]", kquant_matmul.TILED_KERNELS[kind],
+                     (x, matrix, bias, flag, x)))
     q = arr(F32, 3)
     for kv_name, kv_type in (("", F32), ("[kv-f16]", F16)):  # the KV pool's element type
         pool = arr(kv_type, 4)
@@ -86,7 +109,7 @@ def block_threads(label: str) -> int:
     name = label.split("[")[0]
     return {"matmul_tiled": matmul.TILE * matmul.TILE, "gemv_rows": matmul.GEMV_THREADS,
             "matmul_tiled_packed": matmul.TILE * matmul.TILE,
-            **{f"gemv_{q}{f}": matmul.GEMV_THREADS for q in ("q8_0", "q4")
+            **{f"gemv_{q}{f}": matmul.GEMV_THREADS for q in ("q8_0", "q4", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
                for f in ("", "_qkv", "_gate_up_silu")},
             "gemv_qkv": matmul.GEMV_THREADS, "gemv_gate_up_silu": matmul.GEMV_THREADS,
             "paged_attention_decode": 4 * 32,  # a GQA group of 4 (SmolLM2's is 3)

@@ -1,0 +1,126 @@
+"""CUDA products with Q5_0, Q5_1 and K-quant (Q4_K, Q5_K, Q6_K) weights, read in the
+host's packed layout (model/packed.py), never widened whole. A matrix is the tuple
+(quants, scales, mins, supers, highs, kind):
+    quants  (N, K/2) uint8 nibbles: byte p holds weight p (low), p + K/2 (high)
+    scales  Q5_x: (N, K/32) float16; Q4_K, Q5_K: (N, K/32) uint8 sc; Q6_K: (N, K/16) int8
+    mins    Q5_1: (N, K/32) float16; Q4_K, Q5_K: (N, K/32) uint8 m; else a placeholder
+    supers  K-quants: (N, K/256, 2) float16 d, dmin (Q6_K: (N, K/256, 1), d); else a
+            placeholder
+    highs   Q5_x, Q5_K: (N, K/8) uint8 fifth bits in column order; Q6_K: (N, K/4), bits
+            4 and 5 as two 32-bit planes a block; Q4_K: a placeholder
+Weight = scale * q + min, with scale and min of the weight's block computed from them:
+Q5_0 (s, -16 s), Q5_1 (s, m), Q4_K and Q5_K (d sc, -dmin m), Q6_K (d sc, -32 d sc).
+
+The decode GEMVs are packed_matmul's warp layout (decode_kernel_family): a lane takes
+4 consecutive nibble bytes (columns p .. p + 3 and their K/2 partners), which lie in
+one 16-weight sub-block, so their scale, min and extra bits are read once (one byte
+of highs for all 4). Each kind has its own kernels (DECODE_KERNELS, TILED_KERNELS).
+x comes rounded to int8 blocks (elementwise), as every
+backend's packed products take it; sums are float32.
+"""
+import numpy as np
+from numba import cuda, float32, int32
+
+from .matmul import GEMV_MAX_ROWS, VEC, WARP, _warp_sum_rows
+from .packed_matmul import decode_kernel_family, tiled_kernel
+
+Q5_0_KIND, Q5_1_KIND, Q4_K_KIND, Q5_K_KIND, Q6_K_KIND = 3, 4, 5, 6, 7
+QK, QK_K = 32, 256  # weights a block, a super-block
+
+
+def _kind_functions(kind: int):
+    """(row_dots, weight) device functions for one kind, `kind` a compile-time
+    constant in them (the code of the other kinds compiled away: with all five in,
+    the fused q/k/v and gate/up GEMVs spilled registers)."""
+
+    @cuda.jit(device=True, inline="always")
+    def scale_and_min(w, n, c):
+        """(scale, min) in float32 of the block of row n holding column c."""
+        scales, mins, supers = w[1], w[2], w[3]
+        if kind == Q6_K_KIND:
+            s = float32(supers[n, c // QK_K, 0]) * float32(scales[n, c // 16])
+            return s, float32(-32.0) * s
+        if kind == Q4_K_KIND or kind == Q5_K_KIND:
+            b = c // QK
+            return (float32(supers[n, c // QK_K, 0]) * float32(scales[n, b]),
+                    -(float32(supers[n, c // QK_K, 1]) * float32(mins[n, b])))
+        s = float32(scales[n, c // QK])
+        if kind == Q5_1_KIND:
+            return s, float32(mins[n, c // QK])
+        return s, float32(-16.0) * s  # Q5_0
+
+    @cuda.jit(device=True, inline="always")
+    def extra_bits(w, n, c):
+        """q's bits above the nibble for columns c .. c + 3 of row n (c a multiple of 4):
+        bit v is bit 4 of column c + v's q, bit 4 + v its bit 5 (Q6_K only)."""
+        highs = w[4]
+        if kind == Q4_K_KIND:
+            return int32(0)
+        shift = c % 8
+        if kind == Q6_K_KIND:
+            at = 8 * (c // QK) + (c % QK) // 8  # the block's bit-4 plane; bit 5's 4 bytes on
+            return ((int32(highs[n, at]) >> shift) & 15) | (((int32(highs[n, at + 4]) >> shift) & 15) << 4)
+        return (int32(highs[n, c // 8]) >> shift) & 15
+
+    @cuda.jit(device=True, inline="always")
+    def row_dots(x, w, n, lane, acc):
+        """acc[m] = x[m] . W[n] in every lane (as packed_matmul._q4_row_dots): lanes walk
+        the K/2 nibble bytes of the row, 4 at a time; byte p gives weights p and p + K/2."""
+        quants = w[0]
+        n_rows, width = x.shape
+        half = width // 2
+        for m in range(GEMV_MAX_ROWS):
+            acc[m] = float32(0.0)
+        for p0 in range(lane * VEC, half, WARP * VEC):
+            s_low, m_low = scale_and_min(w, n, p0)
+            s_high, m_high = scale_and_min(w, n, p0 + half)
+            e_low, e_high = extra_bits(w, n, p0), extra_bits(w, n, p0 + half)
+            for v in range(VEC):
+                byte = int32(quants[n, p0 + v])
+                w_low = s_low * float32(_q(byte & 15, e_low, v)) + m_low
+                w_high = s_high * float32(_q(byte >> 4, e_high, v)) + m_high
+                for m in range(GEMV_MAX_ROWS):
+                    if m < n_rows:
+                        acc[m] += w_low * x[m, p0 + v] + w_high * x[m, p0 + v + half]
+        _warp_sum_rows(acc, n_rows)
+
+    @cuda.jit(device=True, inline="always")
+    def weight(w, n, k, half):
+        """Weight (n, k) as float32 (half = K / 2, where the nibble rows fold)."""
+        low = k < half
+        byte = int32(w[0][n, k if low else k - half])
+        s, mn = scale_and_min(w, n, k)
+        q = _q(byte & 15 if low else byte >> 4, extra_bits(w, n, k - k % 4), k % 4)
+        return s * float32(q) + mn
+
+    return row_dots, weight
+
+
+@cuda.jit(device=True, inline="always")
+def _q(nibble, extra, v):
+    """Column v's (of 4) q from its nibble and extra_bits."""
+    return nibble | (((extra >> v) & 1) << 4) | (((extra >> (4 + v)) & 1) << 5)
+
+
+KINDS = (Q5_0_KIND, Q5_1_KIND, Q4_K_KIND, Q5_K_KIND, Q6_K_KIND)
+_FUNCTIONS = {kind: _kind_functions(kind) for kind in KINDS}
+# (gemv, None, gate_up_silu): q, k and v go as three GEMVs (fused, they spilled registers)
+DECODE_KERNELS = {kind: decode_kernel_family(_FUNCTIONS[kind][0], fused_qkv=False) for kind in KINDS}
+TILED_KERNELS = {kind: tiled_kernel(_FUNCTIONS[kind][1]) for kind in KINDS}
+
+
+def upload(packed) -> tuple:
+    """(kind, (quants, scales, mins, supers, highs) on the device) of a Q5_x or K-quant
+    PackedWeight: its arrays as they are, float16 bits viewed as float16, 1-element
+    placeholders for what the kind lacks."""
+    from ...model.ggml_quant import Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
+    kind = {Q5_0: Q5_0_KIND, Q5_1: Q5_1_KIND, Q4_K: Q4_K_KIND, Q5_K: Q5_K_KIND,
+            Q6_K: Q6_K_KIND}[packed.ggml_type]
+    k_quant = packed.supers is not None
+    scales = packed.scales if k_quant else packed.scales.view(np.float16)
+    mins = packed.mins if packed.mins is not None else np.zeros((1, 1), np.uint8)
+    mins = mins.view(np.float16) if kind == Q5_1_KIND else mins
+    supers = packed.supers.view(np.float16) if k_quant else np.zeros((1, 1, 2), np.float16)
+    highs = packed.highs if packed.highs is not None else np.zeros((1, 1), np.uint8)
+    return kind, tuple(cuda.to_device(np.ascontiguousarray(a))
+                       for a in (packed.quants, scales, mins, supers, highs))
