@@ -37,6 +37,25 @@ def test_quantized_matrices_stay_packed_and_decode_to_the_file_values(quantized_
         np.testing.assert_array_equal(got, want, err_msg=name)
 
 
+def test_a_packed_matrix_read_in_slabs_is_the_matrix_read_whole(quantized_gguf, monkeypatch):
+    """Loading reads a packed matrix a slab of rows at a time and releases each slab's
+    file pages (the embedding's file pages and its copy were Gemma 3's peak at load):
+    slabs of 3 rows, seams and a short last slab, give the same arrays."""
+    from tinypaged.model import gguf_model
+    from tinypaged.model.gguf import GGUFFile
+    path, _, _ = quantized_gguf
+    gguf = GGUFFile(path)
+    name = "blk.0.ffn_up.weight"
+    info = gguf.tensors[name]
+    whole = PackedWeight.from_bytes(np.array(gguf.raw(name)), info.ggml_type, info.shape)
+    monkeypatch.setattr(gguf_model, "SLAB_BYTES", 3 * info.nbytes // info.shape[0])
+    assert info.shape[0] % 3 != 0
+    slabs = gguf_model._packed_in_slabs(gguf, name, info)
+    for a, b in zip(slabs.arrays(), whole.arrays()):
+        assert (a is None and b is None) or np.array_equal(a, b)
+    assert slabs.ggml_type == whole.ggml_type and slabs.shape == whole.shape
+
+
 def test_packed_generation_equals_the_dense_reference(quantized_gguf):
     path, _, _ = quantized_gguf
     prompts = [[5, 17, 99, 3], [200, 7], list(range(40, 70))]

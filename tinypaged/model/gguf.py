@@ -172,14 +172,17 @@ class GGUFFile:
         info = self.tensors[name]
         return self._buf[info.offset:info.offset + info.nbytes]
 
-    def release(self, name: str) -> None:
-        """Drop tensor `name`'s file pages from this process's resident memory, once a
-        copy of it is made (they come back from the page cache if read again): a model
-        loaded from the file then holds its weights once, not twice."""
+    def release(self, name: str, start: int = 0, length: int | None = None) -> None:
+        """Drop tensor `name`'s file pages (bytes start .. start + length of it, all by
+        default) from this process's resident memory, once a copy of them is made (they
+        come back from the page cache if read again): a model loaded from the file then
+        holds its weights once, not twice."""
         info = self.tensors[name]
-        start = info.offset - info.offset % mmap.PAGESIZE
-        if info.nbytes:
-            self._map.madvise(mmap.MADV_DONTNEED, start, info.offset + info.nbytes - start)
+        length = info.nbytes - start if length is None else length
+        begin = info.offset + start
+        aligned = begin - begin % mmap.PAGESIZE
+        if length > 0:
+            self._map.madvise(mmap.MADV_DONTNEED, aligned, begin + length - aligned)
 
     def load(self, name: str) -> np.ndarray:
         """Tensor `name` dequantised to float32, in NumPy shape order."""

@@ -31,6 +31,31 @@ from .weights import (check_consumed, check_layer_count, check_weights, expected
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's RoPE scaling, as llama.cpp writes it
 
 
+SLAB_BYTES = 16 << 20  # file bytes a packed matrix is read in at a time
+
+
+def _packed_in_slabs(gguf, name: str, info) -> PackedWeight:
+    """A packed matrix read SLAB_BYTES of rows at a time, each slab's file pages
+    released once copied: a 171 MB embedding no longer sits in memory twice (file
+    pages and copy) while it loads, which was Gemma 3's peak (+130 MB)."""
+    n, k = info.shape
+    raw = gguf.raw(name)
+    row_bytes = info.nbytes // n
+    rows_at_once = max(1, SLAB_BYTES // row_bytes)
+    arrays, kind = None, info.ggml_type
+    for r0 in range(0, n, rows_at_once):
+        r1 = min(n, r0 + rows_at_once)
+        part = PackedWeight.from_bytes(raw[r0 * row_bytes:r1 * row_bytes], info.ggml_type, (r1 - r0, k))
+        if arrays is None:  # (the slab's kind: a test's from_bytes may requantize)
+            kind = part.ggml_type
+            arrays = [None if a is None else np.empty((n, *a.shape[1:]), a.dtype) for a in part.arrays()]
+        for whole, piece in zip(arrays, part.arrays()):
+            if piece is not None:
+                whole[r0:r1] = piece
+        gguf.release(name, r0 * row_bytes, (r1 - r0) * row_bytes)
+    return PackedWeight(kind, (n, k), *arrays)
+
+
 def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
     """(config, weights) of a GGUF file: HF tensor names, checked shapes."""
     gguf = GGUFFile(path)
@@ -64,7 +89,7 @@ def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
             raise ValueError(f"{gguf.path}: tensor {name!r} has shape {list(info.shape)}, "
                              f"the metadata implies {list(expected[target])}")
         if len(info.shape) == 2 and PackedWeight.can_pack(info.ggml_type, info.shape[1]):
-            w = PackedWeight.from_bytes(gguf.raw(name), info.ggml_type, info.shape)
+            w = _packed_in_slabs(gguf, name, info)
         elif len(info.shape) == 2 and info.ggml_type in REQUANTIZED:  # rows of 32k: whole Q8_0
             w = PackedWeight.quantize(gguf.load(name), Q8_0)  # blocks; our kernels read Q8_0
             w.requantized_from = info.ggml_type

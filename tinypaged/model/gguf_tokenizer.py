@@ -15,6 +15,8 @@ Supported:
 """
 from __future__ import annotations
 
+from array import array
+
 import json
 import os
 
@@ -84,21 +86,28 @@ def _bos(gguf: GGUFFile, tokens: list[str]) -> tuple[str, int] | None:
     return tokens[bos_id], bos_id
 
 
-def sentencepiece_merges(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
+def sentencepiece_merges(tokens: list[str], scores, types: list[int]) -> list[tuple[str, str]]:
     """Every split of a normal piece into two pieces of the vocabulary, best first: by
     the whole piece's score (llama.cpp merges the best-scoring pair first), then by
-    its place in the vocabulary."""
+    its place in the vocabulary, then by its left part's. The candidates are kept as
+    int32 ids and the pairs reuse the vocabulary's strings: Gemma 3's 513,511 merges
+    as tuples of fresh slices took 170 MB at load."""
     index = {tok: i for i, tok in enumerate(tokens)}
-    ranked = []
+    whole, lefts, rights = array("i"), array("i"), array("i")
     for i, tok in enumerate(tokens):
         if types[i] != TOKEN_NORMAL or len(tok) < 2:
             continue
         for k in range(1, len(tok)):
-            left, right = tok[:k], tok[k:]
-            if left in index and right in index:
-                ranked.append((-scores[i], i, index[left], left, right))
-    ranked.sort()
-    return [(left, right) for *_, left, right in ranked]
+            left, right = index.get(tok[:k]), index.get(tok[k:])
+            if left is not None and right is not None:
+                whole.append(i)
+                lefts.append(left)
+                rights.append(right)
+    whole, lefts, rights = (np.frombuffer(a, dtype=np.int32) for a in (whole, lefts, rights))
+    score = -np.asarray(scores, dtype=np.float64)[whole]
+    order = np.lexsort((lefts, whole, score))  # the last key sorts first
+    return [(tokens[left], tokens[right]) for left, right in zip(lefts[order].tolist(),
+                                                                rights[order].tolist())]
 
 
 def build_sentencepiece(gguf: GGUFFile) -> Tokenizer:
@@ -113,7 +122,7 @@ def build_sentencepiece(gguf: GGUFFile) -> Tokenizer:
     unknown = gguf.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[int(unknown)] if unknown is not None and 0 <= int(unknown) < len(tokens) else None
     tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)},
-                                     merges=sentencepiece_merges(tokens, scores.tolist(), types),
+                                     merges=sentencepiece_merges(tokens, scores, types),
                                      byte_fallback=True, unk_token=unk, fuse_unk=True))
     prefix = gguf.get("tokenizer.ggml.add_space_prefix", True) is True
     spaces = normalizers.Replace(" ", SPACE)
