@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tinypaged.kernels.cpu import quantized  # noqa: E402
 from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed  # noqa: E402
 from tinypaged.kernels.cpu.linear import LinearWeight, linear  # noqa: E402
-from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q8_0  # noqa: E402
+from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0  # noqa: E402
 from tinypaged.model.packed import PackedWeight  # noqa: E402
 
 SHAPES = [(960, 576, "q/k/v stacked"), (3072, 576, "gate/up stacked"),
@@ -73,16 +73,20 @@ def main() -> None:
                 blas = microseconds(lambda: x @ w.T, 5) / 1e3 if rows > 64 else float("nan")
                 print(f"{name:5} {n:>6}x{k:<5} {rows:>4} {vnni} {forms[-1]:9.2f} {f16:8.2f} {blas:8.2f}")
     wanted = ("dpbusd", "pmaddubs", "pmaddwd")
-    x = rng.standard_normal((1, 576)).astype(np.float32)
-    fresh = njit(parallel=True)(quantized._gemv.py_func)  # the cached one cannot show its assembly
-    for ggml_type, name in ((Q8_0, "Q8_0"), (Q4_1, "Q4_1")):
-        w = PackedWeight.quantize(rng.standard_normal((64, 576)).astype(np.float32), ggml_type)
-        out = np.empty((1, 64), np.float32)
-        fresh(x, w.quants, w.scales, w.mins, None, None, out)
-    for signature in fresh.signatures:
-        asm = fresh.overloads[signature].library.get_asm_str()
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    weights = {name: PackedWeight.quantize(rng.standard_normal((64, 512)).astype(np.float32), t)
+               for name, t in (("Q8_0", Q8_0), ("Q4_1", Q4_1))}
+    for name, t, size in (("Q5_0", Q5_0, 22), ("Q4_K", Q4_K, 144), ("Q5_K", Q5_K, 176),
+                          ("Q6_K", Q6_K, 210)):  # (random bytes: only the code matters here)
+        raw = rng.integers(0, 256, 64 * 512 // (256 if size > 24 else 32) * size, dtype=np.uint8)
+        weights[name] = PackedWeight.from_bytes(raw, t, (64, 512))
+    for name, w in weights.items():
+        fresh = njit(parallel=True)(quantized._gemv.py_func)  # the cached one cannot show its assembly
+        fresh(x, w.quants, w.scales, w.mins, w.supers, w.highs, np.empty((1, 64), np.float32))
+        asm = fresh.overloads[fresh.signatures[0]].library.get_asm_str()
         ops = collections.Counter(re.findall(r"^\s+(v\w+)", asm, re.M))
-        print(f"_gemv for {signature[1].dtype} quants: integer dot-product instructions", {op: c for op, c in ops.items() if any(w in op for w in wanted)})
+        print(f"_gemv for {name}: integer dot-product instructions",
+              {op: c for op, c in ops.items() if any(w in op for w in wanted)})
 
 if __name__ == "__main__":
     main()

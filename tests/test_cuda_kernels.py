@@ -89,7 +89,8 @@ def _packed_matrices(rng, type_name: str, width: int) -> dict:
 def test_packed_weights_go_up_packed_and_their_products_take_the_rounded_x(type_name, width):
     """prepare_weights uploads packed matrices as they are held (DevicePacked: the
     host's bytes); linear, qkv_proj and gate_up_silu round x for them and multiply
-    with the packed GEMVs (2 rows) or the tiled product dequantizing W's tiles (11).
+    with the packed GEMVs (2 rows) or the tiled product dequantizing W's tiles (11),
+    as the reference does and as the CPU backend's integer kernels do.
     K = 320: lanes take several 4-byte chunks of a row, nibble rows fold at 160; the
     K-quants' 512: two super-blocks, folding at the second."""
     from tinypaged.kernels.cuda.packed_matmul import DevicePacked
@@ -105,10 +106,13 @@ def test_packed_weights_go_up_packed_and_their_products_take_the_rounded_x(type_
         K-quant matrices' random blocks make sums of hundreds from terms of ~10)."""
         terms = np.abs(reference.round_activations(x)) @ np.abs(packed[name].dequantize()).T
         assert (np.abs(got - want) <= TOL["atol"] + TOL["rtol"] * np.abs(want) + 1e-6 * terms).all()
+    from tinypaged.kernels import cpu
+    on_cpu = cpu.prepare_weights(dict(packed))
     for rows in (2, 11):
         x = rand(rng, rows, width) / 8  # (gates of hundreds: the simulator's exp overflows)
-        close(gpu.linear(cuda.to_device(x), dev["q"]).copy_to_host(), reference.linear(x, ref["q"]),
-              x, "q")
+        got = gpu.linear(cuda.to_device(x), dev["q"]).copy_to_host()
+        close(got, reference.linear(x, ref["q"]), x, "q")
+        close(got, cpu.linear(x, on_cpu["q"]), x, "q")  # and the CPU backend's kernels
         got = gpu.qkv_proj(cuda.to_device(x), dev["q"], dev["k"], dev["v"])
         for g, w, name in zip(got, reference.qkv_proj(x, ref["q"], ref["k"], ref["v"]), "qkv"):
             close(g.copy_to_host(), w, x, name)

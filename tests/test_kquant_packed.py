@@ -6,7 +6,8 @@ import gguf
 import numpy as np
 import pytest
 from numba import njit
-from test_quantized import check_decode_gemv, packed_product_bound, random_activations
+from test_quantized import (check_decode_gemv, check_packed_layout, packed_product_bound,
+                            random_activations)
 
 from tinypaged.kernels import reference
 from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed
@@ -44,12 +45,7 @@ def test_the_layout_dequantizes_as_the_gguf_package_bit_for_bit(kind):
     rng = np.random.default_rng(11)
     weight, raw = packed(rng, kind, 24, 512)
     want = gguf.quants.dequantize(raw.reshape(24, -1), KINDS[kind][1])
-    assert np.array_equal(weight.dequantize(), want)
-    assert np.array_equal(weight.dequantize(np.array([5, 0, 17])), want[[5, 0, 17]])
-    rows = np.array([3, 9, 1])  # (Q/K rows reordered at load; stacks take row ranges)
-    assert np.array_equal(weight.take_rows(rows).dequantize(), want[rows])
-    both = PackedWeight.concatenate([weight, weight.take_rows(rows)])
-    assert np.array_equal(both.dequantize(), np.concatenate([want, want[rows]]))
+    check_packed_layout(weight, want)
     # the file's bits a weight (4.5, 5.5, 6.5625), plus the 6-bit scales and mins
     # of Q4_K and Q5_K held a byte each (4.625, 5.625)
     assert weight.nbytes <= 1.03 * raw.nbytes

@@ -5,7 +5,8 @@ reference and against each other's bits, on fresh random blocks."""
 import gguf
 import numpy as np
 import pytest
-from test_quantized import check_decode_gemv, packed_product_bound, random_activations
+from test_quantized import (check_decode_gemv, check_packed_layout, packed_product_bound,
+                            random_activations)
 
 from tinypaged.kernels import reference
 from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed
@@ -41,11 +42,7 @@ def test_the_layout_dequantizes_as_the_gguf_package_bit_for_bit(kind):
     rng = np.random.default_rng(21)
     weight, raw = packed(rng, kind, 24, 512)
     want = gguf.quants.dequantize(raw.reshape(24, -1), KINDS[kind][2])
-    assert np.array_equal(weight.dequantize(), want)
-    rows = np.array([3, 9, 1])  # (Q/K rows reordered at load; stacks take row ranges)
-    assert np.array_equal(weight.take_rows(rows).dequantize(), want[rows])
-    both = PackedWeight.concatenate([weight, weight.take_rows(rows)])
-    assert np.array_equal(both.dequantize(), np.concatenate([want, want[rows]]))
+    check_packed_layout(weight, want)
     assert weight.nbytes == raw.nbytes  # 5.5 / 6 bits a weight, as the file
 
 

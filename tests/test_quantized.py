@@ -97,6 +97,17 @@ def packed_product_bound(x, w):
     return 1e-5 * (np.abs(x) @ np.abs(w).T) + 1e-6
 
 
+def check_packed_layout(weight, want: np.ndarray) -> None:
+    """weight dequantizes to want bit for bit, whole and by rows, and keeps its bits
+    through take_rows (Q/K rows are reordered at load) and concatenate (stacks)."""
+    assert np.array_equal(weight.dequantize(), want)
+    assert np.array_equal(weight.dequantize(np.array([5, 0, 17])), want[[5, 0, 17]])
+    rows = np.array([3, 9, 1])
+    assert np.array_equal(weight.take_rows(rows).dequantize(), want[rows])
+    both = type(weight).concatenate([weight, weight.take_rows(rows)])
+    assert np.array_equal(both.dequantize(), np.concatenate([want, want[rows]]))
+
+
 def check_decode_gemv(weight, x) -> np.ndarray:
     """The GEMV of x (M, K) against the float64 product of the rounded x and the
     dequantized weight, and each row alone against the batch: returns the product.

@@ -121,6 +121,29 @@ def accumulate_block_float(typingctx, wt, w_at, xf, x_at, scale, low, b, dx, qsu
     return signature, codegen
 
 
+def _dpbusd_sums(context, builder, sig, args, parts: int) -> list:
+    """[row i of x][part]: int32 lanes of sum over the block's columns of weight byte
+    (wb from w_at) times x's int8 (xq from x_at, rows m0 + i), one vpdpbusd per 4
+    columns; the block's 32 columns in `parts` equal runs summed apart."""
+    wb_arr, w_at, xq_arr, x_at = args[:4]
+    m0 = args[9]
+    dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(INTS, [INTS] * 3),
+                                            "llvm.x86.avx512.vpdpbusd.512")
+    width = builder.extract_value(context.make_array(sig.args[2])(context, builder, xq_arr).shape, 1)
+    steps = BLOCK // 4
+    sums = [[ir.Constant(INTS, [0] * LANES)] * parts for _ in range(X_ROWS)]
+    for c in range(steps):
+        w = builder.load(pointer(context, builder, sig.args[0], wb_arr,
+                                 builder.add(w_at, index(c * 4 * LANES)), INTS), align=1)
+        part = c * parts // steps
+        for i in range(X_ROWS):
+            at = builder.add(builder.add(builder.mul(builder.add(m0, index(i)), width), x_at),
+                             index(4 * c))
+            quad = builder.load(pointer(context, builder, sig.args[2], xq_arr, at, I32), align=1)
+            sums[i][part] = builder.call(dpbusd, [sums[i][part], w, splat(builder, quad, INTS)])
+    return sums
+
+
 @intrinsic
 def accumulate_block_vnni(typingctx, wb, w_at, xq, x_at, scale, low, b, dx, qsum, m0, acc, offset):
     """accumulate_block_float's result from the byte layout: per 4 columns, one vpdpbusd
@@ -133,28 +156,15 @@ def accumulate_block_vnni(typingctx, wb, w_at, xq, x_at, scale, low, b, dx, qsum
                            types.intp, acc, types.intp)
 
     def codegen(context, builder, sig, args):
-        wb_arr, w_at, xq_arr, x_at = args[:4]
         dx_arr, qsum_arr, m0, offset = args[7], args[8], args[9], args[11]
-        dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(INTS, [INTS] * 3),
-                                                "llvm.x86.avx512.vpdpbusd.512")
-        x = context.make_array(sig.args[2])(context, builder, xq_arr)
-        width = builder.extract_value(x.shape, 1)
         n_blocks = builder.extract_value(context.make_array(sig.args[7])(context, builder, dx_arr).shape, 1)
-        sums = [ir.Constant(INTS, [0] * LANES) for _ in range(X_ROWS)]
-        for c in range(BLOCK // 4):
-            w = builder.load(pointer(context, builder, sig.args[0], wb_arr,
-                                      builder.add(w_at, index(c * 4 * LANES)), INTS), align=1)
-            for i in range(X_ROWS):
-                at = builder.add(builder.add(builder.mul(builder.add(m0, index(i)), width), x_at),
-                                 index(4 * c))
-                quad = builder.load(pointer(context, builder, sig.args[2], xq_arr, at, I32), align=1)
-                sums[i] = builder.call(dpbusd, [sums[i], w, splat(builder, quad, INTS)])
+        sums = _dpbusd_sums(context, builder, sig, args, 1)
         shift = builder.trunc(offset, I32)
         dots = []
         for i in range(X_ROWS):
             at = builder.add(builder.mul(builder.add(m0, index(i)), n_blocks), args[6])
             total = builder.load(pointer(context, builder, sig.args[8], qsum_arr, at))
-            exact = builder.sub(sums[i], splat(builder, builder.mul(shift, total), INTS))
+            exact = builder.sub(sums[i][0], splat(builder, builder.mul(shift, total), INTS))
             dots.append(builder.sitofp(exact, FLOATS))
         _accumulate(context, builder, sig, args, dots)
         return context.get_dummy_value()
@@ -175,24 +185,11 @@ def accumulate_block_vnni_q6(typingctx, wb, w_at, xq, x_at, scale, low, b, dx, h
                            types.intp, acc, subs)
 
     def codegen(context, builder, sig, args):
-        wb_arr, w_at, xq_arr, x_at = args[:4]
         b, halves_arr, m0, subs_arr = args[6], args[8], args[9], args[11]
-        dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(INTS, [INTS] * 3),
-                                                "llvm.x86.avx512.vpdpbusd.512")
-        x = context.make_array(sig.args[2])(context, builder, xq_arr)
-        width = builder.extract_value(x.shape, 1)
         n_halves = builder.extract_value(
             context.make_array(sig.args[8])(context, builder, halves_arr).shape, 1)
         zero = ir.Constant(INTS, [0] * LANES)
-        sums = [[zero, zero] for _ in range(X_ROWS)]  # [row of x][half]
-        for c in range(BLOCK // 4):
-            w = builder.load(pointer(context, builder, sig.args[0], wb_arr,
-                                      builder.add(w_at, index(c * 4 * LANES)), INTS), align=1)
-            for i in range(X_ROWS):
-                at = builder.add(builder.add(builder.mul(builder.add(m0, index(i)), width), x_at),
-                                 index(4 * c))
-                quad = builder.load(pointer(context, builder, sig.args[2], xq_arr, at, I32), align=1)
-                sums[i][c // 4] = builder.call(dpbusd, [sums[i][c // 4], w, splat(builder, quad, INTS)])
+        sums = _dpbusd_sums(context, builder, sig, args, 2)  # [row of x][half]
         sub_scales = [builder.load(pointer(context, builder, sig.args[11], subs_arr,
                                             builder.mul(builder.add(builder.mul(b, index(2)), index(h)),
                                                         index(LANES)), INTS), align=4)
