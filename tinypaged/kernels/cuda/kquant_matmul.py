@@ -21,8 +21,8 @@ backend's packed products take it; sums are float32.
 import numpy as np
 from numba import cuda, float32, int32
 
-from .matmul import GEMV_MAX_ROWS, VEC, WARP, _warp_sum_rows
-from .packed_matmul import decode_kernel_family, tiled_kernel
+from .matmul import GEMV_MAX_ROWS, VEC, WARP, _warp_sum_rows, tiled_kernel
+from .packed_matmul import decode_kernel_family
 
 Q5_0_KIND, Q5_1_KIND, Q4_K_KIND, Q5_K_KIND, Q6_K_KIND = 3, 4, 5, 6, 7
 QK, QK_K = 32, 256  # weights a block, a super-block

@@ -28,31 +28,48 @@ SIMULATOR_GEMV_BLOCKS = 2  # gemv_blocks on the simulator
 GEMV_BOUNDS = (GEMV_THREADS, 8)  # 8 blocks of 128 threads an SM (50%): at most 64 registers
 
 
-@cuda.jit
-def matmul_tiled(x, w, bias, has_bias, out):
-    """Grid (ceil(N / TILE), ceil(M / TILE)), block (TILE, TILE): thread (tx, ty)
-    computes out[by * TILE + ty, bx * TILE + tx]."""
-    x_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [row, k]
-    w_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [k, n]: read along n, no bank conflicts
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    n_rows, width = x.shape
-    n_out = w.shape[0]
-    row = cuda.blockIdx.y * TILE + ty
-    col = cuda.blockIdx.x * TILE + tx
-    w_row = cuda.blockIdx.x * TILE + ty  # the W row this thread loads
-    acc = float32(0.0)
-    for k0 in range(0, width, TILE):
-        k = k0 + tx
-        x_tile[ty, tx] = x[row, k] if row < n_rows and k < width else float32(0.0)
-        w_tile[tx, ty] = float32(w[w_row, k]) if w_row < n_out and k < width else float32(0.0)
-        cuda.syncthreads()  # both tiles are loaded
-        for kk in range(TILE):
-            acc += x_tile[ty, kk] * w_tile[kk, tx]
-        cuda.syncthreads()  # everyone is done reading before the next load
-    if row < n_rows and col < n_out:
-        if has_bias:
-            acc += bias[col]
-        out[row, col] = acc
+def tiled_kernel(weight):
+    """The tiled product with W's tile staged through weight(w, n, k, half) (half = K/2,
+    where packed nibble rows fold): float16/32 W here, packed W in packed_matmul.py and
+    kquant_matmul.py. Grid (ceil(N / TILE), ceil(M / TILE)), block (TILE, TILE):
+    thread (tx, ty) computes out[by * TILE + ty, bx * TILE + tx]."""
+
+    @cuda.jit
+    def matmul_tiled(x, w, bias, has_bias, out):
+        x_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [row, k]
+        w_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [k, n]: read along n, no bank conflicts
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        n_rows, width = x.shape
+        n_out = out.shape[1]
+        half = width // 2
+        row = cuda.blockIdx.y * TILE + ty
+        col = cuda.blockIdx.x * TILE + tx
+        w_row = cuda.blockIdx.x * TILE + ty  # the W row this thread stages
+        acc = float32(0.0)
+        for k0 in range(0, width, TILE):
+            k = k0 + tx
+            x_tile[ty, tx] = x[row, k] if row < n_rows and k < width else float32(0.0)
+            w_tile[tx, ty] = weight(w, w_row, k, half) if w_row < n_out and k < width \
+                else float32(0.0)
+            cuda.syncthreads()  # both tiles are staged
+            for kk in range(TILE):
+                acc += x_tile[ty, kk] * w_tile[kk, tx]
+            cuda.syncthreads()  # everyone is done reading before the next stage
+        if row < n_rows and col < n_out:
+            if has_bias:
+                acc += bias[col]
+            out[row, col] = acc
+
+    return matmul_tiled
+
+
+@cuda.jit(device=True, inline="always")
+def _plain_weight(w, n, k, half):
+    """Weight (n, k) of a float16 / float32 matrix, as float32."""
+    return float32(w[n, k])
+
+
+matmul_tiled = tiled_kernel(_plain_weight)
 
 
 @cuda.jit(device=True, inline="always")

@@ -17,16 +17,16 @@ backend's packed products take it; products accumulate in float32.
   int32 word; the warp reads 128 consecutive bytes a step, coalesced), shfl_xor
   sums. Traffic: the packed row once (Q8_0: 34 bytes per 32 weights, Q4_0: 18,
   Q4_1: 20; float16: 64), x from cache.
-- `matmul_tiled_packed`: prefill and large batches, matmul_tiled with each W tile
-  dequantized as it is staged in shared memory.
+- `matmul_tiled_packed`: prefill and large batches, matmul.tiled_kernel with each W
+  tile dequantized as it is staged in shared memory.
 """
 import math
 
 from numba import cuda, float32, int32
 
 from .bounded_jit import jit_bounded
-from .matmul import (GEMV_BOUNDS, GEMV_MAX_ROWS, TILE, VEC, WARP, _first_warp_and_stride,
-                     _store_rows, _warp_sum_rows)
+from .matmul import (GEMV_BOUNDS, GEMV_MAX_ROWS, VEC, WARP, _first_warp_and_stride, _store_rows,
+                     _warp_sum_rows, tiled_kernel)
 
 Q8_0_KIND, Q4_0_KIND, Q4_1_KIND = 0, 1, 2
 QK = 32  # weights per scale
@@ -138,39 +138,6 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True):
                         out[m, n] = g / (float32(1.0) + math.exp(-g)) * up[m]
 
     return gemv, qkv if fused_qkv else None, gate_up_silu
-
-
-def tiled_kernel(weight):
-    """matmul.matmul_tiled with W's tile dequantized by weight(w, n, k, half) as it is
-    staged: grid (ceil(N / TILE), ceil(M / TILE)), block (TILE, TILE)."""
-
-    @cuda.jit
-    def matmul_tiled(x, w, bias, has_bias, out):
-        x_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [row, k]
-        w_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [k, n]
-        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-        n_rows, width = x.shape
-        n_out = out.shape[1]
-        half = width // 2
-        row = cuda.blockIdx.y * TILE + ty
-        col = cuda.blockIdx.x * TILE + tx
-        w_row = cuda.blockIdx.x * TILE + ty  # the W row this thread stages
-        acc = float32(0.0)
-        for k0 in range(0, width, TILE):
-            k = k0 + tx
-            x_tile[ty, tx] = x[row, k] if row < n_rows and k < width else float32(0.0)
-            w_tile[tx, ty] = weight(w, w_row, k, half) if w_row < n_out and k < width \
-                else float32(0.0)
-            cuda.syncthreads()  # both tiles are staged
-            for kk in range(TILE):
-                acc += x_tile[ty, kk] * w_tile[kk, tx]
-            cuda.syncthreads()  # everyone is done reading before the next stage
-        if row < n_rows and col < n_out:
-            if has_bias:
-                acc += bias[col]
-            out[row, col] = acc
-
-    return matmul_tiled
 
 
 gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu = decode_kernel_family(_q8_0_row_dots)
