@@ -28,7 +28,8 @@ def test_the_gguf_runs_directly_with_its_weights_packed(smollm2_gguf):
     out = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=6))
     assert out[0].outputs[0].text.startswith(" Paris.")
     kinds = {type(w).__name__ for w in llm.engine.runner.model.w.values()}
-    assert "PackedWeight" in kinds and "LinearWeight" not in kinds  # no float copy of a matrix
+    packed = {"PackedWeight", "LanePacked", "LaneRows"}  # (kernels/cpu/lanes.py's laid-out forms)
+    assert kinds & packed and "LinearWeight" not in kinds  # no float copy of a matrix
 
 
 def test_q8_0_at_load_is_within_one_percent_of_float16(smollm2, smollm2_dir):

@@ -6,6 +6,7 @@ from ..reference import (add, copy_blocks, default_kv_memory, embedding, gather_
 from .attention import paged_attention
 from .cache_ops import allocate_kv, rope_write_kv, write_kv
 from .elementwise import add_rms_norm, gelu_tanh_mul, rms_norm, rope, silu_mul
+from .lanes import lay_out_weights
 from .linear import linear, prepare_linear_weights
 from .stacks import stack_layer_matrices, stacked_linear
 
@@ -18,8 +19,9 @@ __all__ = ["name", "use_in_this_thread", "default_kv_memory", "memory_available"
 
 def prepare_weights(weights: dict) -> dict:
     """Every float matrix held once (linear.py); each layer's q/k/v and gate/up
-    stacked, so each group is one product (stacks.py). Takes the dict over."""
-    return stack_layer_matrices(prepare_linear_weights(weights))
+    stacked, so each group is one product (stacks.py); the packed kinds the vpdpbusd
+    kernels take laid out 16 rows to a group (lanes.py). Takes the dict over."""
+    return lay_out_weights(stack_layer_matrices(prepare_linear_weights(weights)))
 
 
 def qkv_proj(x, wq, wk, wv, bq=None, bk=None, bv=None):

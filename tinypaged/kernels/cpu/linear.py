@@ -27,6 +27,8 @@ from ...model.packed import PackedWeight
 from ...model.weights import convert_matrices
 from .common import N_CHUNKS, f16_bits_to_f32
 from .gemm import GROUP, gemm_narrow
+from .lanes import LanePacked, LaneRows
+from .lanes_product import lanes_product
 from .quantized import packed_product
 from .tiles import tiled_matmul, widen_tile
 
@@ -133,9 +135,14 @@ def _blas_product(x: np.ndarray, weight) -> np.ndarray:
 
 def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
     """x (T, K) @ weight.T (+ bias) -> (T, N); weight a LinearWeight, a PackedWeight
-    (quantized) or a float32 array."""
+    (quantized), a LanePacked (or rows of one) or a float32 array."""
     if isinstance(weight, PackedWeight):
         out = packed_product(np.ascontiguousarray(x, dtype=np.float32), weight)
+    elif isinstance(weight, LanePacked):
+        out = lanes_product(np.ascontiguousarray(x, dtype=np.float32), weight)
+    elif isinstance(weight, LaneRows):  # a stacked matrix alone: the stack's product, sliced
+        whole, start, stop = weight.stack
+        out = np.ascontiguousarray(linear(x, whole)[:, start:stop])
     elif isinstance(weight, LinearWeight):
         x = np.ascontiguousarray(x, dtype=np.float32)
         small = len(x) <= NUMBA_MAX_ROWS and weight.shape[0] >= GROUP

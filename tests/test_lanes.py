@@ -1,0 +1,111 @@
+"""Packed weights laid out 16 rows to a group at load (kernels/cpu/lanes.py): the
+same weights as the PackedWeight they came from, and products with the same bits
+as the PackedWeight kernels' for every row, whatever the batch, on fresh random
+blocks (the full byte range, zero scales, rows not a multiple of 16)."""
+import numpy as np
+import pytest
+from test_quantized import packed_product_bound, random_activations
+
+from tinypaged.kernels import reference
+from tinypaged.kernels.cpu import embedding, lanes, linear, stack_layer_matrices
+from tinypaged.kernels.cpu.common import HAS_VNNI
+from tinypaged.kernels.cpu.lanes import LanePacked, LaneRows, lay_out_weights
+from tinypaged.kernels.cpu.quantized import packed_product
+from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q5_0, Q8_0
+from tinypaged.model.packed import PackedWeight
+
+KINDS = {"Q8_0": (Q8_0, 34), "Q4_0": (Q4_0, 18), "Q4_1": (Q4_1, 20)}
+needs_vnni = pytest.mark.skipif(not HAS_VNNI, reason="the lanes kernels are vpdpbusd's (AVX-512 "
+                                "VNNI); other CPUs keep PackedWeight (test_other_cpus_keep_...)")
+
+
+def random_packed(rng, ggml_type: int, n: int, k: int) -> PackedWeight:
+    """An (n, k) matrix of random GGUF blocks: any quant bytes, random float16 scales
+    (and mins), one block with a zero scale."""
+    size = {Q8_0: 34, Q4_0: 18, Q4_1: 20, Q5_0: 22}[ggml_type]
+    blocks = rng.integers(0, 256, (n * k // 32, size), dtype=np.uint8)
+    d = (rng.standard_normal(len(blocks)) * 0.02).astype(np.float16)
+    d[0] = 0
+    blocks[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+    if ggml_type == Q4_1:
+        blocks[:, 2:4] = (rng.standard_normal(len(blocks)) * 0.1).astype(np.float16) \
+            .view(np.uint8).reshape(-1, 2)
+    return PackedWeight.from_bytes(blocks.reshape(-1), ggml_type, (n, k))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_laid_out_weights_are_the_packed_weights(kind):
+    rng = np.random.default_rng(31)
+    weight = random_packed(rng, KINDS[kind][0], 50, 128)
+    laid = LanePacked.of(weight)
+    assert np.array_equal(laid.dequantize(), weight.dequantize())
+    rows = np.array([49, 0, 17, 16])
+    assert np.array_equal(laid.dequantize(rows), weight.dequantize(rows))
+    assert laid.shape == weight.shape and laid.type_name == kind
+    assert laid.nbytes == weight.nbytes * 64 // 50  # 4 groups: 14 rows of zeros after the 50
+
+
+@needs_vnni
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n_out, width", [(50, 64), (16, 576), (333, 640)])
+def test_every_batch_gives_a_row_the_packed_kernels_bits(kind, n_out, width):
+    rng = np.random.default_rng(32 + n_out)
+    weight = random_packed(rng, KINDS[kind][0], n_out, width)
+    laid = LanePacked.of(weight)
+    w = weight.dequantize().astype(np.float64)
+    for rows in (1, 2, 3, 8, 9, 33):  # the GEMV (up to 2), then the GEMM's 8-row passes
+        x = random_activations(rng, rows, width)
+        got = linear(x, laid)
+        assert np.array_equal(got, packed_product(x, weight))
+        rounded = reference.round_activations(x).astype(np.float64)
+        assert (np.abs(got - rounded @ w.T) <= packed_product_bound(rounded, w)).all()
+        assert np.array_equal(linear(x[-1:], laid)[0], got[-1])  # alone as in the batch
+
+
+def _layer(rng) -> dict:
+    """One layer's matrices (q/k/v and gate/up stack) and a tied embedding / lm_head,
+    with a kind the lanes do not take (Q5_0) and a matrix of under 16 rows."""
+    embed = random_packed(rng, Q8_0, 40, 64)
+    return {"model.embed_tokens.weight": embed, "lm_head.weight": embed,
+            "model.layers.0.self_attn.q_proj.weight": random_packed(rng, Q4_1, 64, 64),
+            "model.layers.0.self_attn.k_proj.weight": random_packed(rng, Q4_1, 32, 64),
+            "model.layers.0.self_attn.v_proj.weight": random_packed(rng, Q4_1, 32, 64),
+            "model.layers.0.mlp.gate_proj.weight": random_packed(rng, Q5_0, 96, 64),
+            "model.layers.0.mlp.up_proj.weight": random_packed(rng, Q5_0, 96, 64),
+            "model.layers.0.self_attn.o_proj.weight": random_packed(rng, Q4_0, 8, 64)}
+
+
+@needs_vnni
+def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
+    rng = np.random.default_rng(33)
+    before = stack_layer_matrices(_layer(rng))
+    unique_bytes = lambda ws: sum(w.nbytes for w in {id(w): w for w in ws.values()}.values())  # noqa: E731
+    bytes_before = unique_bytes(before)
+    want = {name: (w.dequantize(), w.type_name) for name, w in before.items()}
+    x = random_activations(rng, 3, 64)
+    products = {name: linear(x, w) for name, w in before.items()}
+    after = lay_out_weights(dict(before))
+    kinds = {name: type(w).__name__ for name, w in after.items()}
+    assert kinds["model.embed_tokens.weight"] == "LanePacked"
+    assert after["lm_head.weight"] is after["model.embed_tokens.weight"]  # still tied: one copy
+    assert {kinds[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"} == {"LaneRows"}
+    stacks = {id(after[f"model.layers.0.self_attn.{p}_proj.weight"].stack[0]) for p in "qkv"}
+    assert len(stacks) == 1  # the three views of one laid-out stack
+    assert kinds["model.layers.0.mlp.gate_proj.weight"] == "PackedWeight"  # Q5_0: not a lanes kind
+    assert kinds["model.layers.0.self_attn.o_proj.weight"] == "PackedWeight"  # under 16 rows
+    for name, w in after.items():
+        assert np.array_equal(w.dequantize(), want[name][0]), name
+        assert w.type_name == want[name][1]
+        assert np.array_equal(linear(x, w), products[name]), name
+    assert unique_bytes(after) == bytes_before + 8 * 2 * 34  # + the embedding's 8 padded rows
+    tokens = np.array([3, 39, 0])
+    assert np.array_equal(embedding(tokens, after["model.embed_tokens.weight"]),
+                          before["model.embed_tokens.weight"].dequantize(tokens))
+
+
+def test_other_cpus_keep_packed_weights(monkeypatch):
+    monkeypatch.setattr(lanes, "HAS_VNNI", False)
+    weights = _layer(np.random.default_rng(34))
+    kinds = {type(w) for w in lay_out_weights(dict(weights)).values()}
+    assert kinds == {PackedWeight}
+    assert not any(isinstance(w, (LanePacked, LaneRows)) for w in weights.values())

@@ -1,0 +1,136 @@
+"""Packed weights laid out 16 rows to a group at load, for the vpdpbusd kernels.
+
+A PackedWeight (model/packed.py) keeps each row's bytes together. vpdpbusd wants
+them the other way: one 64-byte vector holding 4 bytes of each of 16 rows, so that
+one instruction takes 16 rows' 4-column dot products with no sum across lanes.
+The row-major GEMV pays a horizontal sum for every block of every row, which at
+SmolLM2's layer sizes costs more than reading the row (bench/NOTES.md), and the
+group GEMM laid each group out this way on every call. Laid out once at load:
+    quants  (G, C, 16, 4): group g, 4-byte chunk c of a row, row j, byte t; the
+            PackedWeight's bytes (Q8_0: int8 q, C = K/4; Q4_x: nibble bytes,
+            C = K/8, chunk c holding columns 4c .. 4c + 3 low and K/2 + 4c .. high)
+    scales  (G, K/32, 16) float16 bits: block b of row j at [g, b, j]
+    mins    (G, K/32, 16) float16 bits (Q4_1)
+G = ceil(N / 16); the last group's missing rows are zeros (their outputs dropped).
+The bytes held are the PackedWeight's, give or take those rows.
+
+The products (lanes_product.py) give every row the bits the PackedWeight kernels
+give it (packed_terms.py's block_term, blocks in order); the tests hold them to
+it. Only on CPUs with AVX-512 VNNI (the kernels are vpdpbusd's), and only for
+Q8_0, Q4_0 and Q4_1; other kinds and other CPUs keep PackedWeight.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...model.ggml_quant import Q4_0, Q4_1, Q8_0
+from ...model.packed import PackedWeight
+from .common import HAS_VNNI
+
+LANES = 16  # rows of W in one group: one 512-bit vector of int32 / float32
+LAID_OUT_TYPES = (Q8_0, Q4_0, Q4_1)
+
+
+class LanePacked:
+    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "requantized_from")
+
+    def __init__(self, ggml_type: int, shape: tuple[int, int], quants, scales, mins=None):
+        self.ggml_type, self.shape = ggml_type, shape
+        self.quants, self.scales, self.mins = quants, scales, mins
+        self.requantized_from = None
+
+    @classmethod
+    def of(cls, weight: PackedWeight) -> "LanePacked":
+        n = weight.shape[0]
+        groups = -(-n // LANES)
+
+        def grouped(a: np.ndarray, inner: int = 1) -> np.ndarray:
+            """(N, X) -> (G, X / inner, 16, inner), zero rows after N."""
+            padded = np.zeros((groups * LANES, a.shape[1]), a.dtype)
+            padded[:n] = a
+            return np.ascontiguousarray(
+                padded.reshape(groups, LANES, a.shape[1] // inner, inner).transpose(0, 2, 1, 3))
+        mins = None if weight.mins is None else grouped(weight.mins)[..., 0].copy()
+        laid = cls(weight.ggml_type, weight.shape, grouped(weight.quants, 4),
+                   grouped(weight.scales)[..., 0].copy(), mins)
+        laid.requantized_from = weight.requantized_from
+        return laid
+
+    @staticmethod
+    def can_lay_out(weight) -> bool:
+        return HAS_VNNI and isinstance(weight, PackedWeight) and weight.ggml_type in LAID_OUT_TYPES \
+            and weight.shape[0] >= LANES
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.quants, self.scales, self.mins) if a is not None)
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    @property
+    def type_name(self) -> str:
+        return PackedWeight.type_name.fget(self)
+
+    def rows(self, rows) -> PackedWeight:
+        """The selected rows (an index array) as a PackedWeight."""
+        rows = np.asarray(rows)
+        g, j = rows // LANES, rows % LANES
+        quants = self.quants[g, :, j, :].reshape(len(rows), -1)
+        return PackedWeight(self.ggml_type, (len(rows), self.shape[1]), quants,
+                            self.scales[g, :, j], None if self.mins is None else self.mins[g, :, j])
+
+    def dequantize(self, rows=None) -> np.ndarray:
+        """float32 rows (all by default), as PackedWeight.dequantize (embedding lookups)."""
+        return self.rows(np.arange(self.shape[0]) if rows is None else rows).dequantize()
+
+
+class LaneRows:
+    """Rows start .. stop - 1 of a LanePacked stack (stacks.py): what a stacked
+    matrix's own name holds once its stack is laid out."""
+    __slots__ = ("stack", "shape", "requantized_from")
+
+    def __init__(self, stack: LanePacked, start: int, stop: int):
+        self.stack, self.shape = (stack, start, stop), (stop - start, stack.shape[1])
+        self.requantized_from = stack.requantized_from
+
+    @property
+    def nbytes(self) -> int:  # its share: the views of a stack add up to the stack
+        whole = self.stack[0]
+        return whole.nbytes * self.shape[0] // whole.shape[0]
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    @property
+    def type_name(self) -> str:
+        return self.stack[0].type_name
+
+    def dequantize(self, rows=None) -> np.ndarray:
+        whole, start, stop = self.stack
+        return whole.dequantize(np.arange(start, stop) if rows is None else start + np.asarray(rows))
+
+
+def lay_out_weights(weights: dict) -> dict:
+    """The weights with every PackedWeight the lanes kernels take laid out; each name
+    that held it (a tied lm_head, the views of a stack) then holds the new form.
+    One matrix at a time, so the old form is freed before the next is laid out.
+    Takes the dict over."""
+    names = list(weights)
+    for name in names:
+        w = weights[name]
+        stack = getattr(w, "stack", None)
+        target = stack[0] if isinstance(stack, tuple) and isinstance(stack[0], PackedWeight) else w
+        if not LanePacked.can_lay_out(target):
+            continue
+        laid = LanePacked.of(target)
+        for other in names:
+            held = weights[other]
+            view = getattr(held, "stack", None)
+            if held is target:
+                weights[other] = laid
+            elif isinstance(view, tuple) and view[0] is target:
+                weights[other] = LaneRows(laid, view[1], view[2])
+    return weights

@@ -1,0 +1,133 @@
+"""LLVM IR for the decode GEMV on laid-out weights (lanes.py): one group's 16 rows
+times one row of x, the rows in the 16 lanes of every vector.
+
+Block after block, in order: 8 vpdpbusd (each: 4 bytes of each of the 16 rows,
+unsigned, times 4 of x's int8 values, broadcast) give the 16 rows' integer dots;
+block_term's float32 operations then run on the 16 lanes at once, in its order,
+and add to the 16 sums (packed_terms.py). Each lane computes exactly what the
+row-by-row kernels compute for its row, with no sum across lanes and no serial
+chain of adds per row.
+"""
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .group_ir import F32, FLOATS, I32, INTS, LANES, c_array, index, pointer, splat
+
+HALVES = ir.VectorType(ir.HalfType(), LANES)
+SHORTS = ir.VectorType(ir.IntType(16), LANES)
+CHUNKS_PER_BLOCK = 8  # 4 columns a chunk, 32 a block
+
+
+def _flat(array_type, dtypes) -> bool:
+    return c_array(array_type, dtypes) and array_type.ndim == 1
+
+
+@intrinsic
+def group_gemv(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, dx, qsum, row_at,
+               acc):
+    """acc[0 .. 15] = the product of the group's 16 rows (bytes from quants[q_at], flat)
+    with one row of x: its int8 values from xq[x_at], its block scales and sums
+    dx[row_at + b], qsum[row_at + b]; the group's scales (and mins) of block b at
+    scales[s_at + 16 b + j]. quants int8: Q8_0; uint8: Q4_0 (mins None) or Q4_1."""
+    if not (_flat(quants, (types.int8, types.uint8)) and _flat(xq, (types.int8,))
+            and _flat(scales, (types.uint16,)) and _flat(dx, (types.float32,))
+            and _flat(qsum, (types.int32,)) and _flat(acc, (types.float32,))
+            and (isinstance(mins, types.NoneType) or _flat(mins, (types.uint16,)))):
+        return None
+    q8 = quants.dtype == types.int8
+    with_min = not isinstance(mins, types.NoneType)
+    offset = 128 if q8 else 0 if with_min else 8  # what the unsigned bytes carry above q
+    signature = types.void(quants, types.intp, xq, types.intp, types.intp, scales, mins, types.intp,
+                           dx, qsum, types.intp, acc)
+
+    def codegen(context, builder, sig, args):
+        q_arr, q_at, x_arr, x_at, n_blocks, s_arr, m_arr, s_at, dx_arr, qs_arr, row_at, acc_arr = args
+        t = sig.args
+        dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(INTS, [INTS] * 3),
+                                                "llvm.x86.avx512.vpdpbusd.512")
+        total = cgutils.alloca_once_value(builder, ir.Constant(FLOATS, [0.0] * LANES))
+
+        def halves(array_type, array, first):
+            bits = builder.load(pointer(context, builder, array_type, array, first, SHORTS), align=2)
+            return builder.fpext(builder.bitcast(bits, HALVES), FLOATS)
+
+        def block(b, chunk0, read):
+            """Block b of the rows, from their chunks chunk0 .. chunk0 + 7, each 64 bytes
+            turned into vpdpbusd's unsigned bytes by read."""
+            dot = ir.Constant(INTS, [0] * LANES)
+            for c in range(CHUNKS_PER_BLOCK):
+                at = builder.add(q_at, builder.mul(builder.add(chunk0, index(c)), index(4 * LANES)))
+                w = read(builder.load(pointer(context, builder, t[0], q_arr, at, INTS), align=1))
+                x_quad = builder.add(x_at, builder.add(builder.mul(b, index(32)), index(4 * c)))
+                quad = builder.load(pointer(context, builder, t[2], x_arr, x_quad, I32), align=1)
+                dot = builder.call(dpbusd, [dot, w, splat(builder, quad, INTS)])
+            at = builder.add(row_at, b)
+            x_sum = builder.load(pointer(context, builder, t[9], qs_arr, at))
+            if offset:  # the dot of q itself: sum of (q + offset) x less offset * sum of x
+                dot = builder.sub(dot, splat(builder, builder.mul(x_sum, ir.Constant(I32, offset)), INTS))
+            x_scale = splat(builder, builder.load(pointer(context, builder, t[8], dx_arr, at)), FLOATS)
+            first = builder.add(s_at, builder.mul(b, index(LANES)))
+            term = builder.fmul(builder.fmul(halves(t[5], s_arr, first), x_scale),
+                                builder.sitofp(dot, FLOATS))
+            if with_min:  # (scale * dx) * dot + (min * dx) * qsum, as block_term
+                x_total = splat(builder, builder.sitofp(x_sum, F32), FLOATS)
+                term = builder.fadd(term, builder.fmul(builder.fmul(halves(t[6], m_arr, first), x_scale),
+                                                       x_total))
+            builder.store(builder.fadd(builder.load(total), term), total)
+
+        def repeated(value):
+            return ir.Constant(INTS, [value] * LANES)
+        if q8:  # bytes xor 128: q + 128, unsigned, as vpdpbusd takes them
+            with cgutils.for_range(builder, n_blocks) as loop:
+                block(loop.index, builder.mul(loop.index, index(CHUNKS_PER_BLOCK)),
+                      lambda w: builder.xor(w, repeated(0x80808080)))
+        else:  # low nibbles: blocks 0 .. nb/2 - 1; high nibbles: the rest, from the same chunks
+            upper = builder.lshr(n_blocks, index(1))
+            with cgutils.for_range(builder, upper) as loop:
+                block(loop.index, builder.mul(loop.index, index(CHUNKS_PER_BLOCK)),
+                      lambda w: builder.and_(w, repeated(0x0F0F0F0F)))
+            with cgutils.for_range(builder, upper) as loop:
+                block(builder.add(loop.index, upper), builder.mul(loop.index, index(CHUNKS_PER_BLOCK)),
+                      lambda w: builder.and_(builder.lshr(w, repeated(4)), repeated(0x0F0F0F0F)))
+        out = pointer(context, builder, t[11], acc_arr, index(0), FLOATS)
+        builder.store(builder.load(total), out, align=4)
+        return context.get_dummy_value()
+    return signature, codegen
+
+
+@intrinsic
+def unsigned_group(typingctx, quants, q_at, group):
+    """group (uint8, C-contiguous) = one group's stored bytes quants[q_at ..] (flat) as
+    vpdpbusd's unsigned bytes in packed_gemm's layout: Q8_0 (int8) q xor 128, the
+    same length; Q4_x (uint8) its low nibbles, then its high ones, twice the length.
+    64 bytes a step in vector registers (numba's byte loop here stayed scalar)."""
+    if not (_flat(quants, (types.int8, types.uint8)) and c_array(group, (types.uint8,))):
+        return None
+    q8 = quants.dtype == types.int8
+    signature = types.void(quants, types.intp, group)
+
+    def codegen(context, builder, sig, args):
+        q_arr, q_at, g_arr = args
+        out = context.make_array(sig.args[2])(context, builder, g_arr)
+        size = builder.extract_value(out.shape, 0) if sig.args[2].ndim == 1 else \
+            builder.mul(builder.extract_value(out.shape, 0), builder.extract_value(out.shape, 1))
+        steps = builder.udiv(size, index(64 if q8 else 128))
+        flip = ir.Constant(INTS, [0x80808080] * LANES)
+        low = ir.Constant(INTS, [0x0F0F0F0F] * LANES)
+        with cgutils.for_range(builder, steps) as loop:
+            at = builder.mul(loop.index, index(64))
+            w = builder.load(pointer(context, builder, sig.args[0], q_arr, builder.add(q_at, at), INTS),
+                             align=1)
+            if q8:
+                builder.store(builder.xor(w, flip), pointer(context, builder, sig.args[2], g_arr, at, INTS),
+                              align=1)
+            else:
+                builder.store(builder.and_(w, low), pointer(context, builder, sig.args[2], g_arr, at, INTS),
+                              align=1)
+                high_at = builder.add(at, builder.udiv(size, index(2)))
+                builder.store(builder.and_(builder.lshr(w, ir.Constant(INTS, [4] * LANES)), low),
+                              pointer(context, builder, sig.args[2], g_arr, high_at, INTS), align=1)
+        return context.get_dummy_value()
+    return signature, codegen

@@ -1,0 +1,125 @@
+"""Products with laid-out weights (lanes.py), bit for bit the PackedWeight kernels'
+(quantized.py, packed_gemm.py) for every row, whatever the batch.
+
+Decode (M <= GEMV_MAX_ROWS rows of x): threads take groups of 16 rows and run
+lanes_ir.group_gemv on each, one row of x at a time.
+More rows: the group GEMM's blocks (group_ir.accumulate_block_vnni) on each group's
+bytes made unsigned once per call (Q8_0: xor 128; Q4_x: the nibbles split into
+their own bytes, the layout packed_gemm's groups take), 16 x K bytes in L1, then
+reused by every 8 rows of x. No transposes per call.
+"""
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import overload
+
+from .activations import quantize_activations
+from .common import N_CHUNKS, f16_bits_to_f32
+from .group_ir import BLOCK, X_ROWS, accumulate_block_vnni
+from .lanes import LANES
+from .lanes_ir import group_gemv, unsigned_group
+from .packed_terms import dot_offset
+
+GEMV_MAX_ROWS = 2  # as quantized.py
+
+
+def _flat(array):
+    """array.reshape(-1), or None for None."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(_flat, inline="always")
+def _flat_or_none(array):
+    if isinstance(array, types.NoneType):
+        return lambda array: None
+    return lambda array: array.reshape(-1)
+
+
+@njit(parallel=True, cache=True)
+def _gemv_lanes(x, quants, scales, mins, out):
+    """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W laid out (lanes.py).
+    Threads take groups of 16 rows, spread evenly over N_CHUNKS ranges."""
+    xq, dx, qsum = quantize_activations(x)
+    n_rows, width = x.shape
+    n_out = out.shape[1]
+    n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
+    n_blocks = width // BLOCK
+    q_flat, x_flat, s_flat, m_flat = quants.reshape(-1), xq.reshape(-1), scales.reshape(-1), _flat(mins)
+    dx_flat, qsum_flat = dx.reshape(-1), qsum.reshape(-1)
+    for c in prange(N_CHUNKS):
+        acc = np.empty(LANES, dtype=np.float32)
+        for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):
+            for m in range(n_rows):
+                group_gemv(q_flat, g * group_bytes, x_flat, m * width, n_blocks, s_flat, m_flat,
+                           g * n_blocks * LANES, dx_flat, qsum_flat, m * n_blocks, acc)
+                for j in range(min(LANES, n_out - g * LANES)):
+                    out[m, g * LANES + j] = acc[j]
+
+
+def _lows(mins, low):
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(_lows, inline="always")
+def _lows_by_kind(mins, low):
+    if isinstance(mins, types.NoneType):
+        return lambda mins, low: None
+    return lambda mins, low: low
+
+
+def _widen_group(bits, g, values):
+    """values[b, j] = bits[g, b, j] (float16 bits) in float32; nothing for bits None."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(_widen_group, inline="always")
+def _widen_group_or_none(bits, g, values):
+    if isinstance(bits, types.NoneType):
+        return lambda bits, g, values: None
+
+    def widen(bits, g, values):
+        source, target = bits[g].reshape(-1), values.reshape(-1)
+        for i in range(target.size):
+            target[i] = f16_bits_to_f32(source[i])
+    return widen
+
+
+@njit(parallel=True, cache=True)
+def _gemm_lanes(xq, dx, qsum, quants, scales, mins, out):
+    """out (M, N) for laid-out W; xq (M8, K) x's int8 values, M8 = M rounded up to a
+    multiple of 8 (zero rows after M); dx, qsum (M8, K/32). As packed_gemm._gemm,
+    with each group's bytes only made unsigned, not transposed."""
+    n_out = out.shape[1]
+    padded_rows, width = xq.shape
+    n_blocks = width // BLOCK
+    n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
+    q_flat = quants.reshape(-1)
+    offset = dot_offset(quants, scales, mins, None)
+    for c in prange(N_CHUNKS):
+        group = np.empty(width * LANES, dtype=np.uint8)
+        scale = np.empty((n_blocks, LANES), dtype=np.float32)
+        low = np.empty((n_blocks, LANES), dtype=np.float32)
+        acc = np.empty(X_ROWS * LANES, dtype=np.float32)
+        for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):
+            unsigned_group(q_flat, g * group_bytes, group)
+            _widen_group(scales, g, scale)
+            _widen_group(mins, g, low)
+            rows = min(LANES, n_out - g * LANES)
+            for m0 in range(0, padded_rows, X_ROWS):
+                acc[:] = 0.0
+                for b in range(n_blocks):
+                    accumulate_block_vnni(group, b * BLOCK * LANES, xq, b * BLOCK, scale,
+                                          _lows(mins, low), b, dx, qsum, m0, acc, offset)
+                for i in range(min(X_ROWS, out.shape[0] - m0)):
+                    for j in range(rows):
+                        out[m0 + i, g * LANES + j] = acc[i * LANES + j]
+
+
+def lanes_product(x: np.ndarray, weight) -> np.ndarray:
+    """round_activations(x) (M, K) @ W.T for a LanePacked W -> (M, N)."""
+    out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
+    if len(x) <= GEMV_MAX_ROWS:
+        _gemv_lanes(x, weight.quants, weight.scales, weight.mins, out)
+    else:
+        xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
+        _gemm_lanes(xq, dx, qsum, weight.quants, weight.scales, weight.mins, out)
+    return out
