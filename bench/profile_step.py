@@ -1,12 +1,13 @@
-"""Where a batch-1 decode step's time goes (CPU backend): each backend op timed, the
+"""Where a decode step's time goes (CPU backend): each backend op timed, the
 matrix products by weight kind, the Python between ops inside the forward, and
 what lies outside it (sampling, scheduling, bookkeeping).
 
 Every op of the model's backend module is wrapped by a timer (a proxy set as the
-model's `ops`), then one request decodes --steps tokens; the prefill step is left
-out. Timers cost ~1 us a call, counted in "python between ops".
+model's `ops`), then --requests requests (1: batch 1) decode --steps tokens each;
+the prefill step (one step for short prompts) is left out. Timers cost ~1 us a
+call, counted in "python between ops".
 
-Usage: python bench/profile_step.py MODEL [--steps 64]
+Usage: python bench/profile_step.py MODEL [--steps 64] [--requests 1]
 Prints a table; asserts nothing.
 """
 from __future__ import annotations
@@ -63,7 +64,7 @@ class TimedOps:
         return timed
 
 
-def profile(model: str, steps: int) -> None:
+def profile(model: str, steps: int, requests: int) -> None:
     llm = LLM(model, backend="cpu")
 
     def work(engine):
@@ -77,8 +78,9 @@ def profile(model: str, steps: int) -> None:
             out = forward(*args, **kwargs)
             forward_s[0] += time.perf_counter() - start
             return out
-        engine.add_request("Once upon a time", SamplingParams(temperature=0, max_tokens=steps + 1,
-                                                              ignore_eos=True))
+        for _ in range(requests):
+            engine.add_request("Once upon a time", SamplingParams(temperature=0, max_tokens=steps + 1,
+                                                                  ignore_eos=True))
         engine.step()  # the prefill, untimed
         model_.ops, model_.forward_on_device = timed, timed_forward
         try:
@@ -94,8 +96,9 @@ def profile(model: str, steps: int) -> None:
     timed, forward_s, total, n = on_engine_thread(llm, work)
     llm.close()
     ms = lambda s: 1000 * s / n  # noqa: E731  (per step)
-    print(f"{model}: {n} decode steps, {ms(total):.2f} ms a step "
-          f"({n / total:.1f} tokens/s); {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+    print(f"{model}: {n} decode steps of {requests} requests, {ms(total):.2f} ms a step "
+          f"({requests * n / total:.1f} tokens/s); {os.cpu_count()} cores, "
+          f"load {os.getloadavg()[0]:.1f}")
     print("| part | ms a step | calls a step | share |\n|---|---|---|---|")
     ops_s = sum(timed.seconds.values())
     for key, s in sorted(timed.seconds.items(), key=lambda kv: -kv[1]):
@@ -110,8 +113,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
     parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=1)
     args = parser.parse_args()
-    profile(args.model, args.steps)
+    profile(args.model, args.steps, args.requests)
 
 
 if __name__ == "__main__":
