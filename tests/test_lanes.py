@@ -11,23 +11,25 @@ from tinypaged.kernels.cpu import embedding, lanes, linear, stack_layer_matrices
 from tinypaged.kernels.cpu.common import HAS_VNNI
 from tinypaged.kernels.cpu.lanes import LanePacked, LaneRows, lay_out_weights
 from tinypaged.kernels.cpu.quantized import packed_product
-from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q5_0, Q8_0
+from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q5_0, Q5_1, Q6_K, Q8_0
 from tinypaged.model.packed import PackedWeight
 
-KINDS = {"Q8_0": (Q8_0, 34), "Q4_0": (Q4_0, 18), "Q4_1": (Q4_1, 20)}
+KINDS = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0, "Q5_1": Q5_1}
 needs_vnni = pytest.mark.skipif(not HAS_VNNI, reason="the lanes kernels are vpdpbusd's (AVX-512 "
                                 "VNNI); other CPUs keep PackedWeight (test_other_cpus_keep_...)")
 
 
 def random_packed(rng, ggml_type: int, n: int, k: int) -> PackedWeight:
-    """An (n, k) matrix of random GGUF blocks: any quant bytes, random float16 scales
-    (and mins), one block with a zero scale."""
-    size = {Q8_0: 34, Q4_0: 18, Q4_1: 20, Q5_0: 22}[ggml_type]
-    blocks = rng.integers(0, 256, (n * k // 32, size), dtype=np.uint8)
+    """An (n, k) matrix of random GGUF blocks: any quant bytes (and fifth bits), random
+    float16 scales (and mins), one block with a zero scale."""
+    per_block, size = (256, 210) if ggml_type == Q6_K else \
+        (32, {Q8_0: 34, Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24}[ggml_type])
+    blocks = rng.integers(0, 256, (n * k // per_block, size), dtype=np.uint8)
     d = (rng.standard_normal(len(blocks)) * 0.02).astype(np.float16)
     d[0] = 0
-    blocks[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
-    if ggml_type == Q4_1:
+    at = size - 2 if ggml_type == Q6_K else 0  # (Q6_K's d is last)
+    blocks[:, at:at + 2] = d.view(np.uint8).reshape(-1, 2)
+    if ggml_type in (Q4_1, Q5_1):
         blocks[:, 2:4] = (rng.standard_normal(len(blocks)) * 0.1).astype(np.float16) \
             .view(np.uint8).reshape(-1, 2)
     return PackedWeight.from_bytes(blocks.reshape(-1), ggml_type, (n, k))
@@ -36,7 +38,7 @@ def random_packed(rng, ggml_type: int, n: int, k: int) -> PackedWeight:
 @pytest.mark.parametrize("kind", KINDS)
 def test_laid_out_weights_are_the_packed_weights(kind):
     rng = np.random.default_rng(31)
-    weight = random_packed(rng, KINDS[kind][0], 50, 128)
+    weight = random_packed(rng, KINDS[kind], 50, 128)
     laid = LanePacked.of(weight)
     assert np.array_equal(laid.dequantize(), weight.dequantize())
     rows = np.array([49, 0, 17, 16])
@@ -50,7 +52,7 @@ def test_laid_out_weights_are_the_packed_weights(kind):
 @pytest.mark.parametrize("n_out, width", [(50, 64), (16, 576), (333, 640)])
 def test_every_batch_gives_a_row_the_packed_kernels_bits(kind, n_out, width):
     rng = np.random.default_rng(32 + n_out)
-    weight = random_packed(rng, KINDS[kind][0], n_out, width)
+    weight = random_packed(rng, KINDS[kind], n_out, width)
     laid = LanePacked.of(weight)
     w = weight.dequantize().astype(np.float64)
     for rows in (1, 2, 3, 8, 9, 33):  # the GEMV (up to 2), then the GEMM's 8-row passes
@@ -64,7 +66,7 @@ def test_every_batch_gives_a_row_the_packed_kernels_bits(kind, n_out, width):
 
 def _layer(rng) -> dict:
     """One layer's matrices (q/k/v and gate/up stack) and a tied embedding / lm_head,
-    with a kind the lanes do not take (Q5_0) and a matrix of under 16 rows."""
+    with a kind the lanes do not take (Q6_K) and a matrix of under 16 rows."""
     embed = random_packed(rng, Q8_0, 40, 64)
     return {"model.embed_tokens.weight": embed, "lm_head.weight": embed,
             "model.layers.0.self_attn.q_proj.weight": random_packed(rng, Q4_1, 64, 64),
@@ -72,6 +74,7 @@ def _layer(rng) -> dict:
             "model.layers.0.self_attn.v_proj.weight": random_packed(rng, Q4_1, 32, 64),
             "model.layers.0.mlp.gate_proj.weight": random_packed(rng, Q5_0, 96, 64),
             "model.layers.0.mlp.up_proj.weight": random_packed(rng, Q5_0, 96, 64),
+            "model.layers.0.mlp.down_proj.weight": random_packed(rng, Q6_K, 64, 256),
             "model.layers.0.self_attn.o_proj.weight": random_packed(rng, Q4_0, 8, 64)}
 
 
@@ -82,8 +85,8 @@ def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
     unique_bytes = lambda ws: sum(w.nbytes for w in {id(w): w for w in ws.values()}.values())  # noqa: E731
     bytes_before = unique_bytes(before)
     want = {name: (w.dequantize(), w.type_name) for name, w in before.items()}
-    x = random_activations(rng, 3, 64)
-    products = {name: linear(x, w) for name, w in before.items()}
+    xs = {k: random_activations(rng, 3, k) for k in (64, 256)}
+    products = {name: linear(xs[w.shape[1]], w) for name, w in before.items()}
     after = lay_out_weights(dict(before))
     kinds = {name: type(w).__name__ for name, w in after.items()}
     assert kinds["model.embed_tokens.weight"] == "LanePacked"
@@ -91,12 +94,13 @@ def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
     assert {kinds[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"} == {"LaneRows"}
     stacks = {id(after[f"model.layers.0.self_attn.{p}_proj.weight"].stack[0]) for p in "qkv"}
     assert len(stacks) == 1  # the three views of one laid-out stack
-    assert kinds["model.layers.0.mlp.gate_proj.weight"] == "PackedWeight"  # Q5_0: not a lanes kind
+    assert {kinds[f"model.layers.0.mlp.{p}_proj.weight"] for p in ("gate", "up")} == {"LaneRows"}
+    assert kinds["model.layers.0.mlp.down_proj.weight"] == "PackedWeight"  # Q6_K: not a lanes kind
     assert kinds["model.layers.0.self_attn.o_proj.weight"] == "PackedWeight"  # under 16 rows
     for name, w in after.items():
         assert np.array_equal(w.dequantize(), want[name][0]), name
         assert w.type_name == want[name][1]
-        assert np.array_equal(linear(x, w), products[name]), name
+        assert np.array_equal(linear(xs[w.shape[1]], w), products[name]), name
     assert unique_bytes(after) == bytes_before + 8 * 2 * 34  # + the embedding's 8 padded rows
     tokens = np.array([3, 39, 0])
     assert np.array_equal(embedding(tokens, after["model.embed_tokens.weight"]),

@@ -10,49 +10,58 @@ group GEMM laid each group out this way on every call. Laid out once at load:
             PackedWeight's bytes (Q8_0: int8 q, C = K/4; Q4_x: nibble bytes,
             C = K/8, chunk c holding columns 4c .. 4c + 3 low and K/2 + 4c .. high)
     scales  (G, K/32, 16) float16 bits: block b of row j at [g, b, j]
-    mins    (G, K/32, 16) float16 bits (Q4_1)
+    mins    (G, K/32, 16) float16 bits (Q4_1, Q5_1)
+    fifths  (G, K/4, 8) Q5_x's fifth bits: for the 4 columns 4v .. 4v + 3, a 64-bit
+            mask whose bit 4j + t is row j's column 4v + t, the byte of a 64-byte
+            chunk that the bit goes to (a masked move puts 16 there, one step)
 G = ceil(N / 16); the last group's missing rows are zeros (their outputs dropped).
 The bytes held are the PackedWeight's, give or take those rows.
 
 The products (lanes_product.py) give every row the bits the PackedWeight kernels
 give it (packed_terms.py's block_term, blocks in order); the tests hold them to
 it. Only on CPUs with AVX-512 VNNI (the kernels are vpdpbusd's), and only for
-Q8_0, Q4_0 and Q4_1; other kinds and other CPUs keep PackedWeight.
+Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1; other kinds and other CPUs keep PackedWeight.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ...model.ggml_quant import Q4_0, Q4_1, Q8_0
+from ...model.ggml_quant import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from ...model.packed import PackedWeight
 from .common import HAS_VNNI
 
 LANES = 16  # rows of W in one group: one 512-bit vector of int32 / float32
-LAID_OUT_TYPES = (Q8_0, Q4_0, Q4_1)
+LAID_OUT_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1)
+
+
+def _grouped(a: np.ndarray, inner: int = 1) -> np.ndarray:
+    """(N, X) -> (G, X / inner, 16, inner): row j of group g at [g, :, j], zero rows
+    after N."""
+    groups = -(-len(a) // LANES)
+    padded = np.zeros((groups * LANES, a.shape[1]), a.dtype)
+    padded[:len(a)] = a
+    return np.ascontiguousarray(
+        padded.reshape(groups, LANES, a.shape[1] // inner, inner).transpose(0, 2, 1, 3))
 
 
 class LanePacked:
-    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "requantized_from")
+    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "fifths", "requantized_from")
 
-    def __init__(self, ggml_type: int, shape: tuple[int, int], quants, scales, mins=None):
+    def __init__(self, ggml_type: int, shape: tuple[int, int], quants, scales, mins=None,
+                 fifths=None):
         self.ggml_type, self.shape = ggml_type, shape
-        self.quants, self.scales, self.mins = quants, scales, mins
+        self.quants, self.scales, self.mins, self.fifths = quants, scales, mins, fifths
         self.requantized_from = None
 
     @classmethod
     def of(cls, weight: PackedWeight) -> "LanePacked":
-        n = weight.shape[0]
-        groups = -(-n // LANES)
-
-        def grouped(a: np.ndarray, inner: int = 1) -> np.ndarray:
-            """(N, X) -> (G, X / inner, 16, inner), zero rows after N."""
-            padded = np.zeros((groups * LANES, a.shape[1]), a.dtype)
-            padded[:n] = a
-            return np.ascontiguousarray(
-                padded.reshape(groups, LANES, a.shape[1] // inner, inner).transpose(0, 2, 1, 3))
-        mins = None if weight.mins is None else grouped(weight.mins)[..., 0].copy()
-        laid = cls(weight.ggml_type, weight.shape, grouped(weight.quants, 4),
-                   grouped(weight.scales)[..., 0].copy(), mins)
+        mins = None if weight.mins is None else _grouped(weight.mins)[..., 0].copy()
+        fifths = None
+        if weight.highs is not None:  # (N, K/8) -> a bit a column -> (G, K/4, 16 x 4 bits)
+            bits = _grouped(np.unpackbits(weight.highs, axis=1, bitorder="little"), 4)
+            fifths = np.packbits(bits.reshape(*bits.shape[:2], 4 * LANES), axis=2, bitorder="little")
+        laid = cls(weight.ggml_type, weight.shape, _grouped(weight.quants, 4),
+                   _grouped(weight.scales)[..., 0].copy(), mins, fifths)
         laid.requantized_from = weight.requantized_from
         return laid
 
@@ -63,7 +72,8 @@ class LanePacked:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.quants, self.scales, self.mins) if a is not None)
+        return sum(a.nbytes for a in (self.quants, self.scales, self.mins, self.fifths)
+                   if a is not None)
 
     @property
     def ndim(self) -> int:
@@ -78,8 +88,14 @@ class LanePacked:
         rows = np.asarray(rows)
         g, j = rows // LANES, rows % LANES
         quants = self.quants[g, :, j, :].reshape(len(rows), -1)
+        highs = None
+        if self.fifths is not None:
+            bits = np.unpackbits(self.fifths, axis=2, bitorder="little")  # (G, K/4, 64)
+            bits = bits.reshape(*bits.shape[:2], LANES, 4)[g, :, j, :].reshape(len(rows), -1)
+            highs = np.packbits(bits, axis=1, bitorder="little")
         return PackedWeight(self.ggml_type, (len(rows), self.shape[1]), quants,
-                            self.scales[g, :, j], None if self.mins is None else self.mins[g, :, j])
+                            self.scales[g, :, j], None if self.mins is None else self.mins[g, :, j],
+                            highs=highs)
 
     def dequantize(self, rows=None) -> np.ndarray:
         """float32 rows (all by default), as PackedWeight.dequantize (embedding lookups)."""

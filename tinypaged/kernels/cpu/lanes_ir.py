@@ -6,7 +6,8 @@ unsigned, times 4 of x's int8 values, broadcast) give the 16 rows' integer dots;
 block_term's float32 operations then run on the 16 lanes at once, in its order,
 and add to the 16 sums (packed_terms.py). Each lane computes exactly what the
 row-by-row kernels compute for its row, with no sum across lanes and no serial
-chain of adds per row.
+chain of adds per row. Q5_x's fifth bits come from a 64-bit mask a chunk
+(lanes.py), put in place by one masked move (select) and or-ed into the nibbles.
 """
 from llvmlite import ir
 from numba import types
@@ -18,32 +19,48 @@ from .group_ir import F32, FLOATS, I32, INTS, LANES, c_array, index, pointer, sp
 HALVES = ir.VectorType(ir.HalfType(), LANES)
 SHORTS = ir.VectorType(ir.IntType(16), LANES)
 CHUNKS_PER_BLOCK = 8  # 4 columns a chunk, 32 a block
+_MASK = ir.VectorType(ir.IntType(1), 4 * LANES)
+_CHUNK_BYTES = ir.VectorType(ir.IntType(8), 4 * LANES)
 
 
 def _flat(array_type, dtypes) -> bool:
     return c_array(array_type, dtypes) and array_type.ndim == 1
 
 
+def _or_fifths(context, builder, fifths_type, fifths, at, nibbles):
+    """nibbles (a chunk's 64 bytes as INTS) with 16 added where the chunk's fifth-bit
+    mask (8 bytes at fifths[at]) has its bit set."""
+    bits = builder.load(pointer(context, builder, fifths_type, fifths, at, ir.IntType(64)), align=1)
+    sixteen = builder.select(builder.bitcast(bits, _MASK), ir.Constant(_CHUNK_BYTES, [16] * 4 * LANES),
+                             ir.Constant(_CHUNK_BYTES, [0] * 4 * LANES))
+    return builder.or_(nibbles, builder.bitcast(sixteen, INTS))
+
+
 @intrinsic
-def group_gemv(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, dx, qsum, row_at,
-               acc):
+def group_gemv(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, fifths, f_at, dx,
+               qsum, row_at, acc):
     """acc[0 .. 15] = the product of the group's 16 rows (bytes from quants[q_at], flat)
     with one row of x: its int8 values from xq[x_at], its block scales and sums
     dx[row_at + b], qsum[row_at + b]; the group's scales (and mins) of block b at
-    scales[s_at + 16 b + j]. quants int8: Q8_0; uint8: Q4_0 (mins None) or Q4_1."""
+    scales[s_at + 16 b + j]; Q5_x's fifth-bit masks from fifths[f_at] (flat, or None).
+    quants int8: Q8_0; uint8: Q4_0, Q5_0 (mins None), Q4_1, Q5_1."""
+    with_fifths = not isinstance(fifths, types.NoneType)
     if not (_flat(quants, (types.int8, types.uint8)) and _flat(xq, (types.int8,))
             and _flat(scales, (types.uint16,)) and _flat(dx, (types.float32,))
             and _flat(qsum, (types.int32,)) and _flat(acc, (types.float32,))
-            and (isinstance(mins, types.NoneType) or _flat(mins, (types.uint16,)))):
+            and (isinstance(mins, types.NoneType) or _flat(mins, (types.uint16,)))
+            and (not with_fifths or _flat(fifths, (types.uint8,)))):
         return None
     q8 = quants.dtype == types.int8
     with_min = not isinstance(mins, types.NoneType)
-    offset = 128 if q8 else 0 if with_min else 8  # what the unsigned bytes carry above q
+    # what the unsigned bytes carry above q: Q8_0 128, Q4_0 8, Q5_0 16, with mins 0
+    offset = 128 if q8 else 0 if with_min else 16 if with_fifths else 8
     signature = types.void(quants, types.intp, xq, types.intp, types.intp, scales, mins, types.intp,
-                           dx, qsum, types.intp, acc)
+                           fifths, types.intp, dx, qsum, types.intp, acc)
 
     def codegen(context, builder, sig, args):
-        q_arr, q_at, x_arr, x_at, n_blocks, s_arr, m_arr, s_at, dx_arr, qs_arr, row_at, acc_arr = args
+        (q_arr, q_at, x_arr, x_at, n_blocks, s_arr, m_arr, s_at, f_arr, f_at, dx_arr, qs_arr, row_at,
+         acc_arr) = args
         t = sig.args
         dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(INTS, [INTS] * 3),
                                                 "llvm.x86.avx512.vpdpbusd.512")
@@ -55,19 +72,24 @@ def group_gemv(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, 
 
         def block(b, chunk0, read):
             """Block b of the rows, from their chunks chunk0 .. chunk0 + 7, each 64 bytes
-            turned into vpdpbusd's unsigned bytes by read."""
+            turned into vpdpbusd's unsigned bytes by read (then Q5_x's fifth bits of
+            columns 32b + 4c .. added)."""
             dot = ir.Constant(INTS, [0] * LANES)
             for c in range(CHUNKS_PER_BLOCK):
                 at = builder.add(q_at, builder.mul(builder.add(chunk0, index(c)), index(4 * LANES)))
                 w = read(builder.load(pointer(context, builder, t[0], q_arr, at, INTS), align=1))
+                if with_fifths:
+                    column_chunk = builder.add(builder.mul(b, index(CHUNKS_PER_BLOCK)), index(c))
+                    w = _or_fifths(context, builder, t[8], f_arr,
+                                   builder.add(f_at, builder.mul(column_chunk, index(8))), w)
                 x_quad = builder.add(x_at, builder.add(builder.mul(b, index(32)), index(4 * c)))
                 quad = builder.load(pointer(context, builder, t[2], x_arr, x_quad, I32), align=1)
                 dot = builder.call(dpbusd, [dot, w, splat(builder, quad, INTS)])
             at = builder.add(row_at, b)
-            x_sum = builder.load(pointer(context, builder, t[9], qs_arr, at))
+            x_sum = builder.load(pointer(context, builder, t[11], qs_arr, at))
             if offset:  # the dot of q itself: sum of (q + offset) x less offset * sum of x
                 dot = builder.sub(dot, splat(builder, builder.mul(x_sum, ir.Constant(I32, offset)), INTS))
-            x_scale = splat(builder, builder.load(pointer(context, builder, t[8], dx_arr, at)), FLOATS)
+            x_scale = splat(builder, builder.load(pointer(context, builder, t[10], dx_arr, at)), FLOATS)
             first = builder.add(s_at, builder.mul(b, index(LANES)))
             term = builder.fmul(builder.fmul(halves(t[5], s_arr, first), x_scale),
                                 builder.sitofp(dot, FLOATS))
@@ -91,43 +113,50 @@ def group_gemv(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, 
             with cgutils.for_range(builder, upper) as loop:
                 block(builder.add(loop.index, upper), builder.mul(loop.index, index(CHUNKS_PER_BLOCK)),
                       lambda w: builder.and_(builder.lshr(w, repeated(4)), repeated(0x0F0F0F0F)))
-        out = pointer(context, builder, t[11], acc_arr, index(0), FLOATS)
+        out = pointer(context, builder, t[13], acc_arr, index(0), FLOATS)
         builder.store(builder.load(total), out, align=4)
         return context.get_dummy_value()
     return signature, codegen
 
 
 @intrinsic
-def unsigned_group(typingctx, quants, q_at, group):
+def unsigned_group(typingctx, quants, q_at, fifths, f_at, group):
     """group (uint8, C-contiguous) = one group's stored bytes quants[q_at ..] (flat) as
     vpdpbusd's unsigned bytes in packed_gemm's layout: Q8_0 (int8) q xor 128, the
-    same length; Q4_x (uint8) its low nibbles, then its high ones, twice the length.
+    same length; Q4_x and Q5_x (uint8) the low nibbles, then the high ones, twice the
+    length, Q5_x's fifth bits (masks from fifths[f_at], flat, or None) added.
     64 bytes a step in vector registers (numba's byte loop here stayed scalar)."""
-    if not (_flat(quants, (types.int8, types.uint8)) and c_array(group, (types.uint8,))):
+    with_fifths = not isinstance(fifths, types.NoneType)
+    if not (_flat(quants, (types.int8, types.uint8)) and c_array(group, (types.uint8,))
+            and (not with_fifths or _flat(fifths, (types.uint8,)))):
         return None
     q8 = quants.dtype == types.int8
-    signature = types.void(quants, types.intp, group)
+    signature = types.void(quants, types.intp, fifths, types.intp, group)
 
     def codegen(context, builder, sig, args):
-        q_arr, q_at, g_arr = args
-        out = context.make_array(sig.args[2])(context, builder, g_arr)
-        size = builder.extract_value(out.shape, 0) if sig.args[2].ndim == 1 else \
-            builder.mul(builder.extract_value(out.shape, 0), builder.extract_value(out.shape, 1))
+        q_arr, q_at, f_arr, f_at, g_arr = args
+        out = context.make_array(sig.args[4])(context, builder, g_arr)
+        size = builder.extract_value(out.shape, 0)
+        for d in range(1, sig.args[4].ndim):
+            size = builder.mul(size, builder.extract_value(out.shape, d))
         steps = builder.udiv(size, index(64 if q8 else 128))
         flip = ir.Constant(INTS, [0x80808080] * LANES)
         low = ir.Constant(INTS, [0x0F0F0F0F] * LANES)
+
+        def store(value, chunk):
+            if with_fifths:
+                value = _or_fifths(context, builder, sig.args[2], f_arr,
+                                   builder.add(f_at, builder.mul(chunk, index(8))), value)
+            builder.store(value, pointer(context, builder, sig.args[4], g_arr,
+                                         builder.mul(chunk, index(64)), INTS), align=1)
         with cgutils.for_range(builder, steps) as loop:
-            at = builder.mul(loop.index, index(64))
-            w = builder.load(pointer(context, builder, sig.args[0], q_arr, builder.add(q_at, at), INTS),
-                             align=1)
+            at = builder.add(q_at, builder.mul(loop.index, index(64)))
+            w = builder.load(pointer(context, builder, sig.args[0], q_arr, at, INTS), align=1)
             if q8:
-                builder.store(builder.xor(w, flip), pointer(context, builder, sig.args[2], g_arr, at, INTS),
-                              align=1)
+                store(builder.xor(w, flip), loop.index)
             else:
-                builder.store(builder.and_(w, low), pointer(context, builder, sig.args[2], g_arr, at, INTS),
-                              align=1)
-                high_at = builder.add(at, builder.udiv(size, index(2)))
-                builder.store(builder.and_(builder.lshr(w, ir.Constant(INTS, [4] * LANES)), low),
-                              pointer(context, builder, sig.args[2], g_arr, high_at, INTS), align=1)
+                store(builder.and_(w, low), loop.index)
+                store(builder.and_(builder.lshr(w, ir.Constant(INTS, [4] * LANES)), low),
+                      builder.add(loop.index, steps))
         return context.get_dummy_value()
     return signature, codegen

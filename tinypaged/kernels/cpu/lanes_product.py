@@ -4,9 +4,9 @@
 Decode (M <= GEMV_MAX_ROWS rows of x): threads take groups of 16 rows and run
 lanes_ir.group_gemv on each, one row of x at a time.
 More rows: the group GEMM's blocks (group_ir.accumulate_block_vnni) on each group's
-bytes made unsigned once per call (Q8_0: xor 128; Q4_x: the nibbles split into
-their own bytes, the layout packed_gemm's groups take), 16 x K bytes in L1, then
-reused by every 8 rows of x. No transposes per call.
+bytes made unsigned once per call (Q8_0: xor 128; Q4_x and Q5_x: the nibbles split
+into their own bytes, the fifth bits added: the layout packed_gemm's groups take),
+16 x K bytes in L1, then reused by every 8 rows of x. No transposes per call.
 """
 import numpy as np
 from numba import njit, prange, types
@@ -35,7 +35,7 @@ def _flat_or_none(array):
 
 
 @njit(parallel=True, cache=True)
-def _gemv_lanes(x, quants, scales, mins, out):
+def _gemv_lanes(x, quants, scales, mins, fifths, out):
     """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W laid out (lanes.py).
     Threads take groups of 16 rows, spread evenly over N_CHUNKS ranges."""
     xq, dx, qsum = quantize_activations(x)
@@ -44,13 +44,15 @@ def _gemv_lanes(x, quants, scales, mins, out):
     n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
     n_blocks = width // BLOCK
     q_flat, x_flat, s_flat, m_flat = quants.reshape(-1), xq.reshape(-1), scales.reshape(-1), _flat(mins)
+    f_flat, fifth_bytes = _flat(fifths), width * LANES // 8  # (a group's masks: 1 bit a weight)
     dx_flat, qsum_flat = dx.reshape(-1), qsum.reshape(-1)
     for c in prange(N_CHUNKS):
         acc = np.empty(LANES, dtype=np.float32)
         for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):
             for m in range(n_rows):
                 group_gemv(q_flat, g * group_bytes, x_flat, m * width, n_blocks, s_flat, m_flat,
-                           g * n_blocks * LANES, dx_flat, qsum_flat, m * n_blocks, acc)
+                           g * n_blocks * LANES, f_flat, g * fifth_bytes, dx_flat, qsum_flat,
+                           m * n_blocks, acc)
                 for j in range(min(LANES, n_out - g * LANES)):
                     out[m, g * LANES + j] = acc[j]
 
@@ -84,7 +86,7 @@ def _widen_group_or_none(bits, g, values):
 
 
 @njit(parallel=True, cache=True)
-def _gemm_lanes(xq, dx, qsum, quants, scales, mins, out):
+def _gemm_lanes(xq, dx, qsum, quants, scales, mins, fifths, out):
     """out (M, N) for laid-out W; xq (M8, K) x's int8 values, M8 = M rounded up to a
     multiple of 8 (zero rows after M); dx, qsum (M8, K/32). As packed_gemm._gemm,
     with each group's bytes only made unsigned, not transposed."""
@@ -92,15 +94,15 @@ def _gemm_lanes(xq, dx, qsum, quants, scales, mins, out):
     padded_rows, width = xq.shape
     n_blocks = width // BLOCK
     n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
-    q_flat = quants.reshape(-1)
-    offset = dot_offset(quants, scales, mins, None)
+    q_flat, f_flat, fifth_bytes = quants.reshape(-1), _flat(fifths), width * LANES // 8
+    offset = dot_offset(quants, scales, mins, fifths)
     for c in prange(N_CHUNKS):
         group = np.empty(width * LANES, dtype=np.uint8)
         scale = np.empty((n_blocks, LANES), dtype=np.float32)
         low = np.empty((n_blocks, LANES), dtype=np.float32)
         acc = np.empty(X_ROWS * LANES, dtype=np.float32)
         for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):
-            unsigned_group(q_flat, g * group_bytes, group)
+            unsigned_group(q_flat, g * group_bytes, f_flat, g * fifth_bytes, group)
             _widen_group(scales, g, scale)
             _widen_group(mins, g, low)
             rows = min(LANES, n_out - g * LANES)
@@ -118,8 +120,8 @@ def lanes_product(x: np.ndarray, weight) -> np.ndarray:
     """round_activations(x) (M, K) @ W.T for a LanePacked W -> (M, N)."""
     out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
     if len(x) <= GEMV_MAX_ROWS:
-        _gemv_lanes(x, weight.quants, weight.scales, weight.mins, out)
+        _gemv_lanes(x, weight.quants, weight.scales, weight.mins, weight.fifths, out)
     else:
         xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
-        _gemm_lanes(xq, dx, qsum, weight.quants, weight.scales, weight.mins, out)
+        _gemm_lanes(xq, dx, qsum, weight.quants, weight.scales, weight.mins, weight.fifths, out)
     return out
