@@ -160,3 +160,44 @@ def unsigned_group(typingctx, quants, q_at, fifths, f_at, group):
                       builder.add(loop.index, steps))
         return context.get_dummy_value()
     return signature, codegen
+
+
+@intrinsic
+def prefetch(typingctx, array, start, stop):
+    """Hints the cache lines of array's elements start .. stop - 1 (flat, C-contiguous)
+    into the caches (llvm.prefetch: a read, kept close), so that a group's bytes
+    arrive while the group before it is multiplied."""
+    if not c_array(array, tuple(types.number_domain)) or array.ndim != 1:
+        return None
+    signature = types.void(array, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        arr, start, stop = args
+        i8p = ir.IntType(8).as_pointer()
+        hint = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, I32, I32, I32]), "llvm.prefetch.p0i8")
+        first = pointer(context, builder, sig.args[0], arr, start, ir.IntType(8))
+        size = context.get_abi_sizeof(context.get_data_type(sig.args[0].dtype))
+        length = builder.mul(builder.sub(stop, start), index(size))
+        lines = builder.udiv(builder.add(length, index(63)), index(64))
+        with cgutils.for_range(builder, lines) as loop:
+            at = builder.gep(first, [builder.mul(loop.index, index(64))])
+            builder.call(hint, [at, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        return context.get_dummy_value()
+    return signature, codegen
+
+
+@intrinsic
+def store_lanes(typingctx, acc, acc_at, out, out_at):
+    """out[out_at .. + 15] = acc[acc_at .. + 15] (both flat float32) in one vector store
+    (numba's loop over the 16 stayed scalar)."""
+    if not (_flat(acc, (types.float32,)) and _flat(out, (types.float32,))):
+        return None
+    signature = types.void(acc, types.intp, out, types.intp)
+
+    def codegen(context, builder, sig, args):
+        acc_arr, acc_at, out_arr, out_at = args
+        value = builder.load(pointer(context, builder, sig.args[0], acc_arr, acc_at, FLOATS), align=4)
+        builder.store(value, pointer(context, builder, sig.args[2], out_arr, out_at, FLOATS), align=4)
+        return context.get_dummy_value()
+    return signature, codegen

@@ -13,10 +13,11 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .activations import quantize_activations
+from .out_arrays import output_array
 from .common import N_CHUNKS, f16_bits_to_f32
 from .group_ir import BLOCK, X_ROWS, accumulate_block_vnni
 from .lanes import LANES
-from .lanes_ir import group_gemv, unsigned_group
+from .lanes_ir import group_gemv, prefetch, store_lanes, unsigned_group
 from .packed_terms import dot_offset
 
 GEMV_MAX_ROWS = 2  # as quantized.py
@@ -95,14 +96,18 @@ def _gemm_lanes(xq, dx, qsum, quants, scales, mins, fifths, out):
     n_blocks = width // BLOCK
     n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
     q_flat, f_flat, fifth_bytes = quants.reshape(-1), _flat(fifths), width * LANES // 8
+    out_flat = out.reshape(-1)
     offset = dot_offset(quants, scales, mins, fifths)
     for c in prange(N_CHUNKS):
         group = np.empty(width * LANES, dtype=np.uint8)
         scale = np.empty((n_blocks, LANES), dtype=np.float32)
         low = np.empty((n_blocks, LANES), dtype=np.float32)
         acc = np.empty(X_ROWS * LANES, dtype=np.float32)
-        for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):
+        last = (c + 1) * n_groups // N_CHUNKS - 1
+        for g in range(c * n_groups // N_CHUNKS, last + 1):
             unsigned_group(q_flat, g * group_bytes, f_flat, g * fifth_bytes, group)
+            if g < last:  # the next group's bytes arrive while this one is multiplied
+                prefetch(q_flat, (g + 1) * group_bytes, (g + 2) * group_bytes)
             _widen_group(scales, g, scale)
             _widen_group(mins, g, low)
             rows = min(LANES, n_out - g * LANES)
@@ -112,13 +117,16 @@ def _gemm_lanes(xq, dx, qsum, quants, scales, mins, fifths, out):
                     accumulate_block_vnni(group, b * BLOCK * LANES, xq, b * BLOCK, scale,
                                           _lows(mins, low), b, dx, qsum, m0, acc, offset)
                 for i in range(min(X_ROWS, out.shape[0] - m0)):
-                    for j in range(rows):
-                        out[m0 + i, g * LANES + j] = acc[i * LANES + j]
+                    if rows == LANES:
+                        store_lanes(acc, i * LANES, out_flat, (m0 + i) * n_out + g * LANES)
+                    else:
+                        for j in range(rows):
+                            out[m0 + i, g * LANES + j] = acc[i * LANES + j]
 
 
 def lanes_product(x: np.ndarray, weight) -> np.ndarray:
     """round_activations(x) (M, K) @ W.T for a LanePacked W -> (M, N)."""
-    out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
+    out = output_array(len(x), weight.shape[0])
     if len(x) <= GEMV_MAX_ROWS:
         _gemv_lanes(x, weight.quants, weight.scales, weight.mins, weight.fifths, out)
     else:

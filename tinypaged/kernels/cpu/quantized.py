@@ -21,6 +21,7 @@ from numba import float32, njit, prange, types
 from numba.extending import overload
 
 from .activations import quantize_activations
+from .out_arrays import output_array
 from .common import N_CHUNKS
 from .packed_gemm import LANES, gemm_packed
 from .packed_terms import block_term, dot_offset, flat_bits, is_q6_k, min_of, scale_of
@@ -126,7 +127,7 @@ def _gemv(x, quants, scales, mins, supers, highs, out):
 def gemv_packed(x: np.ndarray, weight) -> np.ndarray:
     """round_activations(x) (M, K), small M, @ packed weight (N, K).T -> (M, N), in
     integer block dot products."""
-    out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
+    out = output_array(len(x), weight.shape[0])
     _gemv(x, weight.quants, weight.scales, weight.mins, weight.supers, weight.highs, out)
     return out
 
@@ -137,7 +138,7 @@ def packed_product(x: np.ndarray, weight) -> np.ndarray:
     same bits for a row (packed_terms.py), so the choice never changes a result."""
     if len(x) <= GEMV_MAX_ROWS or weight.shape[0] < LANES:
         return gemv_packed(x, weight)
-    out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
+    out = output_array(len(x), weight.shape[0])
     gemm_packed(x, weight.quants, weight.scales, weight.mins, out, supers=weight.supers,
                 highs=weight.highs)
     return out
