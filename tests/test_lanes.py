@@ -11,10 +11,17 @@ from tinypaged.kernels.cpu import embedding, lanes, linear, stack_layer_matrices
 from tinypaged.kernels.cpu.common import HAS_VNNI
 from tinypaged.kernels.cpu.lanes import LanePacked, LaneRows, lay_out_weights
 from tinypaged.kernels.cpu.quantized import packed_product
-from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q5_0, Q5_1, Q6_K, Q8_0
+from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from tinypaged.model.packed import PackedWeight
 
-KINDS = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0, "Q5_1": Q5_1}
+KINDS = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0, "Q5_1": Q5_1, "Q4_K": Q4_K,
+         "Q5_K": Q5_K}
+SUPER_BLOCKS = {Q4_K: 144, Q5_K: 176, Q6_K: 210}  # bytes of 256 weights
+
+
+def width_for(kind: str, width: int) -> int:
+    """width, or for the K-quants the next multiple of their 256-weight super-blocks."""
+    return -(-width // 256) * 256 if KINDS[kind] in SUPER_BLOCKS else width
 needs_vnni = pytest.mark.skipif(not HAS_VNNI, reason="the lanes kernels are vpdpbusd's (AVX-512 "
                                 "VNNI); other CPUs keep PackedWeight (test_other_cpus_keep_...)")
 
@@ -22,14 +29,14 @@ needs_vnni = pytest.mark.skipif(not HAS_VNNI, reason="the lanes kernels are vpdp
 def random_packed(rng, ggml_type: int, n: int, k: int) -> PackedWeight:
     """An (n, k) matrix of random GGUF blocks: any quant bytes (and fifth bits), random
     float16 scales (and mins), one block with a zero scale."""
-    per_block, size = (256, 210) if ggml_type == Q6_K else \
+    per_block, size = (256, SUPER_BLOCKS[ggml_type]) if ggml_type in SUPER_BLOCKS else \
         (32, {Q8_0: 34, Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24}[ggml_type])
     blocks = rng.integers(0, 256, (n * k // per_block, size), dtype=np.uint8)
     d = (rng.standard_normal(len(blocks)) * 0.02).astype(np.float16)
     d[0] = 0
     at = size - 2 if ggml_type == Q6_K else 0  # (Q6_K's d is last)
     blocks[:, at:at + 2] = d.view(np.uint8).reshape(-1, 2)
-    if ggml_type in (Q4_1, Q5_1):
+    if ggml_type in (Q4_1, Q5_1, Q4_K, Q5_K):  # mins, or the K-quants' dmin
         blocks[:, 2:4] = (rng.standard_normal(len(blocks)) * 0.1).astype(np.float16) \
             .view(np.uint8).reshape(-1, 2)
     return PackedWeight.from_bytes(blocks.reshape(-1), ggml_type, (n, k))
@@ -38,7 +45,7 @@ def random_packed(rng, ggml_type: int, n: int, k: int) -> PackedWeight:
 @pytest.mark.parametrize("kind", KINDS)
 def test_laid_out_weights_are_the_packed_weights(kind):
     rng = np.random.default_rng(31)
-    weight = random_packed(rng, KINDS[kind], 50, 128)
+    weight = random_packed(rng, KINDS[kind], 50, width_for(kind, 128))
     laid = LanePacked.of(weight)
     assert np.array_equal(laid.dequantize(), weight.dequantize())
     rows = np.array([49, 0, 17, 16])
@@ -52,6 +59,7 @@ def test_laid_out_weights_are_the_packed_weights(kind):
 @pytest.mark.parametrize("n_out, width", [(50, 64), (16, 576), (333, 640)])
 def test_every_batch_gives_a_row_the_packed_kernels_bits(kind, n_out, width):
     rng = np.random.default_rng(32 + n_out)
+    width = width_for(kind, width)
     weight = random_packed(rng, KINDS[kind], n_out, width)
     laid = LanePacked.of(weight)
     w = weight.dequantize().astype(np.float64)

@@ -9,8 +9,11 @@ group GEMM laid each group out this way on every call. Laid out once at load:
     quants  (G, C, 16, 4): group g, 4-byte chunk c of a row, row j, byte t; the
             PackedWeight's bytes (Q8_0: int8 q, C = K/4; Q4_x: nibble bytes,
             C = K/8, chunk c holding columns 4c .. 4c + 3 low and K/2 + 4c .. high)
-    scales  (G, K/32, 16) float16 bits: block b of row j at [g, b, j]
-    mins    (G, K/32, 16) float16 bits (Q4_1, Q5_1)
+    scales  (G, K/32, 16) float16 bits: block b of row j at [g, b, j]; Q4_K and Q5_K:
+            the 6-bit sc (uint8)
+    mins    (G, K/32, 16) float16 bits (Q4_1, Q5_1); Q4_K and Q5_K: the 6-bit m
+    supers  (G, K/128, 16) float16 bits, Q4_K and Q5_K: super-block s's d at [g, 2s, j],
+            its dmin at [g, 2s + 1, j]
     fifths  (G, K/4, 8) Q5_x's fifth bits: for the 4 columns 4v .. 4v + 3, a 64-bit
             mask whose bit 4j + t is row j's column 4v + t, the byte of a 64-byte
             chunk that the bit goes to (a masked move puts 16 there, one step)
@@ -20,18 +23,19 @@ The bytes held are the PackedWeight's, give or take those rows.
 The products (lanes_product.py) give every row the bits the PackedWeight kernels
 give it (packed_terms.py's block_term, blocks in order); the tests hold them to
 it. Only on CPUs with AVX-512 VNNI (the kernels are vpdpbusd's), and only for
-Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1; other kinds and other CPUs keep PackedWeight.
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q5_K (Q6_K and other CPUs keep
+PackedWeight).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ...model.ggml_quant import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from ...model.ggml_quant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0
 from ...model.packed import PackedWeight
 from .common import HAS_VNNI
 
 LANES = 16  # rows of W in one group: one 512-bit vector of int32 / float32
-LAID_OUT_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1)
+LAID_OUT_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K)
 
 
 def _grouped(a: np.ndarray, inner: int = 1) -> np.ndarray:
@@ -45,12 +49,14 @@ def _grouped(a: np.ndarray, inner: int = 1) -> np.ndarray:
 
 
 class LanePacked:
-    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "fifths", "requantized_from")
+    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "supers", "fifths",
+                 "requantized_from")
 
     def __init__(self, ggml_type: int, shape: tuple[int, int], quants, scales, mins=None,
-                 fifths=None):
+                 supers=None, fifths=None):
         self.ggml_type, self.shape = ggml_type, shape
         self.quants, self.scales, self.mins, self.fifths = quants, scales, mins, fifths
+        self.supers = supers
         self.requantized_from = None
 
     @classmethod
@@ -60,8 +66,11 @@ class LanePacked:
         if weight.highs is not None:  # (N, K/8) -> a bit a column -> (G, K/4, 16 x 4 bits)
             bits = _grouped(np.unpackbits(weight.highs, axis=1, bitorder="little"), 4)
             fifths = np.packbits(bits.reshape(*bits.shape[:2], 4 * LANES), axis=2, bitorder="little")
+        supers = None
+        if weight.supers is not None:  # (N, K/256, 2) -> (G, K/128, 16)
+            supers = _grouped(weight.supers.reshape(len(weight.supers), -1))[..., 0].copy()
         laid = cls(weight.ggml_type, weight.shape, _grouped(weight.quants, 4),
-                   _grouped(weight.scales)[..., 0].copy(), mins, fifths)
+                   _grouped(weight.scales)[..., 0].copy(), mins, supers, fifths)
         laid.requantized_from = weight.requantized_from
         return laid
 
@@ -72,7 +81,7 @@ class LanePacked:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.quants, self.scales, self.mins, self.fifths)
+        return sum(a.nbytes for a in (self.quants, self.scales, self.mins, self.supers, self.fifths)
                    if a is not None)
 
     @property
@@ -93,9 +102,10 @@ class LanePacked:
             bits = np.unpackbits(self.fifths, axis=2, bitorder="little")  # (G, K/4, 64)
             bits = bits.reshape(*bits.shape[:2], LANES, 4)[g, :, j, :].reshape(len(rows), -1)
             highs = np.packbits(bits, axis=1, bitorder="little")
+        supers = None if self.supers is None else self.supers[g, :, j].reshape(len(rows), -1, 2)
         return PackedWeight(self.ggml_type, (len(rows), self.shape[1]), quants,
                             self.scales[g, :, j], None if self.mins is None else self.mins[g, :, j],
-                            highs=highs)
+                            supers, highs)
 
     def dequantize(self, rows=None) -> np.ndarray:
         """float32 rows (all by default), as PackedWeight.dequantize (embedding lookups)."""

@@ -37,18 +37,23 @@ def _or_fifths(context, builder, fifths_type, fifths, at, nibbles):
 
 
 @intrinsic
-def group_gemv(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, fifths, f_at, dx,
-               qsum, row_at, acc):
+def group_gemv(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, supers, u_at, fifths,
+               f_at, dx, qsum, row_at, acc):
     """acc[0 .. 15] = the product of the group's 16 rows (bytes from quants[q_at], flat)
     with one row of x: its int8 values from xq[x_at], its block scales and sums
     dx[row_at + b], qsum[row_at + b]; the group's scales (and mins) of block b at
-    scales[s_at + 16 b + j]; Q5_x's fifth-bit masks from fifths[f_at] (flat, or None).
-    quants int8: Q8_0; uint8: Q4_0, Q5_0 (mins None), Q4_1, Q5_1."""
+    scales[s_at + 16 b + j]: float16 bits, or with supers given (Q4_K, Q5_K) 6-bit
+    integers times the super-block's d (and dmin) at supers[u_at + 32 (b / 8) (+ 16) + j];
+    Q5_x's and Q5_K's fifth-bit masks from fifths[f_at] (flat, or None).
+    quants int8: Q8_0; uint8: Q4_0, Q5_0 (mins None), Q4_1, Q5_1, Q4_K, Q5_K."""
     with_fifths = not isinstance(fifths, types.NoneType)
+    with_supers = not isinstance(supers, types.NoneType)
+    scale_type = types.uint8 if with_supers else types.uint16
     if not (_flat(quants, (types.int8, types.uint8)) and _flat(xq, (types.int8,))
-            and _flat(scales, (types.uint16,)) and _flat(dx, (types.float32,))
+            and _flat(scales, (scale_type,)) and _flat(dx, (types.float32,))
             and _flat(qsum, (types.int32,)) and _flat(acc, (types.float32,))
-            and (isinstance(mins, types.NoneType) or _flat(mins, (types.uint16,)))
+            and (isinstance(mins, types.NoneType) or _flat(mins, (scale_type,)))
+            and (not with_supers or _flat(supers, (types.uint16,)))
             and (not with_fifths or _flat(fifths, (types.uint8,)))):
         return None
     q8 = quants.dtype == types.int8
@@ -56,11 +61,11 @@ def group_gemv(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, 
     # what the unsigned bytes carry above q: Q8_0 128, Q4_0 8, Q5_0 16, with mins 0
     offset = 128 if q8 else 0 if with_min else 16 if with_fifths else 8
     signature = types.void(quants, types.intp, xq, types.intp, types.intp, scales, mins, types.intp,
-                           fifths, types.intp, dx, qsum, types.intp, acc)
+                           supers, types.intp, fifths, types.intp, dx, qsum, types.intp, acc)
 
     def codegen(context, builder, sig, args):
-        (q_arr, q_at, x_arr, x_at, n_blocks, s_arr, m_arr, s_at, f_arr, f_at, dx_arr, qs_arr, row_at,
-         acc_arr) = args
+        (q_arr, q_at, x_arr, x_at, n_blocks, s_arr, m_arr, s_at, u_arr, u_at, f_arr, f_at, dx_arr,
+         qs_arr, row_at, acc_arr) = args
         t = sig.args
         dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(INTS, [INTS] * 3),
                                                 "llvm.x86.avx512.vpdpbusd.512")
@@ -69,6 +74,23 @@ def group_gemv(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, 
         def halves(array_type, array, first):
             bits = builder.load(pointer(context, builder, array_type, array, first, SHORTS), align=2)
             return builder.fpext(builder.bitcast(bits, HALVES), FLOATS)
+
+        def scale_and_min(b, first):
+            """Block b's 16 scales and mins (None without) in float32, as packed_terms'
+            scale_of and min_of compute them (K-quants: d * sc and -(dmin * m), exact)."""
+            if not with_supers:
+                return (halves(t[5], s_arr, first),
+                        halves(t[6], m_arr, first) if with_min else None)
+
+            def small(array_type, array):
+                ints = builder.load(pointer(context, builder, array_type, array, first,
+                                            ir.VectorType(ir.IntType(8), LANES)), align=1)
+                return builder.uitofp(ints, FLOATS)
+            d_at = builder.add(u_at, builder.mul(builder.lshr(b, index(3)), index(2 * LANES)))
+            scale = builder.fmul(halves(t[8], u_arr, d_at), small(t[5], s_arr))
+            low = builder.fneg(builder.fmul(halves(t[8], u_arr, builder.add(d_at, index(LANES))),
+                                            small(t[6], m_arr)))
+            return scale, low
 
         def block(b, chunk0, read):
             """Block b of the rows, from their chunks chunk0 .. chunk0 + 7, each 64 bytes
@@ -80,23 +102,21 @@ def group_gemv(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, 
                 w = read(builder.load(pointer(context, builder, t[0], q_arr, at, INTS), align=1))
                 if with_fifths:
                     column_chunk = builder.add(builder.mul(b, index(CHUNKS_PER_BLOCK)), index(c))
-                    w = _or_fifths(context, builder, t[8], f_arr,
+                    w = _or_fifths(context, builder, t[10], f_arr,
                                    builder.add(f_at, builder.mul(column_chunk, index(8))), w)
                 x_quad = builder.add(x_at, builder.add(builder.mul(b, index(32)), index(4 * c)))
                 quad = builder.load(pointer(context, builder, t[2], x_arr, x_quad, I32), align=1)
                 dot = builder.call(dpbusd, [dot, w, splat(builder, quad, INTS)])
             at = builder.add(row_at, b)
-            x_sum = builder.load(pointer(context, builder, t[11], qs_arr, at))
+            x_sum = builder.load(pointer(context, builder, t[13], qs_arr, at))
             if offset:  # the dot of q itself: sum of (q + offset) x less offset * sum of x
                 dot = builder.sub(dot, splat(builder, builder.mul(x_sum, ir.Constant(I32, offset)), INTS))
-            x_scale = splat(builder, builder.load(pointer(context, builder, t[10], dx_arr, at)), FLOATS)
-            first = builder.add(s_at, builder.mul(b, index(LANES)))
-            term = builder.fmul(builder.fmul(halves(t[5], s_arr, first), x_scale),
-                                builder.sitofp(dot, FLOATS))
+            x_scale = splat(builder, builder.load(pointer(context, builder, t[12], dx_arr, at)), FLOATS)
+            scale, low = scale_and_min(b, builder.add(s_at, builder.mul(b, index(LANES))))
+            term = builder.fmul(builder.fmul(scale, x_scale), builder.sitofp(dot, FLOATS))
             if with_min:  # (scale * dx) * dot + (min * dx) * qsum, as block_term
                 x_total = splat(builder, builder.sitofp(x_sum, F32), FLOATS)
-                term = builder.fadd(term, builder.fmul(builder.fmul(halves(t[6], m_arr, first), x_scale),
-                                                       x_total))
+                term = builder.fadd(term, builder.fmul(builder.fmul(low, x_scale), x_total))
             builder.store(builder.fadd(builder.load(total), term), total)
 
         def repeated(value):
@@ -113,7 +133,7 @@ def group_gemv(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, 
             with cgutils.for_range(builder, upper) as loop:
                 block(builder.add(loop.index, upper), builder.mul(loop.index, index(CHUNKS_PER_BLOCK)),
                       lambda w: builder.and_(builder.lshr(w, repeated(4)), repeated(0x0F0F0F0F)))
-        out = pointer(context, builder, t[13], acc_arr, index(0), FLOATS)
+        out = pointer(context, builder, t[15], acc_arr, index(0), FLOATS)
         builder.store(builder.load(total), out, align=4)
         return context.get_dummy_value()
     return signature, codegen

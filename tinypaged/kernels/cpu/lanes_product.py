@@ -9,7 +9,7 @@ into their own bytes, the fifth bits added: the layout packed_gemm's groups take
 16 x K bytes in L1, then reused by every 8 rows of x. No transposes per call.
 """
 import numpy as np
-from numba import njit, prange, types
+from numba import float32, njit, prange, types
 from numba.extending import overload
 
 from .activations import quantize_activations
@@ -36,7 +36,7 @@ def _flat_or_none(array):
 
 
 @njit(parallel=True, cache=True)
-def _gemv_lanes(x, quants, scales, mins, fifths, out):
+def _gemv_lanes(x, quants, scales, mins, supers, fifths, out):
     """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W laid out (lanes.py).
     Threads take groups of 16 rows, spread evenly over N_CHUNKS ranges."""
     xq, dx, qsum = quantize_activations(x)
@@ -46,14 +46,15 @@ def _gemv_lanes(x, quants, scales, mins, fifths, out):
     n_blocks = width // BLOCK
     q_flat, x_flat, s_flat, m_flat = quants.reshape(-1), xq.reshape(-1), scales.reshape(-1), _flat(mins)
     f_flat, fifth_bytes = _flat(fifths), width * LANES // 8  # (a group's masks: 1 bit a weight)
+    u_flat, super_count = _flat(supers), (width // 128) * LANES  # (a group's d and dmin)
     dx_flat, qsum_flat = dx.reshape(-1), qsum.reshape(-1)
     for c in prange(N_CHUNKS):
         acc = np.empty(LANES, dtype=np.float32)
         for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):
             for m in range(n_rows):
                 group_gemv(q_flat, g * group_bytes, x_flat, m * width, n_blocks, s_flat, m_flat,
-                           g * n_blocks * LANES, f_flat, g * fifth_bytes, dx_flat, qsum_flat,
-                           m * n_blocks, acc)
+                           g * n_blocks * LANES, u_flat, g * super_count, f_flat, g * fifth_bytes,
+                           dx_flat, qsum_flat, m * n_blocks, acc)
                 for j in range(min(LANES, n_out - g * LANES)):
                     out[m, g * LANES + j] = acc[j]
 
@@ -67,6 +68,28 @@ def _lows_by_kind(mins, low):
     if isinstance(mins, types.NoneType):
         return lambda mins, low: None
     return lambda mins, low: low
+
+
+def _group_scales(scales, mins, supers, g, scale, low):
+    """scale[b, j], low[b, j]: group g's block scales and mins in float32, as
+    packed_terms' scale_of and min_of compute them (low untouched without mins)."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(_group_scales, inline="always")
+def _group_scales_by_kind(scales, mins, supers, g, scale, low):
+    if not isinstance(supers, types.NoneType):  # Q4_K, Q5_K: d * sc and -(dmin * m)
+        def k_quant(scales, mins, supers, g, scale, low):
+            for b in range(scale.shape[0]):
+                for j in range(LANES):
+                    scale[b, j] = f16_bits_to_f32(supers[g, 2 * (b >> 3), j]) * float32(scales[g, b, j])
+                    low[b, j] = -(f16_bits_to_f32(supers[g, 2 * (b >> 3) + 1, j]) * float32(mins[g, b, j]))
+        return k_quant
+
+    def widen(scales, mins, supers, g, scale, low):
+        _widen_group(scales, g, scale)
+        _widen_group(mins, g, low)
+    return widen
 
 
 def _widen_group(bits, g, values):
@@ -87,7 +110,7 @@ def _widen_group_or_none(bits, g, values):
 
 
 @njit(parallel=True, cache=True)
-def _gemm_lanes(xq, dx, qsum, quants, scales, mins, fifths, out):
+def _gemm_lanes(xq, dx, qsum, quants, scales, mins, supers, fifths, out):
     """out (M, N) for laid-out W; xq (M8, K) x's int8 values, M8 = M rounded up to a
     multiple of 8 (zero rows after M); dx, qsum (M8, K/32). As packed_gemm._gemm,
     with each group's bytes only made unsigned, not transposed."""
@@ -108,8 +131,7 @@ def _gemm_lanes(xq, dx, qsum, quants, scales, mins, fifths, out):
             unsigned_group(q_flat, g * group_bytes, f_flat, g * fifth_bytes, group)
             if g < last:  # the next group's bytes arrive while this one is multiplied
                 prefetch(q_flat, (g + 1) * group_bytes, (g + 2) * group_bytes)
-            _widen_group(scales, g, scale)
-            _widen_group(mins, g, low)
+            _group_scales(scales, mins, supers, g, scale, low)
             rows = min(LANES, n_out - g * LANES)
             for m0 in range(0, padded_rows, X_ROWS):
                 acc[:] = 0.0
@@ -128,8 +150,9 @@ def lanes_product(x: np.ndarray, weight) -> np.ndarray:
     """round_activations(x) (M, K) @ W.T for a LanePacked W -> (M, N)."""
     out = output_array(len(x), weight.shape[0])
     if len(x) <= GEMV_MAX_ROWS:
-        _gemv_lanes(x, weight.quants, weight.scales, weight.mins, weight.fifths, out)
+        _gemv_lanes(x, weight.quants, weight.scales, weight.mins, weight.supers, weight.fifths, out)
     else:
         xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
-        _gemm_lanes(xq, dx, qsum, weight.quants, weight.scales, weight.mins, weight.fifths, out)
+        _gemm_lanes(xq, dx, qsum, weight.quants, weight.scales, weight.mins, weight.supers,
+                    weight.fifths, out)
     return out
