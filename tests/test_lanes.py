@@ -54,6 +54,21 @@ def test_laid_out_weights_are_the_packed_weights(kind):
     assert laid.nbytes == weight.nbytes * 64 // 50  # 4 groups: 14 rows of zeros after the 50
 
 
+@pytest.mark.parametrize("kind", ["Q8_0", "Q5_1"])
+def test_laying_out_in_place_moves_the_bytes_within_their_own_memory(kind):
+    rng = np.random.default_rng(35)
+    weight = random_packed(rng, KINDS[kind], 48 * 16, 64)
+    copied = LanePacked.of(weight)
+    source = weight.take_rows(np.arange(48 * 16))  # (its own arrays)
+    moved = LanePacked.of(source, in_place=True)
+    assert np.shares_memory(moved.quants, source.quants)
+    for name in ("quants", "scales", "mins", "fifths"):
+        a, b = getattr(copied, name), getattr(moved, name)
+        assert (a is None and b is None) or np.array_equal(a, b), name
+    uneven = weight.take_rows(np.arange(50))  # 50 rows: the last group is padded, a copy
+    assert not np.shares_memory(LanePacked.of(uneven, in_place=True).quants, uneven.quants)
+
+
 @needs_vnni
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n_out, width", [(50, 64), (16, 576), (333, 640)])
@@ -112,7 +127,7 @@ def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
     assert unique_bytes(after) == bytes_before + 8 * 2 * 34  # + the embedding's 8 padded rows
     tokens = np.array([3, 39, 0])
     assert np.array_equal(embedding(tokens, after["model.embed_tokens.weight"]),
-                          before["model.embed_tokens.weight"].dequantize(tokens))
+                          want["model.embed_tokens.weight"][0][tokens])
 
 
 def test_other_cpus_keep_packed_weights(monkeypatch):
