@@ -18,21 +18,10 @@ from .common import N_CHUNKS, f16_bits_to_f32
 from .group_ir import BLOCK, X_ROWS, accumulate_block_vnni
 from .lanes import LANES
 from .lanes_ir import group_gemv, prefetch, store_lanes, unsigned_group
-from .packed_terms import dot_offset
+from .packed_gemm import _lows
+from .packed_terms import dot_offset, flat_bits as _flat  # (an array flat, or None)
 
 GEMV_MAX_ROWS = 2  # as quantized.py
-
-
-def _flat(array):
-    """array.reshape(-1), or None for None."""
-    raise NotImplementedError("numba-only: see the overload below")
-
-
-@overload(_flat, inline="always")
-def _flat_or_none(array):
-    if isinstance(array, types.NoneType):
-        return lambda array: None
-    return lambda array: array.reshape(-1)
 
 
 @njit(parallel=True, cache=True)
@@ -57,17 +46,6 @@ def _gemv_lanes(x, quants, scales, mins, supers, fifths, out):
                            dx_flat, qsum_flat, m * n_blocks, acc)
                 for j in range(min(LANES, n_out - g * LANES)):
                     out[m, g * LANES + j] = acc[j]
-
-
-def _lows(mins, low):
-    raise NotImplementedError("numba-only: see the overload below")
-
-
-@overload(_lows, inline="always")
-def _lows_by_kind(mins, low):
-    if isinstance(mins, types.NoneType):
-        return lambda mins, low: None
-    return lambda mins, low: low
 
 
 def _group_scales(scales, mins, supers, g, scale, low):
