@@ -15,7 +15,7 @@ from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K,
 from tinypaged.model.packed import PackedWeight
 
 KINDS = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0, "Q5_1": Q5_1, "Q4_K": Q4_K,
-         "Q5_K": Q5_K}
+         "Q5_K": Q5_K, "Q6_K": Q6_K}
 SUPER_BLOCKS = {Q4_K: 144, Q5_K: 176, Q6_K: 210}  # bytes of 256 weights
 
 
@@ -54,10 +54,10 @@ def test_laid_out_weights_are_the_packed_weights(kind):
     assert laid.nbytes == weight.nbytes * 64 // 50  # 4 groups: 14 rows of zeros after the 50
 
 
-@pytest.mark.parametrize("kind", ["Q8_0", "Q5_1"])
+@pytest.mark.parametrize("kind", ["Q8_0", "Q5_1", "Q6_K"])
 def test_laying_out_in_place_moves_the_bytes_within_their_own_memory(kind):
     rng = np.random.default_rng(35)
-    weight = random_packed(rng, KINDS[kind], 48 * 16, 64)
+    weight = random_packed(rng, KINDS[kind], 48 * 16, width_for(kind, 64))
     copied = LanePacked.of(weight)
     source = weight.take_rows(np.arange(48 * 16))  # (its own arrays)
     moved = LanePacked.of(source, in_place=True)
@@ -89,7 +89,7 @@ def test_every_batch_gives_a_row_the_packed_kernels_bits(kind, n_out, width):
 
 def _layer(rng) -> dict:
     """One layer's matrices (q/k/v and gate/up stack) and a tied embedding / lm_head,
-    with a kind the lanes do not take (Q6_K) and a matrix of under 16 rows."""
+    with a Q6_K matrix and a matrix of under 16 rows (which stays a PackedWeight)."""
     embed = random_packed(rng, Q8_0, 40, 64)
     return {"model.embed_tokens.weight": embed, "lm_head.weight": embed,
             "model.layers.0.self_attn.q_proj.weight": random_packed(rng, Q4_1, 64, 64),
@@ -118,7 +118,7 @@ def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
     stacks = {id(after[f"model.layers.0.self_attn.{p}_proj.weight"].stack[0]) for p in "qkv"}
     assert len(stacks) == 1  # the three views of one laid-out stack
     assert {kinds[f"model.layers.0.mlp.{p}_proj.weight"] for p in ("gate", "up")} == {"LaneRows"}
-    assert kinds["model.layers.0.mlp.down_proj.weight"] == "PackedWeight"  # Q6_K: not a lanes kind
+    assert kinds["model.layers.0.mlp.down_proj.weight"] == "LanePacked"  # Q6_K, alone
     assert kinds["model.layers.0.self_attn.o_proj.weight"] == "PackedWeight"  # under 16 rows
     for name, w in after.items():
         assert np.array_equal(w.dequantize(), want[name][0]), name

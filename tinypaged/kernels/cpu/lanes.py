@@ -13,7 +13,9 @@ group GEMM laid each group out this way on every call. Laid out once at load:
             the 6-bit sc (uint8)
     mins    (G, K/32, 16) float16 bits (Q4_1, Q5_1); Q4_K and Q5_K: the 6-bit m
     supers  (G, K/128, 16) float16 bits, Q4_K and Q5_K: super-block s's d at [g, 2s, j],
-            its dmin at [g, 2s + 1, j]
+            its dmin at [g, 2s + 1, j]; Q6_K (G, K/256, 16): its d
+    Q6_K:   quants as Q4_x (q's low 4 bits), scales (G, K/16, 16) int8 sub-scales,
+            fifths (G, K/4, 16): bit 4's mask of a chunk, then bit 5's
     fifths  (G, K/4, 8) Q5_x's fifth bits: for the 4 columns 4v .. 4v + 3, a 64-bit
             mask whose bit 4j + t is row j's column 4v + t, the byte of a 64-byte
             chunk that the bit goes to (a masked move puts 16 there, one step)
@@ -23,19 +25,18 @@ The bytes held are the PackedWeight's, give or take those rows.
 The products (lanes_product.py) give every row the bits the PackedWeight kernels
 give it (packed_terms.py's block_term, blocks in order); the tests hold them to
 it. Only on CPUs with AVX-512 VNNI (the kernels are vpdpbusd's), and only for
-Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q5_K (Q6_K and other CPUs keep
-PackedWeight).
+every packed kind (other CPUs keep PackedWeight).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ...model.ggml_quant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0
+from ...model.ggml_quant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from ...model.packed import PackedWeight
 from .common import HAS_VNNI
 
 LANES = 16  # rows of W in one group: one 512-bit vector of int32 / float32
-LAID_OUT_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K)
+LAID_OUT_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)
 
 
 def _grouped(a: np.ndarray, inner: int = 1) -> np.ndarray:
@@ -66,6 +67,24 @@ def _grouped_in_place(a: np.ndarray, inner: int) -> np.ndarray | None:
     return by_group.reshape(groups, width // inner, LANES, inner)
 
 
+def _high_bit_planes(weight: PackedWeight) -> list:
+    """A packed weight's high bits as (N, K) arrays of 0 / 1 in column order: Q5_x's
+    and Q5_K's fifth bits; Q6_K's bits 4 and 5 (model/packed.py's layouts)."""
+    n, k = weight.shape
+    if weight.ggml_type == Q6_K:  # (N, K/4): per block, 4 bytes of bit 4, then 4 of bit 5
+        by_block = weight.highs.reshape(n, k // 32, 2, 4)
+        return [np.unpackbits(by_block[:, :, p], axis=2, bitorder="little").reshape(n, k)
+                for p in range(2)]
+    return [np.unpackbits(weight.highs, axis=1, bitorder="little")]
+
+
+def _chunk_masks(bits: np.ndarray) -> np.ndarray:
+    """(N, K) bits -> (G, K/4, 8): for each group and 4-column chunk, the 64-bit mask
+    whose bit 4j + t is row j's column 4v + t."""
+    grouped = _grouped(bits, 4)
+    return np.packbits(grouped.reshape(*grouped.shape[:2], 4 * LANES), axis=2, bitorder="little")
+
+
 class LanePacked:
     __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "supers", "fifths",
                  "requantized_from")
@@ -84,9 +103,8 @@ class LanePacked:
         quants = _grouped_in_place(weight.quants, 4) if in_place else None
         mins = None if weight.mins is None else _grouped(weight.mins)[..., 0].copy()
         fifths = None
-        if weight.highs is not None:  # (N, K/8) -> a bit a column -> (G, K/4, 16 x 4 bits)
-            bits = _grouped(np.unpackbits(weight.highs, axis=1, bitorder="little"), 4)
-            fifths = np.packbits(bits.reshape(*bits.shape[:2], 4 * LANES), axis=2, bitorder="little")
+        if weight.highs is not None:
+            fifths = np.concatenate([_chunk_masks(bits) for bits in _high_bit_planes(weight)], axis=2)
         supers = None
         if weight.supers is not None:  # (N, K/256, 2) -> (G, K/128, 16)
             supers = _grouped(weight.supers.reshape(len(weight.supers), -1))[..., 0].copy()
@@ -120,13 +138,24 @@ class LanePacked:
         quants = self.quants[g, :, j, :].reshape(len(rows), -1)
         highs = None
         if self.fifths is not None:
-            bits = np.unpackbits(self.fifths, axis=2, bitorder="little")  # (G, K/4, 64)
-            bits = bits.reshape(*bits.shape[:2], LANES, 4)[g, :, j, :].reshape(len(rows), -1)
-            highs = np.packbits(bits, axis=1, bitorder="little")
-        supers = None if self.supers is None else self.supers[g, :, j].reshape(len(rows), -1, 2)
+            planes = [self._rows_of_masks(self.fifths[..., at:at + 8], g, j)
+                      for at in range(0, self.fifths.shape[2], 8)]  # (r, K) bits each
+            if self.ggml_type == Q6_K:  # per block: bit 4's 4 bytes, then bit 5's
+                highs = np.stack([np.packbits(p.reshape(len(rows), -1, 32), axis=2, bitorder="little")
+                                  for p in planes], axis=2).reshape(len(rows), -1)
+            else:
+                highs = np.packbits(planes[0], axis=1, bitorder="little")
+        supers = None if self.supers is None else \
+            self.supers[g, :, j].reshape(len(rows), self.shape[1] // 256, -1)
         return PackedWeight(self.ggml_type, (len(rows), self.shape[1]), quants,
                             self.scales[g, :, j], None if self.mins is None else self.mins[g, :, j],
                             supers, highs)
+
+    @staticmethod
+    def _rows_of_masks(masks: np.ndarray, g: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """(G, K/4, 8) chunk masks -> the bits of rows (g, j), (r, K) in column order."""
+        bits = np.unpackbits(masks, axis=2, bitorder="little")  # (G, K/4, 64)
+        return bits.reshape(*bits.shape[:2], LANES, 4)[g, :, j, :].reshape(len(g), -1)
 
     def dequantize(self, rows=None) -> np.ndarray:
         """float32 rows (all by default), as PackedWeight.dequantize (embedding lookups)."""

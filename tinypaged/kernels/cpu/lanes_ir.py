@@ -27,13 +27,23 @@ def _flat(array_type, dtypes) -> bool:
     return c_array(array_type, dtypes) and array_type.ndim == 1
 
 
-def _or_fifths(context, builder, fifths_type, fifths, at, nibbles):
-    """nibbles (a chunk's 64 bytes as INTS) with 16 added where the chunk's fifth-bit
-    mask (8 bytes at fifths[at]) has its bit set."""
+def _or_fifths(context, builder, fifths_type, fifths, at, nibbles, value=16):
+    """nibbles (a chunk's 64 bytes as INTS) with value added where the chunk's bit mask
+    (8 bytes at fifths[at]) has its bit set (16: Q5's fifth bits; 32: Q6_K's sixth)."""
     bits = builder.load(pointer(context, builder, fifths_type, fifths, at, ir.IntType(64)), align=1)
-    sixteen = builder.select(builder.bitcast(bits, _MASK), ir.Constant(_CHUNK_BYTES, [16] * 4 * LANES),
-                             ir.Constant(_CHUNK_BYTES, [0] * 4 * LANES))
-    return builder.or_(nibbles, builder.bitcast(sixteen, INTS))
+    added = builder.select(builder.bitcast(bits, _MASK), ir.Constant(_CHUNK_BYTES, [value] * 4 * LANES),
+                           ir.Constant(_CHUNK_BYTES, [0] * 4 * LANES))
+    return builder.or_(nibbles, builder.bitcast(added, INTS))
+
+
+def _or_high_bits(context, builder, fifths_type, fifths, f_at, chunk, nibbles, q6):
+    """nibbles with the column chunk's high bits added: Q5's fifth (8 bytes of mask a
+    chunk), or Q6_K's fifth and sixth (16 bytes: bit 4's mask, then bit 5's)."""
+    at = builder.add(f_at, builder.mul(chunk, index(16 if q6 else 8)))
+    w = _or_fifths(context, builder, fifths_type, fifths, at, nibbles)
+    if q6:
+        w = _or_fifths(context, builder, fifths_type, fifths, builder.add(at, index(8)), w, 32)
+    return w
 
 
 @intrinsic
@@ -44,22 +54,28 @@ def group_gemv(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, 
     dx[row_at + b], qsum[row_at + b]; the group's scales (and mins) of block b at
     scales[s_at + 16 b + j]: float16 bits, or with supers given (Q4_K, Q5_K) 6-bit
     integers times the super-block's d (and dmin) at supers[u_at + 32 (b / 8) (+ 16) + j];
-    Q5_x's and Q5_K's fifth-bit masks from fifths[f_at] (flat, or None).
-    quants int8: Q8_0; uint8: Q4_0, Q5_0 (mins None), Q4_1, Q5_1, Q4_K, Q5_K."""
+    Q5_x's and Q5_K's fifth-bit masks from fifths[f_at] (flat, or None). Q6_K (int8
+    scales: two sub-scales a block at scales[s_at + 16 (2b + h) + j], d at
+    supers[u_at + 16 (b / 8) + j], both bit masks in fifths): qsum holds x's sums of
+    16 values, block b's at [2 (row_at + b) + h], and the block's dot is
+    sa (S_a - 32 xa) + sb (S_b - 32 xb), exact, as packed_terms says.
+    quants int8: Q8_0; uint8: Q4_0, Q5_0 (mins None), Q4_1, Q5_1, Q4_K, Q5_K, Q6_K."""
     with_fifths = not isinstance(fifths, types.NoneType)
     with_supers = not isinstance(supers, types.NoneType)
-    scale_type = types.uint8 if with_supers else types.uint16
+    scale_types = (types.uint8, types.int8) if with_supers else (types.uint16,)
     if not (_flat(quants, (types.int8, types.uint8)) and _flat(xq, (types.int8,))
-            and _flat(scales, (scale_type,)) and _flat(dx, (types.float32,))
+            and _flat(scales, scale_types) and _flat(dx, (types.float32,))
             and _flat(qsum, (types.int32,)) and _flat(acc, (types.float32,))
-            and (isinstance(mins, types.NoneType) or _flat(mins, (scale_type,)))
+            and (isinstance(mins, types.NoneType) or _flat(mins, scale_types))
             and (not with_supers or _flat(supers, (types.uint16,)))
             and (not with_fifths or _flat(fifths, (types.uint8,)))):
         return None
     q8 = quants.dtype == types.int8
+    q6 = scales.dtype == types.int8  # Q6_K: int8 sub-scales, d in supers, qsum holds half sums
     with_min = not isinstance(mins, types.NoneType)
-    # what the unsigned bytes carry above q: Q8_0 128, Q4_0 8, Q5_0 16, with mins 0
-    offset = 128 if q8 else 0 if with_min else 16 if with_fifths else 8
+    # what the unsigned bytes carry above q: Q8_0 128, Q4_0 8, Q5_0 16, with mins 0 (Q6_K's
+    # 32 goes with its sub-scales)
+    offset = 128 if q8 else 0 if with_min or q6 else 16 if with_fifths else 8
     signature = types.void(quants, types.intp, xq, types.intp, types.intp, scales, mins, types.intp,
                            supers, types.intp, fifths, types.intp, dx, qsum, types.intp, acc)
 
@@ -94,30 +110,53 @@ def group_gemv(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, 
 
         def block(b, chunk0, read):
             """Block b of the rows, from their chunks chunk0 .. chunk0 + 7, each 64 bytes
-            turned into vpdpbusd's unsigned bytes by read (then Q5_x's fifth bits of
-            columns 32b + 4c .. added)."""
-            dot = ir.Constant(INTS, [0] * LANES)
+            turned into vpdpbusd's unsigned bytes by read (then the high bits of columns
+            32b + 4c .. added)."""
+            dots = [ir.Constant(INTS, [0] * LANES)] * 2  # (Q6_K: the block's halves apart)
             for c in range(CHUNKS_PER_BLOCK):
                 at = builder.add(q_at, builder.mul(builder.add(chunk0, index(c)), index(4 * LANES)))
                 w = read(builder.load(pointer(context, builder, t[0], q_arr, at, INTS), align=1))
                 if with_fifths:
                     column_chunk = builder.add(builder.mul(b, index(CHUNKS_PER_BLOCK)), index(c))
-                    w = _or_fifths(context, builder, t[10], f_arr,
-                                   builder.add(f_at, builder.mul(column_chunk, index(8))), w)
+                    w = _or_high_bits(context, builder, t[10], f_arr, f_at, column_chunk, w, q6)
                 x_quad = builder.add(x_at, builder.add(builder.mul(b, index(32)), index(4 * c)))
                 quad = builder.load(pointer(context, builder, t[2], x_arr, x_quad, I32), align=1)
-                dot = builder.call(dpbusd, [dot, w, splat(builder, quad, INTS)])
+                half = c // 4 if q6 else 0
+                dots[half] = builder.call(dpbusd, [dots[half], w, splat(builder, quad, INTS)])
             at = builder.add(row_at, b)
+            x_scale = splat(builder, builder.load(pointer(context, builder, t[12], dx_arr, at)), FLOATS)
+            if q6:
+                dot = q6_dot(b, dots)
+                d_at = builder.add(u_at, builder.mul(builder.lshr(b, index(3)), index(LANES)))
+                term = builder.fmul(builder.fmul(halves(t[8], u_arr, d_at), x_scale),
+                                    builder.sitofp(dot, FLOATS))
+                builder.store(builder.fadd(builder.load(total), term), total)
+                return
+            dot = dots[0]
             x_sum = builder.load(pointer(context, builder, t[13], qs_arr, at))
             if offset:  # the dot of q itself: sum of (q + offset) x less offset * sum of x
                 dot = builder.sub(dot, splat(builder, builder.mul(x_sum, ir.Constant(I32, offset)), INTS))
-            x_scale = splat(builder, builder.load(pointer(context, builder, t[12], dx_arr, at)), FLOATS)
             scale, low = scale_and_min(b, builder.add(s_at, builder.mul(b, index(LANES))))
             term = builder.fmul(builder.fmul(scale, x_scale), builder.sitofp(dot, FLOATS))
             if with_min:  # (scale * dx) * dot + (min * dx) * qsum, as block_term
                 x_total = splat(builder, builder.sitofp(x_sum, F32), FLOATS)
                 term = builder.fadd(term, builder.fmul(builder.fmul(low, x_scale), x_total))
             builder.store(builder.fadd(builder.load(total), term), total)
+
+        def q6_dot(b, dots):
+            """Q6_K's exact block dot from its halves' sums of q x (q = 0 .. 63)."""
+            exact = ir.Constant(INTS, [0] * LANES)
+            for h in range(2):
+                part = builder.add(builder.mul(b, index(2)), index(h))
+                x_half = builder.load(pointer(context, builder, t[13], qs_arr,
+                                              builder.add(builder.mul(row_at, index(2)), part)))
+                centred = builder.sub(dots[h], splat(builder, builder.mul(x_half, ir.Constant(I32, 32)),
+                                                     INTS))
+                subs = builder.load(pointer(context, builder, t[5], s_arr,
+                                            builder.add(s_at, builder.mul(part, index(LANES))),
+                                            ir.VectorType(ir.IntType(8), LANES)), align=1)
+                exact = builder.add(exact, builder.mul(centred, builder.sext(subs, INTS)))
+            return exact
 
         def repeated(value):
             return ir.Constant(INTS, [value] * LANES)
@@ -140,21 +179,23 @@ def group_gemv(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, 
 
 
 @intrinsic
-def unsigned_group(typingctx, quants, q_at, fifths, f_at, group):
+def unsigned_group(typingctx, quants, q_at, fifths, f_at, group, scales):
     """group (uint8, C-contiguous) = one group's stored bytes quants[q_at ..] (flat) as
     vpdpbusd's unsigned bytes in packed_gemm's layout: Q8_0 (int8) q xor 128, the
     same length; Q4_x and Q5_x (uint8) the low nibbles, then the high ones, twice the
-    length, Q5_x's fifth bits (masks from fifths[f_at], flat, or None) added.
+    length, Q5_x's fifth bits (masks from fifths[f_at], flat, or None) added, or Q6_K's
+    fifth and sixth (scales, int8, say Q6_K: read for its type only).
     64 bytes a step in vector registers (numba's byte loop here stayed scalar)."""
     with_fifths = not isinstance(fifths, types.NoneType)
     if not (_flat(quants, (types.int8, types.uint8)) and c_array(group, (types.uint8,))
             and (not with_fifths or _flat(fifths, (types.uint8,)))):
         return None
     q8 = quants.dtype == types.int8
-    signature = types.void(quants, types.intp, fifths, types.intp, group)
+    q6 = isinstance(scales, types.Array) and scales.dtype == types.int8
+    signature = types.void(quants, types.intp, fifths, types.intp, group, scales)
 
     def codegen(context, builder, sig, args):
-        q_arr, q_at, f_arr, f_at, g_arr = args
+        q_arr, q_at, f_arr, f_at, g_arr, _ = args
         out = context.make_array(sig.args[4])(context, builder, g_arr)
         size = builder.extract_value(out.shape, 0)
         for d in range(1, sig.args[4].ndim):
@@ -165,8 +206,7 @@ def unsigned_group(typingctx, quants, q_at, fifths, f_at, group):
 
         def store(value, chunk):
             if with_fifths:
-                value = _or_fifths(context, builder, sig.args[2], f_arr,
-                                   builder.add(f_at, builder.mul(chunk, index(8))), value)
+                value = _or_high_bits(context, builder, sig.args[2], f_arr, f_at, chunk, value, q6)
             builder.store(value, pointer(context, builder, sig.args[4], g_arr,
                                          builder.mul(chunk, index(64)), INTS), align=1)
         with cgutils.for_range(builder, steps) as loop:
