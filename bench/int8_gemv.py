@@ -7,7 +7,9 @@ SmolLM2's shapes, against the float16 paths measured in the same run.
    and float32-lane forms, against gemm.py's float GEMM (float16 weights) and, at
    128 rows, BLAS on the float32 matrix.
 3. The integer dot-product instructions LLVM chose for the GEMVs on this CPU
-   (vpdpbusd with AVX-512 VNNI; vpmaddubsw + vpmaddwd on plain AVX2).
+   (vpdpbusd with AVX-512 VNNI; vpmaddubsw + vpmaddwd on plain AVX2), and, with
+   AVX-512 VNNI, for the GEMV on weights laid out 16 rows to a group (lanes.py: what
+   the engine runs there).
 Usage: python bench/int8_gemv.py
 """
 import collections
@@ -21,7 +23,8 @@ from numba import njit
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tinypaged.kernels.cpu import quantized  # noqa: E402
+from tinypaged.kernels.cpu import lanes_product, quantized  # noqa: E402
+from tinypaged.kernels.cpu.lanes import LanePacked  # noqa: E402
 from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed  # noqa: E402
 from tinypaged.kernels.cpu.linear import LinearWeight, linear  # noqa: E402
 from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0  # noqa: E402
@@ -87,6 +90,15 @@ def main() -> None:
         ops = collections.Counter(re.findall(r"^\s+(v\w+)", asm, re.M))
         print(f"_gemv for {name}: integer dot-product instructions",
               {op: c for op, c in ops.items() if any(w in op for w in wanted)})
+        if HAS_VNNI:
+            laid = LanePacked.of(w)
+            fresh = njit(parallel=True)(lanes_product._gemv_lanes.py_func)
+            fresh(x, laid.quants, laid.scales, laid.mins, laid.supers, laid.fifths,
+                  np.empty((1, 64), np.float32))
+            asm = fresh.overloads[fresh.signatures[0]].library.get_asm_str()
+            ops = collections.Counter(re.findall(r"^\s+(v\w+)", asm, re.M))
+            print(f"_gemv_lanes for {name}:", {op: c for op, c in ops.items()
+                                                if any(w in op for w in wanted + ("vpmulld", "vmovdqu8"))})
 
 if __name__ == "__main__":
     main()
