@@ -3,10 +3,11 @@
 
 Decode (M <= GEMV_MAX_ROWS rows of x): threads take groups of 16 rows and run
 lanes_ir.group_gemv on each, one row of x at a time.
-More rows: the group GEMM's blocks (group_ir.accumulate_block_vnni) on each group's
-bytes made unsigned once per call (Q8_0: xor 128; Q4_x and Q5_x: the nibbles split
-into their own bytes, the fifth bits added: the layout packed_gemm's groups take),
-16 x K bytes in L1, then reused by every 8 rows of x. No transposes per call.
+More rows: the group GEMM's blocks (group_ir.accumulate_block_vnni, _q6 for Q6_K)
+on each group's bytes made unsigned once per call (Q8_0: xor 128; the 4-bit kinds:
+the nibbles split into their own bytes, the high bits added: the layout
+packed_gemm's groups take), 16 x K bytes in L1, then reused by every 8 rows of x.
+No transposes per call; the next group's bytes are prefetched.
 """
 import numpy as np
 from numba import float32, njit, prange, types
