@@ -7,6 +7,7 @@ from .engine.engine_loop import EngineDeadError
 from .outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from .request_handle import RequestHandle
 from .sampling import SamplingParams
+from .structured import StructuredOutputs
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "TokenLogprobs",
-           "RequestHandle", "EngineConfig", "EngineDeadError"]
+           "RequestHandle", "EngineConfig", "EngineDeadError", "StructuredOutputs"]

@@ -8,6 +8,8 @@ import numpy as np
 
 from . import checks
 from .kernels.cpu.sampling import sample_rows
+from .kernels.cpu.token_mask import mask_rows
+from .structured.params import StructuredOutputs
 
 MAX_LOGPROBS = 20  # top alternatives per position at most (OpenAI's and vLLM's limit)
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily (vLLM's epsilon)
@@ -32,6 +34,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     logprobs: int | None = None  # per generated token: its logprob and the top k; None = off
     prompt_logprobs: int | None = None  # the same for every prompt token; None = off
+    # the output must match a JSON schema, regex, choice or grammar (structured/); None = free
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self):
         """Check every field (TypeError: wrong type, ValueError: out of range) and keep
@@ -63,6 +67,12 @@ class SamplingParams:
         self.logprobs = checks.optional_integer("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         self.prompt_logprobs = checks.optional_integer("prompt_logprobs", self.prompt_logprobs,
                                                        0, MAX_LOGPROBS)
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputs(**self.structured_outputs)
+        elif self.structured_outputs is not None and not isinstance(self.structured_outputs,
+                                                                    StructuredOutputs):
+            raise TypeError(f"structured_outputs must be a StructuredOutputs, got "
+                            f"{checks.describe(self.structured_outputs)}")
 
     def checked(self) -> "SamplingParams":
         """A validated copy that owns its lists: what a request keeps, so that changing
@@ -117,13 +127,16 @@ def adjust_logits(logits: np.ndarray, params: SamplingParams, token_ids=(),
 
 
 def sample_tokens(logits: np.ndarray, params: list[SamplingParams], uniforms: list[float],
-                  histories: list[tuple] | None = None) -> list[int]:
+                  histories: list[tuple] | None = None,
+                  masks: list[np.ndarray | None] | None = None) -> list[int]:
     """The next token of each row of logits (R, V), batched: penalties and bias
     (adjust_logits, only for rows that ask), then greedy rows take the argmax and
     the others draw with their uniform in [0, 1) (each row's own rng draws it, so a
     seed gives the same tokens whatever else is in the batch): temperature, then
     top-k, top-p and min-p without sorting the vocabulary (kernels/cpu/sampling.py).
-    histories[r]: (token_ids, num_prompt_tokens) of row r, for the penalties."""
+    histories[r]: (token_ids, num_prompt_tokens) of row r, for the penalties.
+    masks[r]: row r's allowed tokens as a bit mask (structured outputs), applied after
+    the penalties (kernels/cpu/token_mask.py); None where a row is free."""
     rows = np.asarray(logits, dtype=np.float32)
     for r, p in enumerate(params):
         if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty or p.logit_bias:
@@ -132,19 +145,33 @@ def sample_tokens(logits: np.ndarray, params: list[SamplingParams], uniforms: li
             rows[r] = adjust_logits(rows[r], p, token_ids, num_prompt)
     tokens = [0] * len(params)
     greedy = [r for r, p in enumerate(params) if p.greedy]
-    if greedy:  # (rows[greedy] would copy: 33 MB at 32 rows of Gemma 3's 262,144 logits)
-        best = np.argmax(rows if len(greedy) == len(rows) else rows[greedy], axis=1)
-        for r, token in zip(greedy, best):
+    masks = masks if masks is not None else [None] * len(params)
+    free = [r for r in greedy if masks[r] is None]
+    if free:  # (rows[free] would copy: 33 MB at 32 rows of Gemma 3's 262,144 logits)
+        best = np.argmax(rows if len(free) == len(rows) else rows[free], axis=1)
+        for r, token in zip(free, best):
+            tokens[r] = int(token)
+    held = [r for r in greedy if masks[r] is not None]
+    if held:  # a copy of just these rows, masked
+        picked = rows[held]
+        mask_rows(picked, np.arange(len(held)), np.stack([masks[r] for r in held]))
+        for r, token in zip(held, np.argmax(picked, axis=1)):
             tokens[r] = int(token)
     drawn = [r for r, p in enumerate(params) if not p.greedy]
     if drawn:
         chosen = [params[r] for r in drawn]
         temperature = np.array([p.temperature for p in chosen], dtype=np.float32)
         weights = rows[drawn]  # (D, V), a copy: the steps below work in place (each new
-        weights /= temperature[:, None]  # 6 MB array at 32 x 49k costs its page faults)
+        # 6 MB array at 32 x 49k costs its page faults)
+        held = [i for i, r in enumerate(drawn) if masks[r] is not None]
+        if held:
+            mask_rows(weights, np.array(held, dtype=np.int64),
+                      np.stack([masks[drawn[i]] for i in held]))
+        weights /= temperature[:, None]
         best = weights.max(axis=1, keepdims=True)  # NaN if a row holds one, inf if it holds inf
         if not np.isfinite(best).all():
-            raise ValueError("the model's logits hold NaN or infinity: nothing to sample from")
+            raise ValueError("the model's logits hold NaN or infinity, or a grammar allows no "
+                             "token: nothing to sample from")
         weights -= best
         np.exp(weights, out=weights)  # the most likely token weighs 1
         out = np.empty(len(drawn), dtype=np.int64)

@@ -114,6 +114,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
+    def json_text(self) -> str:
+        """The whole tokenizer as tokenizer.json text (what llguidance reads)."""
+        return self._tok.to_str()
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of text; a str with lone surrogates is a ValueError (checks.text)."""
         return self._tok.encode(checks.text("prompt", text), add_special_tokens=add_special_tokens).ids

@@ -14,6 +14,7 @@ from ..model.weights import load_model
 from ..outputs import KV_CACHE_FULL, RequestOutput, TokenLogprobs
 from ..prompts import normalize_prompt
 from ..sampling import SamplingParams
+from ..structured.grammar import Grammars
 from ..tokenizer import Tokenizer
 from .block_manager import BlockManager, blocks_for
 from .block_map import render_block_map
@@ -84,6 +85,8 @@ class LLMEngine:
         self.eos_token_ids = set(cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        # structured outputs: llguidance's tokenizer and compiled grammars, on first use
+        self.grammars = Grammars(self.tokenizer, cfg.vocab_size, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.statistics = EngineStats(self.block_manager)
@@ -113,14 +116,17 @@ class LLMEngine:
             bad = [t for t in tokens if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"{name}: token id {bad[0]} is out of range [0, {vocab})")
-        return PreparedRequest(prompt if isinstance(prompt, str) else None, ids, params)
+        grammar = None
+        if params.structured_outputs is not None:  # compiled here: a bad one queues nothing
+            grammar = self.grammars.compile(params.structured_outputs)
+        return PreparedRequest(prompt if isinstance(prompt, str) else None, ids, params, grammar)
 
     def add_prepared(self, prepared: PreparedRequest, request_id: str | None = None) -> str:
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         request = Request(request_id, prepared.prompt, prepared.prompt_token_ids, prepared.params,
-                          self.tokenizer)
+                          self.tokenizer, prepared.grammar)
         self.requests[request_id] = request
         self.scheduler.add(request.seqs[0])
         return request_id
@@ -310,10 +316,20 @@ class LLMEngine:
             except Exception as e:
                 self._fail_sample(seq, e, touched)
 
-    @staticmethod
-    def _draw(due, uniforms: list[float], logits: StepLogits) -> list[int]:
+    def _draw(self, due, uniforms: list[float], logits: StepLogits) -> list[int]:
         return draw_tokens(logits, [row for _, row in due], [s.params for s, _ in due], uniforms,
-                           [(s.token_ids, s.num_prompt_tokens) for s, _ in due])
+                           [(s.token_ids, s.num_prompt_tokens) for s, _ in due],
+                           self._masks([s.grammar for s, _ in due]))
+
+    def _masks(self, grammars: list) -> list | None:
+        """Each constrained sample's allowed tokens (a bit mask row); None for the free."""
+        held = [i for i, g in enumerate(grammars) if g is not None]
+        if not held:
+            return None
+        masks = [None] * len(grammars)
+        for i, row in zip(held, self.grammars.fill_masks([grammars[i] for i in held])):
+            masks[i] = row
+        return masks
 
     def _fail_sample(self, seq: Sequence, error: Exception, touched: dict) -> None:
         request = self.requests[seq.request_id]
@@ -325,9 +341,14 @@ class LLMEngine:
         params = seq.params
         text = self.requests[seq.request_id].texts[seq.sample_index]
         if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
-            return self._finish(seq, "stop")
+            return self._finish(seq, "stop")  # (a grammar's mask allows these only at its end)
         seq.append_token(token, logprobs)
-        if text.push(token):
+        grammar = seq.grammar
+        if grammar is not None:
+            grammar.advance(token)
+        if text.push(token, grammar.accepts if grammar is not None else None):
+            return self._finish(seq, "stop")
+        if grammar is not None and grammar.complete:
             return self._finish(seq, "stop")
         if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
             self._finish(seq, "length")

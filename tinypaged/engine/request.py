@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from ..outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
+from ..structured.grammar import CompiledGrammar
 from .sequence import Sequence
 
 
@@ -15,6 +16,7 @@ class PreparedRequest:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
+    grammar: CompiledGrammar | None = None  # params.structured_outputs, compiled
 
 
 class SampleText:
@@ -26,14 +28,20 @@ class SampleText:
         self.stop = stop
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.text = ""
+        self.search_from = 0  # stop strings before this were passed over (may_end)
         self.finished = False
 
-    def push(self, token_id: int) -> bool:
-        """Add a token's text; True when a stop string appeared (the text is cut before it)."""
-        start = max(0, len(self.text) - self.holdback)
+    def push(self, token_id: int, may_end=None) -> bool:
+        """Add a token's text; True when a stop string appeared (the text is cut before
+        it). may_end(text): whether the output may end as text (a grammar's say); a
+        stop string where it may not is text like any other."""
+        start = max(0, len(self.text) - self.holdback, self.search_from)
         self.text += self.detok.push(token_id)
         for s in self.stop:
             i = self.text.find(s, start)
+            while i >= 0 and may_end is not None and not may_end(self.text[:i]):
+                self.search_from = i + 1
+                i = self.text.find(s, i + 1)
             if i >= 0:
                 self.text = self.text[:i]
                 return True
@@ -54,10 +62,13 @@ class SampleText:
 
 class Request:
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                 params: SamplingParams, tokenizer: Tokenizer):
+                 params: SamplingParams, tokenizer: Tokenizer,
+                 grammar: CompiledGrammar | None = None):
         self.request_id, self.prompt, self.params = request_id, prompt, params
         self.prompt_token_ids = prompt_token_ids
         self.seqs = [Sequence(request_id, prompt_token_ids, params, 0)]
+        if grammar is not None:  # forks copy it with the sequence
+            self.seqs[0].grammar = grammar.start()
         self.texts = [SampleText(tokenizer, params.stop, prompt_token_ids)]
         self.tokenizer = tokenizer
         self.aborted = False

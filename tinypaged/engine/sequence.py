@@ -39,6 +39,9 @@ class Sequence:
         self.finish_reason: str | None = None
         self.logprobs: list[TokenLogprobs] = []  # per output token, when params.logprobs is set
         self.cumulative_logprob = 0.0
+        # where the output stands in its grammar (structured/grammar.py); None: free. It
+        # follows token_ids, which a preemption keeps, so recomputing leaves it valid
+        self.grammar = None
 
     @property
     def block_table(self) -> list[int]:
@@ -81,6 +84,7 @@ class Sequence:
         child.status = self.status
         child.logprobs = list(self.logprobs)
         child.cumulative_logprob = self.cumulative_logprob
+        child.grammar = self.grammar.fork() if self.grammar is not None else None
         return child
 
 

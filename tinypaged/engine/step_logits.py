@@ -23,14 +23,15 @@ import numpy as np
 from ..sampling import SamplingParams, sample_tokens
 
 NOT_NEEDED = 0  # a chunk part-way through its prompt: no sample, no logprobs
-WHOLE_ROW = -1  # logprobs, penalties, a bias, or sampling without a small top-k
+WHOLE_ROW = -1  # logprobs, penalties, a bias, a grammar, or sampling without a small top-k
 MAX_CANDIDATES = 65  # top_k up to 64, plus one to see a tie
 
 
 def candidates_needed(params: SamplingParams) -> int:
     """WHOLE_ROW, or how many of the most likely tokens a sample of params needs."""
     if (params.logprobs is not None or params.repetition_penalty != 1.0
-            or params.presence_penalty or params.frequency_penalty or params.logit_bias):
+            or params.presence_penalty or params.frequency_penalty or params.logit_bias
+            or params.structured_outputs is not None):
         return WHOLE_ROW
     if params.greedy:
         return 1
@@ -65,13 +66,16 @@ class HostLogits:
 
 
 def draw_tokens(logits: StepLogits, rows: list[int], params: list[SamplingParams],
-                uniforms: list[float], histories: list[tuple]) -> list[int]:
+                uniforms: list[float], histories: list[tuple],
+                masks: list[np.ndarray | None] | None = None) -> list[int]:
     """sample_tokens for rows of logits, from candidates where the backend found them,
-    else from whole rows (fetched together, in one call)."""
+    else from whole rows (fetched together, in one call). masks[i]: row i's allowed
+    tokens (a grammar's bit mask), or None."""
+    masks = masks if masks is not None else [None] * len(rows)
     tokens: list[int | None] = [None] * len(rows)
     whole = []
     for i, (row, p) in enumerate(zip(rows, params)):
-        found = logits.candidates(row)
+        found = logits.candidates(row) if masks[i] is None else None
         if found is None:
             whole.append(i)
         elif p.greedy:
@@ -84,7 +88,8 @@ def draw_tokens(logits: StepLogits, rows: list[int], params: list[SamplingParams
                 tokens[i] = token
     if whole:
         drawn = sample_tokens(logits.rows([rows[i] for i in whole]), [params[i] for i in whole],
-                              [uniforms[i] for i in whole], [histories[i] for i in whole])
+                              [uniforms[i] for i in whole], [histories[i] for i in whole],
+                              [masks[i] for i in whole])
         for i, token in zip(whole, drawn):
             tokens[i] = token
     return tokens

@@ -358,3 +358,10 @@ def sample_filtered(weights: np.ndarray, top_k: int, top_p: float, min_p: float,
         keep &= weights >= np.float32(min_p)
     cdf = np.cumsum(np.where(keep, w, 0.0))
     return int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+
+
+def apply_token_mask(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """logits (V,) with every token not allowed by mask set to -inf. mask: int32 words,
+    token t allowed when bit t % 32 of word t // 32 is set (llguidance's layout)."""
+    allowed = np.unpackbits(mask.astype("<i4").view(np.uint8), bitorder="little")[:len(logits)]
+    return np.where(allowed.astype(bool), logits, -np.inf).astype(logits.dtype)

@@ -32,7 +32,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
         raise APIError(400, str(e), param="messages") from None
     max_tokens = req.requested_max_tokens()
     params = build_params(req, max_tokens, logprobs=(req.top_logprobs or 0) if req.logprobs else None)
-    prepared = [client.prepare(prompt, params, max_tokens, "messages")]
+    prepared = [client.prepare(prompt, params, max_tokens, "messages", req.constraint()[1])]
     client.check_logprob_entries(prepared, False, "top_logprobs")
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     record = RequestLog(f"{request.state.request_id} {response_id}", started)

@@ -11,7 +11,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ..outputs import RequestOutput
-from .engine_client import EngineClient, RequestLog
+from .engine_client import PARAM_IN_MESSAGE, EngineClient, RequestLog
 from .errors import APIError, error_body
 from .json_body import json_built_off_the_loop
 from .openai_format import (ChoiceDelta, TextOffsets, completion_choice, completion_logprobs,
@@ -32,7 +32,8 @@ def build_params(req, max_tokens: int | None, **logprobs):
     try:
         return req.sampling_params(max_tokens or 1, **logprobs)  # max_tokens set per prompt
     except (ValueError, TypeError) as e:
-        raise APIError(400, str(e)) from None
+        match = PARAM_IN_MESSAGE.match(str(e))
+        raise APIError(400, str(e), param=match.group(1) if match else None) from None
 
 
 async def create_completion(req: CompletionRequest, request: Request,
@@ -46,7 +47,8 @@ async def create_completion(req: CompletionRequest, request: Request,
     prompts = req.prompts()
     echo_logprobs = req.logprobs if req.echo else None
     params = build_params(req, req.max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_logprobs)
-    prepared = [client.prepare(p, params, req.max_tokens, "prompt") for p in prompts]
+    prepared = [client.prepare(p, params, req.max_tokens, "prompt", req.constraint()[1])
+                for p in prompts]
     client.check_logprob_entries(prepared, req.echo, "logprobs")
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     record = RequestLog(f"{request.state.request_id} {response_id}", started)

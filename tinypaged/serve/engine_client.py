@@ -20,7 +20,7 @@ from .config import ServerConfig
 from .errors import APIError, log, shown
 from .openai_format import openai_finish_reason
 
-_PARAM_IN_MESSAGE = re.compile(r"^(\w+)[=:]")
+PARAM_IN_MESSAGE = re.compile(r"^(\w+)[=:]")
 
 
 @dataclass(slots=True)
@@ -67,12 +67,16 @@ class EngineClient:
             raise APIError(500, "the engine has stopped; restart the server")
 
     def prepare(self, prompt: str | list[int], params: SamplingParams, max_tokens: int | None,
-                prompt_param: str) -> PreparedRequest:
-        """Tokenize and check one prompt; max_tokens None means up to the context."""
+                prompt_param: str, constraint_param: str | None = None) -> PreparedRequest:
+        """Tokenize and check one prompt (and compile its constraint, which the field
+        constraint_param gave); max_tokens None means up to the context."""
         try:
             prepared = self.llm.prepare(prompt, params)
         except (ValueError, TypeError) as e:
-            raise self._bad_request(str(e), prompt_param) from None
+            error = self._bad_request(str(e), prompt_param)
+            if error.param == "structured_outputs" and constraint_param is not None:
+                error.param = constraint_param
+            raise error from None
         room = self.llm.max_model_len - len(prepared.prompt_token_ids)
         if max_tokens is None:
             max_tokens = room
@@ -87,7 +91,7 @@ class EngineClient:
     def _bad_request(message: str, prompt_param: str) -> APIError:
         if "max_model_len" in message or "KV blocks" in message:
             return APIError(400, message, param=prompt_param, code="context_length_exceeded")
-        match = _PARAM_IN_MESSAGE.match(message)
+        match = PARAM_IN_MESSAGE.match(message)
         return APIError(400, message, param=match.group(1) if match else prompt_param)
 
     def check_logprob_entries(self, prepared: list[PreparedRequest], echo: bool,

@@ -13,6 +13,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_valida
                       model_validator)
 
 from ..sampling import MAX_INDEX, MAX_LOGPROBS, SamplingParams
+from ..structured import StructuredOutputs
 from .errors import shown
 
 MAX_N = 128  # samples per prompt (the engine's max_num_seqs may be lower)
@@ -41,6 +42,31 @@ class StreamOptions(APIModel):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(APIModel):
+    """response_format's json_schema (the OpenAI SDK's parse() sends a Pydantic model's)."""
+    name: str = "response"
+    description: str | None = None
+    schema_: dict | bool | None = Field(None, alias="schema")
+    strict: bool | None = None  # the schema is always enforced, strict or not
+
+
+class ResponseFormat(APIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and (self.json_schema is None
+                                           or self.json_schema.schema_ is None):
+            raise ValueError("type 'json_schema' needs json_schema.schema")
+        return self
+
+
+# the fields that constrain the output, by API: (field, StructuredOutputs' name for it)
+CONSTRAINT_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+                     "guided_grammar": "grammar", "grammar": "grammar", "json_schema": "json"}
+
+
 class SamplingFields(APIModel):
     """The fields both endpoints share."""
     model: str | None = None
@@ -61,6 +87,43 @@ class SamplingFields(APIModel):
     repetition_penalty: float = Field(1.0, gt=0, le=10)
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = None
+    # structured outputs (at most one of these): OpenAI's response_format; vLLM's
+    # structured_outputs ({"json" | "regex" | "choice" | "grammar" | "json_object": ...})
+    # and its older guided_*; llama.cpp's grammar (GBNF) and json_schema
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    grammar: str | None = None
+    json_schema: dict | None = None
+
+    def constraint(self) -> tuple[StructuredOutputs | None, str | None]:
+        """The output's constraint and the field that asked for it; (None, None) for free
+        text. ValueError or TypeError naming the field for a bad or second one."""
+        given = [name for name in ("response_format", "structured_outputs", *CONSTRAINT_FIELDS)
+                 if getattr(self, name) is not None]
+        if self.response_format is not None and self.response_format.type == "text":
+            given.remove("response_format")
+        if len(given) > 1:
+            raise ValueError(f"{given[0]}: give one constraint, not {' and '.join(given)}")
+        if not given:
+            return None, None
+        field = given[0]
+        try:
+            if field == "response_format":
+                fmt = self.response_format
+                if fmt.type == "json_object":
+                    return StructuredOutputs(json_object=True), field
+                return StructuredOutputs(json=fmt.json_schema.schema_), field
+            if field == "structured_outputs":
+                return StructuredOutputs(**self.structured_outputs), field
+            return StructuredOutputs(**{CONSTRAINT_FIELDS[field]: getattr(self, field)}), field
+        except (ValueError, TypeError) as e:
+            message = str(e).replace("__init__() got an unexpected keyword argument",
+                                     "unknown key")
+            raise ValueError(f"{field}: {message}") from None
 
     @field_validator("stop")
     @classmethod
@@ -84,6 +147,7 @@ class SamplingFields(APIModel):
     def sampling_params(self, max_tokens: int, logprobs: int | None,
                         prompt_logprobs: int | None = None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        structured, _ = self.constraint()
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
             top_k=max(self.top_k, 0), min_p=self.min_p,
@@ -93,7 +157,7 @@ class SamplingFields(APIModel):
             ignore_eos=self.ignore_eos, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             logit_bias={int(t): b for t, b in (self.logit_bias or {}).items()},
-            logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs, structured_outputs=structured)
 
 
 class CompletionRequest(SamplingFields):

@@ -1,0 +1,150 @@
+"""Grammars for one model: llguidance's view of the tokenizer (built once, on first
+use), compiled grammars cached by their text, and GrammarState, the matcher that
+follows one sequence's tokens.
+
+llguidance is an optional extra (`pip install 'tinypaged[structured]'`): it is only
+imported when a request asks for structured output.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from ..tokenizer import Tokenizer
+from .params import StructuredOutputs
+
+CACHED_GRAMMARS = 256  # compiled grammars kept, least recently used dropped first
+
+
+class StructuredOutputsUnavailable(ValueError):
+    """llguidance is not installed."""
+
+
+def llguidance_module():
+    try:
+        import llguidance
+        import llguidance.numpy  # noqa: F401 (the bit mask helpers)
+    except ImportError:
+        raise StructuredOutputsUnavailable(
+            "structured outputs need llguidance, which is not installed: "
+            "pip install 'tinypaged[structured]'") from None
+    return llguidance
+
+
+def mask_words(vocab_size: int) -> int:
+    """int32 words of one row's bit mask: token t is bit t % 32 of word t // 32."""
+    return (vocab_size + 31) // 32
+
+
+class GrammarState:
+    """One sequence's place in its grammar (an llguidance LLMatcher)."""
+
+    def __init__(self, matcher, compiled: "CompiledGrammar"):
+        self.matcher, self.compiled = matcher, compiled
+
+    def fork(self) -> "GrammarState":
+        """An independent copy (a sibling sample goes its own way from here)."""
+        return GrammarState(self.matcher.deep_copy(), self.compiled)
+
+    def advance(self, token_id: int) -> None:
+        """Take a sampled token; the mask allowed it, so a refusal is a bug."""
+        if not self.matcher.consume_token(token_id):
+            raise RuntimeError(f"the grammar refused token {token_id}, which its mask "
+                               f"allowed: {self.matcher.get_error()}")
+
+    @property
+    def accepting(self) -> bool:
+        """The output so far is a whole match: the request may end here."""
+        return self.matcher.is_accepting()
+
+    @property
+    def complete(self) -> bool:
+        """Nothing more may follow (EOS aside): the request is done."""
+        return self.matcher.is_stopped()
+
+    def accepts(self, text: str) -> bool:
+        """Whether text, from the start, is a whole match (a stop string may end the
+        output only where this holds for the text before it)."""
+        return self.compiled.accepts(text)
+
+
+class CompiledGrammar:
+    def __init__(self, prototype, tokenizer):
+        self.prototype, self.tokenizer = prototype, tokenizer  # untouched: copies run
+
+    def start(self) -> GrammarState:
+        return GrammarState(self.prototype.deep_copy(), self)
+
+    def accepts(self, text: str) -> bool:
+        matcher = self.prototype.deep_copy()
+        return (matcher.consume_tokens(self.tokenizer.tokenize_str(text))
+                and matcher.is_accepting())
+
+
+class Grammars:
+    """The grammars of one engine's model. Any thread may compile (requests are
+    prepared in the callers' threads); masks are filled by the engine loop's."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids):
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self._lock = threading.Lock()
+        self._ll_tokenizer = None
+        self._executor = None
+        self._compiled: OrderedDict[str, CompiledGrammar] = OrderedDict()
+
+    def start(self, structured: StructuredOutputs) -> GrammarState:
+        """A fresh matcher at the start of the grammar; ValueError naming the problem
+        when it does not compile or can match nothing."""
+        return self.compile(structured).start()
+
+    def compile(self, structured: StructuredOutputs) -> CompiledGrammar:
+        ll = llguidance_module()
+        with self._lock:
+            compiled = self._compiled.get(structured.text)
+            if compiled is not None:
+                self._compiled.move_to_end(structured.text)
+                return compiled
+            tokenizer = self._llg_tokenizer(ll)
+        matcher = ll.LLMatcher(tokenizer, structured.text, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"structured_outputs: {structured.kind}: "
+                             f"{_first_line(matcher.get_error())}")
+        mask = ll.numpy.allocate_token_bitmask(1, self.vocab_size)
+        ll.numpy.fill_next_token_bitmask(matcher, mask, 0)
+        if matcher.is_error() or not mask.any():
+            raise ValueError(f"structured_outputs: {structured.kind}: matches no output at all")
+        compiled = CompiledGrammar(matcher, tokenizer)
+        with self._lock:
+            self._compiled[structured.text] = compiled
+            while len(self._compiled) > CACHED_GRAMMARS:
+                self._compiled.popitem(last=False)
+        return compiled
+
+    def _llg_tokenizer(self, ll):
+        """llguidance's tokenizer, from the engine's tokenizer.json form (also for GGUF
+        vocabularies, which tokenizer.py builds as one): 0.3 s for 49,152 tokens."""
+        if self._ll_tokenizer is None:
+            vocab = max(self.vocab_size, self.tokenizer.vocab_size)
+            self._ll_tokenizer = ll.LLTokenizer(self.tokenizer.json_text(), n_vocab=vocab,
+                                                eos_token=self.eos_token_ids)
+        return self._ll_tokenizer
+
+    def fill_masks(self, states: list[GrammarState]) -> np.ndarray:
+        """Each state's allowed next tokens, one bit mask row each (len(states), words),
+        computed in llguidance's threads."""
+        ll = llguidance_module()
+        masks = ll.numpy.allocate_token_bitmask(len(states), self.vocab_size)
+        if self._executor is None:
+            self._executor = ll.LLExecutor()
+        ll.numpy.fill_next_token_bitmask_par(self._executor,
+                                             [(s.matcher, i) for i, s in enumerate(states)], masks)
+        return masks
+
+
+def _first_line(error: str) -> str:
+    """llguidance's message on one line (it draws a caret under the spot on the next)."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    return " ".join(lines)[:400] if lines else "invalid"
