@@ -1,6 +1,8 @@
 """The benchmark results as a Markdown table (printed by `cli.py bench`, pasted in docs)."""
 from __future__ import annotations
 
+from . import structured_rows
+
 
 def table(r: dict) -> str:
     m, s, p, t = r["memory"], r["sharing"], r["prefix_caching"], r["throughput"]
@@ -48,6 +50,7 @@ def table(r: dict) -> str:
         rows.append(("sampling", f"decode, {sp['concurrency']} concurrent: greedy vs "
                      f"temperature 0.8 + top-p 0.9", f"{rates['greedy']:.0f} vs {rates['top_p']:.0f} "
                      f"tokens/s (x{sp['top_p_vs_greedy']:.2f})"))
+    rows += structured_rows.report_rows(r)
     for name, f in r.get("weight_formats", {}).items():
         rss = f.get("generate_peak_rss")
         rows.append(("weights", f"{name}: decode at batch 1 / 32 concurrent, weight bytes"

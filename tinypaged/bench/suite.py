@@ -11,7 +11,7 @@ import numpy as np
 from .. import LLM, SamplingParams
 from ..engine.block_manager import blocks_for
 from ..model.llama import PagedKVCache
-from . import hf_peer, llama_cpp_peer, peak_rss
+from . import hf_peer, llama_cpp_peer, peak_rss, structured_rows
 from .workload import Request, chat_requests, long_tailed_workload, prose_prompt
 
 MAX_MODEL_LEN = 2048  # what a naive engine reserves per request
@@ -212,6 +212,7 @@ def run_all(model_dir, out_path: str, log=print, llama_bench: str | None = None)
             "prefix_caching": lambda: prefix_caching(model_dir, log),
             "throughput": lambda: throughput(model_dir, requests, log),
             "sampling": lambda: sampling(model_dir, log),
+            "structured": lambda: structured_rows.structured(model_dir, log),
             "weight_formats": lambda: weight_formats(model_dir, log, _default_gguf(model_dir))}
     results = {"model": str(model_dir)}
     for name, row in rows.items():
