@@ -161,7 +161,8 @@ def cmd_serve(args) -> None:
     from tinypaged import LLM
 
     config = ServerConfig(host=args.host, port=args.port, api_key=api_key(args, os.environ),
-                          served_model_name=args.served_model_name, max_waiting=args.max_waiting,
+                          served_model_name=args.served_model_name,
+                          strict_model_name=args.strict_model_name, max_waiting=args.max_waiting,
                           max_prompts_per_request=args.max_prompts_per_request,
                           max_body_bytes=args.max_body_bytes,
                           max_logprob_entries=args.max_logprob_entries,
@@ -296,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read the API key from this file (default: TINYPAGED_API_KEY)")
     s.add_argument("--served-model-name", default=server["served_model_name"],
                    help="the model name clients use (default: the model folder's name)")
+    s.add_argument("--strict-model-name", action="store_true",
+                   help="answer 404 to a request naming another model (default: any name "
+                        "is served by the one model loaded)")
     s.add_argument("--max-waiting", type=int, default=server["max_waiting"],
                    help="queued sequences (prompts x n) beyond which new requests get 503 "
                         "+ Retry-After")

@@ -54,7 +54,7 @@ def test_generate_with_chat_and_prompt_option(tiny_model_dir):
     assert result.returncode == 0, result.stderr
     llm = LLM(tiny_model_dir)
     chat = llm.chat([{"role": "user", "content": "hi"}],
-                    SamplingParams(max_tokens=4, temperature=0.8, top_k=5, top_p=0.9, seed=1))
+                    SamplingParams(max_tokens=4, temperature=0.8, top_k=5, top_p=0.9, seed=1))[0]
     assert result.stdout == chat.text + "\n"
 
 

@@ -72,13 +72,13 @@ def test_stream_chat_and_beam_search_from_threads_at_once(tiny):
     alone_stream = "".join(tiny.stream(prompt, params))
     alone_generate = tiny.generate([[5, 6, 7]], params)[0].token_ids
     alone_beams = tiny.beam_search([8, 9, 10], beam_width=3, max_tokens=6)[0].beams
-    alone_chat = tiny.chat([{"role": "user", "content": "hi"}], params).text
+    alone_chat = tiny.chat([{"role": "user", "content": "hi"}], params)[0].text
     got = {}
     run_threads([
         lambda: got.__setitem__("stream", "".join(tiny.stream(prompt, params))),
         lambda: got.__setitem__("generate", tiny.generate([[5, 6, 7]], params)[0].token_ids),
         lambda: got.__setitem__("beams", tiny.beam_search([8, 9, 10], beam_width=3, max_tokens=6)[0].beams),
-        lambda: got.__setitem__("chat", tiny.chat([{"role": "user", "content": "hi"}], params).text),
+        lambda: got.__setitem__("chat", tiny.chat([{"role": "user", "content": "hi"}], params)[0].text),
     ] * 2)
     assert got["stream"] == alone_stream and got["generate"] == alone_generate
     assert [b.token_ids for b in got["beams"]] == [b.token_ids for b in alone_beams]

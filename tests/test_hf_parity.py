@@ -86,7 +86,7 @@ def test_the_paged_engine_matches_transformers_at_every_prompt_position(case, la
     cases = expected(case)
     for out, (ids, logits) in zip(llm.generate([ids.tolist() for ids, _ in cases], params), cases):
         wanted = log_softmax(logits)
-        for t, entry in enumerate(out.prompt_logprobs[1:], start=1):
+        for t, entry in enumerate(out.prompt_token_logprobs[1:], start=1):
             assert entry.token_id == ids[t]
             got = dict(entry.top) | {entry.token_id: entry.logprob}
             tokens = list(got)
@@ -105,7 +105,7 @@ def test_the_paged_engine_matches_transformers_after_each_prefix(case, prefix_ca
     for ids, logits in expected(case):
         wanted = log_softmax(logits)
         for t in range(len(ids)):
-            entry = llm.generate([ids[:t + 1].tolist()], params)[0].outputs[0].logprobs[0]
+            entry = llm.generate([ids[:t + 1].tolist()], params)[0].outputs[0].token_logprobs[0]
             got = dict(entry.top)
             tokens = list(got)
             assert_close(np.array([got[k] for k in tokens]), wanted[t, tokens],
@@ -259,7 +259,7 @@ def test_a_gguf_as_llama_cpp_writes_it_matches_transformers(case, tmp_path):
     for out, (ids, logits) in zip(llm.generate([ids.tolist() for ids, _ in expected(case)], params),
                                   expected(case)):
         wanted = log_softmax(logits)
-        for t, entry in enumerate(out.prompt_logprobs[1:], start=1):
+        for t, entry in enumerate(out.prompt_token_logprobs[1:], start=1):
             got = dict(entry.top) | {entry.token_id: entry.logprob}
             assert_close(np.array(list(got.values())), wanted[t - 1, list(got)],
                          f"{case} GGUF position {t}")
@@ -277,7 +277,7 @@ def test_the_cuda_backend_matches_transformers_at_every_prompt_position(case, tm
     ids, logits = expected(case)[0 if window_of(case) is None else 1]  # past the window
     out = llm.generate([ids.tolist()], SamplingParams(max_tokens=1, prompt_logprobs=5))[0]
     wanted = log_softmax(logits)
-    for t, entry in enumerate(out.prompt_logprobs[1:], start=1):
+    for t, entry in enumerate(out.prompt_token_logprobs[1:], start=1):
         got = dict(entry.top) | {entry.token_id: entry.logprob}
         assert_close(np.array(list(got.values())), wanted[t - 1, list(got)], f"{case} position {t}")
     llm.close()

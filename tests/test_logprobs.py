@@ -52,12 +52,12 @@ def test_generated_token_logprobs_equal_the_dense_reference(tiny, oracle):
         sample = out.outputs[0]
         full = prompt + sample.token_ids
         expected = reference_logprobs(oracle, full)  # row i predicts token i + 1
-        assert len(sample.logprobs) == len(sample.token_ids) == 10
-        for i, (token, entry) in enumerate(zip(sample.token_ids, sample.logprobs)):
+        assert len(sample.token_logprobs) == len(sample.token_ids) == 10
+        for i, (token, entry) in enumerate(zip(sample.token_ids, sample.token_logprobs)):
             assert_entry_matches(entry, expected[len(prompt) - 1 + i], token, 5)
-        assert sample.cumulative_logprob == pytest.approx(sum(e.logprob for e in sample.logprobs))
+        assert sample.cumulative_logprob == pytest.approx(sum(e.logprob for e in sample.token_logprobs))
     plain = llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=3))[0].outputs[0]
-    assert plain.logprobs is None and plain.cumulative_logprob is None  # only when asked for
+    assert plain.token_logprobs is None and plain.cumulative_logprob is None  # only when asked for
 
 
 @pytest.mark.parametrize("budget, block_size", [(512, 16), (7, 4), (3, 1)])
@@ -70,9 +70,9 @@ def test_prompt_logprobs_equal_the_reference_in_chunks_and_past_the_prefix_cache
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3))
     for prompt, out in zip(prompts, outputs):
         expected = reference_logprobs(oracle, prompt)
-        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+        assert out.prompt_token_logprobs[0] is None and len(out.prompt_token_logprobs) == len(prompt)
         for i in range(1, len(prompt)):
-            assert_entry_matches(out.prompt_logprobs[i], expected[i - 1], prompt[i], 3)
+            assert_entry_matches(out.prompt_token_logprobs[i], expected[i - 1], prompt[i], 3)
 
 
 def test_prompt_logprobs_survive_preemption(tiny, oracle):
@@ -83,7 +83,7 @@ def test_prompt_logprobs_survive_preemption(tiny, oracle):
     assert tight.stats()["preemptions"] > 0
     for prompt, out in zip(prompts, outputs):
         expected = reference_logprobs(oracle, prompt)
-        got = [e.logprob for e in out.prompt_logprobs[1:]]
+        got = [e.logprob for e in out.prompt_token_logprobs[1:]]
         np.testing.assert_allclose(got, expected[np.arange(len(prompt) - 1), prompt[1:]], atol=1e-4)
 
 
@@ -185,8 +185,8 @@ def test_logprobs_on_the_cuda_backend_equal_the_cpu_backend(tiny):
     cpu = LLM(tiny, backend="cpu", num_blocks=8).generate([prompt], params)[0]
     gpu = LLM(tiny, backend="cuda", num_blocks=8).generate([prompt], params)[0]
     assert gpu.token_ids == cpu.token_ids
-    for a, b in zip(gpu.outputs[0].logprobs + gpu.prompt_logprobs[1:],
-                    cpu.outputs[0].logprobs + cpu.prompt_logprobs[1:]):
+    for a, b in zip(gpu.outputs[0].token_logprobs + gpu.prompt_token_logprobs[1:],
+                    cpu.outputs[0].token_logprobs + cpu.prompt_token_logprobs[1:]):
         assert a.token_id == b.token_id and [t for t, _ in a.top] == [t for t, _ in b.top]
         np.testing.assert_allclose([a.logprob] + [lp for _, lp in a.top],
                                    [b.logprob] + [lp for _, lp in b.top], atol=2e-3)

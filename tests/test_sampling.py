@@ -11,7 +11,7 @@ from tinypaged.sampling import SamplingParams, sample, sample_tokens
     ({"top_p": 0.0}, "top_p=0.0"),
     ({"temperature": -0.1}, "temperature=-0.1 must be >= 0"),
     ({"temperature": float("nan")}, "temperature=nan"),
-    ({"top_k": -1}, "top_k=-1"),
+    ({"top_k": -2}, "top_k=-2"),
     ({"max_tokens": 0}, "max_tokens=0"),
     ({"seed": -3}, "seed=-3"),
 ])

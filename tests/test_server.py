@@ -31,7 +31,7 @@ def test_completions_with_n_stop_seed_logprobs_and_usage(stories):
     assert [c.finish_reason for c in out.choices] == [o.finish_reason for o in lib.outputs]
     for choice, sample in zip(out.choices, lib.outputs):
         assert len(choice.logprobs.tokens) == len(sample.token_ids)
-        assert choice.logprobs.token_logprobs == pytest.approx([e.logprob for e in sample.logprobs])
+        assert choice.logprobs.token_logprobs == pytest.approx([e.logprob for e in sample.token_logprobs])
         assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
         assert choice.logprobs.text_offset[0] == 0
     assert out.usage.prompt_tokens == len(lib.prompt_token_ids)
@@ -60,7 +60,11 @@ def test_completions_stream_matches_the_whole_answer(stories):
     assert texts == {c.index: c.text for c in whole.choices}
     assert finishes == {c.index: c.finish_reason for c in whole.choices}
     assert tokens == {c.index: len(c.logprobs.tokens) for c in whole.choices}
-    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    # the same usage, but for the prefix cache: the stream's prompt was cached by then
+    last = chunks[-1].usage
+    assert chunks[-1].choices == [] and (last.prompt_tokens, last.completion_tokens) == (
+        whole.usage.prompt_tokens, whole.usage.completion_tokens)
+    assert last.prompt_tokens_details.cached_tokens >= whole.usage.prompt_tokens_details.cached_tokens
 
 
 def test_echo_returns_the_prompt_and_its_logprobs(stories):
@@ -116,7 +120,7 @@ def test_chat_with_n_stop_seed_logprobs_streamed_and_not(tiny_chat):
     assert all(c.message.role == "assistant" for c in whole.choices)
     for choice, sample in zip(whole.choices, lib.outputs):
         content = choice.logprobs.content
-        assert [e.logprob for e in content] == pytest.approx([e.logprob for e in sample.logprobs])
+        assert [e.logprob for e in content] == pytest.approx([e.logprob for e in sample.token_logprobs])
         assert all(len(e.top_logprobs) == 3 and isinstance(e.bytes, list) for e in content)
     assert whole.usage.completion_tokens == sum(len(o.token_ids) for o in lib.outputs)
     assert whole.usage.prompt_tokens == len(lib.prompt_token_ids)
@@ -136,7 +140,11 @@ def test_chat_with_n_stop_seed_logprobs_streamed_and_not(tiny_chat):
     assert texts == {c.index: c.message.content for c in whole.choices}
     assert finishes == {c.index: c.finish_reason for c in whole.choices}
     assert set(finishes.values()) <= {"stop", "length"}
-    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    # the same usage, but for the prefix cache: the stream's prompt was cached by then
+    last = chunks[-1].usage
+    assert chunks[-1].choices == [] and (last.prompt_tokens, last.completion_tokens) == (
+        whole.usage.prompt_tokens, whole.usage.completion_tokens)
+    assert last.prompt_tokens_details.cached_tokens >= whole.usage.prompt_tokens_details.cached_tokens
 
 
 def test_max_completion_tokens_and_max_tokens_bound_chat(tiny_chat):

@@ -322,14 +322,14 @@ def test_an_engine_failure_is_logged_with_its_cause(one_seat, monkeypatch, caplo
 
 @pytest.mark.parametrize("method, path, body", [
     ("POST", COMPLETIONS, {"prompt": "x", "model": "m" * (3 << 20)}),
-    ("POST", COMPLETIONS, {"prompt": "x", "f" * (1 << 20): 1}),
     ("POST", COMPLETIONS, {"prompt": "x", "logit_bias": {"5" * 100_000: 1}}),
     ("POST", COMPLETIONS, {"prompt": "x", "logit_bias": {"x" * 100_000: "y"}}),
     ("GET", "/v1/models/" + "m" * 8000, None),
     ("GET", "/v1/nothing-here-" + "z" * 8000, None),
 ])
 def test_errors_quote_a_long_value_cut_short(one_seat, method, path, body):
-    server = one_seat(max_body_bytes=8 << 20)
+    """(A model name is only an error under --strict-model-name.)"""
+    server = one_seat(max_body_bytes=8 << 20, strict_model_name=True)
     r = httpx.request(method, server.url + path, json=body, timeout=60)
     assert r.status_code in (400, 404) and len(r.content) < 1500, r.content[:300]
     assert "characters)" in r.json()["error"]["message"] or "..." in r.json()["error"]["message"]

@@ -95,7 +95,7 @@ def test_perplexity_cli_through_the_engine_equals_the_reference(smollm2_dir):
 
 def test_chat_answers_and_stops_at_end_of_turn(smollm2):
     out = smollm2.chat([{"role": "user", "content": "What is the capital of France?"}],
-                       SamplingParams(temperature=0, max_tokens=60))
+                       SamplingParams(temperature=0, max_tokens=60))[0]
     assert "Paris" in out.text
     assert out.finish_reason == "stop"
 

@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from serving import running_server, running_tiny_chat_server, sse_events
+from tinypaged import SamplingParams
 from tinypaged.engine.request import SampleText
 
 PROPERTY = settings(max_examples=25, deadline=None, database=None,
@@ -75,7 +76,7 @@ def test_chat_streamed_equals_whole_for_any_stop(tiny_chat, data):
 class OneCharacterATokenizer:
     """A detokenizer stand-in: token t is the character chr(t)."""
 
-    def detokenizer(self, context=()):
+    def detokenizer(self, context=(), skip_special_tokens=True):
         return self
 
     def push(self, token_id: int) -> str:
@@ -89,7 +90,7 @@ class OneCharacterATokenizer:
 @given(text=st.text(alphabet="ab", max_size=40),
        stop=st.lists(st.text(alphabet="ab", min_size=1, max_size=50), min_size=1, max_size=3))
 def test_what_a_stream_shows_only_grows_and_ends_as_the_whole_text(text, stop):
-    sample = SampleText(OneCharacterATokenizer(), stop, [])
+    sample = SampleText(OneCharacterATokenizer(), SamplingParams(stop=stop), [])
     shown = ""
     for ch in text:
         stopped = sample.push(ord(ch))

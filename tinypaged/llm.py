@@ -105,20 +105,23 @@ class LLM:
         return handles
 
     def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
-                 params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False, *, params=None) -> list[RequestOutput]:
         """Run every prompt to completion, batched with whatever else runs; outputs in
         prompt order. A bad prompt raises ValueError naming it, before anything runs;
-        if the call fails or is interrupted, its unfinished requests are aborted."""
-        handles = self._submit_all(prompts, params)
+        if the call fails or is interrupted, its unfinished requests are aborted.
+        vLLM's signature: sampling_params (params= is this API's older name for it);
+        use_tqdm shows a progress bar of finished prompts when tqdm is installed."""
+        handles = self._submit_all(prompts, _one_of(sampling_params, params))
         try:
-            return [h.result() for h in handles]
+            return [h.result() for h in _progress(handles, use_tqdm)]
         finally:
             for h in handles:
                 h._abort_unfinished()
 
-    async def agenerate(self, prompts, params=None) -> list[RequestOutput]:
+    async def agenerate(self, prompts, sampling_params=None, *, params=None) -> list[RequestOutput]:
         """generate() for asyncio: awaits the outputs without blocking the event loop."""
-        handles = self._submit_all(prompts, params)
+        handles = self._submit_all(prompts, _one_of(sampling_params, params))
         try:
             return [await h.aresult() for h in handles]
         finally:
@@ -147,11 +150,22 @@ class LLM:
                              f"and read every sample from its outputs")
         return prompt, params
 
-    def chat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
-        return self.generate([self.chat_prompt_ids(messages)], params)[0]
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = False, *, params=None) -> list[RequestOutput]:
+        """One conversation, or a list of them, through the model's chat template: a
+        list of outputs, one per conversation (vLLM's LLM.chat)."""
+        return self.generate(self._conversation_ids(messages), _one_of(sampling_params, params),
+                             use_tqdm)
 
-    async def achat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
-        return (await self.agenerate([self.chat_prompt_ids(messages)], params))[0]
+    async def achat(self, messages, sampling_params=None, *, params=None) -> list[RequestOutput]:
+        return await self.agenerate(self._conversation_ids(messages),
+                                    _one_of(sampling_params, params))
+
+    def _conversation_ids(self, messages) -> list[list[int]]:
+        many = isinstance(messages, (list, tuple)) and bool(messages) and \
+            all(isinstance(m, (list, tuple)) for m in messages)
+        return [self.chat_prompt_ids(m) for m in (messages if many else [messages])]
 
     def chat_prompt(self, messages: list[dict]) -> str:
         """The conversation as the model's chat template renders it (text that holds the
@@ -225,3 +239,21 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _one_of(sampling_params, params):
+    """sampling_params (vLLM's name) or params (this API's older one), not both."""
+    if sampling_params is not None and params is not None:
+        raise TypeError("give sampling_params or params, not both")
+    return sampling_params if sampling_params is not None else params
+
+
+def _progress(handles: list, use_tqdm):
+    """handles, wrapped in a tqdm bar when asked for and tqdm is there (vLLM's use_tqdm)."""
+    if not use_tqdm or len(handles) < 2:
+        return handles
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return handles
+    return tqdm(handles, desc="Processed prompts") if use_tqdm is True else use_tqdm(handles)

@@ -17,6 +17,7 @@ def token_logprobs(logits: np.ndarray, token_ids, k: int) -> list[TokenLogprobs]
         logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))  # (r, V)
         targets = np.asarray(token_ids[start:start + ROWS_PER_PASS], dtype=np.int64)
         chosen = logp[np.arange(len(rows)), targets]  # (r,)
+        ranks = 1 + (logp > chosen[:, None]).sum(axis=1)  # (r,): 1 = the most likely
         if k > 0:
             kk = min(k, logp.shape[1])
             top = np.argpartition(-logp, kk - 1, axis=1)[:, :kk]  # (r, k), unordered
@@ -26,5 +27,6 @@ def token_logprobs(logits: np.ndarray, token_ids, k: int) -> list[TokenLogprobs]
         for i in range(len(rows)):
             alternatives = ([(int(t), float(p)) for t, p in zip(top[i], top_logp[i])]
                             if k > 0 else [])
-            out.append(TokenLogprobs(int(targets[i]), float(chosen[i]), alternatives))
+            out.append(TokenLogprobs(int(targets[i]), float(chosen[i]), alternatives,
+                                     int(ranks[i])))
     return out

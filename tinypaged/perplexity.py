@@ -36,7 +36,7 @@ def engine_nll(llm, token_ids: list[int]) -> np.ndarray:
     chunks = windows(token_ids, window_size(llm.engine.max_model_len))
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
     outputs = llm.generate(chunks, params)
-    return np.array([-lp.logprob for out in outputs for lp in out.prompt_logprobs[1:]])
+    return np.array([-lp.logprob for out in outputs for lp in out.prompt_token_logprobs[1:]])
 
 
 def reference_nll(model: ReferenceModel, token_ids: list[int],

@@ -18,17 +18,21 @@ MAX_INDEX = 2**31 - 1  # token ids, counts and top_k at most: what the kernels' 
 
 @dataclass(slots=True)
 class SamplingParams:
-    max_tokens: int = 64
+    """What a request asks for. Where vLLM says "off" with -1 or None (top_k=-1,
+    max_tokens=None, seed=None), so does this."""
+    max_tokens: int | None = 64  # None = up to the model's context
     temperature: float = 1.0  # 0 = greedy
-    top_k: int = 0  # 0 = no top-k cut
+    top_k: int = 0  # 0 or -1 = no top-k cut
     top_p: float = 1.0  # 1 = no nucleus cut
     min_p: float = 0.0  # drop tokens below min_p * p(most likely); 0 = off
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in prompt or output
     seed: int | None = None  # None = fresh randomness each request
     n: int = 1  # samples per prompt; they share the prompt's KV blocks
-    stop: list[str] = field(default_factory=list)  # strings that end the text (not included)
+    stop: list[str] = field(default_factory=list)  # strings that end the text
+    include_stop_str_in_output: bool = False  # keep the stop string that ended the text
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    min_tokens: int = 0  # before this many tokens, EOS, stop tokens and stop strings do not end
     presence_penalty: float = 0.0  # OpenAI: subtracted once from every token already generated
     frequency_penalty: float = 0.0  # OpenAI: subtracted once per time a token was generated
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
@@ -36,13 +40,16 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # the same for every prompt token; None = off
     # the output must match a JSON schema, regex, choice or grammar (structured/); None = free
     structured_outputs: StructuredOutputs | None = None
+    skip_special_tokens: bool = True  # False: the text shows special tokens (<|im_end|>, ...)
+    allowed_token_ids: list[int] | None = None  # only these may be sampled; None = any
+    bad_words: list[str] = field(default_factory=list)  # words never generated (vLLM's rule)
 
     def __post_init__(self):
         """Check every field (TypeError: wrong type, ValueError: out of range) and keep
         each in its plain type, in containers of its own (see checked())."""
-        self.max_tokens = checks.integer("max_tokens", self.max_tokens, 1, MAX_INDEX)
+        self.max_tokens = checks.optional_integer("max_tokens", self.max_tokens, 1, MAX_INDEX)
         self.temperature = checks.number("temperature", self.temperature, 0)
-        self.top_k = checks.integer("top_k", self.top_k, 0, MAX_INDEX)
+        self.top_k = max(checks.integer("top_k", self.top_k, -1, MAX_INDEX), 0)
         self.top_p = checks.number("top_p", self.top_p, maximum=1, above=0)
         self.min_p = checks.number("min_p", self.min_p, 0, 1)
         self.repetition_penalty = checks.number("repetition_penalty", self.repetition_penalty,
@@ -50,12 +57,20 @@ class SamplingParams:
         self.seed = checks.optional_integer("seed", self.seed, 0)
         self.n = checks.integer("n", self.n, 1, MAX_INDEX)
         self.stop = _stop_strings(self.stop)
-        if not isinstance(self.stop_token_ids, (list, tuple, set, np.ndarray)):
-            raise TypeError(f"stop_token_ids must be a list of token ids, got "
-                            f"{type(self.stop_token_ids).__name__}")
-        self.stop_token_ids = [checks.integer("stop_token_ids item", t, 0, MAX_INDEX)
-                               for t in self.stop_token_ids]
+        self.stop_token_ids = _token_list("stop_token_ids", self.stop_token_ids) or []
         self.ignore_eos = checks.boolean("ignore_eos", self.ignore_eos)
+        self.include_stop_str_in_output = checks.boolean("include_stop_str_in_output",
+                                                         self.include_stop_str_in_output)
+        self.min_tokens = checks.integer("min_tokens", self.min_tokens, 0, MAX_INDEX)
+        self.skip_special_tokens = checks.boolean("skip_special_tokens", self.skip_special_tokens)
+        self.allowed_token_ids = _token_list("allowed_token_ids", self.allowed_token_ids)
+        if self.allowed_token_ids == []:
+            raise ValueError("allowed_token_ids is empty: nothing could be sampled")
+        if isinstance(self.bad_words, str) or not isinstance(self.bad_words, (list, tuple)):
+            raise TypeError(f"bad_words must be a list of strings, got {checks.describe(self.bad_words)}")
+        self.bad_words = [checks.text("bad_words item", w) for w in self.bad_words]
+        if not all(w.strip() for w in self.bad_words):
+            raise ValueError("bad_words items must not be empty")
         self.presence_penalty = checks.number("presence_penalty", self.presence_penalty, -2, 2)
         self.frequency_penalty = checks.number("frequency_penalty", self.frequency_penalty, -2, 2)
         if not isinstance(self.logit_bias, dict):
@@ -85,6 +100,15 @@ class SamplingParams:
         """Temperatures below GREEDY_TEMPERATURE are greedy: dividing logits by them
         overflows, and their distribution is the argmax anyway (vLLM's rule)."""
         return self.temperature < GREEDY_TEMPERATURE
+
+
+def _token_list(name: str, ids) -> list[int] | None:
+    """A list of token ids of its own (None stays None)."""
+    if ids is None:
+        return None
+    if not isinstance(ids, (list, tuple, set, np.ndarray)):
+        raise TypeError(f"{name} must be a list of token ids, got {type(ids).__name__}")
+    return [checks.integer(f"{name} item", t, 0, MAX_INDEX) for t in ids]
 
 
 def _stop_strings(stop) -> list[str]:

@@ -122,8 +122,8 @@ class Tokenizer:
         """Token ids of text; a str with lone surrogates is a ValueError (checks.text)."""
         return self._tok.encode(checks.text("prompt", text), add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for, leading space included (what an API shows
@@ -137,6 +137,10 @@ class Tokenizer:
             return bytes(self._byte_level[c] for c in piece if c in self._byte_level)
         match = _BYTE_FALLBACK.fullmatch(piece)  # SentencePiece byte fallback
         return bytes([int(match.group(1), 16)]) if match else piece.replace("\u2581", " ").encode()
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text as logprobs show it (a part of a UTF-8 character as U+FFFD)."""
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
@@ -166,12 +170,13 @@ class Tokenizer:
         text = self.apply_chat_template(messages, add_generation_prompt)
         return self._tok.encode(text, add_special_tokens=False).ids
 
-    def detokenizer(self, context: list[int] = ()) -> "IncrementalDetokenizer":
+    def detokenizer(self, context: list[int] = (),
+                    skip_special_tokens: bool = True) -> "IncrementalDetokenizer":
         """context: the tokens the text follows (a prompt), whose text is not emitted.
         Their last few make the first new token decode as it reads after them: a
         SentencePiece word keeps its leading space ("a" + "▁little" is "a little",
         where "▁little" alone decodes as "little")."""
-        return IncrementalDetokenizer(self, context)
+        return IncrementalDetokenizer(self, context, skip_special_tokens)
 
     def continuation(self, context: list[int], ids: list[int]) -> str:
         """The text of ids as it reads after context (see detokenizer)."""
@@ -188,16 +193,21 @@ class IncrementalDetokenizer:
     until the rest arrives. Decodes only a short window of recent tokens, so the
     cost per token does not grow with the text."""
 
-    def __init__(self, tokenizer: Tokenizer, context: list[int] = ()):
+    def __init__(self, tokenizer: Tokenizer, context: list[int] = (),
+                 skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         self.ids: list[int] = list(context[-CONTEXT_TOKENS:])
         self.prefix_offset = 0  # window start: context so that spaces decode right
         self.read_offset = len(self.ids)  # tokens before this are already emitted
 
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, self.skip_special_tokens)
+
     def push(self, token_id: int) -> str:
         """Add one token; return the newly completed text (maybe "")."""
         self.ids.append(token_id)
-        decode = self.tokenizer.decode
+        decode = self._decode
         prefix = decode(self.ids[self.prefix_offset:self.read_offset])
         full = decode(self.ids[self.prefix_offset:])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
@@ -208,7 +218,7 @@ class IncrementalDetokenizer:
     def flush(self) -> str:
         """Whatever is still held back at the end of generation, less a character cut
         short at the very end (its bytes decode as U+FFFD; token ids keep them)."""
-        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
-        full = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset:])
         self.prefix_offset = self.read_offset = len(self.ids)
         return full[len(prefix):].rstrip("\ufffd")

@@ -24,6 +24,7 @@ from .model_runner import ModelRunner
 from .request import PreparedRequest, Request
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .token_rules import TokenRules
 from .step_logits import NOT_NEEDED, WHOLE_ROW, StepLogits, candidates_needed, draw_tokens
 
 
@@ -112,7 +113,8 @@ class LLMEngine:
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
         vocab = self.model_config.vocab_size
-        for name, tokens in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):
+        for name, tokens in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids),
+                             ("allowed_token_ids", params.allowed_token_ids or [])):
             bad = [t for t in tokens if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"{name}: token id {bad[0]} is out of range [0, {vocab})")
@@ -125,8 +127,10 @@ class LLMEngine:
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        rules = TokenRules(prepared.params, self.tokenizer, self.eos_token_ids,
+                           self.model_config.vocab_size)
         request = Request(request_id, prepared.prompt, prepared.prompt_token_ids, prepared.params,
-                          self.tokenizer, prepared.grammar)
+                          self.tokenizer, prepared.grammar, rules)
         self.requests[request_id] = request
         self.scheduler.add(request.seqs[0])
         return request_id
@@ -319,17 +323,20 @@ class LLMEngine:
     def _draw(self, due, uniforms: list[float], logits: StepLogits) -> list[int]:
         return draw_tokens(logits, [row for _, row in due], [s.params for s, _ in due], uniforms,
                            [(s.token_ids, s.num_prompt_tokens) for s, _ in due],
-                           self._masks([s.grammar for s, _ in due]))
+                           self._masks([s for s, _ in due]))
 
-    def _masks(self, grammars: list) -> list | None:
-        """Each constrained sample's allowed tokens (a bit mask row); None for the free."""
-        held = [i for i, g in enumerate(grammars) if g is not None]
-        if not held:
-            return None
-        masks = [None] * len(grammars)
-        for i, row in zip(held, self.grammars.fill_masks([grammars[i] for i in held])):
-            masks[i] = row
-        return masks
+    def _masks(self, seqs: list[Sequence]) -> list | None:
+        """Each sample's allowed tokens as a bit mask row (its grammar's, less what its
+        params forbid: token_rules.py); None for a free sample, or when all are free."""
+        held = [i for i, s in enumerate(seqs) if s.grammar is not None]
+        grammar_rows = dict(zip(held, self.grammars.fill_masks([seqs[i].grammar for i in held])))\
+            if held else {}
+        masks = []
+        for i, seq in enumerate(seqs):
+            rules = self.requests[seq.request_id].rules
+            row = grammar_rows.get(i)
+            masks.append(rules.mask(seq.output_token_ids, row) if rules is not None else row)
+        return masks if any(m is not None for m in masks) else None
 
     def _fail_sample(self, seq: Sequence, error: Exception, touched: dict) -> None:
         request = self.requests[seq.request_id]
@@ -341,17 +348,28 @@ class LLMEngine:
         params = seq.params
         text = self.requests[seq.request_id].texts[seq.sample_index]
         if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
-            return self._finish(seq, "stop")  # (a grammar's mask allows these only at its end)
+            return self._finish(seq, "stop")  # (masks allow these only where a sample may end)
         seq.append_token(token, logprobs)
         grammar = seq.grammar
         if grammar is not None:
             grammar.advance(token)
-        if text.push(token, grammar.accepts if grammar is not None else None):
+        if text.push(token, self._may_end(seq)):
             return self._finish(seq, "stop")
         if grammar is not None and grammar.complete:
             return self._finish(seq, "stop")
-        if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
+        if (params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens) \
+                or len(seq) >= self.max_model_len:
             self._finish(seq, "length")
+
+    @staticmethod
+    def _may_end(seq: Sequence):
+        """Whether a stop string may end seq's text here (None: always): not before
+        min_tokens, and only where its grammar accepts the text before it."""
+        grammar, min_tokens = seq.grammar, seq.params.min_tokens
+        if grammar is None and not min_tokens:
+            return None
+        return lambda text: (seq.num_output_tokens >= min_tokens
+                             and (grammar is None or grammar.accepts(text)))
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.scheduler.finish(seq, reason)

@@ -8,6 +8,7 @@ from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
 from ..structured.grammar import CompiledGrammar
 from .sequence import Sequence
+from .token_rules import TokenRules
 
 
 @dataclass(slots=True, frozen=True)
@@ -23,10 +24,11 @@ class SampleText:
     """Text of one sample. Holds back the tail that could still become a stop string,
     so streamed text never has to be taken back."""
 
-    def __init__(self, tokenizer: Tokenizer, stop: list[str], prompt_token_ids: list[int]):
-        self.detok = tokenizer.detokenizer(context=prompt_token_ids)
-        self.stop = stop
-        self.holdback = max((len(s) for s in stop), default=1) - 1
+    def __init__(self, tokenizer: Tokenizer, params: SamplingParams, prompt_token_ids: list[int]):
+        self.detok = tokenizer.detokenizer(prompt_token_ids, params.skip_special_tokens)
+        self.stop = params.stop
+        self.include_stop = params.include_stop_str_in_output
+        self.holdback = max((len(s) for s in self.stop), default=1) - 1
         self.text = ""
         self.search_from = 0  # stop strings before this were passed over (may_end)
         self.finished = False
@@ -43,7 +45,7 @@ class SampleText:
                 self.search_from = i + 1
                 i = self.text.find(s, i + 1)
             if i >= 0:
-                self.text = self.text[:i]
+                self.text = self.text[:i + len(s) if self.include_stop else i]
                 return True
         return False
 
@@ -63,13 +65,14 @@ class SampleText:
 class Request:
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                  params: SamplingParams, tokenizer: Tokenizer,
-                 grammar: CompiledGrammar | None = None):
+                 grammar: CompiledGrammar | None = None, rules: TokenRules | None = None):
         self.request_id, self.prompt, self.params = request_id, prompt, params
         self.prompt_token_ids = prompt_token_ids
         self.seqs = [Sequence(request_id, prompt_token_ids, params, 0)]
         if grammar is not None:  # forks copy it with the sequence
             self.seqs[0].grammar = grammar.start()
-        self.texts = [SampleText(tokenizer, params.stop, prompt_token_ids)]
+        self.rules = rules if rules is not None and rules.active else None  # tokens forbidden
+        self.texts = [SampleText(tokenizer, params, prompt_token_ids)]
         self.tokenizer = tokenizer
         self.aborted = False
         self.error: Exception | None = None  # set when a step failed for this request
@@ -84,7 +87,7 @@ class Request:
 
     def add_sample(self, seq: Sequence) -> None:
         self.seqs.append(seq)
-        self.texts.append(SampleText(self.tokenizer, self.params.stop, self.prompt_token_ids))
+        self.texts.append(SampleText(self.tokenizer, self.params, self.prompt_token_ids))
 
     @property
     def finished(self) -> bool:
@@ -97,9 +100,11 @@ class Request:
         outs = [CompletionOutput(seq.sample_index, text.visible, seq.output_token_ids,
                                  seq.finish_reason,
                                  list(seq.logprobs) if with_logprobs else None,
-                                 seq.cumulative_logprob if with_logprobs else None)
+                                 seq.cumulative_logprob if with_logprobs else None,
+                                 self.tokenizer.token_text)
                 for seq, text in zip(self.seqs, self.texts)]
         prompt_logprobs = (list(self.prompt_logprobs)
                            if self.params.prompt_logprobs is not None else None)
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs,
-                             self.finished, prompt_logprobs, self.error)
+                             self.finished, prompt_logprobs, self.error,
+                             self.seqs[0].num_cached_tokens, self.tokenizer.token_text)

@@ -31,7 +31,8 @@ def candidates_needed(params: SamplingParams) -> int:
     """WHOLE_ROW, or how many of the most likely tokens a sample of params needs."""
     if (params.logprobs is not None or params.repetition_penalty != 1.0
             or params.presence_penalty or params.frequency_penalty or params.logit_bias
-            or params.structured_outputs is not None):
+            or params.structured_outputs is not None or params.allowed_token_ids is not None
+            or params.bad_words or params.min_tokens):
         return WHOLE_ROW
     if params.greedy:
         return 1

@@ -24,8 +24,9 @@ from .chat import create_chat_completion
 from .completions import create_completion
 from .config import ServerConfig
 from .engine_client import EngineClient
-from .errors import error_body, install_error_handlers
+from .errors import error_body, install_error_handlers, log
 from .protocol import ChatCompletionRequest, CompletionRequest
+from .tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
 
 REQUEST_ID_CHARS = 128  # of a client's X-Request-Id, kept
@@ -92,10 +93,14 @@ async def read_body(request: Request, model: type[BaseModel], limits: dict) -> B
     before any of them is read)."""
     raw = await request.body()
     try:
-        return await anyio.to_thread.run_sync(
+        body = await anyio.to_thread.run_sync(
             lambda: model.model_validate_json(raw, context=limits))
     except ValidationError as e:
         raise RequestValidationError(e.errors(include_url=False)) from None
+    if body.model_extra:
+        log.debug("request %s: ignored fields %s", request.state.request_id,
+                  ", ".join(sorted(body.model_extra)))
+    return body
 
 
 SCHEMA_REF = "#/components/schemas/{model}"
@@ -153,7 +158,16 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
         body = await read_body(request, ChatCompletionRequest, limits)
         return await create_chat_completion(body, request, client)
 
-    add_body_schemas(app, [CompletionRequest, ChatCompletionRequest])
+    @app.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))
+    async def tokenize_route(request: Request):
+        return tokenize(await read_body(request, TokenizeRequest, limits), client)
+
+    @app.post("/detokenize", openapi_extra=body_schema(DetokenizeRequest))
+    async def detokenize_route(request: Request):
+        return detokenize(await read_body(request, DetokenizeRequest, limits), client)
+
+    add_body_schemas(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
+                           DetokenizeRequest])
 
     def model_card() -> dict:
         return {"id": client.model_name, "object": "model", "created": started,

@@ -51,7 +51,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
         return Response(status_code=499)  # the client left; nobody reads this
 
     def body() -> dict:
-        choices = [chat_choice(o.index, o.text, logprobs_of(o.logprobs or []), o.finish_reason)
+        choices = [chat_choice(o.index, o.text, logprobs_of(o.token_logprobs or []), o.finish_reason)
                    for o in outputs[0].outputs]
         return envelope("chat.completion", response_id, created, client.model_name, choices,
                         usage=usage(outputs))

@@ -15,7 +15,7 @@ from .engine_client import PARAM_IN_MESSAGE, EngineClient, RequestLog
 from .errors import APIError, error_body
 from .json_body import json_built_off_the_loop
 from .openai_format import (ChoiceDelta, TextOffsets, completion_choice, completion_logprobs,
-                            echo_offsets, envelope, usage)
+                            echo_offsets, envelope, usage, vllm_prompt_logprobs)
 from .protocol import CompletionRequest
 from .sse import DONE, EventStreamResponse, event, unless_disconnected
 
@@ -45,8 +45,11 @@ async def create_completion(req: CompletionRequest, request: Request,
     if req.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")
     prompts = req.prompts()
-    echo_logprobs = req.logprobs if req.echo else None
-    params = build_params(req, req.max_tokens, logprobs=req.logprobs, prompt_logprobs=echo_logprobs)
+    if req.prompt_logprobs is not None and req.stream:
+        raise APIError(400, "prompt_logprobs is not supported with stream", param="prompt_logprobs")
+    wanted = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
+    params = build_params(req, req.max_tokens, logprobs=req.logprobs,
+                          prompt_logprobs=max(wanted) if wanted else None)
     prepared = [client.prepare(p, params, req.max_tokens, "prompt", req.constraint()[1])
                 for p in prompts]
     client.check_logprob_entries(prepared, req.echo, "logprobs")
@@ -70,7 +73,7 @@ async def create_completion(req: CompletionRequest, request: Request,
         positions = offsets.of(token_ids)
         if with_prompt:
             positions = echo_offsets(tokenizer, out.prompt_token_ids, echoes[i]) + positions
-            token_ids, entries = out.prompt_token_ids + token_ids, out.prompt_logprobs + entries
+            token_ids, entries = out.prompt_token_ids + token_ids, out.prompt_token_logprobs + entries
         return completion_logprobs(tokenizer, token_ids, entries, positions)
 
     if req.stream:
@@ -83,10 +86,14 @@ async def create_completion(req: CompletionRequest, request: Request,
 
     def body() -> dict:
         choices = [completion_choice(i * req.n + o.index, echoes[i] + o.text,
-                                     logprobs_of(i, out, o.token_ids, o.logprobs or [],
+                                     logprobs_of(i, out, o.token_ids, o.token_logprobs or [],
                                                  offsets_for(i), req.echo),
                                      o.finish_reason)
                    for i, out in enumerate(outputs) for o in out.outputs]
+        if req.prompt_logprobs is not None:  # vLLM's form, in every choice of the prompt
+            for choice in choices:
+                choice["prompt_logprobs"] = vllm_prompt_logprobs(
+                    outputs[choice["index"] // req.n], req.prompt_logprobs)
         return envelope("text_completion", response_id, created, client.model_name, choices,
                         usage=usage(outputs))
     return await json_built_off_the_loop(body)

@@ -10,6 +10,9 @@ class ServerConfig:
     port: int = 8000
     api_key: str | None = None  # when set, /v1/* needs "Authorization: Bearer <key>"
     served_model_name: str | None = None  # None: the model folder's name
+    # False: any `model` a request names is served (the one model there is, as llama-server
+    # does; apps hard-code "gpt-4o-mini"); True: another name gets 404 model_not_found
+    strict_model_name: bool = False
     max_waiting: int = 1024  # queued sequences (prompts x n) beyond which new requests get 503
     max_prompts_per_request: int = 256  # a longer batch gets 400 (a quarter of the queue at most)
     max_body_bytes: int = 4 << 20  # larger request bodies get 413

@@ -58,7 +58,9 @@ class EngineClient:
         self.model_name = config.served_model_name or file_name.removesuffix(".gguf")
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
+        """Any name serves the one model, unless strict_model_name (responses always
+        name the model that answered)."""
+        if self.config.strict_model_name and name is not None and name != self.model_name:
             raise APIError(404, f"the model {shown(name)} does not exist; this server has "
                                 f"{self.model_name!r}", param="model", code="model_not_found")
 

@@ -10,11 +10,14 @@ from ..tokenizer import Tokenizer
 
 
 def usage(outputs: list[RequestOutput]) -> dict:
-    """Prompt tokens once per prompt; completion tokens of every sample."""
+    """Prompt tokens once per prompt; completion tokens of every sample; of the prompt
+    tokens, those the prefix cache held (OpenAI's prompt_tokens_details.cached_tokens)."""
     prompt = sum(len(out.prompt_token_ids) for out in outputs)
     completion = sum(len(o.token_ids) for out in outputs for o in out.outputs)
+    cached = sum(out.num_cached_tokens for out in outputs)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:
@@ -81,7 +84,7 @@ class ChoiceDelta:
         if self.finished:
             return None
         text, ids = sample.text[self.chars:], sample.token_ids[self.tokens:]
-        logprobs = (sample.logprobs or [])[self.tokens:]
+        logprobs = (sample.token_logprobs or [])[self.tokens:]
         finish = sample.finish_reason
         if not text and not ids and finish is None:
             return None
@@ -116,3 +119,18 @@ def envelope(kind: str, response_id: str, created: int, model: str, choices: lis
     """kind: text_completion, chat.completion or chat.completion.chunk."""
     return {"id": response_id, "object": kind, "created": created, "model": model,
             "choices": choices, **extra}
+
+
+def vllm_prompt_logprobs(out: RequestOutput, k: int) -> list[dict | None]:
+    """vLLM's prompt_logprobs: per prompt token, {"token id": {logprob, rank,
+    decoded_token}} for it and its k most likely alternatives; None for the first."""
+    entries = []
+    for entry in out.prompt_token_logprobs or []:
+        if entry is None:
+            entries.append(None)
+            continue
+        entry = TokenLogprobs(entry.token_id, entry.logprob, entry.top[:k], entry.rank)
+        entries.append({str(token): {"logprob": lp.logprob, "rank": lp.rank,
+                                     "decoded_token": lp.decoded_token}
+                        for token, lp in entry.as_vllm(out.decode).items()})
+    return entries

@@ -1,8 +1,10 @@
 """Request bodies of the OpenAI API as the official client sends them, with vLLM's
 extensions (top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids).
 
-Strict types (a string is not a number), unknown fields refused, ranges checked:
-whatever fails here is a 400 naming the field. `sampling_params()` turns a valid
+Strict types (a string is not a number) and ranges checked: whatever fails here is a
+400 naming the field. Fields this server does not know are accepted and ignored, as
+vLLM and llama-server do (OpenAI's SDKs and apps send metadata, store, service_tier,
+...); the routes log them at debug level (unknown_fields). `sampling_params()` turns a valid
 body into the engine's SamplingParams.
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ TokenId = Annotated[int, Field(ge=0, le=MAX_INDEX)]  # every integer is bounded 
 
 
 class APIModel(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = ConfigDict(strict=True, extra="allow")
 
     @model_validator(mode="before")
     @classmethod
@@ -80,13 +82,17 @@ class SamplingFields(APIModel):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
-    user: str | None = None  # accepted and ignored, as OpenAI's own servers do
     # vLLM's extensions
     top_k: int = Field(0, ge=-1, le=MAX_INDEX)  # 0 or -1: off
     min_p: float = Field(0.0, ge=0, le=1)
     repetition_penalty: float = Field(1.0, gt=0, le=10)
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: bool = False
+    min_tokens: int = Field(0, ge=0, le=MAX_INDEX)
+    skip_special_tokens: bool = True
+    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1)
+    bad_words: list[str] | None = Field(None, max_length=MAX_STOP * 4)
     # structured outputs (at most one of these): OpenAI's response_format; vLLM's
     # structured_outputs ({"json" | "regex" | "choice" | "grammar" | "json_object": ...})
     # and its older guided_*; llama.cpp's grammar (GBNF) and json_schema
@@ -157,13 +163,17 @@ class SamplingFields(APIModel):
             ignore_eos=self.ignore_eos, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             logit_bias={int(t): b for t, b in (self.logit_bias or {}).items()},
-            logprobs=logprobs, prompt_logprobs=prompt_logprobs, structured_outputs=structured)
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs, structured_outputs=structured,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            min_tokens=self.min_tokens, skip_special_tokens=self.skip_special_tokens,
+            allowed_token_ids=self.allowed_token_ids, bad_words=list(self.bad_words or []))
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     max_tokens: int | None = Field(16, ge=1, le=MAX_INDEX)  # OpenAI's default for completions
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM's
     echo: bool = False
     best_of: int | None = Field(None, ge=1, le=MAX_N)
     suffix: str | None = None
@@ -220,6 +230,12 @@ class ChatMessage(APIModel):
             return self.content
         return "".join(part.text for part in self.content)
 
+    def template_message(self) -> dict:
+        """The message as chat templates take it ("developer" is OpenAI's newer name
+        for "system")."""
+        return {"role": "system" if self.role == "developer" else self.role,
+                "content": self.text()}
+
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -231,8 +247,7 @@ class ChatCompletionRequest(SamplingFields):
     def chat_messages(self) -> list[dict]:
         """The conversation as the chat template takes it ("developer" is OpenAI's
         newer name for "system")."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in self.messages]
+        return [m.template_message() for m in self.messages]
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None \
