@@ -152,20 +152,23 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool = False, *, params=None) -> list[RequestOutput]:
+             use_tqdm: bool = False, *, params=None,
+             tools: list[dict] | None = None) -> list[RequestOutput]:
         """One conversation, or a list of them, through the model's chat template: a
-        list of outputs, one per conversation (vLLM's LLM.chat)."""
-        return self.generate(self._conversation_ids(messages), _one_of(sampling_params, params),
-                             use_tqdm)
+        list of outputs, one per conversation (vLLM's LLM.chat). tools: OpenAI's
+        function definitions, for the template to show the model."""
+        return self.generate(self._conversation_ids(messages, tools),
+                             _one_of(sampling_params, params), use_tqdm)
 
-    async def achat(self, messages, sampling_params=None, *, params=None) -> list[RequestOutput]:
-        return await self.agenerate(self._conversation_ids(messages),
+    async def achat(self, messages, sampling_params=None, *, params=None,
+                    tools: list[dict] | None = None) -> list[RequestOutput]:
+        return await self.agenerate(self._conversation_ids(messages, tools),
                                     _one_of(sampling_params, params))
 
-    def _conversation_ids(self, messages) -> list[list[int]]:
+    def _conversation_ids(self, messages, tools) -> list[list[int]]:
         many = isinstance(messages, (list, tuple)) and bool(messages) and \
             all(isinstance(m, (list, tuple)) for m in messages)
-        return [self.chat_prompt_ids(m) for m in (messages if many else [messages])]
+        return [self.chat_prompt_ids(m, tools) for m in (messages if many else [messages])]
 
     def chat_prompt(self, messages: list[dict]) -> str:
         """The conversation as the model's chat template renders it (text that holds the
@@ -173,9 +176,11 @@ class LLM:
         second BOS)."""
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
-    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
-        """chat_prompt's text as token ids, encoded without adding special tokens."""
-        return self.tokenizer.chat_ids(messages, add_generation_prompt=True)
+    def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """chat_prompt's text as token ids, encoded without adding special tokens; tools
+        (OpenAI's function definitions) go to the template, which writes them where
+        the model expects them."""
+        return self.tokenizer.chat_ids(messages, add_generation_prompt=True, tools=tools)
 
     def beam_search(self, prompts: str | list[int] | list[str] | list[list[int]], beam_width: int,
                     max_tokens: int = 64, length_penalty: float = 1.0,

@@ -111,6 +111,11 @@ class Tokenizer:
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
 
     @property
+    def special_tokens(self) -> set[str]:
+        """The text of every special (added) token."""
+        return {t.content for t in self._tok.get_added_tokens_decoder().values()}
+
+    @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
@@ -165,9 +170,10 @@ class Tokenizer:
         return render(self.chat_template, [dict(m) for m in messages], add_generation_prompt,
                       **names)
 
-    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True,
+                 tools: list[dict] | None = None) -> list[int]:
         """The rendered conversation's token ids (no BOS added: the template writes it)."""
-        text = self.apply_chat_template(messages, add_generation_prompt)
+        text = self.apply_chat_template(messages, add_generation_prompt, tools)
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def detokenizer(self, context: list[int] = (),

@@ -104,9 +104,13 @@ def completion_choice(index: int, text: str, logprobs: dict | None, finish: str 
             "finish_reason": openai_finish_reason(finish)}
 
 
-def chat_choice(index: int, content: str, logprobs: dict | None, finish: str | None) -> dict:
-    return {"index": index, "message": {"role": "assistant", "content": content},
-            "logprobs": logprobs, "finish_reason": openai_finish_reason(finish)}
+def chat_choice(index: int, content: str | None, tool_calls: list[dict] | None,
+                finish: str | None, logprobs: dict | None) -> dict:
+    message = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {"index": index, "message": message, "logprobs": logprobs,
+            "finish_reason": openai_finish_reason(finish)}
 
 
 def chat_delta_choice(index: int, delta: dict, logprobs: dict | None, finish: str | None) -> dict:

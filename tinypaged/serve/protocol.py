@@ -9,6 +9,7 @@ body into the engine's SamplingParams.
 """
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
@@ -210,10 +211,30 @@ class TextPart(APIModel):
     text: str
 
 
+class FunctionCall(APIModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(APIModel):
+    """A call an assistant message made earlier in the conversation."""
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(APIModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # None: an assistant's tool calls only
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's
+    tool_call_id: str | None = None  # a tool's answer: to which call
+
+    @model_validator(mode="after")
+    def _content_or_calls(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        return self
 
     @field_validator("content", mode="before")
     @classmethod
@@ -226,15 +247,56 @@ class ChatMessage(APIModel):
         return value
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return "".join(part.text for part in self.content)
 
     def template_message(self) -> dict:
-        """The message as chat templates take it ("developer" is OpenAI's newer name
-        for "system")."""
-        return {"role": "system" if self.role == "developer" else self.role,
-                "content": self.text()}
+        """The message as chat templates take it, as transformers hands it to them:
+        "developer" is OpenAI's newer name for "system"; a tool call's arguments are
+        a dict (templates write them with tojson)."""
+        message = {"role": "system" if self.role == "developer" else self.role,
+                   "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+def _arguments(text: str):
+    """A call's arguments as a dict where they are a JSON object, else the text."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+class ToolFunction(APIModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None  # the schema is always enforced
+
+
+class Tool(APIModel):
+    type: Literal["function"]
+    function: ToolFunction
+
+
+class NamedFunction(APIModel):
+    name: str
+
+
+class NamedToolChoice(APIModel):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -243,6 +305,8 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_INDEX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     def chat_messages(self) -> list[dict]:
         """The conversation as the chat template takes it ("developer" is OpenAI's
