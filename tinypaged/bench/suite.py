@@ -115,10 +115,11 @@ def decode_rate(llm, concurrency: int, params: SamplingParams) -> float:
     return on_engine_thread(llm, lambda engine: _decode_rate(engine, concurrency, params))
 
 
-def _decode_rate(engine, concurrency: int, params: SamplingParams) -> float:
+def _decode_rate(engine, concurrency: int, params: SamplingParams | list[SamplingParams]) -> float:
+    """params: one for every request, or one each."""
     for i in range(concurrency):
         engine.add_request(f"Write a short story about a lighthouse keeper. Story number {i}.",
-                           params)
+                           params[i] if isinstance(params, list) else params)
     tokens, seconds = 0, 0.0
     while engine.has_unfinished():
         decoding = engine.scheduler.num_waiting == 0
