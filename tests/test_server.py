@@ -1,6 +1,8 @@
 """The OpenAI-compatible server, driven by the official `openai` client and by raw HTTP:
 both endpoints streamed and not, the SSE framing, usage, logprobs and metrics, and
 the real SmolLM2 behind it."""
+import json
+
 import httpx
 import pytest
 
@@ -218,6 +220,17 @@ def test_smollm2_answers_the_openai_client(smollm2_dir):
                                                 max_tokens=16, temperature=0, stream=True)
         text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         assert text == out.choices[0].message.content
+        # held to a JSON object, the answer parses (a sample that ran to max_tokens
+        # would not; each seed that stops must, and most stop)
+        ask = [{"role": "user", "content": "Describe a cat as a JSON object."}]
+        stopped = 0
+        for seed in range(1, 4):
+            out = client.chat.completions.create(model="any-name", messages=ask, seed=seed,
+                                                 max_tokens=100, response_format={"type": "json_object"})
+            if out.choices[0].finish_reason == "stop":
+                assert isinstance(json.loads(out.choices[0].message.content), dict)
+                stopped += 1
+        assert stopped >= 2
     finally:
         server.stop()
         llm.close()
