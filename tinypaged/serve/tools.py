@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass
 
 from ..structured import StructuredOutputs
+from ..structured.grammar import llguidance_module
 from .errors import APIError, shown
 
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
@@ -63,7 +64,7 @@ def plan(tools: list[dict] | None, tool_choice, chat_template: str | None,
                             "tool-call format (as Qwen's <tool_call> tags do); this model's "
                             "does not: use tool_choice 'required' or name a function",
                        param="tool_choice")
-    from llguidance import StructTag
+    StructTag = llguidance_module().StructTag
     tag = StructTag(trigger=TAG_OPEN, begin=TAG_OPEN + "\n", grammar=call_schema(tools),
                     end="\n" + TAG_CLOSE)
     grammar = StructTag.to_grammar([tag], assume_special=TAG_OPEN in special_tokens)
