@@ -72,6 +72,8 @@ def test_bad_words_are_never_generated(stories):
 
 def test_minus_one_and_none_mean_off(stories_dir):
     assert SamplingParams(top_k=-1).top_k == 0
+    off = SamplingParams(stop=None, stop_token_ids=None, logit_bias=None, bad_words=None)
+    assert (off.stop, off.stop_token_ids, off.logit_bias, off.bad_words) == ([], [], {}, [])
     llm = LLM(stories_dir, max_model_len=40)
     out = llm.generate(PROMPT, SamplingParams(max_tokens=None, temperature=0, top_k=-1,
                                               ignore_eos=True, seed=None))[0]

@@ -19,7 +19,8 @@ MAX_INDEX = 2**31 - 1  # token ids, counts and top_k at most: what the kernels' 
 @dataclass(slots=True)
 class SamplingParams:
     """What a request asks for. Where vLLM says "off" with -1 or None (top_k=-1,
-    max_tokens=None, seed=None), so does this."""
+    max_tokens=None, seed=None; None for stop, stop_token_ids, logit_bias and
+    bad_words), so does this."""
     max_tokens: int | None = 64  # None = up to the model's context
     temperature: float = 1.0  # 0 = greedy
     top_k: int = 0  # 0 or -1 = no top-k cut
@@ -56,8 +57,10 @@ class SamplingParams:
                                                 above=0)
         self.seed = checks.optional_integer("seed", self.seed, 0)
         self.n = checks.integer("n", self.n, 1, MAX_INDEX)
-        self.stop = _stop_strings(self.stop)
+        self.stop = _stop_strings(self.stop if self.stop is not None else [])
         self.stop_token_ids = _token_list("stop_token_ids", self.stop_token_ids) or []
+        self.logit_bias = {} if self.logit_bias is None else self.logit_bias
+        self.bad_words = [] if self.bad_words is None else self.bad_words
         self.ignore_eos = checks.boolean("ignore_eos", self.ignore_eos)
         self.include_stop_str_in_output = checks.boolean("include_stop_str_in_output",
                                                          self.include_stop_str_in_output)
