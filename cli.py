@@ -63,6 +63,24 @@ def print_stats(stats: dict) -> None:
             print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
 
 
+def structured_outputs(args):
+    """--json-schema, --regex, --choice or --grammar as a StructuredOutputs (None: free
+    text). A schema or grammar is given inline or as @FILE."""
+    from tinypaged import StructuredOutputs
+
+    def text(value: str) -> str:
+        if value.startswith("@"):
+            with open(value[1:], encoding="utf-8") as f:
+                return f.read()
+        return value
+    given = {name: value for name, value in (("json", args.json_schema), ("regex", args.regex),
+                                             ("choice", args.choice), ("grammar", args.grammar))
+             if value is not None}
+    if not given:
+        return None
+    return StructuredOutputs(**{k: v if k == "choice" else text(v) for k, v in given.items()})
+
+
 def cmd_generate(args) -> None:
     from tinypaged import LLM
 
@@ -73,7 +91,11 @@ def cmd_generate(args) -> None:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repetition_penalty=args.repetition_penalty, seed=args.seed,
-                            n=args.n, stop=args.stop or [], ignore_eos=args.ignore_eos)
+                            n=args.n, stop=args.stop or [], ignore_eos=args.ignore_eos,
+                            structured_outputs=structured_outputs(args))
+    if args.beam_width and params.structured_outputs is not None:
+        raise ValueError("beam search takes no constraint: drop --beam-width or the "
+                         "--json-schema / --regex / --choice / --grammar option")
     llm = LLM(args.model, **engine_options(args))
     if args.verbose:
         _log(f"loaded {llm.model_dir} in {llm.load_seconds:.2f} s; KV pool: "
@@ -275,6 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="samples per prompt (they share the prompt's KV blocks)")
     g.add_argument("--stop", action="append", help="a stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
+    g.add_argument("--json-schema", metavar="SCHEMA",
+                   help="the output is JSON valid against this schema (JSON text, or @FILE)")
+    g.add_argument("--regex", help="the output matches this regular expression, whole")
+    g.add_argument("--choice", nargs="+", metavar="TEXT", help="the output is one of these")
+    g.add_argument("--grammar", metavar="GRAMMAR",
+                   help="the output follows this GBNF (llama.cpp) or Lark grammar (text, or @FILE)")
     g.add_argument("--chat", action="store_true", help="apply the model's chat template")
     g.add_argument("--stats", action="store_true", help="print KV pool statistics at the end")
     g.add_argument("--show-blocks", action="store_true",

@@ -1,4 +1,5 @@
 """The command line: outputs on a tiny model, and one clear line for every user mistake."""
+import json
 import re
 import socket
 import subprocess
@@ -45,6 +46,18 @@ def test_generate_streams_the_library_output(tiny_model_dir):
     expected = LLM(tiny_model_dir).generate("hello there", SamplingParams(max_tokens=6, temperature=0))
     assert result.stdout == expected[0].text + "\n"
     assert re.search(r"loaded .* in \d+\.\d\d s", result.stderr)
+
+
+def test_generate_under_a_schema_or_a_choice(tiny_model_dir, tmp_path):
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "additionalProperties": false, "required": ["n"], '
+                      '"properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}}')
+    result = run_cli("generate", "hi", "--model", tiny_model_dir, "--json-schema", f"@{schema}",
+                     "--max-tokens", 16)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["n"] in range(10)
+    result = run_cli("generate", "hi", "--model", tiny_model_dir, "--choice", "red", "blue green")
+    assert result.returncode == 0 and result.stdout in ("red\n", "blue green\n"), result
 
 
 def test_generate_with_chat_and_prompt_option(tiny_model_dir):
@@ -94,6 +107,8 @@ def test_perplexity_of_a_uniform_model_is_the_vocab_size(tiny_model_dir):
     (["--max-tokens", "0"], "max_tokens=0"),
     (["--top-k", "-2"], "top_k=-2"),
     (["--max-tokens", "many"], "invalid int value: 'many'"),
+    (["--regex", "("], "unclosed group"),
+    (["--choice", "a", "--regex", "b"], "exactly one of"),
 ])
 def test_bad_sampling_arguments(tiny_model_dir, args, pattern):
     assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir, *args), pattern)
