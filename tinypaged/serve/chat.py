@@ -39,7 +39,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
         raise APIError(400, str(e), param="messages") from None
     max_tokens = req.requested_max_tokens()
     params = build_params(req, max_tokens, logprobs=(req.top_logprobs or 0) if req.logprobs else None)
-    constraint_param = req.constraint()[1]
+    constraint_param = req.constraint_field()
     if tool_plan is not None:
         if params.structured_outputs is not None:
             raise APIError(400, f"{constraint_param} and tools: give one constraint, not both",

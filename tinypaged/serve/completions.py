@@ -50,7 +50,7 @@ async def create_completion(req: CompletionRequest, request: Request,
     wanted = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
     params = build_params(req, req.max_tokens, logprobs=req.logprobs,
                           prompt_logprobs=max(wanted) if wanted else None)
-    prepared = [client.prepare(p, params, req.max_tokens, "prompt", req.constraint()[1])
+    prepared = [client.prepare(p, params, req.max_tokens, "prompt", req.constraint_field())
                 for p in prompts]
     client.check_logprob_entries(prepared, req.echo, "logprobs")
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())

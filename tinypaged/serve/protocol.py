@@ -4,19 +4,20 @@ extensions (top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids).
 Strict types (a string is not a number) and ranges checked: whatever fails here is a
 400 naming the field. Fields this server does not know are accepted and ignored, as
 vLLM and llama-server do (OpenAI's SDKs and apps send metadata, store, service_tier,
-...); the routes log them at debug level (unknown_fields). `sampling_params()` turns a valid
-body into the engine's SamplingParams.
+...); app.read_body logs them at debug level. `sampling_params()` turns a valid body
+into the engine's SamplingParams. The fields that constrain the output are in
+constraints.py.
 """
 from __future__ import annotations
 
 import json
 from typing import Annotated, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ..sampling import MAX_INDEX, MAX_LOGPROBS, SamplingParams
-from ..structured import StructuredOutputs
+from .api_model import APIModel
+from .constraints import ConstraintFields
 from .errors import shown
 
 MAX_N = 128  # samples per prompt (the engine's max_num_seqs may be lower)
@@ -26,51 +27,11 @@ MAX_STOP = 16  # stop strings per request
 TokenId = Annotated[int, Field(ge=0, le=MAX_INDEX)]  # every integer is bounded where parsed
 
 
-class APIModel(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_the_default(cls, data):
-        """null where a field has a default means that default (OpenAI's spec allows
-        null for most optional fields, and its client sends temperature=None)."""
-        if isinstance(data, dict):
-            fields = cls.model_fields
-            return {k: v for k, v in data.items()
-                    if not (v is None and k in fields and not fields[k].is_required())}
-        return data
-
-
 class StreamOptions(APIModel):
     include_usage: bool = False
 
 
-class JSONSchemaFormat(APIModel):
-    """response_format's json_schema (the OpenAI SDK's parse() sends a Pydantic model's)."""
-    name: str = "response"
-    description: str | None = None
-    schema_: dict | bool | None = Field(None, alias="schema")
-    strict: bool | None = None  # the schema is always enforced, strict or not
-
-
-class ResponseFormat(APIModel):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JSONSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _schema_given(self):
-        if self.type == "json_schema" and (self.json_schema is None
-                                           or self.json_schema.schema_ is None):
-            raise ValueError("type 'json_schema' needs json_schema.schema")
-        return self
-
-
-# the fields that constrain the output, by API: (field, StructuredOutputs' name for it)
-CONSTRAINT_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
-                     "guided_grammar": "grammar", "grammar": "grammar", "json_schema": "json"}
-
-
-class SamplingFields(APIModel):
+class SamplingFields(ConstraintFields):
     """The fields both endpoints share."""
     model: str | None = None
     temperature: float = Field(1.0, ge=0, le=2)
@@ -94,44 +55,6 @@ class SamplingFields(APIModel):
     skip_special_tokens: bool = True
     allowed_token_ids: list[TokenId] | None = Field(None, min_length=1)
     bad_words: list[str] | None = Field(None, max_length=MAX_STOP * 4)
-    # structured outputs (at most one of these): OpenAI's response_format; vLLM's
-    # structured_outputs ({"json" | "regex" | "choice" | "grammar" | "json_object": ...})
-    # and its older guided_*; llama.cpp's grammar (GBNF) and json_schema
-    response_format: ResponseFormat | None = None
-    structured_outputs: dict | None = None
-    guided_json: dict | str | None = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
-    grammar: str | None = None
-    json_schema: dict | None = None
-
-    def constraint(self) -> tuple[StructuredOutputs | None, str | None]:
-        """The output's constraint and the field that asked for it; (None, None) for free
-        text. ValueError or TypeError naming the field for a bad or second one."""
-        given = [name for name in ("response_format", "structured_outputs", *CONSTRAINT_FIELDS)
-                 if getattr(self, name) is not None]
-        if self.response_format is not None and self.response_format.type == "text":
-            given.remove("response_format")
-        if len(given) > 1:
-            raise ValueError(f"{given[0]}: give one constraint, not {' and '.join(given)}")
-        if not given:
-            return None, None
-        field = given[0]
-        try:
-            if field == "response_format":
-                fmt = self.response_format
-                if fmt.type == "json_object":
-                    return StructuredOutputs(json_object=True), field
-                return StructuredOutputs(json=fmt.json_schema.schema_), field
-            if field == "structured_outputs":
-                return StructuredOutputs(**self.structured_outputs), field
-            return StructuredOutputs(**{CONSTRAINT_FIELDS[field]: getattr(self, field)}), field
-        except (ValueError, TypeError) as e:
-            message = str(e).replace("__init__() got an unexpected keyword argument",
-                                     "unknown key")
-            raise ValueError(f"{field}: {message}") from None
-
     @field_validator("stop")
     @classmethod
     def _stop(cls, value):
@@ -154,7 +77,7 @@ class SamplingFields(APIModel):
     def sampling_params(self, max_tokens: int, logprobs: int | None,
                         prompt_logprobs: int | None = None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        structured, _ = self.constraint()
+        structured = self.constraint()
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
             top_k=max(self.top_k, 0), min_p=self.min_p,
