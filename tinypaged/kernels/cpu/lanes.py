@@ -153,9 +153,11 @@ class LanePacked:
 
     @staticmethod
     def _rows_of_masks(masks: np.ndarray, g: np.ndarray, j: np.ndarray) -> np.ndarray:
-        """(G, K/4, 8) chunk masks -> the bits of rows (g, j), (r, K) in column order."""
-        bits = np.unpackbits(masks, axis=2, bitorder="little")  # (G, K/4, 64)
-        return bits.reshape(*bits.shape[:2], LANES, 4)[g, :, j, :].reshape(len(g), -1)
+        """(G, K/4, 8) chunk masks -> the bits of rows (g, j), (r, K) in column order.
+        Only the rows' own groups are read and unpacked."""
+        bits = np.unpackbits(masks[g], axis=2, bitorder="little")  # (r, K/4, 64)
+        picked = bits.reshape(len(g), bits.shape[1], LANES, 4)[np.arange(len(g)), :, j, :]
+        return picked.reshape(len(g), -1)  # (r, K/4, 4) -> (r, K)
 
     def dequantize(self, rows=None) -> np.ndarray:
         """float32 rows (all by default), as PackedWeight.dequantize (embedding lookups)."""
