@@ -19,7 +19,7 @@ from tinypaged.sampling import SamplingParams
 SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 ENGINE_OPTIONS = ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
-                  "max_model_len", "backend", "quantization", "kv_cache_dtype")  # plus --no-prefix-caching, --no-cuda-graphs
+                  "max_model_len", "backend", "quantization", "kv_cache_dtype")  # plus --no-prefix-caching, --no-cuda-graphs, --no-layout-cache
 
 
 class _Parser(argparse.ArgumentParser):
@@ -257,6 +257,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cuda-graphs", action="store_true",
                         help="CUDA: launch every decode step's kernels from Python instead "
                         "of replaying recorded steps as CUDA graphs")
+    parser.add_argument("--no-layout-cache", action="store_true",
+                        help="CPU: prepare a GGUF's weights at every load instead of keeping "
+                        "them in FILE.tinypaged-cpu beside it and mapping that")
     parser.add_argument("--backend", choices=["auto", "cpu", "cuda"],
                         default=ENGINE_DEFAULTS["backend"],
                         help="auto: CUDA when an NVIDIA GPU is usable, else the CPU")
@@ -265,7 +268,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
 def engine_options(args) -> dict:
     options = {name: getattr(args, name) for name in ENGINE_OPTIONS}
     return {**options, "enable_prefix_caching": not args.no_prefix_caching,
-            "cuda_graphs": False if args.no_cuda_graphs else ENGINE_DEFAULTS["cuda_graphs"]}
+            "cuda_graphs": False if args.no_cuda_graphs else ENGINE_DEFAULTS["cuda_graphs"],
+            "layout_cache": not args.no_layout_cache}
 
 
 def _server_config():

@@ -64,6 +64,8 @@ class EngineConfig:
     quantization: str | None = None  # "q8_0", "q4_0", "q4_1": quantize float matrices at load
     cuda_graphs: bool | None = None  # CUDA: replay recorded decode steps; None: on with a GPU
     kv_cache_dtype: str = "float32"  # "float16": half the bytes a token, twice the blocks
+    layout_cache: bool = True  # CPU: keep a GGUF's prepared weights beside it
+    #   (<file>.tinypaged-cpu) and map them on the next load (kernels/cpu/weight_cache.py)
 
     def __post_init__(self):
         """Check every field (TypeError: wrong type, ValueError: out of range)."""
@@ -87,6 +89,7 @@ class EngineConfig:
                                               ("float16", "float32"))
         self.kv_cache_dtype = checks.one_of("kv_cache_dtype", self.kv_cache_dtype,
                                             KV_CACHE_DTYPES)
+        self.layout_cache = checks.boolean("layout_cache", self.layout_cache)
         if self.cuda_graphs is not None:
             self.cuda_graphs = checks.boolean("cuda_graphs", self.cuda_graphs)
         if self.quantization is not None:

@@ -33,6 +33,36 @@ def decode_batch1(llama_bench: Path, gguf: Path, n_gen: int = 64, repetitions: i
             "n_gen": n_gen, "build": row.get("build_commit", "?"), "cpu": row.get("cpu_info", "?")}
 
 
+def prefill(llama_bench: Path, gguf: Path, n_prompt: int, repetitions: int = 1) -> float:
+    """llama-bench's prompt processing rate (tokens/s) for an n_prompt-token prompt."""
+    rows = json.loads(_run(llama_bench, ["-m", str(gguf), "-t", str(THREADS), "-p", str(n_prompt),
+                                         "-n", "0", "-r", str(repetitions), "-o", "json"]))
+    return float(next(r for r in rows if r.get("n_prompt") == n_prompt)["avg_ts"])
+
+
+def decode_at_depth(llama_bench: Path, gguf: Path, depth: int, n_gen: int = 64,
+                    repetitions: int = 1) -> float:
+    """llama-bench's batch-1 generation rate (tokens/s) with `depth` tokens already in
+    the context (its -d: the prompt is processed first, untimed)."""
+    rows = json.loads(_run(llama_bench, ["-m", str(gguf), "-t", str(THREADS), "-p", "0",
+                                         "-n", str(n_gen), "-d", str(depth), "-r", str(repetitions),
+                                         "-o", "json"]))
+    return float(next(r for r in rows if r.get("n_gen") == n_gen)["avg_ts"])
+
+
+def completion_command(llama_bench: Path, gguf: Path, prompt_file: Path, context: int,
+                       n_gen: int) -> list[str]:
+    """llama-completion (beside llama-bench) generating n_gen tokens after the prompt in
+    prompt_file with a `context`-token KV cache, then exiting: a user's whole run."""
+    return [str(llama_bench.parent / "llama-completion"), "-m", str(gguf), "-t", str(THREADS),
+            "-c", str(context), "-f", str(prompt_file), "-n", str(n_gen), "--temp", "0",
+            "-no-cnv", "--simple-io", "--no-warmup"]
+
+
+def library_env(llama_bench: Path) -> dict:
+    return dict(os.environ, LD_LIBRARY_PATH=str(llama_bench.parent))
+
+
 def decode_concurrent(batched_bench: Path, gguf: Path, concurrency: int = 32,
                       prompt_len: int = 16, n_gen: int = 32) -> dict:
     """llama-batched-bench: `concurrency` sequences decoding together; the rate of the

@@ -52,7 +52,10 @@ def decode_graphs(config: EngineConfig, model: LlamaModel, kv: PagedKVCache,
 class LLMEngine(SampleStep):
     def __init__(self, model_dir: str | os.PathLike, config: EngineConfig):
         self.config = config
-        self.model_config, weights = load_model(model_dir)
+        ops = get_backend(config.backend, config.gpu_weight_dtype)
+        kept = config.layout_cache and not config.quantization
+        prepared = ops.load_prepared_weights(model_dir) if kept else None
+        self.model_config, weights = load_model(model_dir, prepared)
         # what loading rounded to another kind than the file's: name -> "Q6_K -> Q8_0"
         self.requantized = {name: f"{GGML_TYPE_NAMES[w.requantized_from]} -> {w.type_name}"
                             for name, w in weights.items()
@@ -63,13 +66,15 @@ class LLMEngine(SampleStep):
         cfg, bs = self.model_config, config.block_size
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
-        ops = get_backend(config.backend, config.gpu_weight_dtype)
         if config.cuda_graphs and ops.name != "cuda":
             raise ValueError(f"cuda_graphs=True needs the CUDA backend; this engine runs on "
                              f"{ops.name} (backend={config.backend!r})")
         check_rope_fits(self.max_model_len, cfg.head_dim, ops.memory_available())
-        model = LlamaModel(cfg, weights, ops, self.max_model_len)  # weights go to the backend
+        model = LlamaModel(cfg, weights, ops, self.max_model_len,  # weights go to the backend
+                           prepared=prepared is not None)
         del weights  # (the backend's form replaces them)
+        if kept and prepared is None:
+            ops.save_prepared_weights(model_dir, model.w)
         bytes_per_block = PagedKVCache.bytes_per_block(cfg, bs, config.kv_cache_dtype)
         num_blocks = pool_blocks(config, bytes_per_block, self.max_model_len,
                                  ops.default_kv_memory, model.kv_groups)

@@ -193,6 +193,16 @@ def prepare_weights(weights: dict) -> dict:
     return {name: widened(w) for name, w in weights.items()}
 
 
+def load_prepared_weights(source) -> dict | None:
+    """prepare_weights' result for the model file `source`, kept from an earlier load
+    (the CPU backend keeps one: cpu/weight_cache.py); None: prepare them anew."""
+    return None
+
+
+def save_prepared_weights(source, weights: dict) -> None:
+    """Keep prepare_weights' result for the next load of `source` (here: not kept)."""
+
+
 def allocate_kv(shape: tuple[int, ...], dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
     """The KV pool, K and V of `shape` (n_layers, num_blocks, block_size, n_kv, D)."""
     return np.zeros(shape, dtype=dtype), np.zeros(shape, dtype=dtype)

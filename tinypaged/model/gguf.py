@@ -64,6 +64,27 @@ class _Cursor:
         except UnicodeDecodeError as e:
             raise ValueError(f"{self.path}: corrupt GGUF string at byte {self.pos - n}") from e
 
+    def strings(self, count: int) -> list[str]:
+        """count strings in a row (a vocabulary, its merges): string() without its
+        per-call overhead, ~0.5 us a string where that took ~5."""
+        data, pos, end, out = self.buf.data, self.pos, len(self.buf), []
+        unpack = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            if pos + 8 > end:
+                self.take(end + 1 - self.pos)  # raises: truncated
+            (n,) = unpack(data, pos)
+            pos += 8
+            if pos + n > end:
+                self.pos = pos
+                self.take(n)  # raises: truncated
+            try:
+                out.append(str(data[pos:pos + n], "utf-8"))
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{self.path}: corrupt GGUF string at byte {pos}") from e
+            pos += n
+        self.pos = pos
+        return out
+
     def value(self, vtype: int):
         if vtype in _SCALAR_FORMATS:
             return self.scalar(_SCALAR_FORMATS[vtype])
@@ -77,6 +98,8 @@ class _Cursor:
             if item_type in _ARRAY_DTYPES:
                 dtype = np.dtype(_ARRAY_DTYPES[item_type])
                 return np.frombuffer(self.take(count * dtype.itemsize), dtype=dtype).copy()
+            if item_type == _STRING:
+                return self.strings(count)
             return [self.value(item_type) for _ in range(count)]
         raise ValueError(f"{self.path}: corrupt GGUF metadata: unknown value type {vtype} "
                          f"at byte {self.pos}")

@@ -56,8 +56,10 @@ def _packed_in_slabs(gguf, name: str, info) -> PackedWeight:
     return PackedWeight(kind, (n, k), *arrays)
 
 
-def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
-    """(config, weights) of a GGUF file: HF tensor names, checked shapes."""
+def load_gguf_model(path: str | os.PathLike, with_weights: bool = True) -> tuple[ModelConfig, dict | None]:
+    """(config, weights) of a GGUF file: HF tensor names, checked shapes. Without
+    weights: (config, None), every check made on the tensors' names and shapes, no
+    tensor data read but the small ones the config takes (rope_freqs)."""
     gguf = GGUFFile(path)
     cfg = ModelConfig.from_dict(gguf_model_config(gguf), gguf.path)
     arch = gguf.require("general.architecture")
@@ -82,12 +84,16 @@ def load_gguf_model(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
     targets = {name: hf_name(name, arch) for name in gguf.tensors if name != ROPE_FREQS}
     check_layer_count(targets.values(), cfg, gguf.path)
     check_consumed(targets.values(), cfg, gguf.path, expected)
-    weights = {}
     for name, target in targets.items():
         info = gguf.tensors[name]
         if tuple(info.shape) != expected[target]:
             raise ValueError(f"{gguf.path}: tensor {name!r} has shape {list(info.shape)}, "
                              f"the metadata implies {list(expected[target])}")
+    if not with_weights:
+        return cfg, None
+    weights = {}
+    for name, target in targets.items():
+        info = gguf.tensors[name]
         if len(info.shape) == 2 and PackedWeight.can_pack(info.ggml_type, info.shape[1]):
             w = _packed_in_slabs(gguf, name, info)
         elif len(info.shape) == 2 and info.ggml_type in REQUANTIZED:  # rows of 32k: whole Q8_0

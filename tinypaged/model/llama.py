@@ -43,12 +43,14 @@ class PagedKVCache:
 
 class LlamaModel:
     def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], ops,
-                 max_positions: int | None = None):
+                 max_positions: int | None = None, prepared: bool = False):
         """weights: taken over; a backend may empty the dict as it converts it, so that
         each original can be freed as soon as its converted form exists.
         max_positions: positions the RoPE tables cover (the engine's max_model_len;
-        None: the model's max_position_embeddings)."""
-        self.cfg, self.w, self.ops = cfg, ops.prepare_weights(weights), ops
+        None: the model's max_position_embeddings). prepared: the weights are the
+        backend's form already (ops.load_prepared_weights)."""
+        self.cfg, self.ops = cfg, ops
+        self.w = weights if prepared else ops.prepare_weights(weights)
         positions = max_positions or cfg.max_position_embeddings
         tables = {}  # Rope -> (cos, sin), each (positions, D/2): one per kind the layers use
         for rope in map(cfg.rope_of, range(cfg.num_hidden_layers)):

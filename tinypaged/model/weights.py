@@ -166,14 +166,19 @@ def load_weights(model_dir: str | os.PathLike, cfg: ModelConfig) -> dict[str, np
     return weights
 
 
-def load_model(model_dir: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+def load_model(model_dir: str | os.PathLike,
+               prepared: dict | None = None) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """Config and checked weights of a HF model folder (float32; F16 matrices float16)
     or of a GGUF file
-    (quantized matrices kept packed: gguf_model.py)."""
+    (quantized matrices kept packed: gguf_model.py). prepared: a backend's weights
+    kept from an earlier load of this GGUF file (kernels/cpu/weight_cache.py): only
+    the config is read, and they are returned as they are."""
     model_dir = os.fspath(model_dir)
     if model_dir.lower().endswith(".gguf"):
         from .gguf_model import load_gguf_model
-        cfg, weights = load_gguf_model(model_dir)
+        cfg, weights = load_gguf_model(model_dir, with_weights=prepared is None)
+        if prepared is not None:
+            return cfg, prepared
     elif not os.path.isdir(model_dir):
         raise FileNotFoundError(f"model folder not found: {model_dir}")
     else:

@@ -9,9 +9,10 @@ from .elementwise import add_rms_norm, gelu_tanh_mul, rms_norm, rope, silu_mul
 from .lanes import lay_out_weights
 from .linear import linear, prepare_linear_weights
 from .stacks import stack_layer_matrices, stacked_linear
+from .weight_cache import load_prepared_weights, save_prepared_weights
 
 name = "cpu"
-__all__ = ["name", "use_in_this_thread", "default_kv_memory", "memory_available", "prepare_weights", "allocate_kv",
+__all__ = ["name", "use_in_this_thread", "default_kv_memory", "memory_available", "prepare_weights", "load_prepared_weights", "save_prepared_weights", "allocate_kv",
            "prepare_inputs", "to_host", "logits_for_sampling", "rope_tables", "embedding", "add_rms_norm", "rms_norm", "linear",
            "qkv_proj", "gate_up_silu", "rope_write_kv", "paged_attention", "silu_mul",
            "gather_rows", "copy_blocks", "write_kv", "rope", "scale", "add", "gate_up_gelu", "softcap"]

@@ -110,6 +110,12 @@ class CudaBackend:
             out[name] = cuda.to_device(np.ascontiguousarray(w, dtype=dtype))
         return out
 
+    def load_prepared_weights(self, source) -> None:
+        return None  # the device copies are made from the host weights each load
+
+    def save_prepared_weights(self, source, weights: dict) -> None:
+        pass
+
     def allocate_kv(self, shape: tuple[int, ...], dtype=np.float32):
         """One device allocation holding K and V: (2, n_layers, num_blocks, block_size, n_kv, D),
         float32 or float16 (the kernels widen on read, round on write)."""

@@ -1,0 +1,148 @@
+"""The CPU backend's prepared weights kept beside a GGUF file and mapped on the next
+load (kernels/cpu/weight_cache.py): the same forms and values, the same text, mapped
+rather than read; a changed file, a damaged cache or a folder that cannot be written
+each fall back to preparing the weights from the file."""
+import logging
+import mmap
+import os
+
+import numpy as np
+import pytest
+
+import gguf_writer as gw
+from test_gguf_convert import write_tiny_llama_gguf
+from test_lanes import random_packed
+from tinypaged import LLM, SamplingParams
+from tinypaged.kernels.cpu import lanes, prepare_weights, weight_cache
+from tinypaged.kernels.cpu.lanes import LanePacked, LaneRows
+from tinypaged.kernels.cpu.linear import LinearWeight
+from tinypaged.model.ggml_quant import Q4_K, Q6_K, Q8_0
+from tinypaged.model.packed import PackedWeight
+
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+PROMPT = [1, 5, 9, 4, 7]
+
+
+def tiny_gguf(path, seed_type=gw.GGML_Q8_0):
+    """Q8_0 layer matrices (q/k/v and gate stacked), ffn_up Q4_1 (so gate and up are
+    not: two kinds), 64 wide, so every matrix is laid out where the CPU can."""
+    write_tiny_llama_gguf(path, ffn_up_type=gw.GGML_Q4_1, matrix_type=seed_type, hidden=64,
+                          intermediate=128)
+    return path
+
+
+def greedy(path, **options) -> list[int]:
+    with LLM(str(path), backend="cpu", **options) as llm:
+        return llm.generate([PROMPT], GREEDY)[0].outputs[0].token_ids
+
+
+def mapped(a: np.ndarray) -> bool:
+    while a is not None and not isinstance(a, mmap.mmap):
+        a = getattr(a, "base", None) if isinstance(a, np.ndarray) else getattr(a, "obj", None)
+    return isinstance(a, mmap.mmap)
+
+
+def test_the_second_load_maps_the_prepared_weights_and_gives_the_same_text(tmp_path):
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    fresh = greedy(path, layout_cache=False)
+    assert not weight_cache.cache_path(path).exists()
+    assert greedy(path) == fresh  # prepares, then keeps them
+    assert weight_cache.cache_path(path).is_file()
+    with LLM(str(path), backend="cpu") as llm:
+        held = llm.engine.runner.model.w
+        arrays = [a for w in held.values() for a in _arrays(w)]
+        assert arrays and all(mapped(a) for a in arrays)
+        assert llm.generate([PROMPT], GREEDY)[0].outputs[0].token_ids == fresh
+
+
+def _arrays(w) -> list:
+    if isinstance(w, np.ndarray):
+        return [w]
+    if isinstance(w, LaneRows):
+        return _arrays(w.stack[0])
+    if isinstance(w, LinearWeight):
+        return [w.data]
+    names = ("quants", "scales", "mins", "supers", "fifths" if isinstance(w, LanePacked) else "highs")
+    return [getattr(w, n) for n in names if getattr(w, n) is not None]
+
+
+def test_a_file_changed_within_the_clock_tick_is_prepared_again(tmp_path):
+    """Same size, same mtime (a rewrite within the file system's clock tick), other
+    bytes: the key's digest of the file tells them apart."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    greedy(path)
+    kept, stat = weight_cache.cache_path(path).read_bytes(), path.stat()
+    data = bytearray(path.read_bytes())
+    data[-2000:] = bytes(np.random.default_rng(1).integers(0, 40, 2000, dtype=np.uint8))
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    assert greedy(path) == greedy(path, layout_cache=False)
+    assert weight_cache.cache_path(path).read_bytes() != kept  # replaced
+
+
+def test_a_damaged_cache_is_prepared_again_and_replaced(tmp_path):
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    fresh = greedy(path)
+    cache = weight_cache.cache_path(path)
+    whole = cache.read_bytes()
+    cache.write_bytes(whole[:len(whole) // 2])  # truncated
+    assert greedy(path) == fresh
+    assert cache.read_bytes() == whole
+    cache.write_bytes(b"\0" * 64)  # not one at all
+    assert greedy(path) == fresh
+
+
+def test_a_folder_that_cannot_be_written_only_costs_the_next_load(tmp_path, monkeypatch, caplog):
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+
+    def refuse(*args, **kwargs):
+        raise PermissionError("read-only folder")
+    monkeypatch.setattr(weight_cache, "open", refuse, raising=False)
+    with caplog.at_level(logging.WARNING, logger="tinypaged"):
+        assert greedy(path) == greedy(path, layout_cache=False)
+    assert "prepared weights not kept" in caplog.text
+    assert not weight_cache.cache_path(path).exists()
+    assert not list(tmp_path.glob("*.partial"))
+
+
+@pytest.mark.parametrize("vnni", [False, True])
+def test_every_prepared_form_comes_back_with_its_values_and_its_sharing(tmp_path, monkeypatch, vnni):
+    """PackedWeight and LanePacked of three kinds, stacks and their views, a float
+    matrix (LinearWeight), a norm (ndarray), a tied lm_head."""
+    monkeypatch.setattr(lanes, "HAS_VNNI", vnni)
+    rng = np.random.default_rng(3)
+    p = "model.layers.0."
+    weights = {p + "self_attn.q_proj.weight": random_packed(rng, Q8_0, 64, 256),
+               p + "self_attn.k_proj.weight": random_packed(rng, Q8_0, 32, 256),
+               p + "self_attn.v_proj.weight": random_packed(rng, Q8_0, 32, 256),
+               p + "mlp.gate_proj.weight": random_packed(rng, Q4_K, 48, 256),
+               p + "mlp.up_proj.weight": random_packed(rng, Q6_K, 48, 256),
+               p + "self_attn.o_proj.weight": rng.standard_normal((256, 64)).astype(np.float32),
+               p + "input_layernorm.weight": rng.standard_normal(256).astype(np.float32),
+               "model.embed_tokens.weight": random_packed(rng, Q6_K, 40, 256)}
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    weights["model.embed_tokens.weight"].requantized_from = 13
+    prepared = prepare_weights(weights)
+    source = tmp_path / "m.gguf"
+    source.write_bytes(b"GGUF" + bytes(5000))
+    weight_cache.save(source, prepared)
+    back = weight_cache.load(source)
+    assert back is not None and set(back) == set(prepared)
+    for name, w in prepared.items():
+        got = back[name]
+        assert type(got) is type(w), name
+        if isinstance(w, np.ndarray):
+            assert np.array_equal(got, w)
+            continue
+        assert got.shape == w.shape
+        rows = np.arange(w.shape[0])
+        assert np.array_equal(got.dequantize(rows), w.dequantize(rows)), name
+        assert getattr(got, "requantized_from", None) == getattr(w, "requantized_from", None)
+        if getattr(w, "stack", None) is not None:
+            assert getattr(got, "stack")[1:] == w.stack[1:]
+    assert back["lm_head.weight"] is back["model.embed_tokens.weight"]
+    stacks = {id(back[p + f"self_attn.{n}_proj.weight"].stack[0]) for n in "qkv"}
+    assert len(stacks) == 1  # the views share one stack, as before
+    monkeypatch.setattr(lanes, "HAS_VNNI", not vnni)  # another CPU: not this file's layout
+    assert weight_cache.load(source) is None
