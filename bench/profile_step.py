@@ -1,13 +1,16 @@
-"""Where a decode step's time goes (CPU backend): each backend op timed, the
-matrix products by weight kind, the Python between ops inside the forward, and
-what lies outside it (sampling, scheduling, bookkeeping).
+"""Where a step's time goes (CPU backend): each backend op timed, the matrix
+products by weight kind, the Python between ops inside the forward, and what lies
+outside it (sampling, scheduling, bookkeeping).
 
 Every op of the model's backend module is wrapped by a timer (a proxy set as the
 model's `ops`), then --requests requests (1: batch 1) decode --steps tokens each;
-the prefill step (one step for short prompts) is left out. Timers cost ~1 us a
-call, counted in "python between ops".
+the prefill steps are left out (--phase decode) or are the ones timed (--phase
+prefill). --prompt-len N: prompts of N random tokens (long contexts; a prefill of
+N tokens) instead of a short one. Timers cost ~1 us a call, counted in "python
+between ops".
 
-Usage: python bench/profile_step.py MODEL [--steps 64] [--requests 1]
+Usage: python bench/profile_step.py MODEL [--steps 64] [--requests 1] [--prompt-len N]
+       [--phase decode|prefill] [--kv-cache-dtype float16]
 Prints a table; asserts nothing.
 """
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tinypaged import LLM, SamplingParams  # noqa: E402
+from tinypaged.bench.long_rates import random_prompt  # noqa: E402
 from tinypaged.bench.suite import on_engine_thread  # noqa: E402
 from tinypaged.model.ggml_quant import GGML_TYPE_NAMES  # noqa: E402
 
@@ -64,8 +68,21 @@ class TimedOps:
         return timed
 
 
-def profile(model: str, steps: int, requests: int) -> None:
-    llm = LLM(model, backend="cpu")
+def profile(model: str, steps: int, requests: int, prompt_len: int, phase: str,
+            kv_dtype: str) -> None:
+    llm = LLM(model, backend="cpu", kv_cache_dtype=kv_dtype, max_num_seqs=max(requests, 1),
+              max_model_len=prompt_len + steps + 64 if prompt_len else None)
+    prompts = [random_prompt(prompt_len, llm.config.vocab_size) if prompt_len else "Once upon a time"
+               for _ in range(requests)]
+
+    def warm_up(engine):  # the same shapes once, untimed: kernels compiled or loaded
+        for prompt in prompts:
+            engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+    on_engine_thread(llm, warm_up)
+    prompts = [random_prompt(prompt_len, llm.config.vocab_size) if prompt_len else "Once upon a time"
+               for _ in range(requests)]  # (fresh ones: no prefix cache hits)
 
     def work(engine):
         model_ = engine.runner.model
@@ -78,17 +95,21 @@ def profile(model: str, steps: int, requests: int) -> None:
             out = forward(*args, **kwargs)
             forward_s[0] += time.perf_counter() - start
             return out
-        for _ in range(requests):
-            engine.add_request("Once upon a time", SamplingParams(temperature=0, max_tokens=steps + 1,
-                                                                  ignore_eos=True))
-        engine.step()  # the prefill, untimed
+        for prompt in prompts:
+            engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=steps + 1,
+                                                      ignore_eos=True))
+        if phase == "decode":
+            while not any(o.outputs for o in engine.step()):  # the prefill, untimed
+                pass
         model_.ops, model_.forward_on_device = timed, timed_forward
         try:
             start = time.perf_counter()
             n = 0
             while engine.has_unfinished():
-                engine.step()
+                outs = engine.step()
                 n += 1
+                if phase == "prefill" and any(o.outputs for o in outs):
+                    break
             total = time.perf_counter() - start
         finally:
             model_.ops, model_.forward_on_device = timed._ops, forward
@@ -96,8 +117,9 @@ def profile(model: str, steps: int, requests: int) -> None:
     timed, forward_s, total, n = on_engine_thread(llm, work)
     llm.close()
     ms = lambda s: 1000 * s / n  # noqa: E731  (per step)
-    print(f"{model}: {n} decode steps of {requests} requests, {ms(total):.2f} ms a step "
-          f"({requests * n / total:.1f} tokens/s); {os.cpu_count()} cores, "
+    rate = requests * (prompt_len if phase == "prefill" else n) / total
+    print(f"{model}: {n} {phase} steps of {requests} requests, {ms(total):.2f} ms a step "
+          f"({rate:.1f} tokens/s); {os.cpu_count()} cores, "
           f"load {os.getloadavg()[0]:.1f}")
     print("| part | ms a step | calls a step | share |\n|---|---|---|---|")
     ops_s = sum(timed.seconds.values())
@@ -114,8 +136,13 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--requests", type=int, default=1)
+    parser.add_argument("--prompt-len", type=int, default=0)
+    parser.add_argument("--phase", choices=["decode", "prefill"], default="decode")
+    parser.add_argument("--kv-cache-dtype", choices=["float32", "float16"], default="float32")
     args = parser.parse_args()
-    profile(args.model, args.steps, args.requests)
+    if args.phase == "prefill" and not args.prompt_len:
+        parser.error("--phase prefill needs --prompt-len")
+    profile(args.model, args.steps, args.requests, args.prompt_len, args.phase, args.kv_cache_dtype)
 
 
 if __name__ == "__main__":

@@ -122,6 +122,40 @@ def test_paged_attention_of_a_few_decode_tokens(context_lens, n_heads, n_kv):
                                    rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("split_keys", [3, 16, 40])
+@pytest.mark.parametrize("window, softcap", [(None, None), (7, None), (50, 0.9)])
+@pytest.mark.parametrize("n_heads, n_kv, head_dim", [(4, 2, 8), (9, 3, 64), (4, 1, 256)])
+def test_paged_attention_tiles_and_key_splits(split_keys, window, softcap, n_heads, n_kv, head_dim):
+    """Long prefill chunks (several tiles of a sequence: 16 tokens, or fewer where
+    rows x D is large) and long contexts cut into key splits whose partial sums are
+    merged: splits that end mid-block, splits a window masks whole for some rows, a
+    decode token beside the chunks."""
+    rng = np.random.default_rng(split_keys + n_heads + head_dim)
+    context_lens, n_new = [100, 61, 130], [1, 40, 37]  # decode; prefill after a prefix; whole
+    k_cache, v_cache, meta = random_paged_batch(rng, 16, n_kv, head_dim, context_lens, n_new)
+    q = rand(rng, meta.num_tokens, n_heads, head_dim)
+    args = (q, k_cache, v_cache, meta, window, None, softcap)
+    np.testing.assert_allclose(cpu.paged_attention(*args, split_keys=split_keys),
+                               reference.paged_attention(*args), rtol=RTOL, atol=ATOL)
+
+
+def test_a_long_decode_context_is_split_over_the_cores_and_merged():
+    """One decode token over 700 keys, float16 pool: 2 splits of the default size, and
+    the same through 23 splits."""
+    from tinypaged.kernels.cpu.attention import SPLIT_KEYS
+    rng = np.random.default_rng(700)
+    tables = [list(rng.permutation(64)[:44])]
+    k = (rand(rng, 64, 16, 2, 64) * 3).astype(np.float16)
+    v = rand(rng, 64, 16, 2, 64).astype(np.float16)
+    meta = AttentionMetadata.build([(tables[0], 699, 700)], 16)
+    q = rand(rng, 1, 8, 64)
+    want = reference.paged_attention(q, k, v, meta)
+    assert 700 > SPLIT_KEYS
+    for split in (SPLIT_KEYS, 31):
+        got = cpu.paged_attention(q, k.view(np.uint16), v.view(np.uint16), meta, split_keys=split)
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("window", [1, 3, 10])
 def test_paged_attention_reference_masks_a_window_as_dense_attention_does(window):
     rng = np.random.default_rng(window)

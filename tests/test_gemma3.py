@@ -76,7 +76,7 @@ def test_perplexity_is_no_worse_than_the_model_with_its_packed_kinds_as_q8_0(
     kinds = {w.type_name for w in gemma3_llm.engine.runner.model.w.values() if hasattr(w, "type_name")}
     assert kinds == {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}
     monkeypatch.setattr(gguf_model, "PackedWeight", AsQ8_0)
-    as_q8_0 = LLM(gemma3_gguf, backend="cpu", kv_cache_memory=64 << 20)
+    as_q8_0 = LLM(gemma3_gguf, backend="cpu", kv_cache_memory=64 << 20, layout_cache=False)
     assert {w.type_name for w in as_q8_0.engine.runner.model.w.values()
             if hasattr(w, "type_name")} == {"Q8_0"}
     requantized = engine_perplexity(as_q8_0, text[:1800])

@@ -1,126 +1,179 @@
-"""CPU paged attention (numba; one pass per query token over its context).
+"""CPU paged attention (numba): query tiles against key splits, merged.
 
-One kernel serves decode (one query per sequence) and prefill over a cached
-prefix plus new tokens: each query token walks its own sequence's block table
-up to its own position (causal). It reads each context row once, all KV heads
-together (a row is n_kv x D contiguous floats in the pool, and the rows of a
-block follow each other), so the pool streams through memory in order; every
-query head of a GQA group uses the row while it is in L1. The softmax is online
-(running max and sum, rescaled when the max grows), taken a KV block's positions
-at a time: their scores, their weights in one vectorised pass (fast_exp.exp32, where
-libm's expf was a call per score), then V; K and V are read in the same pass. Traffic per token: (position + 1) K and V
-rows of n_kv x D floats (float32, or float16 bits widened as they are read).
+A batch mixes decode tokens (one per sequence) and prefill chunks (consecutive
+positions of one sequence). Its tokens are cut into tiles: up to `tile` consecutive
+tokens of one sequence, so that each K/V row a tile reads serves all of its tokens
+and all the query heads of their KV head (rows = tokens x group). A tile's keys
+(from the first key its first token sees to its last token's position) are cut into
+splits of SPLIT_KEYS, and each (tile, KV head, split) is one work item
+(attention_items.py), dealt round-robin to the threads: a batch-1 decode over a long
+context runs on both cores as a long prefill does (flash decoding). An item of an
+unsplit tile writes its rows' outputs; those of a split tile write their partial
+max, sum and weighted V, and a merge pass combines them.
 
-At batch 64 and 125-token contexts this is 2x the previous two-pass kernel
-(which walked the pool once per KV head, K and V separately): the pool is far
-larger than the caches, and this step is bound by reading it.
+Traffic a step: each tile reads its keys' K and V rows once per KV head (a decode
+token: its context once, float16 widened as read); prefill arithmetic is rows x keys
+x D twice.
 
-Decode batches (up to linear.NUMBA_MAX_ROWS tokens, whose matrix products are
-numba kernels too) run it on numba's threads, tokens dealt round-robin. Larger
-batches run it on one thread: their products run in BLAS's threads, and numba's
-OpenMP workers would fight those for the two cores (measured: 1.5 ms serial vs
-8.5 ms with prange right after a BLAS call).
+Batches whose products run in BLAS's threads (float weights, more than
+NUMBA_MAX_ROWS tokens) run the items on this thread only: numba's OpenMP workers
+and OpenBLAS's threads both spin after their work, and alternating them on two
+cores cost milliseconds (linear.blas_in_use says which).
 """
 import numpy as np
 from numba import float32, njit, prange
 
-from .common import N_CHUNKS, kv_widen
+from .attention_items import FEW_ROWS, KEYS, NO_SCORE, attend_few, attend_many
+from .common import N_CHUNKS
 from .fast_exp import exp32
-from .linear import NUMBA_MAX_ROWS
+from .linear import blas_in_use
 
-NO_SCORE = float32(-3.0e38)  # below any score; finite, as fastmath assumes no infinities
+SPLIT_KEYS = 512  # keys a work item at most (a few-row item's scores fit in L1)
+TILE_FLOATS = 4096  # a tile's rows x D at most (its q and its sums stay in L1 / L2)
+MAX_TILE = 16  # tokens a tile at most
 
 
-@njit(fastmath=True, inline="always")
-def _attend_one_token(q, k_cache, v_cache, table, position, t, scale, window, softcap, acc, top,
-                      total, scores, out):
-    """out[t] = softmax(q[t] . K) V over positions 0 .. position of one sequence's
-    blocks (the last `window` of them when window > 0; scores soft-capped when
-    softcap > 0); acc (n_heads, D), top and total (n_heads,), scores (block_size,)
-    are the caller's scratch. A KV block's positions at a time: their scores, then
-    their weights e^(score - max) in one vectorised pass (fast_exp), then V."""
-    n_heads, head_dim = q.shape[1], q.shape[2]
-    block_size, n_kv = k_cache.shape[1], k_cache.shape[2]
+def tile_tokens(n_heads: int, n_kv: int, head_dim: int) -> int:
+    """Tokens a tile: as many as keep rows x D within TILE_FLOATS, 1 to MAX_TILE."""
+    return max(1, min(MAX_TILE, TILE_FLOATS // (n_heads // n_kv * head_dim)))
+
+
+@njit(cache=True)
+def _plan(positions, token_seq, window, tile, split):
+    """Tiles (first token, tokens, first key) and work items (tile, kv-head-free split
+    index, first key, end key, partial slot or -1), as arrays."""
+    n = len(positions)
+    starts, lens, first_keys = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    n_tiles, t = 0, 0
+    while t < n:
+        end = t + 1
+        while end < n and end - t < tile and token_seq[end] == token_seq[t] \
+                and positions[end] == positions[end - 1] + 1:
+            end += 1
+        starts[n_tiles], lens[n_tiles] = t, end - t
+        first_keys[n_tiles] = max(0, positions[t] - window + 1) if window > 0 else 0
+        n_tiles += 1
+        t = end
+    n_items, n_partials = 0, 0
+    for i in range(n_tiles):
+        keys = positions[starts[i] + lens[i] - 1] + 1 - first_keys[i]
+        splits = -(-keys // split)
+        n_items += splits
+        if splits > 1:
+            n_partials += splits * lens[i]
+    items = np.empty((n_items, 5), np.int64)  # tile, first key, end key, partial row or -1, splits
+    at, partial = 0, 0
+    for i in range(n_tiles):
+        end_key = positions[starts[i] + lens[i] - 1] + 1
+        splits = -(-(end_key - first_keys[i]) // split)
+        for s in range(splits):
+            k0 = first_keys[i] + s * split
+            items[at, 0], items[at, 1], items[at, 2] = i, k0, min(end_key, k0 + split)
+            items[at, 3] = partial if splits > 1 else -1
+            items[at, 4] = splits
+            if splits > 1:
+                partial += lens[i]
+            at += 1
+    return starts[:n_tiles], lens[:n_tiles], items, n_partials
+
+
+@njit(fastmath=True, inline="always", error_model="numpy")
+def _attention_body(q, k_cache, v_cache, block_tables, positions, token_seq, scale, window,
+                    softcap, tile, split, chunks, out):
+    """The work items on `chunks` threads' worth of round-robin shares, then the
+    merges (prange: parallel in _paged_attention_parallel, serial in the other)."""
+    n_tokens, n_heads, head_dim = q.shape
+    n_kv = k_cache.shape[2]
     group = n_heads // n_kv
-    acc[:] = 0.0
-    top[:] = NO_SCORE
-    total[:] = 0.0
-    j = max(0, position - window + 1) if window > 0 else 0
-    while j <= position:
-        block, offset = table[j // block_size], j % block_size
-        n = min(position + 1 - j, block_size - offset)  # positions of this block in the span
-        for kvh in range(n_kv):
-            for h in range(kvh * group, (kvh + 1) * group):
-                best = top[h]
-                for i in range(n):
-                    k_row = k_cache[block, offset + i, kvh]  # (D,)
-                    dot = float32(0.0)
+    starts, lens, items, n_partials = _plan(positions, token_seq, window, tile, split)
+    part_top = np.empty((n_partials, n_heads), np.float32)
+    part_total = np.empty((n_partials, n_heads), np.float32)
+    part_acc = np.empty((n_partials, n_heads, head_dim), np.float32)
+    n_work = len(items) * n_kv
+    chunks = max(1, min(chunks, n_work))  # (the threads take equal runs of chunks)
+    for c in prange(chunks):  # work items dealt round-robin: long and short ones mix
+        rows = tile * group
+        q_t = np.empty(head_dim * max(rows, FEW_ROWS), np.float32)
+        kbuf = np.empty((KEYS, head_dim), np.float32)
+        vbuf = np.empty((KEYS, head_dim), np.float32)
+        scores = np.empty(max(KEYS * rows, FEW_ROWS * split), np.float32)
+        best, top, total = np.empty(rows, np.float32), np.empty(rows, np.float32), np.empty(rows, np.float32)
+        lanes = np.empty(16, np.float32)
+        acc = np.empty((rows, head_dim), np.float32)
+        for w in range(c, n_work, chunks):
+            item, kvh = w // n_kv, w % n_kv
+            i, k0, k1, partial = items[item, 0], items[item, 1], items[item, 2], items[item, 3]
+            t0, n_tok = starts[i], lens[i]
+            table = block_tables[token_seq[t0]]
+            n_rows = n_tok * group
+            if n_rows < FEW_ROWS:
+                attend_few(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, scale,
+                           window, softcap, q_t[:n_rows * head_dim].reshape(n_rows, head_dim),
+                           kbuf, scores[:FEW_ROWS * split].reshape(FEW_ROWS, split), lanes, top,
+                           total, acc)
+            else:
+                attend_many(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, scale,
+                            window, softcap, q_t[:head_dim * n_rows].reshape(head_dim, n_rows),
+                            kbuf, vbuf, scores[:KEYS * n_rows].reshape(KEYS, n_rows), best, top,
+                            total, acc)
+            for r in range(n_tok * group):
+                t, h = r // group, kvh * group + r % group
+                if partial < 0:
+                    inv = float32(1.0) / total[r]
                     for d in range(head_dim):
-                        dot += q[t, h, d] * kv_widen(k_row[d])
-                    score = dot * scale
-                    if softcap > 0:  # Gemma 2
-                        score = softcap * np.tanh(score / softcap)
-                    scores[i] = score
-                    best = max(best, score)
-                if best > top[h]:  # a new max: rescale what was summed so far
-                    shrink = exp32(top[h] - best)
-                    total[h] *= shrink
+                        out[t0 + t, h, d] = acc[r, d] * inv
+                else:
+                    part_top[partial + t, h], part_total[partial + t, h] = top[r], total[r]
                     for d in range(head_dim):
-                        acc[h, d] *= shrink
-                    top[h] = best
-                weight = float32(0.0)
-                for i in range(n):
-                    scores[i] = exp32(scores[i] - best)
-                    weight += scores[i]
-                total[h] += weight
-                for i in range(n):
-                    v_row, p = v_cache[block, offset + i, kvh], scores[i]
-                    for d in range(head_dim):
-                        acc[h, d] += p * kv_widen(v_row[d])
-        j += n
-    for h in range(n_heads):
-        inv = float32(1.0) / total[h]
-        for d in range(head_dim):
-            out[t, h, d] = acc[h, d] * inv
-
-
-@njit(fastmath=True, cache=True, error_model="numpy")
-def _paged_attention(q, k_cache, v_cache, block_tables, positions, token_seq, scale, window,
-                     softcap, out):
-    n_heads, head_dim = q.shape[1], q.shape[2]
-    acc = np.empty((n_heads, head_dim), dtype=np.float32)  # sum of p * V, per query head
-    top = np.empty(n_heads, dtype=np.float32)  # running max score
-    total = np.empty(n_heads, dtype=np.float32)  # running sum of exp(score - top)
-    scores = np.empty(k_cache.shape[1], dtype=np.float32)  # a block's scores, then weights
-    for t in range(q.shape[0]):
-        _attend_one_token(q, k_cache, v_cache, block_tables[token_seq[t]], positions[t], t,
-                          scale, window, softcap, acc, top, total, scores, out)
+                        part_acc[partial + t, h, d] = acc[r, d]
+    for item in prange(len(items)):  # merge each split tile's partials (its first item)
+        i, partial, splits = items[item, 0], items[item, 3], items[item, 4]
+        if partial < 0 or (item > 0 and items[item - 1, 0] == i):
+            continue
+        t0, n_tok = starts[i], lens[i]
+        for t in range(n_tok):
+            for h in range(n_heads):
+                best = NO_SCORE
+                for s in range(splits):
+                    best = max(best, part_top[partial + s * n_tok + t, h])
+                total = float32(0.0)
+                for d in range(head_dim):
+                    out[t0 + t, h, d] = 0.0
+                for s in range(splits):
+                    at = partial + s * n_tok + t
+                    if part_total[at, h] > 0:
+                        f = exp32(part_top[at, h] - best)
+                        total += f * part_total[at, h]
+                        for d in range(head_dim):
+                            out[t0 + t, h, d] += f * part_acc[at, h, d]
+                inv = float32(1.0) / total
+                for d in range(head_dim):
+                    out[t0 + t, h, d] *= inv
 
 
 @njit(fastmath=True, parallel=True, cache=True, error_model="numpy")
 def _paged_attention_parallel(q, k_cache, v_cache, block_tables, positions, token_seq, scale,
-                              window, softcap, out):
-    """_paged_attention with the tokens dealt round-robin to N_CHUNKS work items (so
-    a causal prefill's long and short rows mix in every item)."""
-    n_tokens, n_heads, head_dim = q.shape
-    for c in prange(N_CHUNKS):
-        acc = np.empty((n_heads, head_dim), dtype=np.float32)
-        top = np.empty(n_heads, dtype=np.float32)
-        total = np.empty(n_heads, dtype=np.float32)
-        scores = np.empty(k_cache.shape[1], dtype=np.float32)
-        for t in range(c, n_tokens, N_CHUNKS):
-            _attend_one_token(q, k_cache, v_cache, block_tables[token_seq[t]], positions[t], t,
-                              scale, window, softcap, acc, top, total, scores, out)
+                              window, softcap, tile, split, out):
+    _attention_body(q, k_cache, v_cache, block_tables, positions, token_seq, scale, window,
+                    softcap, tile, split, N_CHUNKS, out)
 
 
-def paged_attention(q, k_cache, v_cache, meta, window=None, scores_scale=None, softcap=None):
+@njit(fastmath=True, cache=True, error_model="numpy")
+def _paged_attention_serial(q, k_cache, v_cache, block_tables, positions, token_seq, scale,
+                            window, softcap, tile, split, out):
+    _attention_body(q, k_cache, v_cache, block_tables, positions, token_seq, scale, window,
+                    softcap, tile, split, 1, out)
+
+
+def paged_attention(q, k_cache, v_cache, meta, window=None, scores_scale=None, softcap=None,
+                    split_keys=SPLIT_KEYS):
     """q (T, n_heads, D) -> (T, n_heads, D); see kernels/reference.paged_attention.
-    Batches small enough for linear.py's numba kernels run on numba's threads too;
-    larger ones (whose products run in BLAS's threads) on this one."""
-    parallel = len(q) <= NUMBA_MAX_ROWS
+    split_keys: keys a work item at most (tests make splits on short contexts)."""
     out = np.empty_like(q)
-    scale = np.float32(1.0 / np.sqrt(q.shape[-1]) if scores_scale is None else scores_scale)
-    kernel = _paged_attention_parallel if parallel else _paged_attention
+    n_heads, head_dim = q.shape[1], q.shape[2]
+    scale = np.float32(1.0 / np.sqrt(head_dim) if scores_scale is None else scores_scale)
+    kernel = _paged_attention_serial if blas_in_use() else _paged_attention_parallel
     kernel(q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq, scale,
-           window or 0, np.float32(softcap or 0.0), out)
+           window or 0, np.float32(softcap or 0.0), tile_tokens(n_heads, k_cache.shape[2], head_dim),
+           split_keys, out)
     return out

@@ -19,6 +19,8 @@ The numba and BLAS paths never alternate within a step's layers: numba's OpenMP
 workers and OpenBLAS's threads both spin after their work, and interleaving them
 on two cores costs milliseconds per switch.
 """
+import threading
+
 import numpy as np
 from numba import float32, njit, prange
 
@@ -34,6 +36,13 @@ from .tiles import tiled_matmul, widen_tile
 
 GEMV_MAX_ROWS = 4  # up to this many rows of x take a GEMV
 NUMBA_MAX_ROWS = 64  # up to this many, numba's GEMM; beyond, BLAS
+_last_product = threading.local()  # .blas: this thread's last product ran in BLAS's threads
+
+
+def blas_in_use() -> bool:
+    """Whether this thread's last matrix product went through BLAS (a float matrix and
+    more than NUMBA_MAX_ROWS rows): the ops around it then keep off numba's threads."""
+    return getattr(_last_product, "blas", False)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -136,6 +145,7 @@ def _blas_product(x: np.ndarray, weight) -> np.ndarray:
 def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
     """x (T, K) @ weight.T (+ bias) -> (T, N); weight a LinearWeight, a PackedWeight
     (quantized), a LanePacked (or rows of one) or a float32 array."""
+    _last_product.blas = False
     if isinstance(weight, PackedWeight):
         out = packed_product(np.ascontiguousarray(x, dtype=np.float32), weight)
     elif isinstance(weight, LanePacked):
@@ -147,6 +157,8 @@ def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         small = len(x) <= NUMBA_MAX_ROWS and weight.shape[0] >= GROUP
         out = _numba_product(x, weight) if small else _blas_product(x, weight)
+        _last_product.blas = not small
     else:
         out = x @ weight.T
+        _last_product.blas = True
     return out if bias is None else out + bias
