@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -54,18 +55,27 @@ def decode_after_prompt(llm, prompt_len: int, n_gen: int = 64) -> float:
     return on_engine_thread(llm, run)
 
 
+# Linux keeps a process's peak RSS across exec (the old image's counts), so the
+# measured command runs under a small wrapper process, whose children's peak is the
+# command's own (peak_rss.py does the same)
+_WRAPPER = ("import resource, subprocess, sys\n"
+            "done = subprocess.run(sys.argv[1:])\n"
+            "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
+            "print(f'\\npeak-rss-kib {peak}')\n"
+            "sys.exit(done.returncode)\n")
+
+
 def timed_process(cmd: list[str], env: dict | None = None) -> dict:
     """Run cmd to its end: {"seconds": wall time, "peak_rss": its peak resident bytes,
     "output": its stdout and stderr}; RuntimeError if it fails."""
     with tempfile.TemporaryFile("w+") as log:
         started = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage
+        done = subprocess.run([sys.executable, "-c", _WRAPPER, *cmd], stdout=log,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         seconds = time.perf_counter() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
         output = log.read()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{os.path.basename(cmd[0])} failed ({proc.returncode}): {output[-800:]}")
-    return {"seconds": seconds, "peak_rss": usage.ru_maxrss * 1024, "output": output}  # KiB on Linux
+    if done.returncode != 0:
+        raise RuntimeError(f"{os.path.basename(cmd[0])} failed ({done.returncode}): {output[-800:]}")
+    peak = int(output.rsplit("peak-rss-kib ", 1)[1].split()[0]) * 1024  # KiB on Linux
+    return {"seconds": seconds, "peak_rss": peak, "output": output}

@@ -14,7 +14,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .group_ir import F32, FLOATS, I32, INTS, LANES, c_array, index, pointer, splat
+from .group_ir import F32, FLOATS, I32, INTS, LANES, X_ROWS, c_array, index, pointer, splat
 
 HALVES = ir.VectorType(ir.HalfType(), LANES)
 SHORTS = ir.VectorType(ir.IntType(16), LANES)
@@ -46,180 +46,167 @@ def _or_high_bits(context, builder, fifths_type, fifths, f_at, chunk, nibbles, q
     return w
 
 
-@intrinsic
-def group_gemv(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, supers, u_at, fifths,
-               f_at, dx, qsum, row_at, acc):
-    """acc[0 .. 15] = the product of the group's 16 rows (bytes from quants[q_at], flat)
-    with one row of x: its int8 values from xq[x_at], its block scales and sums
-    dx[row_at + b], qsum[row_at + b]; the group's scales (and mins) of block b at
-    scales[s_at + 16 b + j]: float16 bits, or with supers given (Q4_K, Q5_K) 6-bit
-    integers times the super-block's d (and dmin) at supers[u_at + 32 (b / 8) (+ 16) + j];
-    Q5_x's and Q5_K's fifth-bit masks from fifths[f_at] (flat, or None). Q6_K (int8
-    scales: two sub-scales a block at scales[s_at + 16 (2b + h) + j], d at
-    supers[u_at + 16 (b / 8) + j], both bit masks in fifths): qsum holds x's sums of
-    16 values, block b's at [2 (row_at + b) + h], and the block's dot is
-    sa (S_a - 32 xa) + sb (S_b - 32 xb), exact, as packed_terms says.
-    quants int8: Q8_0; uint8: Q4_0, Q5_0 (mins None), Q4_1, Q5_1, Q4_K, Q5_K, Q6_K."""
-    with_fifths = not isinstance(fifths, types.NoneType)
-    with_supers = not isinstance(supers, types.NoneType)
-    scale_types = (types.uint8, types.int8) if with_supers else (types.uint16,)
-    if not (_flat(quants, (types.int8, types.uint8)) and _flat(xq, (types.int8,))
-            and _flat(scales, scale_types) and _flat(dx, (types.float32,))
-            and _flat(qsum, (types.int32,)) and _flat(acc, (types.float32,))
-            and (isinstance(mins, types.NoneType) or _flat(mins, scale_types))
-            and (not with_supers or _flat(supers, (types.uint16,)))
-            and (not with_fifths or _flat(fifths, (types.uint8,)))):
-        return None
-    q8 = quants.dtype == types.int8
-    q6 = scales.dtype == types.int8  # Q6_K: int8 sub-scales, d in supers, qsum holds half sums
-    with_min = not isinstance(mins, types.NoneType)
-    # what the unsigned bytes carry above q: Q8_0 128, Q4_0 8, Q5_0 16, with mins 0 (Q6_K's
-    # 32 goes with its sub-scales)
-    offset = 128 if q8 else 0 if with_min or q6 else 16 if with_fifths else 8
-    signature = types.void(quants, types.intp, xq, types.intp, types.intp, scales, mins, types.intp,
-                           supers, types.intp, fifths, types.intp, dx, qsum, types.intp, acc)
+def _group_product(x_rows: int):
+    """The intrinsic for one group's 16 rows times x_rows consecutive rows of x
+    (group_gemv: 1; group_gemm: X_ROWS). Each chunk of the group is made unsigned
+    once, in registers, and taken by every row of x."""
 
-    def codegen(context, builder, sig, args):
-        (q_arr, q_at, x_arr, x_at, n_blocks, s_arr, m_arr, s_at, u_arr, u_at, f_arr, f_at, dx_arr,
-         qs_arr, row_at, acc_arr) = args
-        t = sig.args
-        dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(INTS, [INTS] * 3),
-                                                "llvm.x86.avx512.vpdpbusd.512")
-        total = cgutils.alloca_once_value(builder, ir.Constant(FLOATS, [0.0] * LANES))
+    def product(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, supers, u_at,
+                fifths, f_at, dx, qsum, row_at, acc):
+        with_fifths = not isinstance(fifths, types.NoneType)
+        with_supers = not isinstance(supers, types.NoneType)
+        scale_types = (types.uint8, types.int8) if with_supers else (types.uint16,)
+        if not (_flat(quants, (types.int8, types.uint8)) and _flat(xq, (types.int8,))
+                and _flat(scales, scale_types) and _flat(dx, (types.float32,))
+                and _flat(qsum, (types.int32,)) and _flat(acc, (types.float32,))
+                and (isinstance(mins, types.NoneType) or _flat(mins, scale_types))
+                and (not with_supers or _flat(supers, (types.uint16,)))
+                and (not with_fifths or _flat(fifths, (types.uint8,)))):
+            return None
+        q8 = quants.dtype == types.int8
+        q6 = scales.dtype == types.int8  # Q6_K: int8 sub-scales, d in supers, qsum: half sums
+        with_min = not isinstance(mins, types.NoneType)
+        # what the unsigned bytes carry above q: Q8_0 128, Q4_0 8, Q5_0 16, with mins 0
+        # (Q6_K's 32 goes with its sub-scales)
+        offset = 128 if q8 else 0 if with_min or q6 else 16 if with_fifths else 8
+        signature = types.void(quants, types.intp, xq, types.intp, types.intp, scales, mins,
+                               types.intp, supers, types.intp, fifths, types.intp, dx, qsum,
+                               types.intp, acc)
 
-        def halves(array_type, array, first):
-            bits = builder.load(pointer(context, builder, array_type, array, first, SHORTS), align=2)
-            return builder.fpext(builder.bitcast(bits, HALVES), FLOATS)
+        def codegen(context, builder, sig, args):
+            (q_arr, q_at, x_arr, x_at, n_blocks, s_arr, m_arr, s_at, u_arr, u_at, f_arr, f_at,
+             dx_arr, qs_arr, row_at, acc_arr) = args
+            t = sig.args
+            dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(INTS, [INTS] * 3),
+                                                    "llvm.x86.avx512.vpdpbusd.512")
+            totals = [cgutils.alloca_once_value(builder, ir.Constant(FLOATS, [0.0] * LANES))
+                      for _ in range(x_rows)]
+            width = builder.mul(n_blocks, index(32))  # x's row length: rows follow each other
 
-        def scale_and_min(b, first):
-            """Block b's 16 scales and mins (None without) in float32, as packed_terms'
-            scale_of and min_of compute them (K-quants: d * sc and -(dmin * m), exact)."""
-            if not with_supers:
-                return (halves(t[5], s_arr, first),
-                        halves(t[6], m_arr, first) if with_min else None)
+            def halves(array_type, array, first):
+                bits = builder.load(pointer(context, builder, array_type, array, first, SHORTS), align=2)
+                return builder.fpext(builder.bitcast(bits, HALVES), FLOATS)
 
-            def small(array_type, array):
-                ints = builder.load(pointer(context, builder, array_type, array, first,
-                                            ir.VectorType(ir.IntType(8), LANES)), align=1)
-                return builder.uitofp(ints, FLOATS)
-            d_at = builder.add(u_at, builder.mul(builder.lshr(b, index(3)), index(2 * LANES)))
-            scale = builder.fmul(halves(t[8], u_arr, d_at), small(t[5], s_arr))
-            low = builder.fneg(builder.fmul(halves(t[8], u_arr, builder.add(d_at, index(LANES))),
-                                            small(t[6], m_arr)))
-            return scale, low
+            def scale_and_min(b, first):
+                """Block b's 16 scales and mins (None without) in float32, as packed_terms'
+                scale_of and min_of compute them (K-quants: d * sc and -(dmin * m), exact)."""
+                if not with_supers:
+                    return (halves(t[5], s_arr, first),
+                            halves(t[6], m_arr, first) if with_min else None)
 
-        def block(b, chunk0, read):
-            """Block b of the rows, from their chunks chunk0 .. chunk0 + 7, each 64 bytes
-            turned into vpdpbusd's unsigned bytes by read (then the high bits of columns
-            32b + 4c .. added)."""
-            dots = [ir.Constant(INTS, [0] * LANES)] * 2  # (Q6_K: the block's halves apart)
-            for c in range(CHUNKS_PER_BLOCK):
-                at = builder.add(q_at, builder.mul(builder.add(chunk0, index(c)), index(4 * LANES)))
-                w = read(builder.load(pointer(context, builder, t[0], q_arr, at, INTS), align=1))
-                if with_fifths:
-                    column_chunk = builder.add(builder.mul(b, index(CHUNKS_PER_BLOCK)), index(c))
-                    w = _or_high_bits(context, builder, t[10], f_arr, f_at, column_chunk, w, q6)
-                x_quad = builder.add(x_at, builder.add(builder.mul(b, index(32)), index(4 * c)))
-                quad = builder.load(pointer(context, builder, t[2], x_arr, x_quad, I32), align=1)
-                half = c // 4 if q6 else 0
-                dots[half] = builder.call(dpbusd, [dots[half], w, splat(builder, quad, INTS)])
-            at = builder.add(row_at, b)
-            x_scale = splat(builder, builder.load(pointer(context, builder, t[12], dx_arr, at)), FLOATS)
-            if q6:
-                dot = q6_dot(b, dots)
-                d_at = builder.add(u_at, builder.mul(builder.lshr(b, index(3)), index(LANES)))
-                term = builder.fmul(builder.fmul(halves(t[8], u_arr, d_at), x_scale),
-                                    builder.sitofp(dot, FLOATS))
-                builder.store(builder.fadd(builder.load(total), term), total)
-                return
-            dot = dots[0]
-            x_sum = builder.load(pointer(context, builder, t[13], qs_arr, at))
-            if offset:  # the dot of q itself: sum of (q + offset) x less offset * sum of x
-                dot = builder.sub(dot, splat(builder, builder.mul(x_sum, ir.Constant(I32, offset)), INTS))
-            scale, low = scale_and_min(b, builder.add(s_at, builder.mul(b, index(LANES))))
-            term = builder.fmul(builder.fmul(scale, x_scale), builder.sitofp(dot, FLOATS))
-            if with_min:  # (scale * dx) * dot + (min * dx) * qsum, as block_term
-                x_total = splat(builder, builder.sitofp(x_sum, F32), FLOATS)
-                term = builder.fadd(term, builder.fmul(builder.fmul(low, x_scale), x_total))
-            builder.store(builder.fadd(builder.load(total), term), total)
+                def small(array_type, array):
+                    ints = builder.load(pointer(context, builder, array_type, array, first,
+                                                ir.VectorType(ir.IntType(8), LANES)), align=1)
+                    return builder.uitofp(ints, FLOATS)
+                d_at = builder.add(u_at, builder.mul(builder.lshr(b, index(3)), index(2 * LANES)))
+                scale = builder.fmul(halves(t[8], u_arr, d_at), small(t[5], s_arr))
+                low = builder.fneg(builder.fmul(halves(t[8], u_arr, builder.add(d_at, index(LANES))),
+                                                small(t[6], m_arr)))
+                return scale, low
 
-        def q6_dot(b, dots):
-            """Q6_K's exact block dot from its halves' sums of q x (q = 0 .. 63)."""
-            exact = ir.Constant(INTS, [0] * LANES)
-            for h in range(2):
+            def block(b, chunk0, read):
+                """Block b of the rows, from their chunks chunk0 .. chunk0 + 7, each 64 bytes
+                turned into vpdpbusd's unsigned bytes by read (then the high bits of columns
+                32b + 4c .. added), times each row of x."""
+                zero = ir.Constant(INTS, [0] * LANES)
+                # Q6_K: the block's halves apart; one row of x: even and odd chunks apart, two
+                # chains of vpdpbusd instead of one of eight (its latency bound the GEMV: 3x)
+                dots = [[zero, zero] for _ in range(x_rows)]
+                for c in range(CHUNKS_PER_BLOCK):
+                    at = builder.add(q_at, builder.mul(builder.add(chunk0, index(c)), index(4 * LANES)))
+                    w = read(builder.load(pointer(context, builder, t[0], q_arr, at, INTS), align=1))
+                    if with_fifths:
+                        column_chunk = builder.add(builder.mul(b, index(CHUNKS_PER_BLOCK)), index(c))
+                        w = _or_high_bits(context, builder, t[10], f_arr, f_at, column_chunk, w, q6)
+                    half = c // 4 if q6 else c % 2 if x_rows == 1 else 0
+                    for i in range(x_rows):
+                        x_quad = builder.add(builder.add(x_at, builder.mul(index(i), width)),
+                                             builder.add(builder.mul(b, index(32)), index(4 * c)))
+                        quad = builder.load(pointer(context, builder, t[2], x_arr, x_quad, I32), align=1)
+                        dots[i][half] = builder.call(dpbusd, [dots[i][half], w, splat(builder, quad, INTS)])
+                if q6:
+                    d_at = builder.add(u_at, builder.mul(builder.lshr(b, index(3)), index(LANES)))
+                    d = halves(t[8], u_arr, d_at)
+                    subs = [sub_scales(b, h) for h in range(2)]
+                else:
+                    scale, low = scale_and_min(b, builder.add(s_at, builder.mul(b, index(LANES))))
+                for i in range(x_rows):
+                    at = builder.add(builder.add(row_at, builder.mul(index(i), n_blocks)), b)
+                    x_scale = splat(builder, builder.load(pointer(context, builder, t[12], dx_arr, at)),
+                                    FLOATS)
+                    if q6:
+                        term = builder.fmul(builder.fmul(d, x_scale),
+                                            builder.sitofp(q6_dot(b, at, dots[i], subs), FLOATS))
+                    else:
+                        dot = builder.add(dots[i][0], dots[i][1]) if x_rows == 1 else dots[i][0]
+                        x_sum = builder.load(pointer(context, builder, t[13], qs_arr, at))
+                        if offset:  # the dot of q itself: sum of (q + offset) x less offset * sum of x
+                            dot = builder.sub(dot, splat(builder, builder.mul(x_sum, ir.Constant(I32, offset)),
+                                                         INTS))
+                        term = builder.fmul(builder.fmul(scale, x_scale), builder.sitofp(dot, FLOATS))
+                        if with_min:  # (scale * dx) * dot + (min * dx) * qsum, as block_term
+                            x_total = splat(builder, builder.sitofp(x_sum, F32), FLOATS)
+                            term = builder.fadd(term, builder.fmul(builder.fmul(low, x_scale), x_total))
+                    builder.store(builder.fadd(builder.load(totals[i]), term), totals[i])
+
+            def sub_scales(b, h):
                 part = builder.add(builder.mul(b, index(2)), index(h))
-                x_half = builder.load(pointer(context, builder, t[13], qs_arr,
-                                              builder.add(builder.mul(row_at, index(2)), part)))
-                centred = builder.sub(dots[h], splat(builder, builder.mul(x_half, ir.Constant(I32, 32)),
-                                                     INTS))
                 subs = builder.load(pointer(context, builder, t[5], s_arr,
                                             builder.add(s_at, builder.mul(part, index(LANES))),
                                             ir.VectorType(ir.IntType(8), LANES)), align=1)
-                exact = builder.add(exact, builder.mul(centred, builder.sext(subs, INTS)))
-            return exact
+                return builder.sext(subs, INTS)
 
-        def repeated(value):
-            return ir.Constant(INTS, [value] * LANES)
-        if q8:  # bytes xor 128: q + 128, unsigned, as vpdpbusd takes them
-            with cgutils.for_range(builder, n_blocks) as loop:
-                block(loop.index, builder.mul(loop.index, index(CHUNKS_PER_BLOCK)),
-                      lambda w: builder.xor(w, repeated(0x80808080)))
-        else:  # low nibbles: blocks 0 .. nb/2 - 1; high nibbles: the rest, from the same chunks
-            upper = builder.lshr(n_blocks, index(1))
-            with cgutils.for_range(builder, upper) as loop:
-                block(loop.index, builder.mul(loop.index, index(CHUNKS_PER_BLOCK)),
-                      lambda w: builder.and_(w, repeated(0x0F0F0F0F)))
-            with cgutils.for_range(builder, upper) as loop:
-                block(builder.add(loop.index, upper), builder.mul(loop.index, index(CHUNKS_PER_BLOCK)),
-                      lambda w: builder.and_(builder.lshr(w, repeated(4)), repeated(0x0F0F0F0F)))
-        out = pointer(context, builder, t[15], acc_arr, index(0), FLOATS)
-        builder.store(builder.load(total), out, align=4)
-        return context.get_dummy_value()
-    return signature, codegen
+            def q6_dot(b, at, dots, subs):
+                """Q6_K's exact block dot from its halves' sums of q x (q = 0 .. 63); x's
+                sums of 16 values of this row's block b at qsum[2 at + h]."""
+                exact = ir.Constant(INTS, [0] * LANES)
+                for h in range(2):
+                    x_half = builder.load(pointer(context, builder, t[13], qs_arr,
+                                                  builder.add(builder.mul(at, index(2)), index(h))))
+                    centred = builder.sub(dots[h], splat(builder, builder.mul(x_half, ir.Constant(I32, 32)),
+                                                         INTS))
+                    exact = builder.add(exact, builder.mul(centred, subs[h]))
+                return exact
+
+            def repeated(value):
+                return ir.Constant(INTS, [value] * LANES)
+            if q8:  # bytes xor 128: q + 128, unsigned, as vpdpbusd takes them
+                with cgutils.for_range(builder, n_blocks) as loop:
+                    block(loop.index, builder.mul(loop.index, index(CHUNKS_PER_BLOCK)),
+                          lambda w: builder.xor(w, repeated(0x80808080)))
+            else:  # low nibbles: blocks 0 .. nb/2 - 1; high nibbles: the rest, from the same chunks
+                upper = builder.lshr(n_blocks, index(1))
+                with cgutils.for_range(builder, upper) as loop:
+                    block(loop.index, builder.mul(loop.index, index(CHUNKS_PER_BLOCK)),
+                          lambda w: builder.and_(w, repeated(0x0F0F0F0F)))
+                with cgutils.for_range(builder, upper) as loop:
+                    block(builder.add(loop.index, upper), builder.mul(loop.index, index(CHUNKS_PER_BLOCK)),
+                          lambda w: builder.and_(builder.lshr(w, repeated(4)), repeated(0x0F0F0F0F)))
+            for i in range(x_rows):
+                out = pointer(context, builder, t[15], acc_arr, index(i * LANES), FLOATS)
+                builder.store(builder.load(totals[i]), out, align=4)
+            return context.get_dummy_value()
+        return signature, codegen
+    product.__name__ = product.__qualname__ = f"group_product_{x_rows}"
+    return intrinsic(product)
 
 
-@intrinsic
-def unsigned_group(typingctx, quants, q_at, fifths, f_at, group, scales):
-    """group (uint8, C-contiguous) = one group's stored bytes quants[q_at ..] (flat) as
-    vpdpbusd's unsigned bytes in packed_gemm's layout: Q8_0 (int8) q xor 128, the
-    same length; Q4_x and Q5_x (uint8) the low nibbles, then the high ones, twice the
-    length, Q5_x's fifth bits (masks from fifths[f_at], flat, or None) added, or Q6_K's
-    fifth and sixth (scales, int8, say Q6_K: read for its type only).
-    64 bytes a step in vector registers (numba's byte loop here stayed scalar)."""
-    with_fifths = not isinstance(fifths, types.NoneType)
-    if not (_flat(quants, (types.int8, types.uint8)) and c_array(group, (types.uint8,))
-            and (not with_fifths or _flat(fifths, (types.uint8,)))):
-        return None
-    q8 = quants.dtype == types.int8
-    q6 = isinstance(scales, types.Array) and scales.dtype == types.int8
-    signature = types.void(quants, types.intp, fifths, types.intp, group, scales)
-
-    def codegen(context, builder, sig, args):
-        q_arr, q_at, f_arr, f_at, g_arr, _ = args
-        out = context.make_array(sig.args[4])(context, builder, g_arr)
-        size = builder.extract_value(out.shape, 0)
-        for d in range(1, sig.args[4].ndim):
-            size = builder.mul(size, builder.extract_value(out.shape, d))
-        steps = builder.udiv(size, index(64 if q8 else 128))
-        flip = ir.Constant(INTS, [0x80808080] * LANES)
-        low = ir.Constant(INTS, [0x0F0F0F0F] * LANES)
-
-        def store(value, chunk):
-            if with_fifths:
-                value = _or_high_bits(context, builder, sig.args[2], f_arr, f_at, chunk, value, q6)
-            builder.store(value, pointer(context, builder, sig.args[4], g_arr,
-                                         builder.mul(chunk, index(64)), INTS), align=1)
-        with cgutils.for_range(builder, steps) as loop:
-            at = builder.add(q_at, builder.mul(loop.index, index(64)))
-            w = builder.load(pointer(context, builder, sig.args[0], q_arr, at, INTS), align=1)
-            if q8:
-                store(builder.xor(w, flip), loop.index)
-            else:
-                store(builder.and_(w, low), loop.index)
-                store(builder.and_(builder.lshr(w, ir.Constant(INTS, [4] * LANES)), low),
-                      builder.add(loop.index, steps))
-        return context.get_dummy_value()
-    return signature, codegen
+group_gemv = _group_product(1)
+group_gemv.__doc__ = """acc[0 .. 15] = the product of the group's 16 rows (bytes from quants[q_at], flat)
+with one row of x: its int8 values from xq[x_at], its block scales and sums
+dx[row_at + b], qsum[row_at + b]; the group's scales (and mins) of block b at
+scales[s_at + 16 b + j]: float16 bits, or with supers given (Q4_K, Q5_K) 6-bit
+integers times the super-block's d (and dmin) at supers[u_at + 32 (b / 8) (+ 16) + j];
+Q5_x's and Q5_K's fifth-bit masks from fifths[f_at] (flat, or None). Q6_K (int8
+scales: two sub-scales a block at scales[s_at + 16 (2b + h) + j], d at
+supers[u_at + 16 (b / 8) + j], both bit masks in fifths): qsum holds x's sums of
+16 values, block b's at [2 (row_at + b) + h], and the block's dot is
+sa (S_a - 32 xa) + sb (S_b - 32 xb), exact, as packed_terms says.
+quants int8: Q8_0; uint8: Q4_0, Q5_0 (mins None), Q4_1, Q5_1, Q4_K, Q5_K, Q6_K."""
+group_gemm = _group_product(X_ROWS)
+group_gemm.__doc__ = """group_gemv for X_ROWS consecutive rows of x (x_at: the first's values, row_at:
+its first block; each next row K values and K/32 blocks on): acc[16 i .. 16 i + 15] is
+row i's product."""
 
 
 @intrinsic
