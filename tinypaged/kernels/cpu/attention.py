@@ -92,14 +92,14 @@ def _attention_body(q, k_cache, v_cache, block_tables, positions, token_seq, sca
     n_work = len(items) * n_kv
     chunks = max(1, min(chunks, n_work))  # (the threads take equal runs of chunks)
     for c in prange(chunks):  # work items dealt round-robin: long and short ones mix
-        rows = tile * group
+        rows = -(-tile * group // 16) * 16  # a tile's rows, padded to whole vectors
         q_t = np.empty(head_dim * max(rows, FEW_ROWS), np.float32)
-        kbuf = np.empty((KEYS, head_dim), np.float32)
+        kbuf = np.zeros((KEYS, head_dim), np.float32)
         vbuf = np.empty((KEYS, head_dim), np.float32)
         scores = np.empty(max(KEYS * rows, FEW_ROWS * split), np.float32)
         best, top, total = np.empty(rows, np.float32), np.empty(rows, np.float32), np.empty(rows, np.float32)
         lanes = np.empty(16, np.float32)
-        acc = np.empty((rows, head_dim), np.float32)
+        acc_rows = np.empty(rows * head_dim, np.float32)
         for w in range(c, n_work, chunks):
             item, kvh = w // n_kv, w % n_kv
             i, k0, k1, partial = items[item, 0], items[item, 1], items[item, 2], items[item, 3]
@@ -107,14 +107,17 @@ def _attention_body(q, k_cache, v_cache, block_tables, positions, token_seq, sca
             table = block_tables[token_seq[t0]]
             n_rows = n_tok * group
             if n_rows < FEW_ROWS:
+                acc = acc_rows[:n_rows * head_dim].reshape(n_rows, head_dim)
                 attend_few(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, scale,
                            window, softcap, q_t[:n_rows * head_dim].reshape(n_rows, head_dim),
                            kbuf, scores[:FEW_ROWS * split].reshape(FEW_ROWS, split), lanes, top,
                            total, acc)
             else:
+                padded = -(-n_rows // 16) * 16
+                acc = acc_rows[:padded * head_dim].reshape(padded, head_dim)
                 attend_many(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, scale,
-                            window, softcap, q_t[:head_dim * n_rows].reshape(head_dim, n_rows),
-                            kbuf, vbuf, scores[:KEYS * n_rows].reshape(KEYS, n_rows), best, top,
+                            window, softcap, q_t[:head_dim * padded].reshape(head_dim, padded),
+                            kbuf, vbuf, scores[:KEYS * padded].reshape(KEYS, padded), best, top,
                             total, acc)
             for r in range(n_tok * group):
                 t, h = r // group, kvh * group + r % group

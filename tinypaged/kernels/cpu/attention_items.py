@@ -12,6 +12,7 @@ serves the whole tile.
 import numpy as np
 from numba import float32, njit
 
+from .attention_ir import score_tile, weigh_values
 from .common import kv_widen
 from .fast_exp import exp32
 
@@ -131,15 +132,19 @@ def attend_few(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, sc
 def attend_many(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, scale, window,
                 softcap, q_t, kbuf, vbuf, scores, best, top, total, acc):
     """Rows t0 .. t0 + n_tok - 1 x this KV head's group against keys k0 .. k1 - 1, KEYS
-    keys a pass with a running max. q_t (D, rows), kbuf and vbuf (KEYS, D), scores
-    (KEYS, rows), best (rows,) are scratch."""
+    keys a pass with a running max. q_t (D, Rp), kbuf and vbuf (KEYS, D), scores
+    (KEYS, Rp), best (Rp,) are scratch; Rp: the rows rounded up to 16, the padding's
+    q and weights zero (acc: (Rp, D)). Where D is a multiple of 16 the two products
+    are attention_ir's register-blocked kernels, else plain loops."""
     n_heads, head_dim = q.shape[1], q.shape[2]
     block_size = k_cache.shape[1]
     group = n_heads // k_cache.shape[2]
-    rows = n_tok * group
+    rows, padded = n_tok * group, q_t.shape[1]
+    blocked = head_dim % 16 == 0
+    q_t[:, :] = 0.0
+    acc[:, :] = 0.0
     for r in range(rows):
         top[r], total[r] = NO_SCORE, 0.0
-        acc[r, :] = 0.0
         q_row = q[t0 + r // group, kvh * group + r % group]
         for d in range(head_dim):
             q_t[d, r] = q_row[d] * scale
@@ -151,13 +156,16 @@ def attend_many(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, s
         for j in range(n_keys):  # this KV head's rows of the block, in L1, float32
             _widen_row(k_cache, block, offset + j, kvh, kbuf[j])
             _widen_row(v_cache, block, offset + j, kvh, vbuf[j])
-        for j in range(n_keys):  # a key's scores for every row
-            row, k_row = scores[j], kbuf[j]
-            row[:] = 0.0
-            for d in range(head_dim):
-                kd, q_d = k_row[d], q_t[d]
-                for r in range(rows):
-                    row[r] += kd * q_d[r]
+        if blocked:  # a key's scores for every row
+            score_tile(q_t, kbuf, n_keys, scores)
+        else:
+            for j in range(n_keys):
+                row, k_row = scores[j], kbuf[j]
+                row[:] = 0.0
+                for d in range(head_dim):
+                    kd, q_d = k_row[d], q_t[d]
+                    for r in range(rows):
+                        row[r] += kd * q_d[r]
         if softcap > 0:  # Gemma 2
             for j in range(n_keys):
                 row = scores[j]
@@ -188,6 +196,11 @@ def attend_many(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, s
                 p = exp32(s - best[r]) if s > NO_SCORE else float32(0.0)
                 row[r] = p
                 total[r] += p
-        for r in range(rows):
-            _accumulate_v(acc[r], scores[:, r], vbuf, n_keys)
+            for r in range(rows, padded):  # (the padding's weights: none)
+                row[r] = 0.0
+        if blocked:
+            weigh_values(scores, vbuf, n_keys, acc)
+        else:
+            for r in range(rows):
+                _accumulate_v(acc[r], scores[:, r], vbuf, n_keys)
         key += n_keys
