@@ -117,29 +117,22 @@ class PackedWeight:
 
     @classmethod
     def _from_k_quant(cls, raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> "PackedWeight":
-        from .kquant import BYTES, nibbles, q5_k_fifth_bits, q6_values, scales_and_mins
+        from .kquant import BYTES
+        from .kquant_unpack import unpack_q45_k, unpack_q6_k
         n, k = shape
         blocks = np.asarray(raw, dtype=np.uint8).reshape(n * k // QK_K, BYTES[ggml_type])
-
-        def by_column(values):  # (n * K/256, ...) in GGUF order -> (n, K)
-            return values.reshape(n, k)
+        quants = np.empty((n, k // 2), np.uint8)
         if ggml_type == Q6_K:
-            q = by_column(q6_values(blocks))
-            planes = np.stack([(q >> 4) & 1, q >> 5], axis=1).reshape(n, 2, k // QK, QK)
-            highs = np.packbits(planes.transpose(0, 2, 1, 3), axis=3, bitorder="little")
-            highs = highs.reshape(n, k // 4)  # (block, plane, 4 bytes) in each row
-            scales = np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).reshape(n, k // 16)
-            supers = np.ascontiguousarray(blocks[:, 208:210]).view(np.uint16).reshape(n, k // QK_K, 1)
-            return cls(Q6_K, shape, _nibble_pairs(q & 15), scales, None, supers, highs)
-        supers = np.ascontiguousarray(blocks[:, 0:4]).view(np.uint16).reshape(n, k // QK_K, 2)
-        sc, m = scales_and_mins(blocks[:, 4:16])  # (n * K/256, 8) each
-        values = by_column(nibbles(blocks[:, -128:]))  # sub-block j, value l
-        highs = None
-        if ggml_type == Q5_K:
-            highs = np.packbits(by_column(q5_k_fifth_bits(blocks[:, 16:48])), axis=1,
-                                bitorder="little")
-        return cls(ggml_type, shape, _nibble_pairs(values), sc.reshape(n, k // QK),
-                   m.reshape(n, k // QK), supers, highs)
+            highs, scales = np.empty((n, k // 4), np.uint8), np.empty((n, k // 16), np.int8)
+            supers = np.empty((n, k // QK_K, 1), np.uint16)
+            unpack_q6_k(blocks, quants, highs, scales, supers)
+            return cls(Q6_K, shape, quants, scales, None, supers, highs)
+        scales, mins = np.empty((n, k // QK), np.uint8), np.empty((n, k // QK), np.uint8)
+        supers = np.empty((n, k // QK_K, 2), np.uint16)
+        fifths = ggml_type == Q5_K
+        highs = np.empty((n, k // 8) if fifths else (1, 1), np.uint8)
+        unpack_q45_k(blocks, quants, scales, mins, supers, highs, fifths)
+        return cls(ggml_type, shape, quants, scales, mins, supers, highs if fifths else None)
 
     @classmethod
     def quantize(cls, w: np.ndarray, ggml_type: int, rows_at_once: int = 2048) -> "PackedWeight":

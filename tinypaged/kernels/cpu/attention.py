@@ -91,15 +91,27 @@ def _attention_body(q, k_cache, v_cache, block_tables, positions, token_seq, sca
     part_acc = np.empty((n_partials, n_heads, head_dim), np.float32)
     n_work = len(items) * n_kv
     chunks = max(1, min(chunks, n_work))  # (the threads take equal runs of chunks)
+    rows = -(-tile * group // 16) * 16  # a tile's rows, padded to whole vectors
+    # each chunk's scratch, carved from one allocation (a decode step's 8 or so chunks
+    # made 9 allocations each): q_t, kbuf, vbuf, scores, acc, best, top, total, lanes
+    sizes = (head_dim * max(rows, FEW_ROWS), KEYS * head_dim, KEYS * head_dim,
+             max(KEYS * rows, FEW_ROWS * split), rows * head_dim, rows, rows, rows, 16)
+    scratch = np.empty((chunks, sum(sizes)), np.float32)
     for c in prange(chunks):  # work items dealt round-robin: long and short ones mix
-        rows = -(-tile * group // 16) * 16  # a tile's rows, padded to whole vectors
-        q_t = np.empty(head_dim * max(rows, FEW_ROWS), np.float32)
-        kbuf = np.zeros((KEYS, head_dim), np.float32)
-        vbuf = np.empty((KEYS, head_dim), np.float32)
-        scores = np.empty(max(KEYS * rows, FEW_ROWS * split), np.float32)
-        best, top, total = np.empty(rows, np.float32), np.empty(rows, np.float32), np.empty(rows, np.float32)
-        lanes = np.empty(16, np.float32)
-        acc_rows = np.empty(rows * head_dim, np.float32)
+        own = scratch[c]
+        q_t = own[0:sizes[0]]
+        at = sizes[0]
+        kbuf = own[at:at + sizes[1]].reshape(KEYS, head_dim)
+        kbuf[:, :] = 0.0  # (score_tile reads whole passes of 8 keys: finite values)
+        at += sizes[1]
+        vbuf = own[at:at + sizes[2]].reshape(KEYS, head_dim)
+        at += sizes[2]
+        scores = own[at:at + sizes[3]]
+        at += sizes[3]
+        acc_rows = own[at:at + sizes[4]]
+        at += sizes[4]
+        best, top, total = own[at:at + rows], own[at + rows:at + 2 * rows], own[at + 2 * rows:at + 3 * rows]
+        lanes = own[at + 3 * rows:at + 3 * rows + 16]
         for w in range(c, n_work, chunks):
             item, kvh = w // n_kv, w % n_kv
             i, k0, k1, partial = items[item, 0], items[item, 1], items[item, 2], items[item, 3]

@@ -2,11 +2,20 @@
 float16 KV pool's element conversions, and the work split."""
 import llvmlite.binding as llvm
 from llvmlite import ir
+from numba import config as numba_config
 from numba import types
 from numba.extending import intrinsic, overload
 
 N_CHUNKS = 64  # work items per parallel call: rows of W are split into this many ranges
-_FEATURES = llvm.get_host_cpu_features()
+
+
+def _compiled_for_host() -> bool:
+    """Whether numba compiles for this CPU (its default), not for the CPU named by its
+    own NUMBA_CPU_NAME setting (as when measuring an AVX2 laptop's code paths here)."""
+    return numba_config.CPU_NAME in (None, "host")
+
+
+_FEATURES = llvm.get_host_cpu_features() if _compiled_for_host() else {}
 # vpdpbusd on 512- and 256-bit vectors: the kernels that name it have a generic twin
 HAS_VNNI = bool(_FEATURES.get("avx512vnni", False) and _FEATURES.get("avx512vl", False))
 

@@ -30,6 +30,7 @@ every packed kind (other CPUs keep PackedWeight).
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, prange
 
 from ...model.ggml_quant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from ...model.packed import PackedWeight
@@ -50,39 +51,59 @@ def _grouped(a: np.ndarray, inner: int = 1) -> np.ndarray:
 
 
 def _grouped_in_place(a: np.ndarray, inner: int) -> np.ndarray | None:
-    """_grouped(a, inner) in a's own memory, a slab of groups at a time (a group's 16
-    rows are contiguous already: only its bytes move), or None where a cannot be
-    written over (rows not a multiple of 16, a view, read-only). a is lost. The
-    copy would hold the matrix twice at load: +178 MB for Gemma 3's lm_head."""
+    """_grouped(a, inner) in a's own memory (a group's 16 rows are contiguous already:
+    only its bytes move), or None where a cannot be written over (rows not a multiple
+    of 16, a view, read-only). a is lost. The copy would hold the matrix twice at load:
+    +178 MB for Gemma 3's lm_head."""
     n, width = a.shape
     if n % LANES or not (a.flags.c_contiguous and a.flags.owndata and a.flags.writeable):
         return None
-    groups, slab = n // LANES, 256
-    by_group = a.reshape(groups, LANES * width)
-    for g0 in range(0, groups, slab):
-        g1 = min(groups, g0 + slab)
-        moved = a[g0 * LANES:g1 * LANES].reshape(g1 - g0, LANES, width // inner, inner) \
-            .transpose(0, 2, 1, 3).copy()
-        by_group[g0:g1] = moved.reshape(g1 - g0, -1)
-    return by_group.reshape(groups, width // inner, LANES, inner)
+    by_group = a.reshape(n // LANES, LANES * width)
+    chunk = np.dtype(f"u{inner * a.itemsize}")  # a chunk of inner values as one element
+    _regroup(by_group.view(chunk), width // inner)
+    return by_group.reshape(n // LANES, width // inner, LANES, inner)
 
 
-def _high_bit_planes(weight: PackedWeight) -> list:
-    """A packed weight's high bits as (N, K) arrays of 0 / 1 in column order: Q5_x's
-    and Q5_K's fifth bits; Q6_K's bits 4 and 5 (model/packed.py's layouts)."""
+@njit(parallel=True, cache=True)
+def _regroup(groups, chunks):
+    """Each group (16 rows of `chunks` elements, one after the other) rewritten in
+    place with chunk c of row j at c * 16 + j."""
+    for g in prange(groups.shape[0]):
+        rows = groups[g].copy()
+        out = groups[g]
+        for j in range(LANES):
+            for c in range(chunks):
+                out[c * LANES + j] = rows[j * chunks + c]
+
+
+def _lane_masks(weight: PackedWeight) -> np.ndarray:
+    """A packed weight's high bits (Q5_x's and Q5_K's fifth; Q6_K's bits 4 and 5,
+    model/packed.py's layouts) as chunk masks (G, K/4, 8 a plane): for each group and
+    4-column chunk v, the 64-bit mask whose bit 4j + t is row j's column 4v + t."""
     n, k = weight.shape
-    if weight.ggml_type == Q6_K:  # (N, K/4): per block, 4 bytes of bit 4, then 4 of bit 5
-        by_block = weight.highs.reshape(n, k // 32, 2, 4)
-        return [np.unpackbits(by_block[:, :, p], axis=2, bitorder="little").reshape(n, k)
-                for p in range(2)]
-    return [np.unpackbits(weight.highs, axis=1, bitorder="little")]
+    q6 = weight.ggml_type == Q6_K
+    out = np.zeros((-(-n // LANES), k // 4, 16 if q6 else 8), np.uint8)
+    _fill_lane_masks(weight.highs, n, k, q6, out)
+    return out
 
 
-def _chunk_masks(bits: np.ndarray) -> np.ndarray:
-    """(N, K) bits -> (G, K/4, 8): for each group and 4-column chunk, the 64-bit mask
-    whose bit 4j + t is row j's column 4v + t."""
-    grouped = _grouped(bits, 4)
-    return np.packbits(grouped.reshape(*grouped.shape[:2], 4 * LANES), axis=2, bitorder="little")
+@njit(parallel=True, cache=True)
+def _fill_lane_masks(highs, n, k, q6, out):
+    planes = 2 if q6 else 1
+    for g in prange(out.shape[0]):
+        for v in range(k // 4):
+            for p in range(planes):
+                mask = np.uint64(0)
+                for j in range(min(LANES, n - g * LANES)):
+                    row = highs[g * LANES + j]
+                    for t in range(4):
+                        c = 4 * v + t
+                        # Q6_K: per 32 columns, 4 bytes of bit 4, then 4 of bit 5
+                        byte = row[8 * (c // 32) + 4 * p + (c % 32) // 8] if q6 else row[c // 8]
+                        if (byte >> (c % 8)) & 1:
+                            mask |= np.uint64(1) << np.uint64(4 * j + t)
+                for i in range(8):
+                    out[g, v, 8 * p + i] = np.uint8((mask >> np.uint64(8 * i)) & np.uint64(255))
 
 
 class LanePacked:
@@ -102,9 +123,7 @@ class LanePacked:
         (weight is then lost)."""
         quants = _grouped_in_place(weight.quants, 4) if in_place else None
         mins = None if weight.mins is None else _grouped(weight.mins)[..., 0].copy()
-        fifths = None
-        if weight.highs is not None:
-            fifths = np.concatenate([_chunk_masks(bits) for bits in _high_bit_planes(weight)], axis=2)
+        fifths = None if weight.highs is None else _lane_masks(weight)
         supers = None
         if weight.supers is not None:  # (N, K/256, 2) -> (G, K/128, 16)
             supers = _grouped(weight.supers.reshape(len(weight.supers), -1))[..., 0].copy()
