@@ -20,6 +20,7 @@ from .block_manager import BlockManager, blocks_for
 from .block_map import render_block_map
 from .engine_stats import EngineStats
 from .kv_pool import check_pool_fits, check_rope_fits, pool_blocks
+from .load_thread import on_own_thread
 from .model_runner import ModelRunner
 from .request import PreparedRequest, Request
 from .scheduler import Scheduler
@@ -53,28 +54,9 @@ class LLMEngine(SampleStep):
     def __init__(self, model_dir: str | os.PathLike, config: EngineConfig):
         self.config = config
         ops = get_backend(config.backend, config.gpu_weight_dtype)
-        kept = config.layout_cache and not config.quantization
-        prepared = ops.load_prepared_weights(model_dir) if kept else None
-        self.model_config, weights = load_model(model_dir, prepared)
-        # what loading rounded to another kind than the file's: name -> "Q6_K -> Q8_0"
-        self.requantized = {name: f"{GGML_TYPE_NAMES[w.requantized_from]} -> {w.type_name}"
-                            for name, w in weights.items()
-                            if getattr(w, "requantized_from", None) is not None}
-        if config.quantization:
-            weights = quantize_matrices(weights, QUANTIZATION_TYPES[config.quantization])
+        model = on_own_thread(lambda: self._load_model(model_dir, config, ops))
         self.tokenizer = Tokenizer(model_dir)
         cfg, bs = self.model_config, config.block_size
-        self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
-                                 cfg.max_position_embeddings)
-        if config.cuda_graphs and ops.name != "cuda":
-            raise ValueError(f"cuda_graphs=True needs the CUDA backend; this engine runs on "
-                             f"{ops.name} (backend={config.backend!r})")
-        check_rope_fits(self.max_model_len, cfg.head_dim, ops.memory_available())
-        model = LlamaModel(cfg, weights, ops, self.max_model_len,  # weights go to the backend
-                           prepared=prepared is not None)
-        del weights  # (the backend's form replaces them)
-        if kept and prepared is None:
-            ops.save_prepared_weights(model_dir, model.w)
         bytes_per_block = PagedKVCache.bytes_per_block(cfg, bs, config.kv_cache_dtype)
         num_blocks = pool_blocks(config, bytes_per_block, self.max_model_len,
                                  ops.default_kv_memory, model.kv_groups)
@@ -97,6 +79,35 @@ class LLMEngine(SampleStep):
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.statistics = EngineStats(self.block_manager)
+
+    def _load_model(self, model_dir, config: EngineConfig, ops) -> LlamaModel:
+        """The model with its weights in the backend's form: mapped from the form kept
+        beside a GGUF by an earlier load, else read, prepared, and kept. Sets
+        model_config, requantized and max_model_len. (Run on a thread of its own:
+        load_thread.py says why.)"""
+        ops.use_in_this_thread()
+        kept = config.layout_cache and not config.quantization
+        prepared = ops.load_prepared_weights(model_dir) if kept else None
+        self.model_config, weights = load_model(model_dir, prepared)
+        # what loading rounded to another kind than the file's: name -> "Q6_K -> Q8_0"
+        self.requantized = {name: f"{GGML_TYPE_NAMES[w.requantized_from]} -> {w.type_name}"
+                            for name, w in weights.items()
+                            if getattr(w, "requantized_from", None) is not None}
+        if config.quantization:
+            weights = quantize_matrices(weights, QUANTIZATION_TYPES[config.quantization])
+        cfg = self.model_config
+        self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
+                                 cfg.max_position_embeddings)
+        if config.cuda_graphs and ops.name != "cuda":
+            raise ValueError(f"cuda_graphs=True needs the CUDA backend; this engine runs on "
+                             f"{ops.name} (backend={config.backend!r})")
+        check_rope_fits(self.max_model_len, cfg.head_dim, ops.memory_available())
+        model = LlamaModel(cfg, weights, ops, self.max_model_len,  # weights go to the backend
+                           prepared=prepared is not None)
+        del weights  # (the backend's form replaces them)
+        if kept and prepared is None:
+            ops.save_prepared_weights(model_dir, model.w)
+        return model
 
     # -- requests --------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
