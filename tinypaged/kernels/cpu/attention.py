@@ -21,7 +21,7 @@ and OpenBLAS's threads both spin after their work, and alternating them on two
 cores cost milliseconds (linear.blas_in_use says which).
 """
 import numpy as np
-from numba import float32, njit, prange
+from numba import float32, get_num_threads, njit, prange, set_num_threads
 
 from .attention_items import FEW_ROWS, KEYS, NO_SCORE, attend_few, attend_many
 from .common import N_CHUNKS
@@ -77,107 +77,111 @@ def _plan(positions, token_seq, window, tile, split):
     return starts[:n_tiles], lens[:n_tiles], items, n_partials
 
 
-@njit(fastmath=True, inline="always", error_model="numpy")
-def _attention_body(q, k_cache, v_cache, block_tables, positions, token_seq, scale, window,
-                    softcap, tile, split, chunks, out):
-    """The work items on `chunks` threads' worth of round-robin shares, then the
-    merges (prange: parallel in _paged_attention_parallel, serial in the other)."""
-    n_tokens, n_heads, head_dim = q.shape
+@njit(fastmath=True, cache=True, error_model="numpy")
+def _run_chunk(c, chunks, q, k_cache, v_cache, block_tables, positions, token_seq, scale, window,
+               softcap, split, starts, lens, items, own, rows, out, part_top, part_total,
+               part_acc):
+    """Work items c, c + chunks, ... (each (item, KV head)), with `own` as scratch:
+    each writes its rows' outputs, or its partials for the merge."""
+    n_heads, head_dim = q.shape[1], q.shape[2]
+    n_kv = k_cache.shape[2]
+    group = n_heads // n_kv
+    # own: q_t, kbuf, vbuf, scores, acc, best, top, total, lanes
+    q_t, at = own[:head_dim * max(rows, FEW_ROWS)], head_dim * max(rows, FEW_ROWS)
+    kbuf = own[at:at + KEYS * head_dim].reshape(KEYS, head_dim)
+    kbuf[:, :] = 0.0  # (score_tile reads whole passes of 8 keys: finite values)
+    at += KEYS * head_dim
+    vbuf = own[at:at + KEYS * head_dim].reshape(KEYS, head_dim)
+    at += KEYS * head_dim
+    n_scores = max(KEYS * rows, FEW_ROWS * split)
+    scores, acc_rows = own[at:at + n_scores], own[at + n_scores:at + n_scores + rows * head_dim]
+    at += n_scores + rows * head_dim
+    best, top, total = own[at:at + rows], own[at + rows:at + 2 * rows], own[at + 2 * rows:at + 3 * rows]
+    lanes = own[at + 3 * rows:at + 3 * rows + 16]
+    for w in range(c, len(items) * n_kv, chunks):
+        item, kvh = w // n_kv, w % n_kv
+        i, k0, k1, partial = items[item, 0], items[item, 1], items[item, 2], items[item, 3]
+        t0, n_tok = starts[i], lens[i]
+        table = block_tables[token_seq[t0]]
+        n_rows = n_tok * group
+        if n_rows < FEW_ROWS:
+            acc = acc_rows[:n_rows * head_dim].reshape(n_rows, head_dim)
+            attend_few(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, scale,
+                       window, softcap, q_t[:n_rows * head_dim].reshape(n_rows, head_dim),
+                       kbuf, scores[:FEW_ROWS * split].reshape(FEW_ROWS, split), lanes, top,
+                       total, acc)
+        else:
+            padded = -(-n_rows // 16) * 16
+            acc = acc_rows[:padded * head_dim].reshape(padded, head_dim)
+            attend_many(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, scale,
+                        window, softcap, q_t[:head_dim * padded].reshape(head_dim, padded),
+                        kbuf, vbuf, scores[:KEYS * padded].reshape(KEYS, padded), best, top,
+                        total, acc)
+        for r in range(n_rows):
+            t, h = r // group, kvh * group + r % group
+            if partial < 0:
+                inv = float32(1.0) / total[r]
+                for d in range(head_dim):
+                    out[t0 + t, h, d] = acc[r, d] * inv
+            else:
+                part_top[partial + t, h], part_total[partial + t, h] = top[r], total[r]
+                for d in range(head_dim):
+                    part_acc[partial + t, h, d] = acc[r, d]
+
+
+@njit(fastmath=True, cache=True, error_model="numpy")
+def _merge(item, starts, lens, items, part_top, part_total, part_acc, out):
+    """The output rows of a split tile (item: its first) from its splits' partials."""
+    i, partial, splits = items[item, 0], items[item, 3], items[item, 4]
+    t0, n_tok = starts[i], lens[i]
+    for t in range(n_tok):
+        for h in range(out.shape[1]):
+            best = NO_SCORE
+            for s in range(splits):
+                best = max(best, part_top[partial + s * n_tok + t, h])
+            total = float32(0.0)
+            row = out[t0 + t, h]
+            row[:] = 0.0
+            for s in range(splits):
+                at = partial + s * n_tok + t
+                if part_total[at, h] > 0:
+                    f = exp32(part_top[at, h] - best)
+                    total += f * part_total[at, h]
+                    part = part_acc[at, h]
+                    for d in range(row.shape[0]):
+                        row[d] += f * part[d]
+            inv = float32(1.0) / total
+            for d in range(row.shape[0]):
+                row[d] *= inv
+
+
+@njit(fastmath=True, parallel=True, cache=True, error_model="numpy")
+def _paged_attention(q, k_cache, v_cache, block_tables, positions, token_seq, scale, window,
+                     softcap, tile, split, out):
+    """The work items in N_CHUNKS round-robin shares on numba's threads, then the
+    merges. (A prange loop's body is one call: numba's parallel pass then has little
+    to analyse.)"""
+    chunks = N_CHUNKS
+    n_heads, head_dim = q.shape[1], q.shape[2]
     n_kv = k_cache.shape[2]
     group = n_heads // n_kv
     starts, lens, items, n_partials = _plan(positions, token_seq, window, tile, split)
     part_top = np.empty((n_partials, n_heads), np.float32)
     part_total = np.empty((n_partials, n_heads), np.float32)
     part_acc = np.empty((n_partials, n_heads, head_dim), np.float32)
-    n_work = len(items) * n_kv
-    chunks = max(1, min(chunks, n_work))  # (the threads take equal runs of chunks)
+    chunks = max(1, min(chunks, len(items) * n_kv))  # (the threads take equal runs of chunks)
     rows = -(-tile * group // 16) * 16  # a tile's rows, padded to whole vectors
-    # each chunk's scratch, carved from one allocation (a decode step's 8 or so chunks
-    # made 9 allocations each): q_t, kbuf, vbuf, scores, acc, best, top, total, lanes
-    sizes = (head_dim * max(rows, FEW_ROWS), KEYS * head_dim, KEYS * head_dim,
-             max(KEYS * rows, FEW_ROWS * split), rows * head_dim, rows, rows, rows, 16)
-    scratch = np.empty((chunks, sum(sizes)), np.float32)
+    # each chunk's scratch, one allocation for all (9 a chunk cost a decode step ~20 us)
+    per_chunk = (head_dim * max(rows, FEW_ROWS) + 2 * KEYS * head_dim
+                 + max(KEYS * rows, FEW_ROWS * split) + rows * head_dim + 3 * rows + 16)
+    scratch = np.empty((chunks, per_chunk), np.float32)
     for c in prange(chunks):  # work items dealt round-robin: long and short ones mix
-        own = scratch[c]
-        q_t = own[0:sizes[0]]
-        at = sizes[0]
-        kbuf = own[at:at + sizes[1]].reshape(KEYS, head_dim)
-        kbuf[:, :] = 0.0  # (score_tile reads whole passes of 8 keys: finite values)
-        at += sizes[1]
-        vbuf = own[at:at + sizes[2]].reshape(KEYS, head_dim)
-        at += sizes[2]
-        scores = own[at:at + sizes[3]]
-        at += sizes[3]
-        acc_rows = own[at:at + sizes[4]]
-        at += sizes[4]
-        best, top, total = own[at:at + rows], own[at + rows:at + 2 * rows], own[at + 2 * rows:at + 3 * rows]
-        lanes = own[at + 3 * rows:at + 3 * rows + 16]
-        for w in range(c, n_work, chunks):
-            item, kvh = w // n_kv, w % n_kv
-            i, k0, k1, partial = items[item, 0], items[item, 1], items[item, 2], items[item, 3]
-            t0, n_tok = starts[i], lens[i]
-            table = block_tables[token_seq[t0]]
-            n_rows = n_tok * group
-            if n_rows < FEW_ROWS:
-                acc = acc_rows[:n_rows * head_dim].reshape(n_rows, head_dim)
-                attend_few(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, scale,
-                           window, softcap, q_t[:n_rows * head_dim].reshape(n_rows, head_dim),
-                           kbuf, scores[:FEW_ROWS * split].reshape(FEW_ROWS, split), lanes, top,
-                           total, acc)
-            else:
-                padded = -(-n_rows // 16) * 16
-                acc = acc_rows[:padded * head_dim].reshape(padded, head_dim)
-                attend_many(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, scale,
-                            window, softcap, q_t[:head_dim * padded].reshape(head_dim, padded),
-                            kbuf, vbuf, scores[:KEYS * padded].reshape(KEYS, padded), best, top,
-                            total, acc)
-            for r in range(n_tok * group):
-                t, h = r // group, kvh * group + r % group
-                if partial < 0:
-                    inv = float32(1.0) / total[r]
-                    for d in range(head_dim):
-                        out[t0 + t, h, d] = acc[r, d] * inv
-                else:
-                    part_top[partial + t, h], part_total[partial + t, h] = top[r], total[r]
-                    for d in range(head_dim):
-                        part_acc[partial + t, h, d] = acc[r, d]
-    for item in prange(len(items)):  # merge each split tile's partials (its first item)
-        i, partial, splits = items[item, 0], items[item, 3], items[item, 4]
-        if partial < 0 or (item > 0 and items[item - 1, 0] == i):
-            continue
-        t0, n_tok = starts[i], lens[i]
-        for t in range(n_tok):
-            for h in range(n_heads):
-                best = NO_SCORE
-                for s in range(splits):
-                    best = max(best, part_top[partial + s * n_tok + t, h])
-                total = float32(0.0)
-                for d in range(head_dim):
-                    out[t0 + t, h, d] = 0.0
-                for s in range(splits):
-                    at = partial + s * n_tok + t
-                    if part_total[at, h] > 0:
-                        f = exp32(part_top[at, h] - best)
-                        total += f * part_total[at, h]
-                        for d in range(head_dim):
-                            out[t0 + t, h, d] += f * part_acc[at, h, d]
-                inv = float32(1.0) / total
-                for d in range(head_dim):
-                    out[t0 + t, h, d] *= inv
-
-
-@njit(fastmath=True, parallel=True, cache=True, error_model="numpy")
-def _paged_attention_parallel(q, k_cache, v_cache, block_tables, positions, token_seq, scale,
-                              window, softcap, tile, split, out):
-    _attention_body(q, k_cache, v_cache, block_tables, positions, token_seq, scale, window,
-                    softcap, tile, split, N_CHUNKS, out)
-
-
-@njit(fastmath=True, cache=True, error_model="numpy")
-def _paged_attention_serial(q, k_cache, v_cache, block_tables, positions, token_seq, scale,
-                            window, softcap, tile, split, out):
-    _attention_body(q, k_cache, v_cache, block_tables, positions, token_seq, scale, window,
-                    softcap, tile, split, 1, out)
+        _run_chunk(c, chunks, q, k_cache, v_cache, block_tables, positions, token_seq, scale,
+                   window, softcap, split, starts, lens, items, scratch[c], rows, out, part_top,
+                   part_total, part_acc)
+    for item in range(len(items)):  # merge each split tile's partials (at its first item)
+        if items[item, 3] >= 0 and (item == 0 or items[item - 1, 0] != items[item, 0]):
+            _merge(item, starts, lens, items, part_top, part_total, part_acc, out)
 
 
 def paged_attention(q, k_cache, v_cache, meta, window=None, scores_scale=None, softcap=None,
@@ -187,8 +191,13 @@ def paged_attention(q, k_cache, v_cache, meta, window=None, scores_scale=None, s
     out = np.empty_like(q)
     n_heads, head_dim = q.shape[1], q.shape[2]
     scale = np.float32(1.0 / np.sqrt(head_dim) if scores_scale is None else scores_scale)
-    kernel = _paged_attention_serial if blas_in_use() else _paged_attention_parallel
-    kernel(q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq, scale,
-           window or 0, np.float32(softcap or 0.0), tile_tokens(n_heads, k_cache.shape[2], head_dim),
-           split_keys, out)
+    threads = get_num_threads()
+    if blas_in_use():  # one thread: no numba workers woken between BLAS calls
+        set_num_threads(1)
+    try:
+        _paged_attention(q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq,
+                         scale, window or 0, np.float32(softcap or 0.0),
+                         tile_tokens(n_heads, k_cache.shape[2], head_dim), split_keys, out)
+    finally:
+        set_num_threads(threads)
     return out
