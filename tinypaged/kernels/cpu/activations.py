@@ -66,7 +66,7 @@ def _round_block(typingctx, x, at, inverse, q):
 
 
 @njit(cache=True)
-def quantize_activations(x, padded_rows=0):
+def quantize_activations(x, padded_rows):
     """x (M, K) float32, K a multiple of 32 -> q (R, K) int8, d (R, K/32) float32 (the
     blocks' scales), qsum (R, K/32) int32 (each block's sum of q), R = max(M,
     padded_rows): rows after M are zeros (kernels that take rows 8 at a time)."""

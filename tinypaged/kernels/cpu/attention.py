@@ -176,7 +176,9 @@ def _paged_attention(q, k_cache, v_cache, block_tables, positions, token_seq, sc
                  + max(KEYS * rows, FEW_ROWS * split) + rows * head_dim + 3 * rows + 16)
     scratch = np.empty((chunks, per_chunk), np.float32)
     for c in prange(chunks):  # work items dealt round-robin: long and short ones mix
-        _run_chunk(c, chunks, q, k_cache, v_cache, block_tables, positions, token_seq, scale,
+        # (c is int64 where numba types the loop, uint64 in the loop's own kernel: one
+        #  type, or _run_chunk and all it calls compile twice)
+        _run_chunk(np.int64(c), chunks, q, k_cache, v_cache, block_tables, positions, token_seq, scale,
                    window, softcap, split, starts, lens, items, scratch[c], rows, out, part_top,
                    part_total, part_acc)
     for item in range(len(items)):  # merge each split tile's partials (at its first item)

@@ -176,7 +176,8 @@ def attend_many(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, s
                 for r in range(rows):
                     if _masked(key + j, positions[t0 + r // group], window):
                         scores[j, r] = NO_SCORE
-        best[:rows] = top[:rows]
+        for r in range(rows):
+            best[r] = top[r]
         for j in range(n_keys):
             row = scores[j]
             for r in range(rows):
