@@ -80,7 +80,7 @@ def random_activations(rng, rows, k):
 def test_activations_quantize_as_the_reference_bit_for_bit():
     rng = np.random.default_rng(8)
     x = random_activations(rng, 5, 256)
-    q, d, qsum = quantize_activations(x, 0)
+    q, d, qsum = quantize_activations(x, len(x))
     want_q, want_d = reference.quantize_activations(x)
     assert np.array_equal(q, want_q) and np.array_equal(d, want_d)
     assert np.array_equal(qsum, want_q.reshape(5, -1, 32).sum(2, dtype=np.int32))

@@ -59,7 +59,7 @@ def _x_sums_by_kind(scales, xq, qsum):
 def _gemv_lanes(x, quants, scales, mins, supers, fifths, out):
     """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W laid out (lanes.py).
     Threads take groups of 16 rows, spread evenly over N_CHUNKS ranges."""
-    xq, dx, qsum = quantize_activations(x, 0)
+    xq, dx, qsum = quantize_activations(x, len(x))
     n_rows, width = x.shape
     n_out = out.shape[1]
     n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4

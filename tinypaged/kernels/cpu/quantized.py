@@ -92,7 +92,7 @@ def _gemv(x, quants, scales, mins, supers, highs, out):
     Traffic: the packed bytes once (0.56-1.06 bytes a weight), x from L1. mins None:
     Q8_0 (int8 quants), Q4_0, Q5_0 and Q6_K; supers given: K-quants; highs given: Q5_x,
     Q5_K and Q6_K."""
-    xq, dx, qsum = quantize_activations(x, 0)
+    xq, dx, qsum = quantize_activations(x, len(x))
     n_rows, width = x.shape
     n_out = quants.shape[0]
     n_blocks = width >> 5
