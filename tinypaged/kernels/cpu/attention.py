@@ -193,13 +193,16 @@ def paged_attention(q, k_cache, v_cache, meta, window=None, scores_scale=None, s
     out = np.empty_like(q)
     n_heads, head_dim = q.shape[1], q.shape[2]
     scale = np.float32(1.0 / np.sqrt(head_dim) if scores_scale is None else scores_scale)
+    args = (q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq, scale,
+            window or 0, np.float32(softcap or 0.0), tile_tokens(n_heads, k_cache.shape[2], head_dim),
+            split_keys, out)
+    if not blas_in_use():  # (numba's thread-count calls take a lock: ~5 us a pair)
+        _paged_attention(*args)
+        return out
     threads = get_num_threads()
-    if blas_in_use():  # one thread: no numba workers woken between BLAS calls
-        set_num_threads(1)
+    set_num_threads(1)  # one thread: no numba workers woken between BLAS calls
     try:
-        _paged_attention(q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq,
-                         scale, window or 0, np.float32(softcap or 0.0),
-                         tile_tokens(n_heads, k_cache.shape[2], head_dim), split_keys, out)
+        _paged_attention(*args)
     finally:
         set_num_threads(threads)
     return out
