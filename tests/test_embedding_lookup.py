@@ -15,7 +15,6 @@ from test_lanes import KINDS, random_packed, width_for
 from tinypaged.kernels.cpu import embedding
 from tinypaged.kernels.cpu.lanes import LanePacked
 from tinypaged.kernels.cpu.linear import LinearWeight
-from tinypaged.model.packed import ROW_ARRAYS
 
 SMALL, REPEATS = 64, 4096  # rows of the small table; the large one has SMALL * REPEATS
 TOKENS = np.array([3, 17, 40])
