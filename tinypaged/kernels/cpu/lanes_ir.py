@@ -14,7 +14,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .group_ir import F32, FLOATS, I32, INTS, LANES, X_ROWS, c_array, index, pointer, splat
+from .group_ir import FLOATS, I32, INTS, LANES, X_ROWS, c_array, index, pointer, splat
 
 HALVES = ir.VectorType(ir.HalfType(), LANES)
 SHORTS = ir.VectorType(ir.IntType(16), LANES)
@@ -145,7 +145,9 @@ def _group_product(x_rows: int):
                                                          INTS))
                         term = builder.fmul(builder.fmul(scale, x_scale), builder.sitofp(dot, FLOATS))
                         if with_min:  # (scale * dx) * dot + (min * dx) * qsum, as block_term
-                            x_total = splat(builder, builder.sitofp(x_sum, F32), FLOATS)
+                            # (splat, then convert: a broadcast load and one vcvtdq2ps, not
+                            #  a scalar convert's 2 uops and a broadcast on the shuffle port)
+                            x_total = builder.sitofp(splat(builder, x_sum, INTS), FLOATS)
                             term = builder.fadd(term, builder.fmul(builder.fmul(low, x_scale), x_total))
                     builder.store(builder.fadd(builder.load(totals[i]), term), totals[i])
 
