@@ -68,18 +68,18 @@ def test_stories260k_replayed_steps_equal_eager_steps_token_for_token(stories_di
         engine = LLMEngine(stories_dir, EngineConfig(backend="cuda", num_blocks=16,
                                                      cuda_graphs=cuda_graphs))
         logits = _record_logits(engine)
-        engine.add_request("Once upon a time", SamplingParams(temperature=0, max_tokens=6,
+        engine.add_request("Once upon a time", SamplingParams(temperature=0, max_tokens=5,
                                                               ignore_eos=True), request_id="a")
-        engine.add_request("The cat", SamplingParams(temperature=0, max_tokens=4,
+        engine.add_request("The cat", SamplingParams(temperature=0, max_tokens=3,
                                                      ignore_eos=True), request_id="b")
         outputs = {}
         while engine.has_unfinished():
             outputs.update({o.request_id: o.outputs[0].token_ids for o in engine.step()})
         runs[cuda_graphs] = logits, outputs, engine
     (eager_logits, eager_out, _), (graph_logits, graph_out, engine) = runs[False], runs[True]
-    assert graph_out == eager_out and [len(graph_out[r]) for r in "ab"] == [6, 4]
+    assert graph_out == eager_out and [len(graph_out[r]) for r in "ab"] == [5, 3]
     _assert_same_steps(graph_logits, eager_logits)
-    assert engine.runner.model.ops.replays >= 3
+    assert engine.runner.model.ops.replays >= 2  # a step of each bucket run again
     assert {bucket for bucket, _ in engine.runner.decode_graphs.steps} == {1, 2}  # 2, then 1
 
 

@@ -286,8 +286,9 @@ def test_the_cuda_backend_matches_transformers_at_every_prompt_position(case, tm
 @pytest.mark.parametrize("case, backend, new_tokens", [
     ("mistral-window", "cpu", 40), ("phi3-window", "cpu", 40), ("gemma3", "cpu", 40),
     ("gemma2", "cpu", 24),
-    pytest.param("mistral-window", "cuda", 12, marks=pytest.mark.cuda),
-    pytest.param("gemma3", "cuda", 12, marks=pytest.mark.cuda)])
+    # (the CUDA simulator takes seconds a step; 8 new tokens still free a block behind the window)
+    pytest.param("mistral-window", "cuda", 8, marks=pytest.mark.cuda),
+    pytest.param("gemma3", "cuda", 8, marks=pytest.mark.cuda)])
 def test_blocks_behind_a_window_go_back_to_the_pool(case, backend, new_tokens, tmp_path,
                                                     monkeypatch):
     """Sliding layers (window 8, blocks of 4): while a sequence decodes, the blocks
