@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from tinypaged.config import EngineConfig, parse_size
+from tinypaged.config import KV_CACHE_DTYPES, EngineConfig, parse_size
 from tinypaged.sampling import SamplingParams
 
 SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
@@ -251,9 +251,10 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantization", choices=["q8_0", "q4_0", "q4_1"],
                         default=ENGINE_DEFAULTS["quantization"],
                         help="quantize a float model's matrices at load (kept packed)")
-    parser.add_argument("--kv-cache-dtype", choices=["float32", "float16"],
+    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
                         default=ENGINE_DEFAULTS["kv_cache_dtype"],
-                        help="KV pool element type (float16: twice the tokens in the same memory)")
+                        help="KV pool element type (float16: twice the tokens in the same memory; "
+                        "auto: float16 for GGUF files and float16/bfloat16 folders)")
     parser.add_argument("--no-cuda-graphs", action="store_true",
                         help="CUDA: launch every decode step's kernels from Python instead "
                         "of replaying recorded steps as CUDA graphs")

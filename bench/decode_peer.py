@@ -26,7 +26,7 @@ Rows (--rows):
           4,096-token KV cache (MB)
 
 Usage: python bench/decode_peer.py --llama-bench PATH [--rounds 3] [--models a,b]
-       [--rows b1,pp512] [--kv-cache-dtype float16]
+       [--rows b1,pp512] [--kv-cache-dtype auto|float16|float32]
 Without --models/--rows: the rows issue 30 asks for, for each file present.
 Prints a table; asserts nothing.
 """
@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tinypaged import LLM, SamplingParams  # noqa: E402
+from tinypaged.config import KV_CACHE_DTYPES  # noqa: E402
 from tinypaged.bench import llama_cpp_peer  # noqa: E402
 from tinypaged.bench.long_rates import decode_after_prompt, prefill_rate, timed_process  # noqa: E402
 from tinypaged.bench.suite import decode_rate  # noqa: E402
@@ -154,7 +155,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", default=None, help=f"of {', '.join(MODELS)}")
     parser.add_argument("--rows", default=None, help=f"of {', '.join(UNITS)}")
-    parser.add_argument("--kv-cache-dtype", default="float32", choices=["float32", "float16"])
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     args = parser.parse_args()
     names = args.models.split(",") if args.models else list(PLAN)
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {args.rounds} rounds "

@@ -42,7 +42,7 @@ def kv_bytes(gguf: str, tokens: int) -> dict:
     cfg = llm.engine.model_config
     groups = llm.engine.runner.model.kv_groups
     block_bytes = PagedKVCache.bytes_per_block(cfg, llm.engine.config.block_size,
-                                               llm.engine.config.kv_cache_dtype)
+                                               llm.engine.kv_cache_dtype)
 
     def work(engine):
         bm, steps = engine.block_manager, []

@@ -10,7 +10,7 @@ N tokens) instead of a short one. Timers cost ~1 us a call, counted in "python
 between ops".
 
 Usage: python bench/profile_step.py MODEL [--steps 64] [--requests 1] [--prompt-len N]
-       [--phase decode|prefill] [--kv-cache-dtype float16]
+       [--phase decode|prefill] [--kv-cache-dtype auto|float16|float32]
 Prints a table; asserts nothing.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tinypaged import LLM, SamplingParams  # noqa: E402
+from tinypaged.config import KV_CACHE_DTYPES  # noqa: E402
 from tinypaged.bench.long_rates import random_prompt  # noqa: E402
 from tinypaged.bench.suite import on_engine_thread  # noqa: E402
 from tinypaged.model.ggml_quant import GGML_TYPE_NAMES  # noqa: E402
@@ -138,7 +139,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1)
     parser.add_argument("--prompt-len", type=int, default=0)
     parser.add_argument("--phase", choices=["decode", "prefill"], default="decode")
-    parser.add_argument("--kv-cache-dtype", choices=["float32", "float16"], default="float32")
+    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     args = parser.parse_args()
     if args.phase == "prefill" and not args.prompt_len:
         parser.error("--phase prefill needs --prompt-len")

@@ -225,7 +225,7 @@ def test_chat_messages_and_beam_arguments_are_checked(llm, expected):
     (dict(gpu_memory_utilization=0), ValueError, r"gpu_memory_utilization=0 must be in \(0, 1\]"),
     (dict(quantization="q3_k"), ValueError, "quantization='q3_k' is not one of 'q8_0', 'q4_0', 'q4_1'"),
     (dict(kv_cache_dtype="bfloat16"), ValueError,
-     "kv_cache_dtype='bfloat16' is not one of 'float32', 'float16'"),
+     "kv_cache_dtype='bfloat16' is not one of 'auto', 'float32', 'float16'"),
     (dict(cuda_graphs="yes"), TypeError, "cuda_graphs must be True or False"),
 ])
 def test_bad_engine_options_name_the_field(kwargs, error, pattern):

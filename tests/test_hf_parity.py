@@ -74,7 +74,10 @@ def test_the_reference_matches_transformers(case, layout, tmp_path):
 
 
 def engine(case: str, layout: str, root, **kwargs) -> LLM:
-    return LLM(model_folder(case, layout, root), backend="cpu", block_size=4, **kwargs)
+    """The fixtures are float16 checkpoints; the KV pool kept float32 as transformers
+    keeps K and V here, so the tolerances measure the engine's math alone."""
+    return LLM(model_folder(case, layout, root), backend="cpu", block_size=4,
+               kv_cache_dtype="float32", **kwargs)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -254,7 +257,8 @@ def test_a_gguf_as_llama_cpp_writes_it_matches_transformers(case, tmp_path):
     model = ReferenceModel(*load_model(str(path)))
     for ids, logits in expected(case):
         assert_close(model.forward(ids, model.new_cache(len(ids))), logits, f"{case} GGUF")
-    llm = LLM(str(path), backend="cpu", block_size=4, max_num_batched_tokens=16)
+    llm = LLM(str(path), backend="cpu", block_size=4, max_num_batched_tokens=16,
+              kv_cache_dtype="float32")
     params = SamplingParams(max_tokens=1, prompt_logprobs=20, temperature=0)
     for out, (ids, logits) in zip(llm.generate([ids.tolist() for ids, _ in expected(case)], params),
                                   expected(case)):
@@ -273,7 +277,7 @@ def test_the_cuda_backend_matches_transformers_at_every_prompt_position(case, tm
     for a model with a window, the long one. (The -gguf fixtures differ from their
     family's only in the settings llama.cpp fixes: nothing new for the kernels.)"""
     llm = LLM(model_folder(case, "config.json", tmp_path), backend="cuda", block_size=4,
-              num_blocks=80, gpu_weight_dtype="float32")
+              num_blocks=80, gpu_weight_dtype="float32", kv_cache_dtype="float32")
     ids, logits = expected(case)[0 if window_of(case) is None else 1]  # past the window
     out = llm.generate([ids.tolist()], SamplingParams(max_tokens=1, prompt_logprobs=5))[0]
     wanted = log_softmax(logits)
@@ -300,7 +304,8 @@ def test_blocks_behind_a_window_go_back_to_the_pool(case, backend, new_tokens, t
     from tinypaged.model.kv_groups import blocks_for
 
     folder = model_folder(case, "config.json", tmp_path)
-    llm = LLM(folder, backend=backend, block_size=4, num_blocks=48, gpu_weight_dtype="float32")
+    llm = LLM(folder, backend=backend, block_size=4, num_blocks=48, gpu_weight_dtype="float32",
+              kv_cache_dtype="float32")
     bm, groups = llm.engine.block_manager, llm.engine.runner.model.kv_groups
     assert 8 in bm.windows and bm.windows == groups.windows
     decode_steps = []  # (tokens of the sequence, blocks in use) at each decode step

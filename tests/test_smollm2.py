@@ -126,7 +126,7 @@ def test_a_float16_kv_cache_holds_twice_the_tokens_within_a_tenth_of_a_percent(s
     """kv_cache_dtype="float16": K and V rounded to float16 when written. Same pool
     bytes, twice the blocks; perplexity on prose.txt within 0.1% of the float32 pool."""
     half = LLM(smollm2_dir, kv_cache_memory=64 << 20, kv_cache_dtype="float16")
-    full = LLM(smollm2_dir, kv_cache_memory=64 << 20)
+    full = LLM(smollm2_dir, kv_cache_memory=64 << 20, kv_cache_dtype="float32")
     assert half.engine.block_manager.num_blocks == 2 * full.engine.block_manager.num_blocks
     ids = smollm2.tokenizer.encode(PROSE)
     want, got = engine_perplexity(full, ids), engine_perplexity(half, ids)

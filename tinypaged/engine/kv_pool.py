@@ -19,6 +19,15 @@ PREFIX_CACHE_MARGIN = 0.25  # extra blocks, as a share of the live work, for cac
 HOST_BYTES_PER_BLOCK = 256  # the block manager's Python bookkeeping per block (Block + free list)
 
 
+def kv_cache_dtype(requested: str, checkpoint_dtype: str) -> str:
+    """The pool's element type: as requested, or for "auto" the checkpoint's own
+    precision as near as the pool holds it (float16 for float16 and bfloat16 folders
+    and for GGUF files, as llama.cpp and vLLM keep them; float32 for float32 ones)."""
+    if requested != "auto":
+        return requested
+    return "float16" if checkpoint_dtype in ("float16", "bfloat16") else "float32"
+
+
 def work_blocks(config: EngineConfig, max_model_len: int, groups: KVGroups) -> int:
     """Blocks for max_num_seqs full-length sequences decoding and one full-length
     prompt's admission, plus the prefix-cache margin."""

@@ -19,7 +19,7 @@ from ..tokenizer import Tokenizer
 from .block_manager import BlockManager, blocks_for
 from .block_map import render_block_map
 from .engine_stats import EngineStats
-from .kv_pool import check_pool_fits, check_rope_fits, pool_blocks
+from .kv_pool import check_pool_fits, check_rope_fits, kv_cache_dtype, pool_blocks
 from .load_thread import on_own_thread
 from .model_runner import ModelRunner
 from .request import PreparedRequest, Request
@@ -57,7 +57,8 @@ class LLMEngine(SampleStep):
         model = on_own_thread(lambda: self._load_model(model_dir, config, ops))
         self.tokenizer = Tokenizer(model_dir)
         cfg, bs = self.model_config, config.block_size
-        bytes_per_block = PagedKVCache.bytes_per_block(cfg, bs, config.kv_cache_dtype)
+        self.kv_cache_dtype = kv_cache_dtype(config.kv_cache_dtype, cfg.dtype)
+        bytes_per_block = PagedKVCache.bytes_per_block(cfg, bs, self.kv_cache_dtype)
         num_blocks = pool_blocks(config, bytes_per_block, self.max_model_len,
                                  ops.default_kv_memory, model.kv_groups)
         check_pool_fits(num_blocks, bytes_per_block, ops.memory_available())
@@ -65,7 +66,7 @@ class LLMEngine(SampleStep):
                                           windows=model.kv_groups.windows)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens)
-        kv = PagedKVCache(cfg, num_blocks, bs, ops, config.kv_cache_dtype)
+        kv = PagedKVCache(cfg, num_blocks, bs, ops, self.kv_cache_dtype)
         self.runner = ModelRunner(model, kv, bs, decode_graphs(config, model, kv,
                                                                self.max_model_len))
         unique = {id(w): w for w in model.w.values()}.values()  # a tied lm_head counts once

@@ -18,6 +18,8 @@ from .rope import NO_ROPE, Rope, rope_from_config
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 # norms before each block (Llama), after it (OLMo 2), or both (Gemma 2 and 3)
+# what a checkpoint's "dtype" (or older "torch_dtype") may say; others read as float32
+CHECKPOINT_DTYPES = ("float32", "float16", "bfloat16")
 NORM_LAYOUTS = ("pre", "post", "sandwich")
 
 # the keys every supported architecture reads
@@ -26,11 +28,12 @@ COMMON_KEYS = frozenset({
     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
     "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
     "tie_word_embeddings", "bos_token_id", "eos_token_id", "hidden_act",
+    "torch_dtype", "dtype",  # the checkpoint's precision: kv_cache_dtype="auto" follows it
 })
 # keys that never change inference's math: training (dropout, initialization), the
 # cache switch, generation defaults, labels, tooling and provenance
 IGNORED_KEYS = frozenset({
-    "transformers_version", "torch_dtype", "dtype", "initializer_range", "use_cache",
+    "transformers_version", "initializer_range", "use_cache",
     "pad_token_id", "sep_token_id", "decoder_start_token_id", "attention_dropout",
     "hidden_dropout", "embd_pdrop", "resid_pdrop", "attn_pdrop", "return_dict",
     "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16",
@@ -83,6 +86,7 @@ class ModelConfig:
     local_rope: Rope | None = None  # the sliding layers' RoPE where it differs (Gemma 3)
     attn_softcap: float | None = None  # scores as cap * tanh(score / cap) (Gemma 2)
     final_softcap: float | None = None  # logits as cap * tanh(logit / cap) (Gemma 2)
+    dtype: str = "float32"  # the checkpoint's precision, one of CHECKPOINT_DTYPES (GGUF: float16)
 
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -203,6 +207,7 @@ class ModelConfig:
                 tie_word_embeddings=get.boolean("tie_word_embeddings", False),
                 bos_token_id=get.token_ids("bos_token_id", vocab, single=True),
                 eos_token_ids=get.token_ids("eos_token_id", vocab),
+                dtype=checkpoint_dtype(cfg),
                 **family_fields,
             )
         except ValueError as e:  # ModelConfig's own checks do not know the file
@@ -225,6 +230,14 @@ class ModelConfig:
         if not isinstance(cfg, dict):
             raise ValueError(f"{path}: expected a JSON object")
         return cls.from_dict(cfg, path)
+
+
+def checkpoint_dtype(cfg: dict) -> str:
+    """The precision a config.json declares ("dtype", or "torch_dtype" before
+    transformers 4.56); float32 where it is absent or names no float kind we know
+    (the safer choice for what follows it: the KV cache's dtype)."""
+    declared = cfg.get("dtype", cfg.get("torch_dtype"))
+    return declared if declared in CHECKPOINT_DTYPES else "float32"
 
 
 def check_keys(cfg: dict, arch: str, where: str) -> None:
