@@ -61,12 +61,20 @@ def c_array(array_type, dtypes) -> bool:
     return isinstance(array_type, types.Array) and array_type.layout == "C" and array_type.dtype in dtypes
 
 
+def fused(builder):
+    """llvm.fma on 16 float32 lanes: a * b + c, rounded once (common.fma32's bits)."""
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(FLOATS, [FLOATS] * 3),
+                                          "llvm.fma.v16f32")
+
+
 def _accumulate(context, builder, sig, args, dots):
-    """acc[i, :] = acc[i, :] + block_term(scale[b, :], low[b, :], dx[m0 + i, b], dots[i],
-    qsum[m0 + i, b]) for i < 8, lane by lane (args as in the intrinsics below)."""
+    """acc[i, :] = fma(dx[m0 + i, b], block_term(scale[b, :], low[b, :], dots[i],
+    qsum[m0 + i, b]), acc[i, :]) for i < 8, lane by lane (args as in the intrinsics
+    below; packed_terms.py)."""
     t_scale, t_low, t_dx, t_qsum, t_acc = (sig.args[i] for i in (4, 5, 7, 8, 10))
     _, _, _, _, scale_arr, low_arr, b, dx_arr, qsum_arr, m0, acc_arr = args[:11]
     with_min = not isinstance(t_low, types.NoneType)
+    fma = fused(builder)
     n_blocks = builder.extract_value(context.make_array(t_dx)(context, builder, dx_arr).shape, 1)
     row_at = builder.mul(b, index(LANES))
     scale = builder.load(pointer(context, builder, t_scale, scale_arr, row_at, FLOATS), align=4)
@@ -75,13 +83,12 @@ def _accumulate(context, builder, sig, args, dots):
     for i in range(X_ROWS):
         at = builder.add(builder.mul(builder.add(m0, index(i)), n_blocks), b)
         x_scale = splat(builder, builder.load(pointer(context, builder, t_dx, dx_arr, at)), FLOATS)
-        term = builder.fmul(builder.fmul(scale, x_scale), dots[i])
+        term = builder.fmul(scale, dots[i])
         if with_min:
             total = builder.sitofp(builder.load(pointer(context, builder, t_qsum, qsum_arr, at)), F32)
-            term = builder.fadd(term, builder.fmul(builder.fmul(low, x_scale),
-                                                   splat(builder, total, FLOATS)))
+            term = builder.call(fma, [low, splat(builder, total, FLOATS), term])
         at_acc = pointer(context, builder, t_acc, acc_arr, index(i * LANES), FLOATS)
-        builder.store(builder.fadd(builder.load(at_acc, align=4), term), at_acc, align=4)
+        builder.store(builder.call(fma, [x_scale, term, builder.load(at_acc, align=4)]), at_acc, align=4)
 
 
 def _block_types_ok(w, wdtype, x, xdtype, scale, low, dx, qsum, acc) -> bool:
@@ -103,8 +110,7 @@ def accumulate_block_float(typingctx, wt, w_at, xf, x_at, scale, low, b, dx, qsu
     def codegen(context, builder, sig, args):
         wt_arr, w_at, xf_arr, x_at = args[:4]
         m0 = args[9]
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(FLOATS, [FLOATS] * 3),
-                                             "llvm.fma.v16f32")
+        fma = fused(builder)
         x = context.make_array(sig.args[2])(context, builder, xf_arr)
         width = builder.extract_value(x.shape, 1)
         dots = [ir.Constant(FLOATS, [0.0] * LANES) for _ in range(X_ROWS)]

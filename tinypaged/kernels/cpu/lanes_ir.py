@@ -4,7 +4,7 @@ times one row of x, the rows in the 16 lanes of every vector.
 Block after block, in order: 8 vpdpbusd (each: 4 bytes of each of the 16 rows,
 unsigned, times 4 of x's int8 values, broadcast) give the 16 rows' integer dots;
 block_term's float32 operations then run on the 16 lanes at once, in its order,
-and add to the 16 sums (packed_terms.py). Each lane computes exactly what the
+and are fused into the 16 sums with x's scale (packed_terms.py). Each lane computes exactly what the
 row-by-row kernels compute for its row, with no sum across lanes and no serial
 chain of adds per row. Q5_x's fifth bits come from a 64-bit mask a chunk
 (lanes.py), put in place by one masked move (select) and or-ed into the nibbles.
@@ -14,7 +14,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .group_ir import FLOATS, I32, INTS, LANES, X_ROWS, c_array, index, pointer, splat
+from .group_ir import FLOATS, I32, INTS, LANES, X_ROWS, c_array, fused, index, pointer, splat
 
 HALVES = ir.VectorType(ir.HalfType(), LANES)
 SHORTS = ir.VectorType(ir.IntType(16), LANES)
@@ -55,17 +55,18 @@ def _group_product(x_rows: int):
                 fifths, f_at, dx, qsum, row_at, acc):
         with_fifths = not isinstance(fifths, types.NoneType)
         with_supers = not isinstance(supers, types.NoneType)
+        with_min = not isinstance(mins, types.NoneType)  # (then qsum is float32: only the min takes it)
         scale_types = (types.uint8, types.int8) if with_supers else (types.uint16,)
         if not (_flat(quants, (types.int8, types.uint8)) and _flat(xq, (types.int8,))
                 and _flat(scales, scale_types) and _flat(dx, (types.float32,))
-                and _flat(qsum, (types.int32,)) and _flat(acc, (types.float32,))
+                and _flat(qsum, (types.float32,) if with_min else (types.int32,))
+                and _flat(acc, (types.float32,))
                 and (isinstance(mins, types.NoneType) or _flat(mins, scale_types))
                 and (not with_supers or _flat(supers, (types.uint16,)))
                 and (not with_fifths or _flat(fifths, (types.uint8,)))):
             return None
         q8 = quants.dtype == types.int8
         q6 = scales.dtype == types.int8  # Q6_K: int8 sub-scales, d in supers, qsum: half sums
-        with_min = not isinstance(mins, types.NoneType)
         # what the unsigned bytes carry above q: Q8_0 128, Q4_0 8, Q5_0 16, with mins 0
         # (Q6_K's 32 goes with its sub-scales)
         offset = 128 if q8 else 0 if with_min or q6 else 16 if with_fifths else 8
@@ -79,6 +80,7 @@ def _group_product(x_rows: int):
             t = sig.args
             dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(INTS, [INTS] * 3),
                                                     "llvm.x86.avx512.vpdpbusd.512")
+            fma = fused(builder)
             totals = [cgutils.alloca_once_value(builder, ir.Constant(FLOATS, [0.0] * LANES))
                       for _ in range(x_rows)]
             width = builder.mul(n_blocks, index(32))  # x's row length: rows follow each other
@@ -135,40 +137,40 @@ def _group_product(x_rows: int):
                     x_scale = splat(builder, builder.load(pointer(context, builder, t[12], dx_arr, at)),
                                     FLOATS)
                     if q6:
-                        term = builder.fmul(builder.fmul(d, x_scale),
-                                            builder.sitofp(q6_dot(b, at, dots[i], subs), FLOATS))
+                        term = builder.fmul(d, q6_dot(b, at, dots[i], subs))
                     else:
                         dot = builder.add(dots[i][0], dots[i][1]) if x_rows == 1 else dots[i][0]
                         x_sum = builder.load(pointer(context, builder, t[13], qs_arr, at))
                         if offset:  # the dot of q itself: sum of (q + offset) x less offset * sum of x
                             dot = builder.sub(dot, splat(builder, builder.mul(x_sum, ir.Constant(I32, offset)),
                                                          INTS))
-                        term = builder.fmul(builder.fmul(scale, x_scale), builder.sitofp(dot, FLOATS))
-                        if with_min:  # (scale * dx) * dot + (min * dx) * qsum, as block_term
-                            # (splat, then convert: a broadcast load and one vcvtdq2ps, not
-                            #  a scalar convert's 2 uops and a broadcast on the shuffle port)
-                            x_total = builder.sitofp(splat(builder, x_sum, INTS), FLOATS)
-                            term = builder.fadd(term, builder.fmul(builder.fmul(low, x_scale), x_total))
-                    builder.store(builder.fadd(builder.load(totals[i]), term), totals[i])
+                        term = builder.fmul(scale, builder.sitofp(dot, FLOATS))
+                        if with_min:  # fma(min, qsum, scale * dot), as block_term (qsum float32:
+                            term = builder.call(fma, [low, splat(builder, x_sum, FLOATS), term])  # a broadcast load)
+                    builder.store(builder.call(fma, [x_scale, term, builder.load(totals[i])]), totals[i])
 
             def sub_scales(b, h):
+                """Block b's sub-scales of half h, 16 int8 as float32 (exact)."""
                 part = builder.add(builder.mul(b, index(2)), index(h))
                 subs = builder.load(pointer(context, builder, t[5], s_arr,
                                             builder.add(s_at, builder.mul(part, index(LANES))),
                                             ir.VectorType(ir.IntType(8), LANES)), align=1)
-                return builder.sext(subs, INTS)
+                return builder.sitofp(subs, FLOATS)
 
             def q6_dot(b, at, dots, subs):
-                """Q6_K's exact block dot from its halves' sums of q x (q = 0 .. 63); x's
-                sums of 16 values of this row's block b at qsum[2 at + h]."""
-                exact = ir.Constant(INTS, [0] * LANES)
+                """Q6_K's exact block dot, as float32, from its halves' sums of q x (q = 0 .. 63);
+                x's sums of 16 values of this row's block b at qsum[2 at + h]. Each centred
+                half is sum of (q - 32) x, |.| <= 16 * 32 * 127, so each product with an int8
+                sub-scale is below 2^23 and their sum below 2^24: the float multiply and fma
+                are exact, the integer dot's bits, without two vpmulld (2 uops each) a row."""
+                centred = []
                 for h in range(2):
                     x_half = builder.load(pointer(context, builder, t[13], qs_arr,
                                                   builder.add(builder.mul(at, index(2)), index(h))))
-                    centred = builder.sub(dots[h], splat(builder, builder.mul(x_half, ir.Constant(I32, 32)),
-                                                         INTS))
-                    exact = builder.add(exact, builder.mul(centred, subs[h]))
-                return exact
+                    exact = builder.sub(dots[h], splat(builder, builder.mul(x_half, ir.Constant(I32, 32)),
+                                                       INTS))
+                    centred.append(builder.sitofp(exact, FLOATS))
+                return builder.call(fma, [centred[0], subs[0], builder.fmul(centred[1], subs[1])])
 
             def repeated(value):
                 return ir.Constant(INTS, [value] * LANES)
@@ -196,7 +198,8 @@ def _group_product(x_rows: int):
 group_gemv = _group_product(1)
 group_gemv.__doc__ = """acc[0 .. 15] = the product of the group's 16 rows (bytes from quants[q_at], flat)
 with one row of x: its int8 values from xq[x_at], its block scales and sums
-dx[row_at + b], qsum[row_at + b]; the group's scales (and mins) of block b at
+dx[row_at + b], qsum[row_at + b] (int32; float32 for the kinds with mins); the
+group's scales (and mins) of block b at
 scales[s_at + 16 b + j]: float16 bits, or with supers given (Q4_K, Q5_K) 6-bit
 integers times the super-block's d (and dmin) at supers[u_at + 32 (b / 8) (+ 16) + j];
 Q5_x's and Q5_K's fifth-bit masks from fifths[f_at] (flat, or None). Q6_K (int8

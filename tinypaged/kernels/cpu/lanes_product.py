@@ -35,18 +35,22 @@ def _per_group_or_none(array):
     return lambda array: array[0].size
 
 
-def _x_sums(scales, xq, qsum):
-    """What the kernels read as x's block sums: qsum (M, K/32), or for Q6_K its sums of
-    16 values (M, K/16)."""
+def _x_sums(scales, mins, xq, qsum):
+    """What the kernels read as x's block sums: qsum (M, K/32) as float32 for the kinds
+    with mins (exact: |qsum| <= 32 * 127; their kernel only multiplies it by the min),
+    qsum itself for the kinds whose dot subtracts an offset times it, or for Q6_K its
+    sums of 16 values (M, K/16)."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
 @overload(_x_sums, inline="always")
-def _x_sums_by_kind(scales, xq, qsum):
+def _x_sums_by_kind(scales, mins, xq, qsum):
+    if not isinstance(mins, types.NoneType):
+        return lambda scales, mins, xq, qsum: qsum.astype(np.float32)
     if not is_q6_k(scales):
-        return lambda scales, xq, qsum: qsum
+        return lambda scales, mins, xq, qsum: qsum
 
-    def halves(scales, xq, qsum):
+    def halves(scales, mins, xq, qsum):
         sums = np.zeros((xq.shape[0], xq.shape[1] // 16), dtype=np.int32)
         for m in range(xq.shape[0]):
             for i in range(xq.shape[1]):
@@ -66,7 +70,7 @@ def _gemv_lanes(x, quants, scales, mins, supers, fifths, out):
     n_blocks = width // BLOCK
     q_flat, x_flat, s_flat, m_flat = quants.reshape(-1), xq.reshape(-1), scales.reshape(-1), _flat(mins)
     f_flat, u_flat = _flat(fifths), _flat(supers)
-    dx_flat, sums_flat = dx.reshape(-1), _x_sums(scales, xq, qsum).reshape(-1)
+    dx_flat, sums_flat = dx.reshape(-1), _x_sums(scales, mins, xq, qsum).reshape(-1)
     for c in prange(N_CHUNKS):
         acc = np.empty(LANES, dtype=np.float32)
         for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):
@@ -81,8 +85,8 @@ def _gemv_lanes(x, quants, scales, mins, supers, fifths, out):
 @njit(parallel=True, cache=True)
 def _gemm_lanes(xq, dx, sums, quants, scales, mins, supers, fifths, out):
     """out (M, N) for laid-out W; xq (M8, K) x's int8 values, M8 = M rounded up to a
-    multiple of 8 (zero rows after M); dx (M8, K/32); sums: qsum (M8, K/32), or for Q6_K
-    x's sums of 16 values (M8, K/16). Threads take groups of 16 rows; each group is
+    multiple of 8 (zero rows after M); dx (M8, K/32); sums: as _x_sums gives them
+    (qsum (M8, K/32), float32 with mins, or for Q6_K x's sums of 16 values (M8, K/16)). Threads take groups of 16 rows; each group is
     multiplied by every 8 rows of x in turn while its bytes are in L1 (made unsigned
     in registers, chunk by chunk, each pass), the next group's prefetched."""
     n_out = out.shape[1]
@@ -118,8 +122,12 @@ def lanes_product(x: np.ndarray, weight) -> np.ndarray:
         _gemv_lanes(x, weight.quants, weight.scales, weight.mins, weight.supers, weight.fifths, out)
     else:
         xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
-        sums = xq.reshape(len(xq), -1, 16).sum(axis=2, dtype=np.int32) \
-            if weight.scales.dtype == np.int8 else qsum  # (Q6_K: sums of 16 values of x)
+        if weight.mins is not None:
+            sums = qsum.astype(np.float32)
+        elif weight.scales.dtype == np.int8:  # Q6_K: sums of 16 values of x
+            sums = xq.reshape(len(xq), -1, 16).sum(axis=2, dtype=np.int32)
+        else:
+            sums = qsum
         _gemm_lanes(xq, dx, sums, weight.quants, weight.scales, weight.mins, weight.supers,
                     weight.fifths, out)
     return out

@@ -10,39 +10,45 @@ of each 16 weights; scale_of and min_of give a block's float32 scale and min),
 out[m, n] is, with blocks taken in order b = 0, 1, ...:
 
     acc = 0
-    acc = acc + block_term(...)   where, with dot = sum of w * qx over the block,
-        Q8_0, Q4_0, Q5_0, Q6_K:  (scale * dx) * dot
-        Q4_1, Q5_1, Q4_K, Q5_K:  (scale * dx) * dot + (min * dx) * qsum
+    acc = fma(dx, block_term(...), acc)   where, with dot = sum of w * qx over the block,
+        Q8_0, Q4_0, Q5_0, Q6_K:  scale * dot
+        Q4_1, Q5_1, Q4_K, Q5_K:  fma(min, qsum, scale * dot)
+
+fma(a, b, c) is a * b + c rounded once (common.fma32, llvm.fma in the vector
+kernels). Per block and row of x that is 3 float operations with a min, 2 without
+(scale * dx first, then the product, then the add, was 6 and 4): the epilogue the
+batched kernels pay for every row of x beside their 8 vpdpbusd (bench/NOTES.md).
 
 `dot` is an exact integer in every kernel: the decode GEMV takes it from an integer
 dot product (int8_dot.py), the group GEMM from vpdpbusd or from float32
 multiply-adds of small integers, exact below 2^24 (at most 32 * 255 * 127 here)
-(group_ir.py). Only block_term rounds: the same code in the numba kernels, the
-same float32 operations in the same order in group_ir's vector lanes, never under
-fastmath (which would let LLVM reorder the sum over blocks differently in each
-kernel). The tests hold every kernel to the GEMV's bits.
+(group_ir.py). Only block_term and the fma into acc round: the same operations in
+the numba kernels and in the vector lanes of group_ir and lanes_ir, in the same
+order, never under fastmath (which would let LLVM reorder the sum over blocks
+differently in each kernel). The tests hold every kernel to the GEMV's bits.
 """
 from numba import float32, types
 from numba.extending import overload
 
-from .common import f16_bits_to_f32
+from .common import f16_bits_to_f32, fma32
 
 
-def block_term(scale, mins, min_value, x_scale, dot, qsum):
-    """One block's float32 contribution (see the module docstring). mins: the weight's
-    mins array, or None (Q8_0, Q4_0): chosen at compile time by its type; min_value:
-    this block's min (unread when mins is None)."""
+def block_term(scale, mins, min_value, dot, qsum):
+    """One block's float32 term before x's scale (see the module docstring): the
+    caller adds fma32(dx, term, acc). mins: the weight's mins array, or None (Q8_0,
+    Q4_0): chosen at compile time by its type; min_value: this block's min (unread
+    when mins is None)."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
 @overload(block_term, inline="always")
-def _block_term_by_kind(scale, mins, min_value, x_scale, dot, qsum):
+def _block_term_by_kind(scale, mins, min_value, dot, qsum):
     if isinstance(mins, types.NoneType):
-        def term(scale, mins, min_value, x_scale, dot, qsum):
-            return (scale * x_scale) * float32(dot)
+        def term(scale, mins, min_value, dot, qsum):
+            return scale * float32(dot)
     else:
-        def term(scale, mins, min_value, x_scale, dot, qsum):
-            return (scale * x_scale) * float32(dot) + (min_value * x_scale) * float32(qsum)
+        def term(scale, mins, min_value, dot, qsum):
+            return fma32(min_value, float32(qsum), scale * float32(dot))
     return term
 
 

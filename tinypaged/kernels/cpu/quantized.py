@@ -22,7 +22,7 @@ from numba.extending import overload
 
 from .activations import quantize_activations
 from .out_arrays import output_array
-from .common import N_CHUNKS
+from .common import N_CHUNKS, fma32
 from .packed_gemm import LANES, gemm_packed
 from .packed_terms import block_term, dot_offset, flat_bits, is_q6_k, min_of, scale_of
 from .int8_dot import (dot32_biased, dot32_high, dot32_high5, dot32_low, dot32_low5, dot32_q6_high,
@@ -86,7 +86,7 @@ def _gemv(x, quants, scales, mins, supers, highs, out):
     quantized to int8 blocks (activations.py); threads split W's rows into N_CHUNKS
     ranges and take them TILE at a time: first every block's integer dot (int8_dot.py),
     then every block's float term (a loop LLVM vectorises), then each row's sum of
-    terms in block order (packed_terms.py). Each sum is a serial chain of float adds
+    terms in block order (packed_terms.py). Each sum is a serial chain of fused adds
     (4 cycles each); TILE rows give the CPU TILE chains to run side by side, where
     row by row the chains were the GEMV's bound (bench/NOTES.md).
     Traffic: the packed bytes once (0.56-1.06 bytes a weight), x from L1. mins None:
@@ -116,11 +116,11 @@ def _gemv(x, quants, scales, mins, supers, highs, out):
                         dot = dots[r * n_blocks + b] - offset * qsum[m, b]
                         terms[r * n_blocks + b] = block_term(
                             scale_of(scales, supers, n0 + r, b), mins,
-                            min_of(mins, supers, n0 + r, b), dx[m, b], dot, qsum[m, b])
+                            min_of(mins, supers, n0 + r, b), dot, qsum[m, b])
                 for r in range(rows):
                     acc = float32(0.0)
                     for b in range(n_blocks):
-                        acc = acc + terms[r * n_blocks + b]
+                        acc = fma32(dx[m, b], terms[r * n_blocks + b], acc)
                     out[m, n0 + r] = acc
 
 
