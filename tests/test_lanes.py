@@ -78,7 +78,7 @@ def test_every_batch_gives_a_row_the_packed_kernels_bits(kind, n_out, width):
     weight = random_packed(rng, KINDS[kind], n_out, width)
     laid = LanePacked.of(weight)
     w = weight.dequantize().astype(np.float64)
-    for rows in (1, 2, 3, 8, 9, 33):  # the GEMV (up to 2), then the GEMM's 8-row passes
+    for rows in (1, 2, 3, 8, 9, 33):  # the GEMV (up to 2), then the GEMM: 8 rows, 16, 16 + 16 + 8
         x = random_activations(rng, rows, width)
         got = linear(x, laid)
         assert np.array_equal(got, packed_product(x, weight))

@@ -48,7 +48,7 @@ def _or_high_bits(context, builder, fifths_type, fifths, f_at, chunk, nibbles, q
 
 def _group_product(x_rows: int):
     """The intrinsic for one group's 16 rows times x_rows consecutive rows of x
-    (group_gemv: 1; group_gemm: X_ROWS). Each chunk of the group is made unsigned
+    (group_gemv: 1; group_gemm: X_ROWS; group_gemm_wide: WIDE_ROWS). Each chunk of the group is made unsigned
     once, in registers, and taken by every row of x."""
 
     def product(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, supers, u_at,
@@ -212,6 +212,13 @@ group_gemm = _group_product(X_ROWS)
 group_gemm.__doc__ = """group_gemv for X_ROWS consecutive rows of x (x_at: the first's values, row_at:
 its first block; each next row K values and K/32 blocks on): acc[16 i .. 16 i + 15] is
 row i's product."""
+
+
+WIDE_ROWS = 16  # rows of x a pass of group_gemm_wide
+group_gemm_wide = _group_product(WIDE_ROWS)
+group_gemm_wide.__doc__ = """group_gemm for WIDE_ROWS rows of x: each chunk of the group loaded and made
+unsigned once for 16 rows, not 8 (the Q4_K GEMM over a model's matrices, 32 rows:
+1.2x); the same bits."""
 
 
 @intrinsic

@@ -2,10 +2,10 @@
 (quantized.py, packed_gemm.py) for every row, whatever the batch.
 
 Threads take groups of 16 rows. Decode (M <= GEMV_MAX_ROWS rows of x):
-lanes_ir.group_gemv on each, one row of x at a time. More rows: lanes_ir.group_gemm,
-8 rows of x a pass, each chunk of the group's bytes made unsigned in registers and
-taken by the 8 rows' vpdpbusd; the group stays in L1 for the next pass, the next
-group's bytes are prefetched. Neither copies nor transposes anything per call.
+lanes_ir.group_gemv on each, one row of x at a time. More rows: lanes_ir.group_gemm_wide,
+16 rows of x a pass (group_gemm for 8 left over), each chunk of the group's bytes
+made unsigned in registers and taken by the 16 rows' vpdpbusd; the group stays in
+L1 for the next pass, the next group's bytes are prefetched. Neither copies nor transposes anything per call.
 """
 import numpy as np
 from numba import njit, prange, types
@@ -16,7 +16,7 @@ from .out_arrays import output_array
 from .common import N_CHUNKS
 from .group_ir import BLOCK, X_ROWS
 from .lanes import LANES
-from .lanes_ir import group_gemm, group_gemv, prefetch, store_lanes
+from .lanes_ir import WIDE_ROWS, group_gemm, group_gemm_wide, group_gemv, prefetch, store_lanes
 from .packed_terms import flat_bits as _flat  # (an array flat, or None)
 from .packed_terms import is_q6_k
 
@@ -86,33 +86,45 @@ def _gemv_lanes(x, quants, scales, mins, supers, fifths, out):
 def _gemm_lanes(xq, dx, sums, quants, scales, mins, supers, fifths, out):
     """out (M, N) for laid-out W; xq (M8, K) x's int8 values, M8 = M rounded up to a
     multiple of 8 (zero rows after M); dx (M8, K/32); sums: as _x_sums gives them
-    (qsum (M8, K/32), float32 with mins, or for Q6_K x's sums of 16 values (M8, K/16)). Threads take groups of 16 rows; each group is
-    multiplied by every 8 rows of x in turn while its bytes are in L1 (made unsigned
-    in registers, chunk by chunk, each pass), the next group's prefetched."""
+    (qsum (M8, K/32), float32 with mins, or for Q6_K x's sums of 16 values (M8, K/16)).
+    Threads take groups of 16 rows; each group is multiplied by 16 rows of x at a
+    time (then 8, where M8 leaves 8 over) while its bytes are in L1 (made unsigned in
+    registers, chunk by chunk, each pass), the next group's prefetched."""
     n_out = out.shape[1]
     padded_rows, width = xq.shape
+    wide_end = padded_rows - padded_rows % WIDE_ROWS  # rows taken 16 at a time; 8 after
     n_blocks = width // BLOCK
     n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
     q_flat, x_flat, s_flat, m_flat = quants.reshape(-1), xq.reshape(-1), scales.reshape(-1), _flat(mins)
     f_flat, u_flat = _flat(fifths), _flat(supers)
     dx_flat, sums_flat, out_flat = dx.reshape(-1), sums.reshape(-1), out.reshape(-1)
     for c in prange(N_CHUNKS):
-        acc = np.empty(X_ROWS * LANES, dtype=np.float32)
+        acc = np.empty(WIDE_ROWS * LANES, dtype=np.float32)
         last = (c + 1) * n_groups // N_CHUNKS - 1
         for g in range(c * n_groups // N_CHUNKS, last + 1):
             if g < last:  # the next group's bytes arrive while this one is multiplied
                 prefetch(q_flat, (g + 1) * group_bytes, (g + 2) * group_bytes)
             rows = min(LANES, n_out - g * LANES)
-            for m0 in range(0, padded_rows, X_ROWS):
-                group_gemm(q_flat, g * group_bytes, x_flat, m0 * width, n_blocks, s_flat, m_flat,
-                           g * _per_group(scales), u_flat, g * _per_group(supers), f_flat,
-                           g * _per_group(fifths), dx_flat, sums_flat, m0 * n_blocks, acc)
-                for i in range(min(X_ROWS, out.shape[0] - m0)):
+            m0 = 0
+            while m0 < padded_rows:
+                if m0 < wide_end:
+                    group_gemm_wide(q_flat, g * group_bytes, x_flat, m0 * width, n_blocks, s_flat,
+                                    m_flat, g * _per_group(scales), u_flat, g * _per_group(supers),
+                                    f_flat, g * _per_group(fifths), dx_flat, sums_flat,
+                                    m0 * n_blocks, acc)
+                    tile = WIDE_ROWS
+                else:
+                    group_gemm(q_flat, g * group_bytes, x_flat, m0 * width, n_blocks, s_flat, m_flat,
+                               g * _per_group(scales), u_flat, g * _per_group(supers), f_flat,
+                               g * _per_group(fifths), dx_flat, sums_flat, m0 * n_blocks, acc)
+                    tile = X_ROWS
+                for i in range(min(tile, out.shape[0] - m0)):
                     if rows == LANES:
                         store_lanes(acc, i * LANES, out_flat, (m0 + i) * n_out + g * LANES)
                     else:
                         for j in range(rows):
                             out[m0 + i, g * LANES + j] = acc[i * LANES + j]
+                m0 += tile
 
 
 def lanes_product(x: np.ndarray, weight) -> np.ndarray:
