@@ -159,7 +159,8 @@ def _group_product(x_rows: int):
 
             def q6_dot(b, at, dots, subs):
                 """Q6_K's exact block dot, as float32, from its halves' sums of q x (q = 0 .. 63);
-                x's sums of 16 values of this row's block b at qsum[2 at + h]. Each centred
+                x's sums of 16 values of this row's block b, times 32, at qsum[2 at + h]
+                (a broadcast load, not a multiply and a broadcast from a register). Each centred
                 half is sum of (q - 32) x, |.| <= 16 * 32 * 127, so each product with an int8
                 sub-scale is below 2^23 and their sum below 2^24: the float multiply and fma
                 are exact, the integer dot's bits, without two vpmulld (2 uops each) a row."""
@@ -167,8 +168,7 @@ def _group_product(x_rows: int):
                 for h in range(2):
                     x_half = builder.load(pointer(context, builder, t[13], qs_arr,
                                                   builder.add(builder.mul(at, index(2)), index(h))))
-                    exact = builder.sub(dots[h], splat(builder, builder.mul(x_half, ir.Constant(I32, 32)),
-                                                       INTS))
+                    exact = builder.sub(dots[h], splat(builder, x_half, INTS))
                     centred.append(builder.sitofp(exact, FLOATS))
                 return builder.call(fma, [centred[0], subs[0], builder.fmul(centred[1], subs[1])])
 
@@ -204,8 +204,8 @@ scales[s_at + 16 b + j]: float16 bits, or with supers given (Q4_K, Q5_K) 6-bit
 integers times the super-block's d (and dmin) at supers[u_at + 32 (b / 8) (+ 16) + j];
 Q5_x's and Q5_K's fifth-bit masks from fifths[f_at] (flat, or None). Q6_K (int8
 scales: two sub-scales a block at scales[s_at + 16 (2b + h) + j], d at
-supers[u_at + 16 (b / 8) + j], both bit masks in fifths): qsum holds x's sums of
-16 values, block b's at [2 (row_at + b) + h], and the block's dot is
+supers[u_at + 16 (b / 8) + j], both bit masks in fifths): qsum holds 32 times x's
+sums of 16 values, block b's at [2 (row_at + b) + h], and the block's dot is
 sa (S_a - 32 xa) + sb (S_b - 32 xb), exact, as packed_terms says.
 quants int8: Q8_0; uint8: Q4_0, Q5_0 (mins None), Q4_1, Q5_1, Q4_K, Q5_K, Q6_K."""
 group_gemm = _group_product(X_ROWS)

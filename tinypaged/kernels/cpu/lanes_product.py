@@ -38,8 +38,8 @@ def _per_group_or_none(array):
 def _x_sums(scales, mins, xq, qsum):
     """What the kernels read as x's block sums: qsum (M, K/32) as float32 for the kinds
     with mins (exact: |qsum| <= 32 * 127; their kernel only multiplies it by the min),
-    qsum itself for the kinds whose dot subtracts an offset times it, or for Q6_K its
-    sums of 16 values (M, K/16)."""
+    qsum itself for the kinds whose dot subtracts an offset times it, or for Q6_K 32
+    times its sums of 16 values (M, K/16): the 32 its q carry above q - 32."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
@@ -54,7 +54,7 @@ def _x_sums_by_kind(scales, mins, xq, qsum):
         sums = np.zeros((xq.shape[0], xq.shape[1] // 16), dtype=np.int32)
         for m in range(xq.shape[0]):
             for i in range(xq.shape[1]):
-                sums[m, i >> 4] += np.int32(xq[m, i])
+                sums[m, i >> 4] += np.int32(32) * np.int32(xq[m, i])
         return sums
     return halves
 
@@ -86,7 +86,8 @@ def _gemv_lanes(x, quants, scales, mins, supers, fifths, out):
 def _gemm_lanes(xq, dx, sums, quants, scales, mins, supers, fifths, out):
     """out (M, N) for laid-out W; xq (M8, K) x's int8 values, M8 = M rounded up to a
     multiple of 8 (zero rows after M); dx (M8, K/32); sums: as _x_sums gives them
-    (qsum (M8, K/32), float32 with mins, or for Q6_K x's sums of 16 values (M8, K/16)).
+    (qsum (M8, K/32), float32 with mins, or for Q6_K 32 times x's sums of 16 values
+    (M8, K/16)).
     Threads take groups of 16 rows; each group is multiplied by 16 rows of x at a
     time (then 8, where M8 leaves 8 over) while its bytes are in L1 (made unsigned in
     registers, chunk by chunk, each pass), the next group's prefetched."""
@@ -136,8 +137,8 @@ def lanes_product(x: np.ndarray, weight) -> np.ndarray:
         xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
         if weight.mins is not None:
             sums = qsum.astype(np.float32)
-        elif weight.scales.dtype == np.int8:  # Q6_K: sums of 16 values of x
-            sums = xq.reshape(len(xq), -1, 16).sum(axis=2, dtype=np.int32)
+        elif weight.scales.dtype == np.int8:  # Q6_K: 32 times the sums of 16 values of x
+            sums = xq.reshape(len(xq), -1, 16).sum(axis=2, dtype=np.int32) * np.int32(32)
         else:
             sums = qsum
         _gemm_lanes(xq, dx, sums, weight.quants, weight.scales, weight.mins, weight.supers,
