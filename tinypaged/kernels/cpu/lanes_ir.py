@@ -217,8 +217,8 @@ row i's product."""
 WIDE_ROWS = 16  # rows of x a pass of group_gemm_wide
 group_gemm_wide = _group_product(WIDE_ROWS)
 group_gemm_wide.__doc__ = """group_gemm for WIDE_ROWS rows of x: each chunk of the group loaded and made
-unsigned once for 16 rows, not 8 (the Q4_K GEMM over a model's matrices, 32 rows:
-1.2x); the same bits."""
+unsigned once for 16 rows' vpdpbusd; 16 accumulators and the chunk still fit the 32
+zmm registers (32 rows spill). The same bits."""
 
 
 @intrinsic

@@ -15,9 +15,9 @@ out[m, n] is, with blocks taken in order b = 0, 1, ...:
         Q4_1, Q5_1, Q4_K, Q5_K:  fma(min, qsum, scale * dot)
 
 fma(a, b, c) is a * b + c rounded once (common.fma32, llvm.fma in the vector
-kernels). Per block and row of x that is 3 float operations with a min, 2 without
-(scale * dx first, then the product, then the add, was 6 and 4): the epilogue the
-batched kernels pay for every row of x beside their 8 vpdpbusd (bench/NOTES.md).
+kernels). Per block and row of x that is 3 float operations with a min, 2 without:
+the epilogue the batched kernels pay for every row of x beside their 8 vpdpbusd,
+so x's scale goes in last, fused with the sum (bench/NOTES.md).
 
 `dot` is an exact integer in every kernel: the decode GEMV takes it from an integer
 dot product (int8_dot.py), the group GEMM from vpdpbusd or from float32
