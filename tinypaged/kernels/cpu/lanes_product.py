@@ -5,7 +5,8 @@ Threads take groups of 16 rows. Decode (M <= GEMV_MAX_ROWS rows of x):
 lanes_ir.group_gemv on each, one row of x at a time. More rows: lanes_ir.group_gemm_wide,
 16 rows of x a pass (group_gemm for 8 left over), each chunk of the group's bytes
 made unsigned in registers and taken by the 16 rows' vpdpbusd; the group stays in
-L1 for the next pass, the next group's bytes are prefetched. Neither copies nor transposes anything per call.
+L1 for the next pass, the next group's bytes are prefetched. Neither copies nor
+transposes anything per call.
 """
 import numpy as np
 from numba import njit, prange, types
@@ -83,11 +84,9 @@ def _gemv_lanes(x, quants, scales, mins, supers, fifths, out):
 
 
 @njit(parallel=True, cache=True)
-def _gemm_lanes(xq, dx, sums, quants, scales, mins, supers, fifths, out):
+def _gemm_lanes(xq, dx, qsum, quants, scales, mins, supers, fifths, out):
     """out (M, N) for laid-out W; xq (M8, K) x's int8 values, M8 = M rounded up to a
-    multiple of 8 (zero rows after M); dx (M8, K/32); sums: as _x_sums gives them
-    (qsum (M8, K/32), float32 with mins, or for Q6_K 32 times x's sums of 16 values
-    (M8, K/16)).
+    multiple of 8 (zero rows after M); dx, qsum (M8, K/32) its scales and sums.
     Threads take groups of 16 rows; each group is multiplied by 16 rows of x at a
     time (then 8, where M8 leaves 8 over) while its bytes are in L1 (made unsigned in
     registers, chunk by chunk, each pass), the next group's prefetched."""
@@ -98,7 +97,8 @@ def _gemm_lanes(xq, dx, sums, quants, scales, mins, supers, fifths, out):
     n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
     q_flat, x_flat, s_flat, m_flat = quants.reshape(-1), xq.reshape(-1), scales.reshape(-1), _flat(mins)
     f_flat, u_flat = _flat(fifths), _flat(supers)
-    dx_flat, sums_flat, out_flat = dx.reshape(-1), sums.reshape(-1), out.reshape(-1)
+    dx_flat, out_flat = dx.reshape(-1), out.reshape(-1)
+    sums_flat = _x_sums(scales, mins, xq, qsum).reshape(-1)
     for c in prange(N_CHUNKS):
         acc = np.empty(WIDE_ROWS * LANES, dtype=np.float32)
         last = (c + 1) * n_groups // N_CHUNKS - 1
@@ -135,12 +135,6 @@ def lanes_product(x: np.ndarray, weight) -> np.ndarray:
         _gemv_lanes(x, weight.quants, weight.scales, weight.mins, weight.supers, weight.fifths, out)
     else:
         xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
-        if weight.mins is not None:
-            sums = qsum.astype(np.float32)
-        elif weight.scales.dtype == np.int8:  # Q6_K: 32 times the sums of 16 values of x
-            sums = xq.reshape(len(xq), -1, 16).sum(axis=2, dtype=np.int32) * np.int32(32)
-        else:
-            sums = qsum
-        _gemm_lanes(xq, dx, sums, weight.quants, weight.scales, weight.mins, weight.supers,
+        _gemm_lanes(xq, dx, qsum, weight.quants, weight.scales, weight.mins, weight.supers,
                     weight.fifths, out)
     return out
