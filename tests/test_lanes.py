@@ -8,7 +8,7 @@ from test_quantized import packed_product_bound, random_activations
 
 from tinypaged.kernels import reference
 from tinypaged.kernels.cpu import embedding, lanes, linear, stack_layer_matrices
-from tinypaged.kernels.cpu.common import HAS_VNNI
+from tinypaged.kernels.cpu.byte_dot import LANES_ISA
 from tinypaged.kernels.cpu.lanes import LanePacked, LaneRows, lay_out_weights
 from tinypaged.kernels.cpu.quantized import packed_product
 from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
@@ -22,8 +22,8 @@ SUPER_BLOCKS = {Q4_K: 144, Q5_K: 176, Q6_K: 210}  # bytes of 256 weights
 def width_for(kind: str, width: int) -> int:
     """width, or for the K-quants the next multiple of their 256-weight super-blocks."""
     return -(-width // 256) * 256 if KINDS[kind] in SUPER_BLOCKS else width
-needs_vnni = pytest.mark.skipif(not HAS_VNNI, reason="the lanes kernels are vpdpbusd's (AVX-512 "
-                                "VNNI); other CPUs keep PackedWeight (test_other_cpus_keep_...)")
+needs_lanes = pytest.mark.skipif(LANES_ISA is None, reason="the lanes kernels need AVX-512 VNNI or "
+                                 "AVX2; other CPUs keep PackedWeight (test_other_cpus_keep_...)")
 
 
 def random_packed(rng, ggml_type: int, n: int, k: int) -> PackedWeight:
@@ -69,7 +69,7 @@ def test_laying_out_in_place_moves_the_bytes_within_their_own_memory(kind):
     assert not np.shares_memory(LanePacked.of(uneven, in_place=True).quants, uneven.quants)
 
 
-@needs_vnni
+@needs_lanes
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n_out, width", [(50, 64), (16, 576), (333, 640)])
 def test_every_batch_gives_a_row_the_packed_kernels_bits(kind, n_out, width):
@@ -101,7 +101,7 @@ def _layer(rng) -> dict:
             "model.layers.0.self_attn.o_proj.weight": random_packed(rng, Q4_0, 8, 64)}
 
 
-@needs_vnni
+@needs_lanes
 def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
     rng = np.random.default_rng(33)
     before = stack_layer_matrices(_layer(rng))
@@ -131,7 +131,7 @@ def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
 
 
 def test_other_cpus_keep_packed_weights(monkeypatch):
-    monkeypatch.setattr(lanes, "HAS_VNNI", False)
+    monkeypatch.setattr(lanes, "LANES_ISA", None)
     weights = _layer(np.random.default_rng(34))
     kinds = {type(w) for w in lay_out_weights(dict(weights)).values()}
     assert kinds == {PackedWeight}

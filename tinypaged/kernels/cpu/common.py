@@ -19,6 +19,8 @@ def _compiled_for_host() -> bool:
 _FEATURES = llvm.get_host_cpu_features() if _compiled_for_host() else {}
 # vpdpbusd on 512- and 256-bit vectors: the kernels that name it have a generic twin
 HAS_VNNI = bool(_FEATURES.get("avx512vnni", False) and _FEATURES.get("avx512vl", False))
+# vpmaddubsw / vpmaddwd on 256-bit vectors, vfmadd and vcvtph2ps: the lanes kernels' AVX2 form
+HAS_AVX2 = all(_FEATURES.get(name, False) for name in ("avx2", "fma", "f16c"))
 
 
 @intrinsic

@@ -1,6 +1,7 @@
-"""Packed weights laid out 16 rows to a group at load, for the vpdpbusd kernels.
+"""Packed weights laid out 16 rows to a group at load, for the byte-dot kernels.
 
-A PackedWeight (model/packed.py) keeps each row's bytes together. vpdpbusd wants
+A PackedWeight (model/packed.py) keeps each row's bytes together. vpdpbusd (and
+AVX2's vpmaddubsw, byte_dot.py) wants
 them the other way: one 64-byte vector holding 4 bytes of each of 16 rows, so that
 one instruction takes 16 rows' 4-column dot products with no sum across lanes.
 The row-major GEMV pays a horizontal sum for every block of every row, which at
@@ -24,8 +25,8 @@ The bytes held are the PackedWeight's, give or take those rows.
 
 The products (lanes_product.py) give every row the bits the PackedWeight kernels
 give it (packed_terms.py's block_term, blocks in order); the tests hold them to
-it. Only on CPUs with AVX-512 VNNI (the kernels are vpdpbusd's), and only for
-every packed kind (other CPUs keep PackedWeight).
+it. Only on CPUs with AVX-512 VNNI or AVX2 (byte_dot.LANES_ISA), for every packed
+kind (other CPUs keep PackedWeight).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from numba import njit, prange
 
 from ...model.ggml_quant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from ...model.packed import PackedWeight
-from .common import HAS_VNNI
+from .byte_dot import LANES_ISA
 
 LANES = 16  # rows of W in one group: one 512-bit vector of int32 / float32
 LAID_OUT_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)
@@ -134,7 +135,7 @@ class LanePacked:
 
     @staticmethod
     def can_lay_out(weight) -> bool:
-        return HAS_VNNI and isinstance(weight, PackedWeight) and weight.ggml_type in LAID_OUT_TYPES \
+        return LANES_ISA is not None and isinstance(weight, PackedWeight) and weight.ggml_type in LAID_OUT_TYPES \
             and weight.shape[0] >= LANES
 
     @property

@@ -1,8 +1,9 @@
 """LLVM IR for the decode GEMV on laid-out weights (lanes.py): one group's 16 rows
 times one row of x, the rows in the 16 lanes of every vector.
 
-Block after block, in order: 8 vpdpbusd (each: 4 bytes of each of the 16 rows,
-unsigned, times 4 of x's int8 values, broadcast) give the 16 rows' integer dots;
+Block after block, in order: 8 chunk dots (each: 4 bytes of each of the 16 rows,
+unsigned, times 4 of x's int8 values, broadcast: a vpdpbusd, or AVX2's steps in
+byte_dot.py) give the 16 rows' integer dots;
 block_term's float32 operations then run on the 16 lanes at once, in its order,
 and are fused into the 16 sums with x's scale (packed_terms.py). Each lane computes exactly what the
 row-by-row kernels compute for its row, with no sum across lanes and no serial
@@ -14,6 +15,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .byte_dot import BlockDot, signed_bytes_direct
 from .group_ir import FLOATS, I32, INTS, LANES, X_ROWS, c_array, fused, index, pointer, splat
 
 HALVES = ir.VectorType(ir.HalfType(), LANES)
@@ -69,7 +71,9 @@ def _group_product(x_rows: int):
         q6 = scales.dtype == types.int8  # Q6_K: int8 sub-scales, d in supers, qsum: half sums
         # what the unsigned bytes carry above q: Q8_0 128, Q4_0 8, Q5_0 16, with mins 0
         # (Q6_K's 32 goes with its sub-scales)
-        offset = 128 if q8 else 0 if with_min or q6 else 16 if with_fifths else 8
+        signed = q8 and signed_bytes_direct()  # Q8_0's bytes as they are, not q + 128
+        offset = 0 if signed or with_min or q6 else 128 if q8 else 16 if with_fifths else 8
+        w_max = 128 if signed else 255 if q8 else 63 if q6 else 31 if with_fifths else 15  # a byte
         signature = types.void(quants, types.intp, xq, types.intp, types.intp, scales, mins,
                                types.intp, supers, types.intp, fifths, types.intp, dx, qsum,
                                types.intp, acc)
@@ -78,8 +82,6 @@ def _group_product(x_rows: int):
             (q_arr, q_at, x_arr, x_at, n_blocks, s_arr, m_arr, s_at, u_arr, u_at, f_arr, f_at,
              dx_arr, qs_arr, row_at, acc_arr) = args
             t = sig.args
-            dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(INTS, [INTS] * 3),
-                                                    "llvm.x86.avx512.vpdpbusd.512")
             fma = fused(builder)
             totals = [cgutils.alloca_once_value(builder, ir.Constant(FLOATS, [0.0] * LANES))
                       for _ in range(x_rows)]
@@ -110,10 +112,9 @@ def _group_product(x_rows: int):
                 """Block b of the rows, from their chunks chunk0 .. chunk0 + 7, each 64 bytes
                 turned into vpdpbusd's unsigned bytes by read (then the high bits of columns
                 32b + 4c .. added), times each row of x."""
-                zero = ir.Constant(INTS, [0] * LANES)
                 # Q6_K: the block's halves apart; one row of x: even and odd chunks apart, two
                 # chains of vpdpbusd instead of one of eight (its latency bound the GEMV: 3x)
-                dots = [[zero, zero] for _ in range(x_rows)]
+                dots = [[BlockDot(builder, w_max, signed) for _ in range(2)] for _ in range(x_rows)]
                 for c in range(CHUNKS_PER_BLOCK):
                     at = builder.add(q_at, builder.mul(builder.add(chunk0, index(c)), index(4 * LANES)))
                     w = read(builder.load(pointer(context, builder, t[0], q_arr, at, INTS), align=1))
@@ -125,7 +126,8 @@ def _group_product(x_rows: int):
                         x_quad = builder.add(builder.add(x_at, builder.mul(index(i), width)),
                                              builder.add(builder.mul(b, index(32)), index(4 * c)))
                         quad = builder.load(pointer(context, builder, t[2], x_arr, x_quad, I32), align=1)
-                        dots[i][half] = builder.call(dpbusd, [dots[i][half], w, splat(builder, quad, INTS)])
+                        dots[i][half].add(w, splat(builder, quad, INTS))
+                dots = [[dot.result() for dot in row] for row in dots]
                 if q6:
                     d_at = builder.add(u_at, builder.mul(builder.lshr(b, index(3)), index(LANES)))
                     d = halves(t[8], u_arr, d_at)
@@ -174,7 +176,10 @@ def _group_product(x_rows: int):
 
             def repeated(value):
                 return ir.Constant(INTS, [value] * LANES)
-            if q8:  # bytes xor 128: q + 128, unsigned, as vpdpbusd takes them
+            if signed:
+                with cgutils.for_range(builder, n_blocks) as loop:
+                    block(loop.index, builder.mul(loop.index, index(CHUNKS_PER_BLOCK)), lambda w: w)
+            elif q8:  # bytes xor 128: q + 128, unsigned, as vpdpbusd takes them
                 with cgutils.for_range(builder, n_blocks) as loop:
                     block(loop.index, builder.mul(loop.index, index(CHUNKS_PER_BLOCK)),
                           lambda w: builder.xor(w, repeated(0x80808080)))
@@ -218,7 +223,9 @@ WIDE_ROWS = 16  # rows of x a pass of group_gemm_wide
 group_gemm_wide = _group_product(WIDE_ROWS)
 group_gemm_wide.__doc__ = """group_gemm for WIDE_ROWS rows of x: each chunk of the group loaded and made
 unsigned once for 16 rows' vpdpbusd; 16 accumulators and the chunk still fit the 32
-zmm registers (32 rows spill). The same bits."""
+zmm registers (32 rows spill). With AVX2 they spill to the stack, but the chunk's
+unpacking is shared by more rows: 4 or 8 rows a pass were slower (Q6_K 49 and 64
+against 72 GMAC/s, Q4_K 98 and 112 against 114). The same bits."""
 
 
 @intrinsic
