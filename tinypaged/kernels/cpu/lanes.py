@@ -20,6 +20,11 @@ group GEMM laid each group out this way on every call. Laid out once at load:
     fifths  (G, K/4, 8) Q5_x's fifth bits: for the 4 columns 4v .. 4v + 3, a 64-bit
             mask whose bit 4j + t is row j's column 4v + t, the byte of a 64-byte
             chunk that the bit goes to (a masked move puts 16 there, one step)
+    With AVX2 (HIGH_BIT_BYTES) the high bits are kept in bytes instead, as the
+    chunks' bytes: fifths (G, K/32, 64) for Q5, (G, K/16, 64) for Q6_K, where byte
+    4j + t of v holds row j's high bits of column 4(S v + s) + t at bit s (Q5,
+    S = 8) or bits 2s, 2s + 1 (Q6_K, S = 4). A shift and an and put a chunk's in
+    place; expanding a 64-bit mask costs AVX2 ~11 ops a chunk.
 G = ceil(N / 16); the last group's missing rows are zeros (their outputs dropped).
 The bytes held are the PackedWeight's, give or take those rows.
 
@@ -38,6 +43,7 @@ from ...model.packed import PackedWeight
 from .byte_dot import LANES_ISA
 
 LANES = 16  # rows of W in one group: one 512-bit vector of int32 / float32
+HIGH_BIT_BYTES = LANES_ISA == "avx2"  # high bits (Q5, Q6_K) in bytes, not chunk masks
 LAID_OUT_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)
 
 
@@ -107,6 +113,29 @@ def _fill_lane_masks(highs, n, k, q6, out):
                     out[g, v, 8 * p + i] = np.uint8((mask >> np.uint64(8 * i)) & np.uint64(255))
 
 
+def _high_bit_bytes(weight: PackedWeight) -> np.ndarray:
+    """A packed weight's high bits in bytes (the module's docstring: HIGH_BIT_BYTES)."""
+    n, k = weight.shape
+    planes = 2 if weight.ggml_type == Q6_K else 1
+    out = np.zeros((-(-n // LANES), k // (32 // planes), 4 * LANES), np.uint8)
+    _fill_high_bit_bytes(weight.highs, n, k, planes, out)
+    return out
+
+
+@njit(parallel=True, cache=True)
+def _fill_high_bit_bytes(highs, n, k, planes, out):
+    per_byte = 8 // planes  # chunks whose bits a byte holds
+    for g in prange(out.shape[0]):
+        for j in range(min(LANES, n - g * LANES)):
+            row = highs[g * LANES + j]
+            for c in range(k):
+                v, s, t = c // (4 * per_byte), (c // 4) % per_byte, c % 4
+                for p in range(planes):
+                    # Q6_K: per 32 columns, 4 bytes of bit 4, then 4 of bit 5
+                    byte = row[8 * (c // 32) + 4 * p + (c % 32) // 8] if planes == 2 else row[c // 8]
+                    out[g, v, 4 * j + t] |= np.uint8(((byte >> (c % 8)) & 1) << (planes * s + p))
+
+
 class LanePacked:
     __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "supers", "fifths",
                  "requantized_from")
@@ -124,7 +153,8 @@ class LanePacked:
         (weight is then lost)."""
         quants = _grouped_in_place(weight.quants, 4) if in_place else None
         mins = None if weight.mins is None else _grouped(weight.mins)[..., 0].copy()
-        fifths = None if weight.highs is None else _lane_masks(weight)
+        fifths = None if weight.highs is None else \
+            _high_bit_bytes(weight) if HIGH_BIT_BYTES else _lane_masks(weight)
         supers = None
         if weight.supers is not None:  # (N, K/256, 2) -> (G, K/128, 16)
             supers = _grouped(weight.supers.reshape(len(weight.supers), -1))[..., 0].copy()
@@ -158,8 +188,9 @@ class LanePacked:
         quants = self.quants[g, :, j, :].reshape(len(rows), -1)
         highs = None
         if self.fifths is not None:
-            planes = [self._rows_of_masks(self.fifths[..., at:at + 8], g, j)
-                      for at in range(0, self.fifths.shape[2], 8)]  # (r, K) bits each
+            planes = self._rows_of_bit_bytes(g, j) if self.fifths.shape[2] == 4 * LANES else \
+                [self._rows_of_masks(self.fifths[..., at:at + 8], g, j)
+                 for at in range(0, self.fifths.shape[2], 8)]  # (r, K) bits each
             if self.ggml_type == Q6_K:  # per block: bit 4's 4 bytes, then bit 5's
                 highs = np.stack([np.packbits(p.reshape(len(rows), -1, 32), axis=2, bitorder="little")
                                   for p in planes], axis=2).reshape(len(rows), -1)
@@ -178,6 +209,14 @@ class LanePacked:
         bits = np.unpackbits(masks[g], axis=2, bitorder="little")  # (r, K/4, 64)
         picked = bits.reshape(len(g), bits.shape[1], LANES, 4)[np.arange(len(g)), :, j, :]
         return picked.reshape(len(g), -1)  # (r, K/4, 4) -> (r, K)
+
+    def _rows_of_bit_bytes(self, g: np.ndarray, j: np.ndarray) -> list[np.ndarray]:
+        """High bits kept in bytes (HIGH_BIT_BYTES) -> each plane's bits of rows (g, j),
+        (r, K) in column order. Only the rows' own bytes are read."""
+        planes = 2 if self.ggml_type == Q6_K else 1
+        quads = self.fifths[g].reshape(len(g), -1, LANES, 4)[np.arange(len(g)), :, j, :]  # (r, v, t)
+        shifts = planes * np.arange(8 // planes, dtype=np.uint8)[None, None, :, None]  # (s)
+        return [((quads[:, :, None, :] >> (shifts + p)) & 1).reshape(len(g), -1) for p in range(planes)]
 
     def dequantize(self, rows=None) -> np.ndarray:
         """float32 rows (all by default), as PackedWeight.dequantize (embedding lookups)."""

@@ -17,12 +17,14 @@ from numba.extending import intrinsic
 
 from .byte_dot import BlockDot, signed_bytes_direct
 from .group_ir import FLOATS, I32, INTS, LANES, X_ROWS, c_array, fused, index, pointer, splat
+from .lanes import HIGH_BIT_BYTES
 
 HALVES = ir.VectorType(ir.HalfType(), LANES)
 SHORTS = ir.VectorType(ir.IntType(16), LANES)
 CHUNKS_PER_BLOCK = 8  # 4 columns a chunk, 32 a block
 _MASK = ir.VectorType(ir.IntType(1), 4 * LANES)
 _CHUNK_BYTES = ir.VectorType(ir.IntType(8), 4 * LANES)
+_WORDS = ir.VectorType(ir.IntType(16), 2 * LANES)
 
 
 def _flat(array_type, dtypes) -> bool:
@@ -46,6 +48,25 @@ def _or_high_bits(context, builder, fifths_type, fifths, f_at, chunk, nibbles, q
     if q6:
         w = _or_fifths(context, builder, fifths_type, fifths, builder.add(at, index(8)), w, 32)
     return w
+
+
+def _or_bit_bytes(context, builder, fifths_type, fifths, f_at, b, c, nibbles, q6):
+    """nibbles (chunk c of block b, 64 bytes as INTS) with its high bits added, from
+    bytes (lanes.HIGH_BIT_BYTES): Q5's fifth (16), Q6_K's bits 4 and 5 (16, 32). The
+    64 bytes holding them, shifted so that chunk c's land on bit 4 (and 5) (16-bit
+    shifts: what crosses a byte is masked off), and-ed with 0x10 (0x30)."""
+    planes = 2 if q6 else 1
+    per_byte = 8 // planes  # chunks a byte's bits cover
+    v = builder.add(builder.mul(b, index(CHUNKS_PER_BLOCK // per_byte)), index(c // per_byte))
+    at = builder.add(f_at, builder.mul(v, index(4 * LANES)))
+    bits = builder.load(pointer(context, builder, fifths_type, fifths, at, _WORDS), align=1)
+    shift = 4 - planes * (c % per_byte)
+    if shift > 0:
+        bits = builder.shl(bits, ir.Constant(_WORDS, [shift] * 2 * LANES))
+    elif shift < 0:
+        bits = builder.lshr(bits, ir.Constant(_WORDS, [-shift] * 2 * LANES))
+    keep = 0x30303030 if q6 else 0x10101010
+    return builder.or_(nibbles, builder.and_(builder.bitcast(bits, INTS), ir.Constant(INTS, [keep] * LANES)))
 
 
 def _group_product(x_rows: int):
@@ -118,7 +139,9 @@ def _group_product(x_rows: int):
                 for c in range(CHUNKS_PER_BLOCK):
                     at = builder.add(q_at, builder.mul(builder.add(chunk0, index(c)), index(4 * LANES)))
                     w = read(builder.load(pointer(context, builder, t[0], q_arr, at, INTS), align=1))
-                    if with_fifths:
+                    if with_fifths and HIGH_BIT_BYTES:
+                        w = _or_bit_bytes(context, builder, t[10], f_arr, f_at, b, c, w, q6)
+                    elif with_fifths:
                         column_chunk = builder.add(builder.mul(b, index(CHUNKS_PER_BLOCK)), index(c))
                         w = _or_high_bits(context, builder, t[10], f_arr, f_at, column_chunk, w, q6)
                     half = c // 4 if q6 else c % 2 if x_rows == 1 else 0

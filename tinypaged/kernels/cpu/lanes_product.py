@@ -4,7 +4,8 @@
 Threads take groups of 16 rows. Decode (M <= GEMV_MAX_ROWS rows of x):
 lanes_ir.group_gemv on each, one row of x at a time. More rows: lanes_ir.group_gemm_wide,
 16 rows of x a pass (group_gemm for 8 left over), each chunk of the group's bytes
-made unsigned in registers and taken by the 16 rows' vpdpbusd; the group stays in
+made unsigned in registers and taken by the 16 rows' vpdpbusd (AVX2: vpmaddubsw,
+byte_dot.py); the group stays in
 L1 for the next pass, the next group's bytes are prefetched. Neither copies nor
 transposes anything per call.
 """

@@ -79,7 +79,7 @@ def _key(source: str | os.PathLike) -> dict:
             f.seek(st.st_size * i // SAMPLES)
             digest.update(f.read(ALIGN))
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "digest": digest.hexdigest(),
-            "version": LAYOUT_VERSION, "lanes": lanes.LANES_ISA is not None}
+            "version": LAYOUT_VERSION, "lanes": lanes.LANES_ISA}
 
 
 class _Writer:
