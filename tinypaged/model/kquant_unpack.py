@@ -15,6 +15,8 @@ Each row's 6- or 4-bit values are decoded into a scratch row in column order fir
 import numpy as np
 from numba import njit, prange, uint8
 
+from ..kernels.cpu.jit_cache import cached_njit
+
 Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = 144, 176, 210
 
 
@@ -26,7 +28,7 @@ def _pack_rows(values, quants, r):
         quants[r, p] = (values[p] & 15) | ((values[p + half] & 15) << 4)
 
 
-@njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def unpack_q6_k(blocks, quants, highs, scales, supers):
     """blocks (n * K/256, 210) uint8 -> the four arrays (module docstring)."""
     n, k = quants.shape[0], 2 * quants.shape[1]
@@ -57,7 +59,7 @@ def unpack_q6_k(blocks, quants, highs, scales, supers):
                 highs[r, 8 * block + i], highs[r, 8 * block + 4 + i] = four, five
 
 
-@njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def unpack_q45_k(blocks, quants, scales, mins, supers, highs, fifths):
     """blocks (n * K/256, 144 or 176) uint8 -> quants, scales, mins, supers, and with
     fifths (Q5_K) the highs (module docstring)."""

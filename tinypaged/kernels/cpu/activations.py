@@ -15,9 +15,11 @@ default rounding mode, as np.rint). Cost: one pass over x, ~20 us for 32 rows of
 """
 import numpy as np
 from llvmlite import ir
-from numba import float32, njit, types
+from numba import float32, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from .jit_cache import cached_njit
 
 BLOCK = 32  # activations per scale, as the weights' blocks
 _MAX_Q = float32(127.0)
@@ -65,7 +67,7 @@ def _round_block(typingctx, x, at, inverse, q):
     return types.int32(x, types.intp, types.float32, q), codegen
 
 
-@njit(cache=True)
+@cached_njit()
 def quantize_activations(x, padded_rows):
     """x (M, K) float32, K a multiple of 32 -> q (R, K) int8, d (R, K/32) float32 (the
     blocks' scales), qsum (R, K/32) int32 (each block's sum of q), R = max(M,

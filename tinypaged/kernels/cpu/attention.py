@@ -21,8 +21,9 @@ and OpenBLAS's threads both spin after their work, and alternating them on two
 cores cost milliseconds (linear.blas_in_use says which).
 """
 import numpy as np
-from numba import float32, get_num_threads, njit, prange, set_num_threads
+from numba import float32, get_num_threads, prange, set_num_threads
 
+from .jit_cache import cached_njit
 from .attention_items import FEW_ROWS, KEYS, NO_SCORE, attend_few, attend_many
 from .common import N_CHUNKS
 from .fast_exp import exp32
@@ -38,7 +39,7 @@ def tile_tokens(n_heads: int, n_kv: int, head_dim: int) -> int:
     return max(1, min(MAX_TILE, TILE_FLOATS // (n_heads // n_kv * head_dim)))
 
 
-@njit(cache=True)
+@cached_njit()
 def _plan(positions, token_seq, window, tile, split):
     """Tiles (first token, tokens, first key) and work items (tile, kv-head-free split
     index, first key, end key, partial slot or -1), as arrays."""
@@ -77,7 +78,7 @@ def _plan(positions, token_seq, window, tile, split):
     return starts[:n_tiles], lens[:n_tiles], items, n_partials
 
 
-@njit(fastmath=True, cache=True, error_model="numpy")
+@cached_njit(fastmath=True, error_model="numpy")
 def _run_chunk(c, chunks, q, k_cache, v_cache, block_tables, positions, token_seq, scale, window,
                softcap, split, starts, lens, items, own, rows, out, part_top, part_total,
                part_acc):
@@ -129,7 +130,7 @@ def _run_chunk(c, chunks, q, k_cache, v_cache, block_tables, positions, token_se
                     part_acc[partial + t, h, d] = acc[r, d]
 
 
-@njit(fastmath=True, cache=True, error_model="numpy")
+@cached_njit(fastmath=True, error_model="numpy")
 def _merge(item, starts, lens, items, part_top, part_total, part_acc, out):
     """The output rows of a split tile (item: its first) from its splits' partials."""
     i, partial, splits = items[item, 0], items[item, 3], items[item, 4]
@@ -155,7 +156,7 @@ def _merge(item, starts, lens, items, part_top, part_total, part_acc, out):
                 row[d] *= inv
 
 
-@njit(fastmath=True, parallel=True, cache=True, error_model="numpy")
+@cached_njit(fastmath=True, parallel=True, error_model="numpy")
 def _paged_attention(q, k_cache, v_cache, block_tables, positions, token_seq, scale, window,
                      softcap, tile, split, out):
     """The work items in N_CHUNKS round-robin shares on numba's threads, then the

@@ -5,8 +5,8 @@ A float16 pool is held as its uint16 bits (numba's CPU target has no float16):
 writes round with kv_narrow, attention widens with kv_widen.
 """
 import numpy as np
-from numba import njit
 
+from .jit_cache import cached_njit
 from .common import kv_narrow
 from .elementwise import rope_row
 
@@ -18,7 +18,7 @@ def allocate_kv(shape: tuple[int, ...], dtype=np.float32) -> tuple[np.ndarray, n
     return np.zeros(shape, dtype=held), np.zeros(shape, dtype=held)
 
 
-@njit(cache=True)
+@cached_njit()
 def _write_kv(k_cache, v_cache, k, v, slot_mapping):
     block_size, n_kv, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     for t in range(len(slot_mapping)):
@@ -34,7 +34,7 @@ def write_kv(k_cache, v_cache, k, v, slot_mapping):
     _write_kv(k_cache, v_cache, k, v, slot_mapping)
 
 
-@njit(fastmath=True, cache=True)
+@cached_njit(fastmath=True)
 def _rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping,
                    q_out):
     """q_out = rope(q); k rotated and v stored at their slots, in one pass (no rotated

@@ -6,11 +6,12 @@ These are O(T * H) and memory-light next to the matmuls; they run single-threade
 import numpy as np
 from numba import float32, njit
 
+from .jit_cache import cached_njit
 from .common import kv_narrow
 from .fast_exp import exp32
 
 
-@njit(fastmath=True, cache=True)
+@cached_njit(fastmath=True)
 def _rms_norm(x, weight, eps, out):
     n_tokens, hidden = x.shape
     for t in range(n_tokens):
@@ -29,7 +30,7 @@ def rms_norm(x, weight, eps):
     return out
 
 
-@njit(fastmath=True, cache=True)
+@cached_njit(fastmath=True)
 def _add_rms_norm(x, residual, weight, eps, out):
     """residual += x (in place), out = rms_norm(residual): one pass over each row."""
     n_tokens, hidden = x.shape
@@ -65,7 +66,7 @@ def rope_row(x, cos, sin, out):
         out[i + half] = kv_narrow(b * cos[i] + a * sin[i], out)
 
 
-@njit(fastmath=True, cache=True)
+@cached_njit(fastmath=True)
 def _rope(x, positions, cos_table, sin_table, out):
     for t in range(x.shape[0]):
         p = positions[t]
@@ -82,7 +83,7 @@ def rope(x, positions, cos_table, sin_table):
 
 # error_model="numpy": a float division by zero gives inf, as in NumPy, instead of a
 # Python exception checked per element, which keeps LLVM from vectorising the loop
-@njit(fastmath=True, cache=True, error_model="numpy")
+@cached_njit(fastmath=True, error_model="numpy")
 def _silu_mul(gate, up, out):
     n_tokens, width = gate.shape
     for t in range(n_tokens):
@@ -94,7 +95,7 @@ def _silu_mul(gate, up, out):
 _GELU_2C = float32(2.0 * np.sqrt(2.0 / np.pi))
 
 
-@njit(fastmath=True, cache=True, error_model="numpy")
+@cached_njit(fastmath=True, error_model="numpy")
 def _gelu_tanh_mul(gate, up, out):
     """0.5 * g * (1 + tanh(u)) * up, u = sqrt(2/pi) (g + 0.044715 g^3), written as
     g * up / (1 + e^(-2u)) (the same function, with no tanh call to vectorise)."""

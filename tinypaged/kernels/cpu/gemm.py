@@ -14,15 +14,16 @@ BLAS's float32 copy no longer fits the caches.
 The forms and their widening: widen.py. (Packed weights: packed_gemm.py.)
 """
 import numpy as np
-from numba import float32, njit, prange
+from numba import float32, prange
 
+from .jit_cache import cached_njit
 from .common import N_CHUNKS
 from .widen import widen_rows
 
 GROUP = 4  # weight rows widened together
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@cached_njit(parallel=True, fastmath=True)
 def _gemm(x, data, out):
     """out (M, N) = x (M, K) float32 @ W.T, W (N, K) of the given kind, N >= GROUP.
 

@@ -36,8 +36,9 @@ kind (other CPUs keep PackedWeight).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from .jit_cache import cached_njit
 from ...model.ggml_quant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from ...model.packed import PackedWeight
 from .byte_dot import LANES_ISA
@@ -71,7 +72,7 @@ def _grouped_in_place(a: np.ndarray, inner: int) -> np.ndarray | None:
     return by_group.reshape(n // LANES, width // inner, LANES, inner)
 
 
-@njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def _regroup(groups, chunks):
     """Each group (16 rows of `chunks` elements, one after the other) rewritten in
     place with chunk c of row j at c * 16 + j."""
@@ -94,7 +95,7 @@ def _lane_masks(weight: PackedWeight) -> np.ndarray:
     return out
 
 
-@njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def _fill_lane_masks(highs, n, k, q6, out):
     planes = 2 if q6 else 1
     for g in prange(out.shape[0]):
@@ -122,7 +123,7 @@ def _high_bit_bytes(weight: PackedWeight) -> np.ndarray:
     return out
 
 
-@njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def _fill_high_bit_bytes(highs, n, k, planes, out):
     per_byte = 8 // planes  # chunks whose bits a byte holds
     for g in prange(out.shape[0]):

@@ -10,9 +10,10 @@ L1 for the next pass, the next group's bytes are prefetched. Neither copies nor
 transposes anything per call.
 """
 import numpy as np
-from numba import njit, prange, types
+from numba import prange, types
 from numba.extending import overload
 
+from .jit_cache import cached_njit
 from .activations import quantize_activations
 from .out_arrays import output_array
 from .common import N_CHUNKS
@@ -61,7 +62,7 @@ def _x_sums_by_kind(scales, mins, xq, qsum):
     return halves
 
 
-@njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def _gemv_lanes(x, quants, scales, mins, supers, fifths, out):
     """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W laid out (lanes.py).
     Threads take groups of 16 rows, spread evenly over N_CHUNKS ranges."""
@@ -84,7 +85,7 @@ def _gemv_lanes(x, quants, scales, mins, supers, fifths, out):
                     out[m, g * LANES + j] = acc[j]
 
 
-@njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def _gemm_lanes(xq, dx, qsum, quants, scales, mins, supers, fifths, out):
     """out (M, N) for laid-out W; xq (M8, K) x's int8 values, M8 = M rounded up to a
     multiple of 8 (zero rows after M); dx, qsum (M8, K/32) its scales and sums.

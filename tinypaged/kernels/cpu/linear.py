@@ -22,8 +22,9 @@ on two cores costs milliseconds per switch.
 import threading
 
 import numpy as np
-from numba import float32, njit, prange
+from numba import float32, prange
 
+from .jit_cache import cached_njit
 from ...model.ggml_quant import BF16, F16, F32
 from ...model.packed import PackedWeight
 from ...model.weights import convert_matrices
@@ -45,7 +46,7 @@ def blas_in_use() -> bool:
     return getattr(_last_product, "blas", False)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@cached_njit(parallel=True, fastmath=True)
 def _gemv_f16(x, w_bits, out):
     """out (M, N) = x (M, K) @ W.T for W given as float16 bits (N, K), small M.
 

@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
+from .jit_cache import cached_njit
 from .activations import quantize_activations
 from .common import HAS_VNNI, N_CHUNKS
 from .group_ir import (BLOCK, LANES, X_ROWS, accumulate_block_float, accumulate_block_vnni,
@@ -141,7 +142,7 @@ def _accumulate_block_by_form(group, at, x, x_at, scale, low, b, dx, qsum, halve
     return accumulate
 
 
-@njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def _gemm(xq, dx, qsum, halves, quants, scales, mins, supers, highs, out, layout):
     """out (M, N) for packed W (N >= 16 rows); xq (M8, K) x's int8 values, M8 = M
     rounded up to a multiple of 8 (zero rows after M); dx, qsum (M8, K/32); halves

@@ -17,9 +17,10 @@ More rows (batched decode, prefill) go to packed_gemm.py, which lays out 16 weig
 rows at a time for vector lanes and is as fast as BLAS on float32 or faster.
 """
 import numpy as np
-from numba import float32, njit, prange, types
+from numba import float32, prange, types
 from numba.extending import overload
 
+from .jit_cache import cached_njit
 from .activations import quantize_activations
 from .out_arrays import output_array
 from .common import N_CHUNKS, fma32
@@ -80,7 +81,7 @@ def _row_dots_by_kind(quants, scales, weights, bits, n, xs, x_at, width, dots, a
     return row
 
 
-@njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def _gemv(x, quants, scales, mins, supers, highs, out):
     """out (M, N) = round_activations(x) (M, K) @ W.T for packed W, small M. x is
     quantized to int8 blocks (activations.py); threads split W's rows into N_CHUNKS

@@ -8,14 +8,16 @@ threshold only when they do not reach the k-th token or the nucleus's mass. The
 draw itself is one pass in id order.
 """
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from .jit_cache import cached_njit
 
 FIRST_THRESHOLD = 1e-3  # weight (relative to the most likely token) of the first candidates
 THRESHOLD_STEP = 1e-3  # each retry lowers the threshold by this factor
 LOWEST_THRESHOLD = 1e-30  # below this, every token is a candidate
 
 
-@njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def sample_rows(weights, top_k, top_p, min_p, u, out, n_chunks=1):
     """out[r] = the token drawn for row r. weights (R, V) float32: exp(logits / T - max)
     per row; top_k (R,) int64 (0: off); top_p (R,) float64; min_p (R,) float32 (compared
@@ -29,7 +31,7 @@ def sample_rows(weights, top_k, top_p, min_p, u, out, n_chunks=1):
             out[r] = _sample_row(weights[r], top_k[r], top_p[r], min_p[r], u[r], candidates)
 
 
-@njit(cache=True)
+@cached_njit()
 def _collect(w, threshold, candidates) -> int:
     """Ids of the tokens weighing >= threshold, in id order, into candidates; their count."""
     n = 0
@@ -40,7 +42,7 @@ def _collect(w, threshold, candidates) -> int:
     return n
 
 
-@njit(cache=True)
+@cached_njit()
 def _kth_heaviest(w, k, candidates) -> float:
     threshold = FIRST_THRESHOLD
     while True:
@@ -53,7 +55,7 @@ def _kth_heaviest(w, k, candidates) -> float:
         threshold *= THRESHOLD_STEP
 
 
-@njit(cache=True)
+@cached_njit()
 def _sample_row(w, top_k, top_p, min_p, u, candidates) -> int:
     n_vocab = w.shape[0]
     kth = np.float32(-1.0)  # keep weights >= kth
@@ -98,7 +100,7 @@ def _sample_row(w, top_k, top_p, min_p, u, candidates) -> int:
     return last
 
 
-@njit(cache=True, inline="always")
+@cached_njit(inline="always")
 def _kept(wi, i, kth, edge_w, edge_id, min_p) -> bool:
     return (wi >= kth and (wi > edge_w or (wi == edge_w and i <= edge_id))
             and (min_p == 0.0 or wi >= min_p))

@@ -12,8 +12,9 @@ from typing import Callable
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from .jit_cache import cached_njit
 from .widen import widen_rows
 
 TILE_FLOATS = 1 << 18  # a widened tile holds this many float32: rows = this // K
@@ -38,7 +39,7 @@ def tiled_matmul(x: np.ndarray, n_out: int, widen: Callable[[int, np.ndarray], N
     return out
 
 
-@njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def _widen_tile(data, first, out):
     """A parallel region of one chunk, run by tiled_matmul with numba on one thread:
     inside such a region LLVM vectorizes the widening loops (3.7 ms for a 49152 x 576

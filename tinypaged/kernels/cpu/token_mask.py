@@ -6,10 +6,12 @@ int32 word t // 32). A JSON grammar allows a few hundred of 49k tokens at most
 steps, so whole words are mostly 0: those are written 32 tokens at a time.
 """
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from .jit_cache import cached_njit
 
 
-@njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def mask_rows(rows, which, masks):
     """rows (R, V) float32, in place: in row which[i], every token whose bit is 0 in
     masks[i] (W >= ceil(V / 32) int32 words) becomes -inf. Rows not in which are
