@@ -27,10 +27,10 @@ _CHUNK_BYTES = ir.VectorType(ir.IntType(8), 4 * LANES)
 _WORDS = ir.VectorType(ir.IntType(16), 2 * LANES)
 
 
-# The GEMV asks for the bytes it reads AHEAD bytes on (and the high bits as far on in
-# theirs), and in the second pass over a group's nibbles for the next group's: the
-# hardware prefetcher alone left the DRAM idle while a group was multiplied (Zen 2, a
-# 37 MB matrix: Q4_K 23 -> 27-30 GB/s, Q6_K 24 -> 27-31)
+# The GEMV hints the bytes AHEAD bytes past the chunk it reads (the high bits as far on
+# in their share of the bytes), and in the second pass over a group's nibbles the next
+# group's: the hardware prefetcher follows only the first pass, and memory would idle
+# while a group is multiplied (Zen 2, a 37 MB matrix: 27-31 GB/s, 23-24 without)
 AHEAD = 8192
 
 
