@@ -9,6 +9,7 @@ then also loads and stores a sum, and the item ran at ~7 multiply-adds a cycle.
     weigh_values  acc (Rp, D) += scores (KEYS, Rp)^T . vbuf (KEYS, D): 16 columns of D in
                   the lanes, 4 rows x 4 vectors of D a pass: per key, 4 loads of V and 4
                   broadcasts of the weights give 16 FMAs into sums held in registers.
+(Halved with AVX2 only: KEYS_A_PASS, VECTORS_A_PASS.)
 
 Rp: the tile's rows padded to a multiple of 16 (the caller zeroes q_t's and the
 weights' padding). D a multiple of 16 (the caller checks; else its own loops).
@@ -18,10 +19,14 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .common import HAS_AVX512
 from .group_ir import FLOATS, LANES, c_array, index, pointer, splat
 
-KEYS_A_PASS = 8  # score_tile's sums: 8 keys x 16 rows
-ROWS_A_PASS = 4  # weigh_values' sums: 4 rows x 4 vectors of D
+# The sums held in registers: 32 zmm with AVX-512; AVX2's 16 ymm hold half as many
+# floats, and the AVX-512 shapes spilled a sum's load and store beside each FMA there
+KEYS_A_PASS = 8 if HAS_AVX512 else 4  # score_tile's sums: 8 (4) keys x 16 rows
+ROWS_A_PASS = 4  # weigh_values' sums: 4 rows x 4 (AVX2: 1) vectors of D
+VECTORS_A_PASS = 4 if HAS_AVX512 else 1
 
 
 def _float_matrix(t) -> bool:
@@ -117,13 +122,13 @@ def weigh_values(typingctx, scores, vbuf, n_keys, acc):
                     builder.store(builder.load(sums[r][c]), at_acc[r][c], align=4)
 
         vectors = builder.udiv(head_dim, index(LANES))
-        wide = builder.icmp_unsigned("==", builder.urem(vectors, index(4)), index(0))
+        wide = builder.icmp_unsigned("==", builder.urem(vectors, index(VECTORS_A_PASS)), index(0))
         with cgutils.for_range(builder, builder.udiv(padded, index(ROWS_A_PASS))) as rows:
             r0 = builder.mul(rows.index, index(ROWS_A_PASS))
-            with builder.if_else(wide) as (four_at_once, one_at_once):
-                with four_at_once:
-                    with cgutils.for_range(builder, builder.udiv(vectors, index(4))) as cols:
-                        pass_of(r0, builder.mul(cols.index, index(4)), 4)
+            with builder.if_else(wide) as (several_at_once, one_at_once):
+                with several_at_once:
+                    with cgutils.for_range(builder, builder.udiv(vectors, index(VECTORS_A_PASS))) as cols:
+                        pass_of(r0, builder.mul(cols.index, index(VECTORS_A_PASS)), VECTORS_A_PASS)
                 with one_at_once:
                     with cgutils.for_range(builder, vectors) as cols:
                         pass_of(r0, cols.index, 1)

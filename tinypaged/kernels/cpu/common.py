@@ -21,6 +21,9 @@ _FEATURES = llvm.get_host_cpu_features() if _compiled_for_host() else {}
 HAS_VNNI = bool(_FEATURES.get("avx512vnni", False) and _FEATURES.get("avx512vl", False))
 # vpmaddubsw / vpmaddwd on 256-bit vectors, vfmadd and vcvtph2ps: the lanes kernels' AVX2 form
 HAS_AVX2 = all(_FEATURES.get(name, False) for name in ("avx2", "fma", "f16c"))
+# 32 vector registers of 512 bits (register-blocked kernels size their sums by it); under
+# NUMBA_CPU_NAME (features unknown) the smaller AVX2 shapes, right for either
+HAS_AVX512 = bool(_FEATURES.get("avx512f", False))
 
 
 @intrinsic
