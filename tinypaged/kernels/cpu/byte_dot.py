@@ -19,7 +19,6 @@ from .group_ir import I32, INTS, LANES, mask
 LANES_ISA = "vnni" if HAS_VNNI else "avx2" if HAS_AVX2 else None  # None: no lanes kernels
 _BYTES = ir.VectorType(ir.IntType(8), 32)
 _SHORTS = ir.VectorType(ir.IntType(16), 16)
-_PAIR_SUMS = ir.VectorType(ir.IntType(16), 2 * LANES)  # a chunk's 16 lanes, two pairs each
 _X_MAX = 127  # |x|: activations rounded to int8 by their block's largest
 
 
@@ -33,28 +32,30 @@ def _function(builder, name, result, *operands):
 
 
 class BlockDot:
-    """The running int32 dots (16 lanes) of one row of x with a group's chunks.
-    w_max: the largest byte W can hold (|q| for signed Q8_0 bytes)."""
+    """The running int32 dots (16 lanes, or 8: half a group, AVX2 only) of one row of
+    x with a group's chunks. w_max: the largest byte W can hold (|q| for signed Q8_0
+    bytes)."""
 
-    def __init__(self, builder, w_max: int, signed: bool = False):
-        self.builder, self.signed = builder, signed
-        self.total = ir.Constant(INTS, [0] * LANES)
+    def __init__(self, builder, w_max: int, signed: bool = False, width: int = LANES):
+        assert width == LANES or LANES_ISA == "avx2"
+        self.builder, self.signed, self.width = builder, signed, width
+        self.total = ir.Constant(ir.VectorType(I32, width), [0] * width)
         self.per_flush = (2 ** 15 - 1) // (2 * _X_MAX * w_max)  # chunks int16 can hold
         self.pending, self.count = None, 0
 
     def add(self, w, x_quad):
-        """+ the 4-byte dots of w (16 x i32: 4 bytes a lane) with x_quad (16 x i32,
-        the same 4 int8 bytes in each)."""
+        """+ the 4-byte dots of w (width x i32: 4 bytes a lane) with x_quad (width x
+        i32, the same 4 int8 bytes in each)."""
         builder = self.builder
         if LANES_ISA == "vnni":
             dpbusd = _function(builder, "llvm.x86.avx512.vpdpbusd.512", INTS, INTS, INTS, INTS)
             self.total = builder.call(dpbusd, [self.total, w, x_quad])
             return
         pairs = _function(builder, "llvm.x86.avx2.pmadd.ub.sw", _SHORTS, _BYTES, _BYTES)
-        w_bytes = builder.bitcast(w, ir.VectorType(ir.IntType(8), 4 * LANES))
+        w_bytes = builder.bitcast(w, ir.VectorType(ir.IntType(8), 4 * self.width))
         x_bytes = builder.bitcast(builder.shuffle_vector(x_quad, x_quad, mask(range(8))), _BYTES)
         sums = []
-        for h in range(2):
+        for h in range(self.width // 8):
             w_half = builder.shuffle_vector(w_bytes, w_bytes, mask(range(32 * h, 32 * h + 32)))
             x_half = x_bytes
             if self.signed:  # w x = |w| (x with w's sign); |-128| is 128 read unsigned
@@ -63,11 +64,21 @@ class BlockDot:
                 x_half = builder.call(sign, [x_half, w_half])
                 w_half = builder.call(absolute, [w_half, ir.Constant(ir.IntType(1), 0)])
             sums.append(builder.call(pairs, [w_half, x_half]))
-        chunk = builder.shuffle_vector(sums[0], sums[1], mask(range(2 * LANES)))
+        chunk = sums[0] if len(sums) == 1 else builder.shuffle_vector(sums[0], sums[1], mask(range(2 * LANES)))
         self.pending = chunk if self.pending is None else builder.add(self.pending, chunk)
         self.count += 1
         if self.count == self.per_flush:
             self._flush()
+
+    def zero_pending(self):
+        """What resume takes at the start of a block (AVX2: int16 sums of no chunk)."""
+        return ir.Constant(_SHORTS, [0] * 16)
+
+    def resume(self, pending):
+        """Carries on from int16 sums kept across a loop over chunks (AVX2, width 8,
+        weights of 4 bits: 8 chunks never overflow, so no flush inside the loop)."""
+        assert self.width == 8 and self.per_flush >= 8
+        self.pending, self.count = pending, 0
 
     def _flush(self):
         builder = self.builder
@@ -75,8 +86,8 @@ class BlockDot:
         ones = ir.Constant(_SHORTS, [1] * 16)
         quads = [builder.call(widen, [builder.shuffle_vector(self.pending, self.pending,
                                                              mask(range(16 * h, 16 * h + 16))), ones])
-                 for h in range(2)]
-        wide = builder.shuffle_vector(quads[0], quads[1], mask(range(LANES)))
+                 for h in range(self.width // 8)]
+        wide = quads[0] if len(quads) == 1 else builder.shuffle_vector(quads[0], quads[1], mask(range(LANES)))
         self.total = builder.add(self.total, wide)
         self.pending, self.count = None, 0
 

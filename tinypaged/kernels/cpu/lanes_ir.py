@@ -16,11 +16,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .byte_dot import BlockDot, signed_bytes_direct
-from .group_ir import FLOATS, I32, INTS, LANES, X_ROWS, c_array, fused, index, pointer, splat
+from .group_ir import F32, FLOATS, I32, INTS, LANES, X_ROWS, c_array, index, pointer, splat
 from .lanes import HIGH_BIT_BYTES
 
-HALVES = ir.VectorType(ir.HalfType(), LANES)
-SHORTS = ir.VectorType(ir.IntType(16), LANES)
 CHUNKS_PER_BLOCK = 8  # 4 columns a chunk, 32 a block
 _MASK = ir.VectorType(ir.IntType(1), 4 * LANES)
 _CHUNK_BYTES = ir.VectorType(ir.IntType(8), 4 * LANES)
@@ -85,10 +83,16 @@ def _or_bit_bytes(context, builder, fifths_type, fifths, f_at, b, c, nibbles, q6
     return builder.or_(nibbles, builder.and_(builder.bitcast(bits, INTS), ir.Constant(INTS, [keep] * LANES)))
 
 
-def _group_product(x_rows: int):
+def _group_product(x_rows: int, half_group: bool = False):
     """The intrinsic for one group's 16 rows times x_rows consecutive rows of x
-    (group_gemv: 1; group_gemm: X_ROWS; group_gemm_wide: WIDE_ROWS). Each chunk of the group is made unsigned
-    once, in registers, and taken by every row of x."""
+    (group_gemv: 1; group_gemm: X_ROWS; group_gemm_wide: WIDE_ROWS). Each chunk of the
+    group is made unsigned once, in registers, and taken by every row of x.
+    half_group (AVX2, 4-bit kinds: group_half_gemm): 8 of the rows, the caller's offsets
+    at the half's first lane; x's rows as interleave_rows lays them out."""
+    width = LANES // 2 if half_group else LANES
+    floats, ints = ir.VectorType(F32, width), ir.VectorType(I32, width)
+    shorts, halfs = ir.VectorType(ir.IntType(16), width), ir.VectorType(ir.HalfType(), width)
+    small_ints = ir.VectorType(ir.IntType(8), width)
 
     def product(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, supers, u_at,
                 fifths, f_at, dx, qsum, row_at, acc):
@@ -109,6 +113,8 @@ def _group_product(x_rows: int):
         # what the unsigned bytes carry above q: Q8_0 128, Q4_0 8, Q5_0 16, with mins 0
         # (Q6_K's 32 goes with its sub-scales)
         signed = q8 and signed_bytes_direct()  # Q8_0's bytes as they are, not q + 128
+        if half_group and (q8 or q6 or with_fifths):  # (4-bit kinds only: see below)
+            return None
         offset = 0 if signed or with_min or q6 else 128 if q8 else 16 if with_fifths else 8
         w_max = 128 if signed else 255 if q8 else 63 if q6 else 31 if with_fifths else 15  # a byte
         signature = types.void(quants, types.intp, xq, types.intp, types.intp, scales, mins,
@@ -119,14 +125,19 @@ def _group_product(x_rows: int):
             (q_arr, q_at, x_arr, x_at, n_blocks, s_arr, m_arr, s_at, u_arr, u_at, f_arr, f_at,
              dx_arr, qs_arr, row_at, acc_arr) = args
             t = sig.args
-            fma = fused(builder)
-            totals = [cgutils.alloca_once_value(builder, ir.Constant(FLOATS, [0.0] * LANES))
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(floats, [floats] * 3),
+                                                 f"llvm.fma.v{width}f32")
+            totals = [cgutils.alloca_once_value(builder, ir.Constant(floats, [0.0] * width))
                       for _ in range(x_rows)]
-            width = builder.mul(n_blocks, index(32))  # x's row length: rows follow each other
+            row_length = builder.mul(n_blocks, index(32))  # x's row length: rows follow each other
+            if half_group:  # (through an empty asm: a count LLVM cannot see, or it unrolls
+                # the 8 rows' loop and takes the rows one after another again)
+                chunk_count = builder.asm(ir.FunctionType(index(0).type, [index(0).type]), "", "=r,0",
+                                          [index(CHUNKS_PER_BLOCK)], False)
 
             def halves(array_type, array, first):
-                bits = builder.load(pointer(context, builder, array_type, array, first, SHORTS), align=2)
-                return builder.fpext(builder.bitcast(bits, HALVES), FLOATS)
+                bits = builder.load(pointer(context, builder, array_type, array, first, shorts), align=2)
+                return builder.fpext(builder.bitcast(bits, halfs), floats)
 
             def scale_and_min(b, first):
                 """Block b's 16 scales and mins (None without) in float32, as packed_terms'
@@ -137,8 +148,8 @@ def _group_product(x_rows: int):
 
                 def small(array_type, array):
                     ints = builder.load(pointer(context, builder, array_type, array, first,
-                                                ir.VectorType(ir.IntType(8), LANES)), align=1)
-                    return builder.uitofp(ints, FLOATS)
+                                                small_ints), align=1)
+                    return builder.uitofp(ints, floats)
                 d_at = builder.add(u_at, builder.mul(builder.lshr(b, index(3)), index(2 * LANES)))
                 scale = builder.fmul(halves(t[8], u_arr, d_at), small(t[5], s_arr))
                 low = builder.fneg(builder.fmul(halves(t[8], u_arr, builder.add(d_at, index(LANES))),
@@ -152,10 +163,12 @@ def _group_product(x_rows: int):
                 hinted into the caches."""
                 # Q6_K: the block's halves apart; one row of x: even and odd chunks apart, two
                 # chains of vpdpbusd instead of one of eight (its latency bound the GEMV: 3x)
-                dots = [[BlockDot(builder, w_max, signed) for _ in range(2)] for _ in range(x_rows)]
-                for c in range(CHUNKS_PER_BLOCK):
-                    at = builder.add(q_at, builder.mul(builder.add(chunk0, index(c)), index(4 * LANES)))
-                    w = read(builder.load(pointer(context, builder, t[0], q_arr, at, INTS), align=1))
+                dots = [[BlockDot(builder, w_max, signed, width) for _ in range(2)] for _ in range(x_rows)]
+
+                def chunk(c, c_at):
+                    """Chunk c (an int; None in a loop) at c_at (IR) times each row of x."""
+                    at = builder.add(q_at, builder.mul(builder.add(chunk0, c_at), index(4 * LANES)))
+                    w = read(builder.load(pointer(context, builder, t[0], q_arr, at, ints), align=1))
                     if x_rows == 1:  # (a chunk is a cache line)
                         _prefetch_line(context, builder, t[0], q_arr, builder.add(at, ahead))
                     if with_fifths and HIGH_BIT_BYTES:
@@ -166,14 +179,35 @@ def _group_product(x_rows: int):
                             _prefetch_line(context, builder, t[10], f_arr, builder.add(
                                 f_at, builder.add(builder.mul(line, index(4 * LANES)), index(far))))
                     elif with_fifths:
-                        column_chunk = builder.add(builder.mul(b, index(CHUNKS_PER_BLOCK)), index(c))
+                        column_chunk = builder.add(builder.mul(b, index(CHUNKS_PER_BLOCK)), c_at)
                         w = _or_high_bits(context, builder, t[10], f_arr, f_at, column_chunk, w, q6)
                     half = c // 4 if q6 else c % 2 if x_rows == 1 else 0
                     for i in range(x_rows):
-                        x_quad = builder.add(builder.add(x_at, builder.mul(index(i), width)),
-                                             builder.add(builder.mul(b, index(32)), index(4 * c)))
+                        if half_group:  # one base a chunk, the rest immediates (12 rows'
+                            x_quad = builder.add(builder.add(x_at, builder.mul(b, index(32 * x_rows))),
+                                                 builder.add(builder.mul(c_at, index(4 * x_rows)),
+                                                             index(4 * i)))  # pointers spilled)
+                        else:
+                            x_quad = builder.add(builder.add(x_at, builder.mul(index(i), row_length)),
+                                                 builder.add(builder.mul(b, index(32)), index(4 * c)))
                         quad = builder.load(pointer(context, builder, t[2], x_arr, x_quad, I32), align=1)
-                        dots[i][half].add(w, splat(builder, quad, INTS))
+                        dots[i][half].add(w, splat(builder, quad, ints))
+                # half a group: a block's 8 chunks in a loop (4 bits: their int16 sums cannot
+                # overflow), each row's sums carried in a register. Unrolled, LLVM took the
+                # rows one after another with the 8 chunks held: 3/4 of this form's rate
+                if half_group:
+                    carried = [cgutils.alloca_once_value(builder, row[0].zero_pending()) for row in dots]
+                    with cgutils.for_range(builder, chunk_count) as loop:
+                        for row, sums in zip(dots, carried):
+                            row[0].resume(builder.load(sums))
+                        chunk(None, loop.index)
+                        for row, sums in zip(dots, carried):
+                            builder.store(row[0].pending, sums)
+                    for row, sums in zip(dots, carried):
+                        row[0].resume(builder.load(sums))
+                else:
+                    for c in range(CHUNKS_PER_BLOCK):
+                        chunk(c, index(c))
                 dots = [[dot.result() for dot in row] for row in dots]
                 if q6:
                     d_at = builder.add(u_at, builder.mul(builder.lshr(b, index(3)), index(LANES)))
@@ -182,9 +216,12 @@ def _group_product(x_rows: int):
                 else:
                     scale, low = scale_and_min(b, builder.add(s_at, builder.mul(b, index(LANES))))
                 for i in range(x_rows):
-                    at = builder.add(builder.add(row_at, builder.mul(index(i), n_blocks)), b)
+                    if half_group:
+                        at = builder.add(builder.add(row_at, builder.mul(b, index(x_rows))), index(i))
+                    else:
+                        at = builder.add(builder.add(row_at, builder.mul(index(i), n_blocks)), b)
                     x_scale = splat(builder, builder.load(pointer(context, builder, t[12], dx_arr, at)),
-                                    FLOATS)
+                                    floats)
                     if q6:
                         term = builder.fmul(d, q6_dot(b, at, dots[i], subs))
                     else:
@@ -192,10 +229,10 @@ def _group_product(x_rows: int):
                         x_sum = builder.load(pointer(context, builder, t[13], qs_arr, at))
                         if offset:  # the dot of q itself: sum of (q + offset) x less offset * sum of x
                             dot = builder.sub(dot, splat(builder, builder.mul(x_sum, ir.Constant(I32, offset)),
-                                                         INTS))
-                        term = builder.fmul(scale, builder.sitofp(dot, FLOATS))
+                                                         ints))
+                        term = builder.fmul(scale, builder.sitofp(dot, floats))
                         if with_min:  # fma(min, qsum, scale * dot), as block_term (qsum float32:
-                            term = builder.call(fma, [low, splat(builder, x_sum, FLOATS), term])  # a broadcast load)
+                            term = builder.call(fma, [low, splat(builder, x_sum, floats), term])  # a broadcast load)
                     builder.store(builder.call(fma, [x_scale, term, builder.load(totals[i])]), totals[i])
 
             def sub_scales(b, h):
@@ -203,8 +240,8 @@ def _group_product(x_rows: int):
                 part = builder.add(builder.mul(b, index(2)), index(h))
                 subs = builder.load(pointer(context, builder, t[5], s_arr,
                                             builder.add(s_at, builder.mul(part, index(LANES))),
-                                            ir.VectorType(ir.IntType(8), LANES)), align=1)
-                return builder.sitofp(subs, FLOATS)
+                                            small_ints), align=1)
+                return builder.sitofp(subs, floats)
 
             def q6_dot(b, at, dots, subs):
                 """Q6_K's exact block dot, as float32, from its halves' sums of q x (q = 0 .. 63);
@@ -217,12 +254,12 @@ def _group_product(x_rows: int):
                 for h in range(2):
                     x_half = builder.load(pointer(context, builder, t[13], qs_arr,
                                                   builder.add(builder.mul(at, index(2)), index(h))))
-                    exact = builder.sub(dots[h], splat(builder, x_half, INTS))
-                    centred.append(builder.sitofp(exact, FLOATS))
+                    exact = builder.sub(dots[h], splat(builder, x_half, ints))
+                    centred.append(builder.sitofp(exact, floats))
                 return builder.call(fma, [centred[0], subs[0], builder.fmul(centred[1], subs[1])])
 
             def repeated(value):
-                return ir.Constant(INTS, [value] * LANES)
+                return ir.Constant(ints, [value] * width)
             if signed:
                 with cgutils.for_range(builder, n_blocks) as loop:
                     block(loop.index, builder.mul(loop.index, index(CHUNKS_PER_BLOCK)), lambda w: w)
@@ -240,11 +277,11 @@ def _group_product(x_rows: int):
                           lambda w: builder.and_(builder.lshr(w, repeated(4)), repeated(0x0F0F0F0F)),
                           builder.mul(n_blocks, index(4 * LANES * CHUNKS_PER_BLOCK // 2)))  # the next group
             for i in range(x_rows):
-                out = pointer(context, builder, t[15], acc_arr, index(i * LANES), FLOATS)
+                out = pointer(context, builder, t[15], acc_arr, index(i * width), floats)
                 builder.store(builder.load(totals[i]), out, align=4)
             return context.get_dummy_value()
         return signature, codegen
-    product.__name__ = product.__qualname__ = f"group_product_{x_rows}"
+    product.__name__ = product.__qualname__ = f"group_product_{x_rows}{'_half' if half_group else ''}"
     return intrinsic(product)
 
 
@@ -274,6 +311,23 @@ unsigned once for 16 rows' vpdpbusd; 16 accumulators and the chunk still fit the
 zmm registers (32 rows spill). With AVX2 they spill to the stack, but the chunk's
 unpacking is shared by more rows: 4 or 8 rows a pass were slower (Q6_K 49 and 64
 against 72 GMAC/s, Q4_K 98 and 112 against 114). The same bits."""
+
+
+# AVX2, 4-bit kinds: a group's halves (8 rows, one ymm) apart, HALF_ROWS rows of x a
+# pass (8 where 8 or 16 are left), each row's int16 sums in a register beside the chunk
+# and its product, x's 4 bytes at one base plus immediates. 16 rows of both halves
+# (group_gemm_wide) spill ~230 loads and stores a block. Zen 2, Q4_K, 32 rows: 120 ->
+# 130 GMAC/s (12 rows alone 69 a core; without the float epilogue that all blocks need,
+# 108: vpmaddubsw's port). Q5 and Q6_K flush their int16 sums every 4 or 2 chunks, and
+# ran slower this way: they keep group_gemm_wide.
+HALF_ROWS = 12
+group_half_gemm = _group_product(HALF_ROWS, half_group=True)
+group_half_gemm.__doc__ = """group_gemm for half a group of a 4-bit kind (Q4_0, Q4_1, Q4_K: its 8 lanes at the
+offsets given, q_at + 32 h, s_at + 8 h, u_at + 8 h for half h) and HALF_ROWS rows of x,
+interleaved (lanes_product.interleave_rows; x_at, row_at: the pass's first value and
+block): acc[8 i .. 8 i + 7] is row i's product. AVX2 only. The same bits."""
+group_half_gemm_8 = _group_product(X_ROWS, half_group=True)
+group_half_gemm_8.__doc__ = "group_half_gemm for X_ROWS rows of x."
 
 
 @intrinsic

@@ -5,9 +5,10 @@ Threads take groups of 16 rows. Decode (M <= GEMV_MAX_ROWS rows of x):
 lanes_ir.group_gemv on each, one row of x at a time. More rows: lanes_ir.group_gemm_wide,
 16 rows of x a pass (group_gemm for 8 left over), each chunk of the group's bytes
 made unsigned in registers and taken by the 16 rows' vpdpbusd (AVX2: vpmaddubsw,
-byte_dot.py); the group stays in
-L1 for the next pass, the next group's bytes are prefetched. Neither copies nor
-transposes anything per call.
+byte_dot.py); the group stays in L1 for the next pass, the next group's bytes are
+prefetched. On AVX2 the 4-bit kinds take each half of a group apart, 12 rows of x a
+pass (_gemm_lanes_by_halves), x's rows interleaved for it per call (M x K bytes);
+nothing else is copied or transposed per call.
 """
 import numpy as np
 from numba import prange, types
@@ -18,12 +19,17 @@ from .activations import quantize_activations
 from .out_arrays import output_array
 from .common import N_CHUNKS
 from .group_ir import BLOCK, X_ROWS
+from ...model.ggml_quant import Q4_0, Q4_1, Q4_K
+from .byte_dot import LANES_ISA
 from .lanes import LANES
-from .lanes_ir import WIDE_ROWS, group_gemm, group_gemm_wide, group_gemv, prefetch, store_lanes
+from .lanes_ir import (HALF_ROWS, WIDE_ROWS, group_gemm, group_gemm_wide, group_gemv, group_half_gemm,
+                       group_half_gemm_8, prefetch, store_lanes)
 from .packed_terms import flat_bits as _flat  # (an array flat, or None)
 from .packed_terms import is_q6_k
 
 GEMV_MAX_ROWS = 2  # as quantized.py
+HALF = LANES // 2  # a group's rows in one AVX2 register
+FOUR_BIT = (Q4_0, Q4_1, Q4_K)  # the kinds _gemm_lanes_by_halves takes (lanes_ir.HALF_ROWS)
 
 
 def _per_group(array):
@@ -130,6 +136,73 @@ def _gemm_lanes(xq, dx, qsum, quants, scales, mins, supers, fifths, out):
                 m0 += tile
 
 
+@cached_njit()
+def _pass_rows(left):
+    """Rows of x the next pass of _gemm_lanes_by_halves takes, `left` (a multiple of 4,
+    at least 8) still to go: HALF_ROWS, or 8 where 8 or 16 are left."""
+    return X_ROWS if left == X_ROWS or left == 2 * X_ROWS else HALF_ROWS
+
+
+@cached_njit(parallel=True)
+def interleave_rows(a, unit):
+    """a (M8, L) flat, pass by pass (_pass_rows), each pass's rows side by side, `unit`
+    values at a time: the pass of `tile` rows from m0 holds a[m0 + i, unit v + e] at
+    m0 L + unit (tile v + i) + e. So a pass's reads of a block are at one base plus
+    immediates (lanes_ir.group_half_gemm)."""
+    rows, length = a.shape
+    out = np.empty(rows * length, a.dtype)
+    m0 = 0
+    while m0 < rows:
+        tile = _pass_rows(rows - m0)
+        for v in prange(length // unit):
+            for i in range(tile):
+                for e in range(unit):
+                    out[m0 * length + unit * (tile * v + i) + e] = a[m0 + i, unit * v + e]
+        m0 += tile
+    return out
+
+
+@cached_njit(parallel=True)
+def _gemm_lanes_by_halves(xq, dx, qsum, quants, scales, mins, supers, fifths, out):
+    """_gemm_lanes for AVX2 and the 4-bit kinds: a group's halves (8 rows) apart,
+    HALF_ROWS rows of x a pass (8 where 8 or 16 are left), so that a pass's sums stay
+    in registers (lanes_ir.HALF_ROWS)."""
+    n_out = out.shape[1]
+    padded_rows, width = xq.shape
+    n_blocks = width // BLOCK
+    n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
+    q_flat, s_flat, m_flat = quants.reshape(-1), scales.reshape(-1), _flat(mins)
+    f_flat, u_flat = _flat(fifths), _flat(supers)
+    sums = _x_sums(scales, mins, xq, qsum)
+    x_flat, dx_flat = interleave_rows(xq, 4), interleave_rows(dx, 1)
+    sums_flat = interleave_rows(sums, sums.shape[1] // n_blocks)
+    for c in prange(N_CHUNKS):
+        acc = np.empty(HALF_ROWS * HALF, dtype=np.float32)
+        last = (c + 1) * n_groups // N_CHUNKS - 1
+        for g in range(c * n_groups // N_CHUNKS, last + 1):
+            if g < last:  # the next group's bytes arrive while this one is multiplied
+                prefetch(q_flat, (g + 1) * group_bytes, (g + 2) * group_bytes)
+            for h in range(2):
+                lane0 = g * LANES + h * HALF
+                rows = min(HALF, n_out - lane0)
+                q_at, f_at = g * group_bytes + 4 * HALF * h, g * _per_group(fifths) + 4 * HALF * h
+                s_at, u_at = g * _per_group(scales) + HALF * h, g * _per_group(supers) + HALF * h
+                m0 = 0
+                while m0 < padded_rows and rows > 0:
+                    if _pass_rows(padded_rows - m0) == X_ROWS:
+                        group_half_gemm_8(q_flat, q_at, x_flat, m0 * width, n_blocks, s_flat, m_flat, s_at,
+                                          u_flat, u_at, f_flat, f_at, dx_flat, sums_flat, m0 * n_blocks, acc)
+                        tile = X_ROWS
+                    else:
+                        group_half_gemm(q_flat, q_at, x_flat, m0 * width, n_blocks, s_flat, m_flat, s_at,
+                                        u_flat, u_at, f_flat, f_at, dx_flat, sums_flat, m0 * n_blocks, acc)
+                        tile = HALF_ROWS
+                    for i in range(min(tile, out.shape[0] - m0)):
+                        for j in range(rows):
+                            out[m0 + i, lane0 + j] = acc[i * HALF + j]
+                    m0 += tile
+
+
 def lanes_product(x: np.ndarray, weight) -> np.ndarray:
     """round_activations(x) (M, K) @ W.T for a LanePacked W -> (M, N)."""
     out = output_array(len(x), weight.shape[0])
@@ -137,6 +210,6 @@ def lanes_product(x: np.ndarray, weight) -> np.ndarray:
         _gemv_lanes(x, weight.quants, weight.scales, weight.mins, weight.supers, weight.fifths, out)
     else:
         xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
-        _gemm_lanes(xq, dx, qsum, weight.quants, weight.scales, weight.mins, weight.supers,
-                    weight.fifths, out)
+        gemm = _gemm_lanes_by_halves if LANES_ISA == "avx2" and weight.ggml_type in FOUR_BIT else _gemm_lanes
+        gemm(xq, dx, qsum, weight.quants, weight.scales, weight.mins, weight.supers, weight.fifths, out)
     return out
