@@ -143,18 +143,19 @@ def _pass_rows(left):
     return X_ROWS if left == X_ROWS or left == 2 * X_ROWS else HALF_ROWS
 
 
-@cached_njit(parallel=True)
+@cached_njit()
 def interleave_rows(a, unit):
     """a (M8, L) flat, pass by pass (_pass_rows), each pass's rows side by side, `unit`
     values at a time: the pass of `tile` rows from m0 holds a[m0 + i, unit v + e] at
     m0 L + unit (tile v + i) + e. So a pass's reads of a block are at one base plus
-    immediates (lanes_ir.group_half_gemm)."""
+    immediates (lanes_ir.group_half_gemm). On this thread: a few parallel launches a
+    product cost SmolLM2's 32-row step more than the copy (M x L bytes) does."""
     rows, length = a.shape
     out = np.empty(rows * length, a.dtype)
     m0 = 0
     while m0 < rows:
         tile = _pass_rows(rows - m0)
-        for v in prange(length // unit):
+        for v in range(length // unit):
             for i in range(tile):
                 for e in range(unit):
                     out[m0 * length + unit * (tile * v + i) + e] = a[m0 + i, unit * v + e]
@@ -174,7 +175,8 @@ def _gemm_lanes_by_halves(xq, dx, qsum, quants, scales, mins, supers, fifths, ou
     q_flat, s_flat, m_flat = quants.reshape(-1), scales.reshape(-1), _flat(mins)
     f_flat, u_flat = _flat(fifths), _flat(supers)
     sums = _x_sums(scales, mins, xq, qsum)
-    x_flat, dx_flat = interleave_rows(xq, 4), interleave_rows(dx, 1)
+    x_flat = interleave_rows(xq.view(np.int32), 1).view(np.int8)  # (4 bytes at a time)
+    dx_flat = interleave_rows(dx, 1)
     sums_flat = interleave_rows(sums, sums.shape[1] // n_blocks)
     for c in prange(N_CHUNKS):
         acc = np.empty(HALF_ROWS * HALF, dtype=np.float32)
