@@ -109,15 +109,16 @@ def write_tiny_model(model_dir: str, seed: int = 0, dtype: str = "F32",
 
 
 def dense_greedy(model, prompt_ids: list[int], max_tokens: int, eos_ids=()) -> list[int]:
-    """Greedy continuation by the dense reference forward (the oracle for the engine)."""
+    """Greedy continuation by the dense reference forward (the oracle for the engine),
+    an EOS in eos_ids ending it as its last token."""
     cache = model.new_cache(len(prompt_ids) + max_tokens)
     logits = model.forward(prompt_ids, cache, all_logits=False)[-1]
     out = []
     for _ in range(max_tokens):
         token = int(np.argmax(logits))
+        out.append(token)
         if token in eos_ids:
             break
-        out.append(token)
         if len(out) < max_tokens:
             logits = model.forward([token], cache)[-1]
     return out

@@ -159,8 +159,11 @@ def test_stop_strings_stop_tokens_and_max_tokens(tiny):
     stop_token = free.token_ids[5]
     cut = llm.generate([[10, 11]], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True,
                                                    stop_token_ids=[stop_token]))[0]
-    assert cut.finish_reason == "stop"
-    assert cut.token_ids == free.token_ids[:free.token_ids.index(stop_token)]
+    assert cut.finish_reason == "stop"  # the stop token is output (as vLLM's), its text is not
+    assert cut.token_ids == free.token_ids[:free.token_ids.index(stop_token) + 1]
+    before = llm.generate([[10, 11]], SamplingParams(temperature=0, ignore_eos=True,
+                                                     max_tokens=len(cut.token_ids) - 1))[0]
+    assert cut.text == before.text
     text = free.text
     stop = text[len(text) // 2: len(text) // 2 + 2]
     stopped = llm.generate([[10, 11]], SamplingParams(temperature=0, max_tokens=30,

@@ -17,7 +17,8 @@ def test_min_tokens_holds_back_stop_tokens_and_stop_strings(stories):
     free = stories.generate(PROMPT, SamplingParams(**GREEDY, ignore_eos=True))[0]
     first = free.token_ids[0]
     stopped = stories.generate(PROMPT, SamplingParams(**GREEDY, stop_token_ids=[first]))[0]
-    assert stopped.token_ids == [] and stopped.outputs[0].finish_reason == "stop"
+    assert stopped.token_ids == [first] and stopped.outputs[0].finish_reason == "stop"
+    assert stopped.text == ""  # (the stop token's text only with include_stop_str_in_output)
     held = stories.generate(PROMPT, SamplingParams(**GREEDY, stop_token_ids=[first],
                                                    min_tokens=6))[0]
     assert len(held.token_ids) >= 6 and first not in held.token_ids[:6]

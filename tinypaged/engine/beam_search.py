@@ -16,8 +16,8 @@ from .sequence import Sequence
 
 @dataclass(slots=True)
 class Beam:
-    token_ids: list[int]
-    cum_logprob: float  # sum of the log-probabilities of token_ids (and of EOS, if it ended so)
+    token_ids: list[int]  # ending with its EOS where it ended so
+    cum_logprob: float  # sum of the log-probabilities of token_ids
     score: float  # cum_logprob / length ** length_penalty: what beams are ranked by
     finish_reason: str  # "stop" (EOS) or "length"
     text: str = ""
@@ -89,8 +89,8 @@ class BeamSearch:
         for rank, (cum, i, token) in enumerate(candidates):
             if token in self.engine.eos_token_ids and not self.ignore_eos:
                 if rank < self.width:  # an EOS among the best candidates ends a beam
-                    out = self.live[i][0].output_token_ids
-                    self.finished.append(Beam(list(out), cum, self._score(cum, n_out), "stop"))
+                    out = self.live[i][0].output_token_ids  # (the EOS kept, as by sampling)
+                    self.finished.append(Beam([*out, token], cum, self._score(cum, n_out), "stop"))
                 continue
             chosen.append((cum, i, token))
             if len(chosen) == self.width:
@@ -130,9 +130,9 @@ class BeamSearch:
 
     def best(self) -> list[Beam]:
         beams = sorted(self.finished, key=lambda b: -b.score)[:self.width]
-        for beam in beams:  # a character cut short at the end is left out of the text
-            beam.text = self.engine.tokenizer.continuation(self.prompt_ids,
-                                                           beam.token_ids).rstrip("\ufffd")
+        for beam in beams:  # a character cut short at the end is left out of the text, and EOS
+            ids = beam.token_ids[:-1] if beam.finish_reason == "stop" else beam.token_ids
+            beam.text = self.engine.tokenizer.continuation(self.prompt_ids, ids).rstrip("\ufffd")
         return beams
 
 

@@ -1,7 +1,7 @@
 """SampleStep: LLMEngine's half that turns a step's logits into tokens: every due
 token drawn in one batched call (with the bit masks of constrained samples), then
-each appended, ending its sample on EOS, a stop token or string, a finished
-grammar, or its length."""
+each appended, ending its sample on EOS or a stop token (both kept in the output, as
+vLLM keeps them), a stop string, a finished grammar, or its length."""
 from __future__ import annotations
 
 from ..logprobs import token_logprobs
@@ -67,9 +67,14 @@ class SampleStep:
     def _append(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> None:
         params = seq.params
         text = self.requests[seq.request_id].texts[seq.sample_index]
-        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
-            return self._finish(seq, "stop")  # (masks allow these only where a sample may end)
         seq.append_token(token, logprobs)
+        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
+            # (masks allow these only where a sample may end) An ending token is output like
+            # any other, as vLLM's: in token_ids, with its logprobs, counted; a harness that
+            # scores an echoed prompt drops the last token. Its text only on request.
+            if params.include_stop_str_in_output:
+                text.push(token)
+            return self._finish(seq, "stop")
         grammar = seq.grammar
         if grammar is not None:
             grammar.advance(token)
