@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass
 
 from ..structured import StructuredOutputs
+from ..structured.closed import closed_objects
 from ..structured.grammar import llguidance_module
 from .errors import APIError, shown
 
@@ -41,7 +42,9 @@ def call_schema(tools: list[dict]) -> dict:
 
 
 def parameters(tool: dict) -> dict:
-    return tool["function"].get("parameters") or {"type": "object", "properties": {}}
+    """A tool's parameters schema, its objects closed unless it opens them (closed.py)."""
+    schema = tool["function"].get("parameters") or {"type": "object", "properties": {}}
+    return closed_objects(json.loads(json.dumps(schema)))  # (a copy: the request's is left as sent)
 
 
 def plan(tools: list[dict] | None, tool_choice, chat_template: str | None,

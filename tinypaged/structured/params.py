@@ -6,12 +6,13 @@ import json
 from dataclasses import dataclass, field
 
 from .. import checks
+from .closed import closed_objects
 
 MAX_CHOICES = 1024  # a label list longer than this is a grammar, not a choice
 MAX_GRAMMAR_CHARS = 1 << 20  # a schema, regex or grammar of more than 1 MiB is refused
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
-# JSON as json.dumps writes it (", " and ": "): a small model let loose on JSON's optional
-# whitespace tends to write newlines until max_tokens (SmolLM2 and stories260K did)
+# JSON without its optional whitespace ("," and ":"): a small model let loose on it tends
+# to write newlines until max_tokens (SmolLM2 and stories260K did)
 JSON_LAYOUT = {"whitespace_flexible": False}
 
 
@@ -19,7 +20,7 @@ JSON_LAYOUT = {"whitespace_flexible": False}
 class StructuredOutputs:
     """Exactly one of:
     json: a JSON schema (a dict, or its JSON text): the output is one JSON value valid
-          against it;
+          against it, its objects closed where the schema leaves them open (closed.py);
     regex: the output matches the regular expression (Rust regex syntax), whole;
     choice: the output is one of these strings;
     grammar: a Lark grammar (llguidance's dialect) or a llama.cpp GBNF grammar;
@@ -83,7 +84,7 @@ def _schema(value) -> dict:
     text = json.dumps(value)  # also a deep copy, and a check that it is JSON at all
     if len(text) > MAX_GRAMMAR_CHARS:
         raise ValueError(f"json schema has {len(text)} characters; at most {MAX_GRAMMAR_CHARS}")
-    return json.loads(text)
+    return closed_objects(json.loads(text))
 
 
 def _choices(value) -> list[str]:
