@@ -190,7 +190,8 @@ def cmd_serve(args) -> None:
                           max_logprob_entries=args.max_logprob_entries,
                           shutdown_timeout=args.shutdown_timeout,
                           max_connections=args.max_connections,
-                          header_timeout=args.header_timeout, body_timeout=args.body_timeout)
+                          header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                          warm_up=args.warm_up)
     sock = bind(config)
     try:
         llm = LLM(args.model, **engine_options(args))
@@ -353,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a request's headers may take (then 408 and close)")
     s.add_argument("--body-timeout", type=float, default=server["body_timeout"],
                    help="seconds a request's body may take after its headers (then close)")
+    s.add_argument("--no-warm-up", dest="warm_up", action="store_false", default=server["warm_up"],
+                   help="skip the short request at start that compiles the kernels before "
+                        "/health says ok (503 'loading' until then)")
     s.add_argument("--verbose", action="store_true", help="log every request")
     s.set_defaults(func=cmd_serve)
 

@@ -6,6 +6,8 @@ GET /v1/models/{model}, GET /health, GET /metrics (and FastAPI's /docs).
 from __future__ import annotations
 
 import hmac
+import json
+import threading
 import time
 import uuid
 
@@ -24,7 +26,7 @@ from .chat import create_chat_completion
 from .completions import create_completion
 from .config import ServerConfig
 from .engine_client import EngineClient
-from .errors import error_body, install_error_handlers, log
+from .errors import cut, error_body, install_error_handlers, log
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
@@ -53,7 +55,7 @@ class Guard:
         headers = dict(scope["headers"])
         request_id = client_request_id(headers)
         scope.setdefault("state", {})["request_id"] = request_id
-        send = with_request_id(send, request_id)
+        send = with_request_id(send, request_id, scope.get("method", ""), scope.get("path", ""))
         if self.api_key and scope["path"].startswith("/v1"):
             # bytes against bytes: any header (and any key) compares, in constant time
             given = headers.get(b"authorization", b"")
@@ -129,16 +131,37 @@ def add_body_schemas(app: FastAPI, models: list[type[BaseModel]]) -> None:
     app.openapi = openapi
 
 
-def with_request_id(send: Send, request_id: str) -> Send:
+def with_request_id(send: Send, request_id: str, method: str, path: str) -> Send:
+    """send, with the X-Request-Id header on the response, and a refusal (a 4xx) logged
+    as one line: the request id, the route, the status and the error's message."""
+    status = None
+
     async def send_with_id(message) -> None:
+        nonlocal status
         if message["type"] == "http.response.start":
+            status = message["status"]
             message = {**message, "headers": [*message.get("headers", ()),
                                               (b"x-request-id", request_id.encode())]}
+        elif message["type"] == "http.response.body" and status is not None and 400 <= status < 500:
+            log.warning("request %s: %s %s -> %d: %s", request_id, method, cut(path), status,
+                        refusal_reason(message.get("body", b"")))
+            status = None  # (once, whatever the body's chunks)
         await send(message)
     return send_with_id
 
 
-def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
+def refusal_reason(body: bytes) -> str:
+    """The message of an error body (errors.error_body's shape), on one line."""
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = body[:200].decode("utf-8", errors="replace")
+    return " ".join(str(message).split())
+
+
+def build_app(llm: LLM, config: ServerConfig, ready: threading.Event | None = None) -> FastAPI:
+    """The routes over llm; /health says 503 "loading" until `ready` is set (the warm-up's
+    end: warmup.py; None: ready at once)."""
     client = EngineClient(llm, config)
     started = int(time.time())
     app = FastAPI(title="tinypaged", version=__version__,
@@ -187,6 +210,8 @@ def build_app(llm: LLM, config: ServerConfig) -> FastAPI:
     async def health():
         if not llm.is_alive:
             return JSONResponse({"status": "engine stopped"}, status_code=503)
+        if ready is not None and not ready.is_set():
+            return JSONResponse({"status": "loading"}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/metrics")

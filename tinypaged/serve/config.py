@@ -23,6 +23,7 @@ class ServerConfig:
     max_connections: int = 1024  # beyond, a new one replaces the idlest, or gets 503 if none is idle
     header_timeout: float = 10.0  # seconds a request's headers may take to arrive
     body_timeout: float = 30.0  # seconds its body may take after the headers
+    warm_up: bool = True  # one short request at start; /health says 503 "loading" until it ends
 
     def __post_init__(self):
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:

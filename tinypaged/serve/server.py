@@ -25,6 +25,7 @@ from .app import build_app
 from .config import ServerConfig
 from .connections import ConnectionLimits, LogThrottle, limited_protocol
 from .errors import log as server_log
+from .warmup import start_warm_up
 
 DESCRIPTOR_RESERVE = 64  # open files besides connections: the model, logs, the engine's
 
@@ -62,14 +63,23 @@ class Server(uvicorn.Server):
 
 
 def make_server(llm: LLM, config: ServerConfig, log_level: str = "info") -> Server:
-    app = build_app(llm, config)
+    """The server over llm; with config.warm_up its warm-up starts now (warmup.py), and
+    the server's `ready` event is set when it ends (at once without one)."""
+    ready = threading.Event()
+    app = build_app(llm, config, ready)
     backstop = config.shutdown_timeout + 10  # uvicorn cancels what is left after this
     throttle = LogThrottle(server_log)
     limits = ConnectionLimits(config.max_connections, config.header_timeout, config.body_timeout)
-    return Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                                 timeout_graceful_shutdown=backstop, lifespan="off",
-                                 http=limited_protocol(limits, throttle), ws="none"),
-                  llm, config.shutdown_timeout, throttle)
+    server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                                   timeout_graceful_shutdown=backstop, lifespan="off",
+                                   http=limited_protocol(limits, throttle), ws="none"),
+                    llm, config.shutdown_timeout, throttle)
+    server.ready = ready
+    if config.warm_up:
+        start_warm_up(llm, ready)
+    else:
+        ready.set()
+    return server
 
 
 def bind(config: ServerConfig) -> socket.socket:

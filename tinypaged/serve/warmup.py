@@ -1,0 +1,36 @@
+"""The server's warm-up: one short request as it starts, so that every kernel a
+request needs is compiled (or read from numba's cache: a first run compiles for tens
+of seconds) before /health says ok and a load balancer sends traffic. Requests that
+arrive meanwhile are queued as usual; they wait for the compile, as they would have."""
+from __future__ import annotations
+
+import threading
+import time
+
+from ..llm import LLM
+from ..sampling import SamplingParams
+from .errors import log
+
+PROMPT_TOKENS = 16  # a prefill of several rows (the products' GEMM, prefill attention)
+
+
+def start_warm_up(llm: LLM, ready: threading.Event) -> threading.Thread:
+    """Runs one greedy request of PROMPT_TOKENS tokens and 2 generated (prefill, then a
+    decode step) on a daemon thread; ready is set when it ends, whether it worked or
+    not (a failure is logged: the requests after it meet the engine's own error)."""
+
+    def run() -> None:
+        started = time.perf_counter()
+        try:
+            prompt = [i % llm.tokenizer.vocab_size for i in range(1, PROMPT_TOKENS + 1)]
+            llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+            log.info("warm-up done in %.1f s: ready", time.perf_counter() - started)
+        except Exception as e:
+            log.error("warm-up failed after %.1f s: %s: %s", time.perf_counter() - started,
+                      type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        finally:
+            ready.set()
+
+    thread = threading.Thread(target=run, name="tinypaged-warm-up", daemon=True)
+    thread.start()
+    return thread
