@@ -157,11 +157,15 @@ def test_the_older_layout_reads_rope_theta_where_the_newer_one_lost_it(tmp_path)
 # -- GGUF: metadata keys and tensors ----------------------------------------------------
 
 def rewrite_gguf(source, target, extra_metadata=(), extra_tensors=()) -> None:
-    """target: the GGUF file source with metadata and tensors added (via our reader)."""
+    """target: the GGUF file source with metadata (replacing a key it has) and tensors
+    added (via our reader)."""
     from tinypaged.model.gguf import GGUFFile
     src = GGUFFile(source)
     w = gw.GGUFWriter()
+    replaced = {key for key, _, _ in extra_metadata}
     for key, value in src.metadata.items():
+        if key in replaced:
+            continue
         if isinstance(value, list):
             w.add(key, gw.ARRAY, (gw.STRING if value and isinstance(value[0], str) else gw.I32, value))
         elif isinstance(value, str):
@@ -255,3 +259,38 @@ def test_fuzzed_values_load_or_give_one_clear_line(case, data):
     except ValueError as e:
         message = str(e)
         assert message.startswith("config.json") and "\n" not in message, message
+
+
+# -- counts far beyond the file: refused before anything per layer is built -----------------------
+
+def load_within(path, limit_bytes: int = 2 << 30) -> str:
+    """load_model(path) in a child process that may map at most limit_bytes: its one-line
+    error (a per-layer table of 10**9 layers would end it with a MemoryError)."""
+    import subprocess
+    import sys
+    code = ("import resource, sys\n"
+            f"resource.setrlimit(resource.RLIMIT_AS, ({limit_bytes}, {limit_bytes}))\n"
+            "from tinypaged.model.weights import load_model\n"
+            "try:\n    load_model(sys.argv[1])\nexcept ValueError as e:\n    print(e)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_a_config_with_a_billion_layers_is_refused_by_its_file(tmp_path):
+    folder = fixture_copy("llama", tmp_path)
+    edit(folder, num_hidden_layers=10 ** 9)
+    assert "num_hidden_layers=1000000000 is more than any model has" in load_within(folder)
+    edit(folder, num_hidden_layers=4000)  # below that bound: the tensors refuse it
+    message = load_within(folder)
+    assert message.startswith(str(folder)) and "num_hidden_layers=4000, but the weights " \
+        "lack layers 2-3999" in message
+
+
+@pytest.mark.parametrize("case, arch", [("llama", "llama"), ("gemma3-gguf", "gemma3")])
+def test_a_gguf_with_a_billion_blocks_is_refused_by_its_file(case, arch, tmp_path):
+    write_gguf(case, tmp_path / "base.gguf")
+    rewrite_gguf(tmp_path / "base.gguf", tmp_path / "bad.gguf", [(f"{arch}.block_count", gw.U32, 10 ** 9)])
+    message = load_within(tmp_path / "bad.gguf")
+    assert "bad.gguf" in message and "num_hidden_layers=1000000000" in message, message

@@ -52,6 +52,11 @@ IGNORED_KEYS = frozenset({
 })
 
 
+# layers a config may declare: released models have up to ~160; a hostile file's 10**9
+# would have per-layer tables built (gigabytes) before the tensors could refuse it
+MAX_LAYERS = 4096
+
+
 @dataclass(slots=True)
 class ModelConfig:
     architecture: str
@@ -188,6 +193,9 @@ class ModelConfig:
         vocab = get.integer("vocab_size", positive=True)
         heads = get.integer("num_attention_heads", positive=True)
         layers = get.integer("num_hidden_layers", positive=True)
+        if layers > MAX_LAYERS:  # (before the family builds anything per layer)
+            raise ValueError(f"{where}: num_hidden_layers={layers} is more than any model has "
+                             f"(at most {MAX_LAYERS})")
         max_positions = get.integer("max_position_embeddings", 2048)
         family_fields = FAMILIES[arch].read(get, layers)
         rope = family_fields.pop("rope", None) or rope_from_config(cfg, where, max_positions)

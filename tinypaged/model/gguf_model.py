@@ -80,9 +80,9 @@ def load_gguf_model(path: str | os.PathLike, with_weights: bool = True) -> tuple
         shown = ", ".join(map(repr, unmapped[:4])) + (f" and {len(unmapped) - 4} more" if len(unmapped) > 4 else "")
         raise ValueError(f"{gguf.path}: the file holds {shown}, which tinypaged's "
                          f"{cfg.architecture} does not read; refused rather than run without")
-    expected = file_shapes(cfg)
     targets = {name: hf_name(name, arch) for name in gguf.tensors if name != ROPE_FREQS}
-    check_layer_count(targets.values(), cfg, gguf.path)
+    check_layer_count(targets.values(), cfg, gguf.path)  # (first: the shapes are per layer)
+    expected = file_shapes(cfg)
     check_consumed(targets.values(), cfg, gguf.path, expected)
     for name, target in targets.items():
         info = gguf.tensors[name]

@@ -121,15 +121,22 @@ def check_layer_count(names, cfg: ModelConfig, where: str) -> None:
     """The weights hold exactly layers 0 .. num_hidden_layers - 1; else a ValueError
     naming the missing or extra layers."""
     found = {int(m.group(1)) for m in map(_LAYER.match, names) if m}
-    expected = set(range(cfg.num_hidden_layers))
-    missing, extra = sorted(expected - found), sorted(found - expected)
-    if missing or extra:
-        problem = (f"lack {_layers(missing)}" if missing else f"also hold {_layers(extra)}")
-        raise ValueError(f"{where}: config.json says num_hidden_layers={cfg.num_hidden_layers}, "
-                         f"but the weights {problem}")
+    count = cfg.num_hidden_layers  # (a hostile config's 10**9: nothing here grows with it)
+    extra = sorted(i for i in found if i >= count)
+    if extra:
+        problem = f"also hold {_layers(extra)}"
+    elif len(found) < count:  # the first and last missing, each a few steps from an end
+        first = next(i for i in range(count) if i not in found)
+        last = next(i for i in range(count - 1, -1, -1) if i not in found)
+        missing = count - len(found)
+        problem = f"lack {_layers([first] if missing == 1 else [first, last] if missing == 2 else [first, None, last])}"
+    else:
+        return
+    raise ValueError(f"{where}: config.json says num_hidden_layers={count}, but the weights {problem}")
 
 
-def _layers(numbers: list[int]) -> str:
+def _layers(numbers: list) -> str:
+    """[n], [a, b], or [first, ..., last] in words."""
     if len(numbers) == 1:
         return f"layer {numbers[0]}"
     return f"layers {numbers[0]}-{numbers[-1]}" if len(numbers) > 2 else f"layers {numbers[0]}, {numbers[1]}"
