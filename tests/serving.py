@@ -30,8 +30,8 @@ class ServerThread:
         while not self.server.started:
             assert self.thread.is_alive() and time.monotonic() < deadline, "server did not start"
             time.sleep(0.01)
-        assert self.server.ready.wait(timeout=max(1.0, deadline - time.monotonic())), \
-            "the server's warm-up did not end"
+        # (a bound for a failure: a warm-up on a cold kernel cache and a busy machine compiles)
+        assert self.server.ready.wait(timeout=600), "the server's warm-up did not end"
 
     def stop(self) -> None:
         self.server.should_exit = True
