@@ -1,5 +1,6 @@
 import json
 import os
+import struct
 
 import numpy as np
 import pytest
@@ -109,3 +110,37 @@ def test_a_half_precision_model_runs_from_one_two_byte_copy(tmp_path, dtype):
     got = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     oracle = ReferenceModel(*load_model(tmp_path))
     assert got[0].outputs[0].token_ids == dense_greedy(oracle, prompt, 12)
+
+
+def raw_safetensors(path, header: dict, data: bytes) -> None:
+    """A file with this header, written by hand (the library refuses to write bad ones)."""
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+@pytest.mark.parametrize("entries, data, message", [
+    ({"a": ([2], [0, 8]), "b": ([2], [4, 12])}, 12, "'b' starts at byte 4 of the data, not at 8 "
+                                                      "(overlapping the tensor before it)"),
+    ({"a": ([2], [0, 8]), "b": ([2], [12, 20])}, 20, "'b' starts at byte 12 of the data, not at 8 (a gap)"),
+    ({"a": ([2], [0, 8])}, 12, "the tensors end at byte 8 of the data, which holds 12"),
+    ({"a": ([2], [0.0, 8.0])}, 8, "data_offsets [0.0, 8.0] must be two integers"),
+    ({"a": ([2], [8, 0])}, 8, "must be two integers, begin <= end"),
+    ({"a": ([2 ** 32, 2 ** 32], [0, 8])}, 8, "byte range 0..8 does not match shape [4294967296, 4294967296]"),
+    ({"a": ([2.5], [0, 8])}, 8, "shape [2.5] must be a list of non-negative integers"),
+    ({"a": ([-2], [0, 8])}, 8, "shape [-2] must be a list of non-negative integers"),
+])
+def test_a_header_is_checked_as_the_safetensors_library_checks_it(tmp_path, entries, data, message):
+    path = tmp_path / "bad.safetensors"
+    raw_safetensors(path, {name: {"dtype": "F32", "shape": shape, "data_offsets": offsets}
+                           for name, (shape, offsets) in entries.items()}, bytes(data))
+    with pytest.raises(ValueError) as e:
+        read_safetensors(path)
+    assert str(e.value).startswith(str(path)) and message in str(e.value), str(e.value)
+
+
+def test_every_entry_is_checked_even_when_some_are_read(tmp_path):
+    path = tmp_path / "bad.safetensors"
+    raw_safetensors(path, {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                           "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, bytes(12))
+    with pytest.raises(ValueError, match="overlapping"):
+        read_safetensors(path, names={"a"})

@@ -8,6 +8,7 @@ widened by placing its 16 bits in the top half of a float32.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -35,6 +36,43 @@ def _read_header(path: str, buf: np.ndarray) -> tuple[dict, int]:
     return header, 8 + n
 
 
+def _entries(path: str, header: dict, data_bytes: int) -> dict[str, tuple[str, tuple, int, int]]:
+    """Each tensor's (dtype, shape, begin, end), the header checked as the safetensors
+    library checks it: integer shapes and offsets, each range its shape's size, the
+    ranges one after another from 0 with no gap or overlap, ending where the data does."""
+    entries = {}
+    for name, info in header.items():
+        try:
+            dtype_name, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        except (KeyError, TypeError):
+            raise ValueError(f"{path}: corrupt header entry for tensor {name!r}") from None
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise ValueError(f"{path}: tensor {name!r}: shape {str(shape)[:80]} must be a list of "
+                             f"non-negative integers")
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(type(o) is int and o >= 0 for o in offsets) and offsets[0] <= offsets[1]):
+            raise ValueError(f"{path}: tensor {name!r}: data_offsets {str(offsets)[:80]} must be two "
+                             f"integers, begin <= end")
+        if dtype_name not in _DTYPES:
+            raise ValueError(f"{path}: tensor {name!r} has dtype {str(dtype_name)[:20]}, "
+                             f"supported: {', '.join(_DTYPES)}")
+        begin, end = offsets
+        if end - begin != math.prod(shape) * _DTYPES[dtype_name].itemsize:  # (exact: Python ints)
+            raise ValueError(f"{path}: tensor {name!r}: byte range {begin}..{end} does not match "
+                             f"shape {shape} of {dtype_name}")
+        entries[name] = (dtype_name, tuple(shape), begin, end)
+    at = 0
+    for name, (_, _, begin, end) in sorted(entries.items(), key=lambda entry: entry[1][2:]):
+        if begin != at:
+            raise ValueError(f"{path}: tensor {name!r} starts at byte {begin} of the data, not at "
+                             f"{at} ({'a gap' if begin > at else 'overlapping the tensor before it'})")
+        at = end
+    if at != data_bytes:
+        raise ValueError(f"{path}: the tensors end at byte {at} of the data, which holds {data_bytes} "
+                         f"(truncated, or bytes nothing describes)")
+    return entries
+
+
 def read_safetensors(path: str | os.PathLike, names: set[str] | None = None) -> dict[str, np.ndarray]:
     """Tensors of one file (only `names` if given), widened to float32, except F16
     matrices (two or more dimensions), which stay float16: the CPU backend holds
@@ -50,24 +88,10 @@ def read_safetensors(path: str | os.PathLike, names: set[str] | None = None) -> 
     buf = np.frombuffer(mapped, dtype=np.uint8) if mapped is not None else np.zeros(0, np.uint8)
     header, data_start = _read_header(path, buf)
     out = {}
-    for name, info in header.items():
+    for name, (dtype_name, shape, begin, end) in _entries(path, header, len(buf) - data_start).items():
         if names is not None and name not in names:
             continue
-        try:
-            dtype_name, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{path}: corrupt header entry for tensor {name!r}") from None
-        if dtype_name not in _DTYPES:
-            raise ValueError(f"{path}: tensor {name!r} has dtype {dtype_name}, "
-                             f"supported: {', '.join(_DTYPES)}")
         dtype = _DTYPES[dtype_name]
-        count = int(np.prod(shape, dtype=np.int64))
-        if end - begin != count * dtype.itemsize or begin < 0:
-            raise ValueError(f"{path}: tensor {name!r}: byte range {begin}..{end} does not match "
-                             f"shape {list(shape)} of {dtype_name}")
-        if data_start + end > len(buf):
-            raise ValueError(f"{path}: truncated safetensors file: tensor {name!r} ends at byte "
-                             f"{data_start + end}, file has {len(buf)}")
         raw = buf[data_start + begin:data_start + end].view(dtype).reshape(shape)
         if dtype_name == "BF16":
             out[name] = (raw.astype(np.uint32) << 16).view(np.float32)
