@@ -294,3 +294,33 @@ def test_a_gguf_with_a_billion_blocks_is_refused_by_its_file(case, arch, tmp_pat
     rewrite_gguf(tmp_path / "base.gguf", tmp_path / "bad.gguf", [(f"{arch}.block_count", gw.U32, 10 ** 9)])
     message = load_within(tmp_path / "bad.gguf")
     assert "bad.gguf" in message and "num_hidden_layers=1000000000" in message, message
+
+
+# -- non-finite weights and logits ----------------------------------------------------------------
+
+def nan_norm(folder, name: str = "model.norm.weight", value: float = np.nan) -> None:
+    """folder's model.safetensors with one tensor's values set to value."""
+    from helpers import write_safetensors
+    tensors = read_safetensors(folder / "model.safetensors")
+    tensors[name] = np.full_like(tensors[name], value, dtype=np.float32)
+    write_safetensors(str(folder / "model.safetensors"), tensors)
+
+
+@pytest.mark.parametrize("name", ["model.norm.weight", "model.layers.0.input_layernorm.weight",
+                                  "model.embed_tokens.weight"])
+def test_non_finite_norms_and_embeddings_are_refused_at_load(name, tmp_path):
+    folder = fixture_copy("llama", tmp_path)
+    nan_norm(folder, name)
+    with pytest.raises(ValueError) as e:
+        load_model(str(folder))
+    assert str(folder) in one_line(e) and repr(name) in one_line(e) and "non-finite" in one_line(e)
+
+
+def test_logits_that_overflow_fail_the_request_with_a_clear_error(stories_copy):
+    from tinypaged import LLM, SamplingParams
+    nan_norm(stories_copy.path, "model.norm.weight", 3e38)  # finite, but the logits overflow
+    with LLM(str(stories_copy.path), backend="cpu") as llm:
+        with pytest.raises(Exception, match="logits are not finite") as e:
+            llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0))
+        assert "\n" not in str(e.value)
+        assert llm.stats()["blocks_used"] == 0 and llm.is_alive  # nothing left behind

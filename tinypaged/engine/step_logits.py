@@ -66,17 +66,29 @@ class HostLogits:
         return len(self.logits)
 
 
+class NonFiniteLogits(RuntimeError):
+    """A row's logits hold NaN or infinity: no token can be drawn from them."""
+
+    def __init__(self):
+        super().__init__("the model's logits are not finite (NaN or infinity) at this step: its "
+                         "weights or activations overflowed or hold non-finite values")
+
+
 def draw_tokens(logits: StepLogits, rows: list[int], params: list[SamplingParams],
                 uniforms: list[float], histories: list[tuple],
                 masks: list[np.ndarray | None] | None = None) -> list[int]:
     """sample_tokens for rows of logits, from candidates where the backend found them,
     else from whole rows (fetched together, in one call). masks[i]: row i's allowed
-    tokens (a grammar's bit mask), or None."""
+    tokens (a grammar's bit mask), or None. NonFiniteLogits where a row's largest
+    logit is NaN or infinite (NaN propagates through the max): a token drawn from it
+    would be noise, ending as an empty or garbled completion."""
     masks = masks if masks is not None else [None] * len(rows)
     tokens: list[int | None] = [None] * len(rows)
     whole = []
     for i, (row, p) in enumerate(zip(rows, params)):
         found = logits.candidates(row) if masks[i] is None else None
+        if found is not None and not np.isfinite(found[0][0]):
+            raise NonFiniteLogits()
         if found is None:
             whole.append(i)
         elif p.greedy:
@@ -88,7 +100,10 @@ def draw_tokens(logits: StepLogits, rows: list[int], params: list[SamplingParams
             else:
                 tokens[i] = token
     if whole:
-        drawn = sample_tokens(logits.rows([rows[i] for i in whole]), [params[i] for i in whole],
+        block = logits.rows([rows[i] for i in whole])
+        if not np.isfinite(block.max(axis=1)).all():
+            raise NonFiniteLogits()
+        drawn = sample_tokens(block, [params[i] for i in whole],
                               [uniforms[i] for i in whole], [histories[i] for i in whole],
                               [masks[i] for i in whole])
         for i, token in zip(whole, drawn):

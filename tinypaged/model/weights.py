@@ -191,7 +191,19 @@ def load_model(model_dir: str | os.PathLike,
     else:
         cfg = ModelConfig.from_json(model_dir)
         weights = offset_norms(load_weights(model_dir, cfg), cfg)
+    check_finite(weights, model_dir)
     return cfg, scale_logits(weights, cfg)
+
+
+def check_finite(weights: dict, where: str) -> None:
+    """The norms and a float embedding table hold only finite values: one NaN there
+    makes every logit NaN (an empty completion, formerly). Packed tables are left to
+    the step's check of its logits (step_logits.NonFiniteLogits)."""
+    for name, w in weights.items():
+        if (name.endswith("norm.weight") or name == "model.embed_tokens.weight") \
+                and isinstance(w, np.ndarray) and not np.isfinite(w).all():
+            raise ValueError(f"{where}: tensor {name!r} holds non-finite values (NaN or "
+                             f"infinity); refused rather than run to NaN logits")
 
 
 def offset_norms(weights: dict, cfg: ModelConfig) -> dict:
