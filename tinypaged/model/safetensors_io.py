@@ -67,9 +67,12 @@ def _entries(path: str, header: dict, data_bytes: int) -> dict[str, tuple[str, t
             raise ValueError(f"{path}: tensor {name!r} starts at byte {begin} of the data, not at "
                              f"{at} ({'a gap' if begin > at else 'overlapping the tensor before it'})")
         at = end
-    if at != data_bytes:
+    if at > data_bytes:
+        raise ValueError(f"{path}: truncated safetensors file: the tensors end at byte {at} of "
+                         f"the data, which holds {data_bytes}")
+    if at < data_bytes:
         raise ValueError(f"{path}: the tensors end at byte {at} of the data, which holds {data_bytes} "
-                         f"(truncated, or bytes nothing describes)")
+                         f"(bytes nothing describes)")
     return entries
 
 
