@@ -58,7 +58,7 @@ def test_a_deep_schema_is_walked_without_recursion():
 def test_tool_parameters_are_closed_and_the_request_left_as_sent():
     tool = {"type": "function", "function": {"name": "weather", "parameters": json.loads(json.dumps(CITY))}}
     assert parameters(tool)["additionalProperties"] is False
-    assert call_schema([tool])["properties"]["arguments"]["additionalProperties"] is False
+    assert call_schema([tool], "#", {})["properties"]["arguments"]["additionalProperties"] is False
     assert tool["function"]["parameters"] == CITY
 
 

@@ -1,6 +1,9 @@
-"""Tool calls through the official OpenAI client: tool_choice "required" and a named
-function give valid tool_calls (streamed and not); "none" gives text; "auto" works
-where the chat template declares <tool_call> tags and is refused by name elsewhere;
+"""Tool calls through the official OpenAI client, with a template that declares no
+tool-call format (the JSON layout) and with one that declares <tool_call> tags:
+"required" and a named function give valid tool_calls; "auto" (or no tool_choice)
+gives calls or text, never the JSON wrapper; arguments stream while written, the same
+as unstreamed; parallel_tool_calls false gives one call; response_format beside tools
+holds a text reply; a call cut by max_tokens is a call with finish_reason "length";
 earlier calls and tool answers go through the template."""
 import json
 
@@ -8,10 +11,9 @@ import httpx
 import pytest
 
 from helpers import write_tiny_model
-from serving import ServerThread, client_for, running_tiny_chat_server
+from serving import ServerThread, client_for
 from tinypaged import LLM
-from tinypaged.serve import tools as tool_calls
-from tinypaged.structured import StructuredOutputs
+from tinypaged.serve import tool_output, tools as tool_calls
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -39,7 +41,14 @@ TOOL_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def tiny_chat(tmp_path_factory):
-    yield from running_tiny_chat_server(tmp_path_factory.mktemp("serve") / "tiny")
+    """ChatML, no tool-call format: the tools' description makes prompts long."""
+    folder = tmp_path_factory.mktemp("serve") / "tiny"
+    write_tiny_model(str(folder), seed=3, max_position_embeddings=2048)
+    llm = LLM(folder, backend="cpu", block_size=4, num_blocks=2000)
+    server = ServerThread(llm)
+    yield server
+    server.stop()
+    llm.close()
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +73,8 @@ def test_required_and_named_give_valid_tool_calls(tiny_chat):
     client = client_for(tiny_chat)
     for seed in range(3):
         out = client.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER, TIME],
-                                             tool_choice="required", max_tokens=80, seed=seed)
+                                             tool_choice="required", parallel_tool_calls=False,
+                                             max_tokens=200, seed=seed)
         choice = out.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.content is None
         call = choice.message.tool_calls[0]
@@ -76,44 +86,118 @@ def test_required_and_named_give_valid_tool_calls(tiny_chat):
             assert json.loads(call.function.arguments)["zone"] in ("UTC", "CET")
     named = {"type": "function", "function": {"name": "get_weather"}}
     out = client.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER, TIME],
-                                         tool_choice=named, max_tokens=80, seed=7)
+                                         tool_choice=named, max_tokens=200, seed=7)
     call = out.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and valid_weather(call.function.arguments)
 
 
-def test_tool_calls_stream_as_deltas(tiny_chat):
+def streamed(stream) -> tuple[str, dict, str]:
+    """(content, {index: (name, arguments)}, finish reason) of a streamed answer, and
+    how many deltas the first call's arguments came in."""
+    content, calls, finish, pieces = "", {}, None, 0
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for c in delta.tool_calls or []:
+            name, arguments = calls.get(c.index, ("", ""))
+            calls[c.index] = (name + (c.function.name or ""), arguments + (c.function.arguments or ""))
+            pieces += c.index == 0 and bool(c.function.arguments)
+        finish = chunk.choices[0].finish_reason or finish
+    return content, calls, finish, pieces
+
+
+def test_arguments_stream_while_written_and_equal_the_unstreamed(tiny_chat):
     client = client_for(tiny_chat)
     named = {"type": "function", "function": {"name": "get_weather"}}
     for choice in ("required", named):
-        stream = client.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER],
-                                                tool_choice=choice, max_tokens=80, seed=3,
-                                                stream=True)
-        calls, finish = {}, None
-        for chunk in stream:
-            delta = chunk.choices[0].delta
-            for c in delta.tool_calls or []:
-                entry = calls.setdefault(c.index, {"name": "", "arguments": ""})
-                entry["name"] += c.function.name or ""
-                entry["arguments"] += c.function.arguments or ""
-            finish = chunk.choices[0].finish_reason or finish
-        assert finish == "tool_calls" and calls[0]["name"] == "get_weather"
-        assert valid_weather(calls[0]["arguments"])
+        args = dict(model="tiny", messages=USER, tools=[WEATHER], tool_choice=choice,
+                    parallel_tool_calls=False, max_tokens=200, seed=3)
+        whole = client.chat.completions.create(**args).choices[0]
+        content, calls, finish, pieces = streamed(client.chat.completions.create(**args, stream=True))
+        assert finish == whole.finish_reason == "tool_calls" and not content
+        call = whole.message.tool_calls[0]
+        assert calls == {0: (call.function.name, call.function.arguments)}
+        assert calls[0][0] == "get_weather" and valid_weather(calls[0][1])
+        assert pieces > 3  # a delta per token or so, not one at the end
 
 
-def test_none_gives_text_and_auto_needs_a_declared_format(tiny_chat):
+def test_auto_works_with_any_template(tiny_chat):
+    client = client_for(tiny_chat)
+    kinds = set()
+    for seed in range(6):
+        for choice in ({"tool_choice": "auto"}, {}):  # given, or by default
+            out = client.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER, TIME],
+                                                 max_tokens=100, seed=seed, **choice).choices[0]
+            if out.message.tool_calls:  # (a random model may list calls until max_tokens)
+                kinds.add("calls")
+                assert out.finish_reason in ("tool_calls", "length") and out.message.content is None
+                assert {c.function.name for c in out.message.tool_calls} <= {"get_weather", "get_time"}
+            else:
+                kinds.add("text")
+                assert out.finish_reason in ("stop", "length")
+                content = out.message.content or ""
+                assert '"response"' not in content and '"tool_calls"' not in content
+    assert kinds == {"calls", "text"}, kinds  # both ways, each read back
+    llm = tiny_chat.llm
+    plan = tool_calls.plan([WEATHER], "auto", llm.tokenizer.chat_template, set())
+    compiled = llm.engine.grammars.compile(plan.constraint)
+    reply = '{"response":"It is sunny."}'
+    assert compiled.accepts(reply) and tool_output.answer(reply, "stop", plan) == (
+        "It is sunny.", [], "stop")
+
+
+def test_parallel_tool_calls_false_gives_one_call(tiny_chat):
+    client = client_for(tiny_chat)
+    for seed in range(4):
+        out = client.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER, TIME],
+                                             tool_choice="required", parallel_tool_calls=False,
+                                             max_tokens=200, seed=seed).choices[0]
+        assert out.finish_reason == "tool_calls" and len(out.message.tool_calls) == 1
+
+
+def test_response_format_beside_tools_holds_the_reply(tiny_chat):
+    client = client_for(tiny_chat)
+    answer = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
+              "required": ["answer"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": answer}}
+    for seed in range(4):
+        out = client.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER],
+                                             response_format=fmt, max_tokens=100,
+                                             seed=seed).choices[0]
+        if out.message.tool_calls is None and out.finish_reason == "stop":
+            assert json.loads(out.message.content)["answer"] in ("yes", "no")
+    r = httpx.post(tiny_chat.url + "/v1/chat/completions", timeout=60, json={
+        "messages": USER, "tools": [WEATHER], "guided_regex": "a+", "max_tokens": 4})
+    assert r.status_code == 400 and "JSON schema" in r.json()["error"]["message"]
+
+
+def test_a_call_cut_by_max_tokens_comes_back_as_a_call(tiny_chat):
+    client = client_for(tiny_chat)
+    head = len('{"tool_calls":[{"name":"get_weather","arguments":{"ci')  # a byte a token
+    for stream in (False, True):
+        args = dict(model="tiny", messages=USER, tools=[WEATHER], tool_choice="required",
+                    max_tokens=head, seed=1)
+        if stream:
+            content, calls, finish, _ = streamed(client.chat.completions.create(**args, stream=True))
+            name, arguments = calls[0]
+        else:
+            out = client.chat.completions.create(**args).choices[0]
+            content, finish = out.message.content, out.finish_reason
+            name, arguments = out.message.tool_calls[0].function.name, \
+                out.message.tool_calls[0].function.arguments
+        assert finish == "length" and not content
+        assert name == "get_weather" and arguments.startswith('{"ci') and len(arguments) < 8
+
+
+def test_none_gives_text_and_bad_choices_are_refused(tiny_chat):
     client = client_for(tiny_chat)
     out = client.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER],
                                          tool_choice="none", max_tokens=8, seed=1)
     assert out.choices[0].message.tool_calls is None and out.choices[0].message.content
-    for choice in ({"tool_choice": "auto"}, {}):  # given, or by default
-        r = httpx.post(tiny_chat.url + "/v1/chat/completions", timeout=60, json={
-            "messages": USER, "tools": [WEATHER], "max_tokens": 8, **choice})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
-        assert "<tool_call>" in r.json()["error"]["message"]
     bad = [{"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
            {"tools": [{"type": "function", "function": {"name": "bad name!"}}],
             "tool_choice": "required"},
-           {"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}]
+           {"tools": [WEATHER], "parallel_tool_calls": "yes"}]
     for body in bad:
         r = httpx.post(tiny_chat.url + "/v1/chat/completions", timeout=60,
                        json={"messages": USER, "max_tokens": 8, **body})
@@ -134,9 +218,13 @@ def test_auto_where_the_template_declares_tool_call_tags(tool_server):
     assert compiled.accepts("Let me look. " + call)  # once the tag opens, a valid call
     assert not compiled.accepts("Let me look. " + call.replace("celsius", "kelvin"))
     assert not compiled.accepts('<tool_call>\n{"name":"get_time","arguments":{}}\n</tool_call>')
-    content, calls = tool_calls.parse("Let me look. " + call, plan)
+    content, calls, finish = tool_output.answer("Let me look. " + call, "stop", plan)
     assert content == "Let me look." and calls[0]["function"]["name"] == "get_weather"
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris", "unit": "celsius"}
+    out = client.chat.completions.create(model="tools", messages=USER, tools=[WEATHER],
+                                         tool_choice="required", max_tokens=200, seed=2)
+    assert out.choices[0].finish_reason == "tool_calls"
+    assert valid_weather(out.choices[0].message.tool_calls[0].function.arguments)
 
 
 def test_earlier_calls_and_tool_answers_go_through_the_template(tool_server):

@@ -15,7 +15,7 @@ from .completions import build_params, check_common
 from .engine_client import EngineClient, RequestLog
 from .errors import APIError, error_body
 from .json_body import json_built_off_the_loop
-from . import tools
+from . import tool_output, tool_prompt, tools
 from .openai_format import ChoiceDelta, chat_choice, chat_delta_choice, chat_logprobs, envelope, usage
 from .protocol import ChatCompletionRequest
 from .sse import DONE, EventStreamResponse, event, unless_disconnected
@@ -28,29 +28,37 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     tokenizer = client.llm.tokenizer
-    tool_dicts = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-    choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") \
-        else req.tool_choice
-    tool_plan = tools.plan(tool_dicts, choice, tokenizer.chat_template, tokenizer.special_tokens)
-    try:
-        prompt = client.llm.chat_prompt_ids(req.chat_messages(),
-                                            tools.template_tools(tool_dicts, choice))
-    except (ValueError, TypeError) as e:
-        raise APIError(400, str(e), param="messages") from None
     max_tokens = req.requested_max_tokens()
     params = build_params(req, max_tokens, logprobs=(req.top_logprobs or 0) if req.logprobs else None)
     constraint_param = req.constraint_field()
+    tool_dicts = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") \
+        else req.tool_choice
+    reply_schema = None
+    if tool_dicts and choice != "none":
+        reply_schema = reply_schema_of(params.structured_outputs, constraint_param)
+    try:
+        tool_plan = tools.plan(tool_dicts, choice, tokenizer.chat_template,
+                               tokenizer.special_tokens, req.parallel_tool_calls, reply_schema)
+    except (ValueError, TypeError) as e:
+        raise APIError(400, f"tools: {e}", param="tools") from None
     if tool_plan is not None:
-        if params.structured_outputs is not None:
-            raise APIError(400, f"{constraint_param} and tools: give one constraint, not both",
-                           param=constraint_param)
         params.structured_outputs, constraint_param = tool_plan.constraint, "tools"
+        if tool_plan.skip_special_tokens is not None:
+            params.skip_special_tokens = tool_plan.skip_special_tokens
+    messages = tool_prompt.conversation(req.chat_messages(), tool_dicts, tool_plan,
+                                        choice == "required", req.parallel_tool_calls,
+                                        reply_schema, tokenizer.chat_template or "")
+    try:
+        prompt = client.llm.chat_prompt_ids(
+            messages, tools.template_tools(tool_dicts, choice, tokenizer.chat_template))
+    except (ValueError, TypeError) as e:
+        raise APIError(400, str(e), param="messages") from None
     prepared = [client.prepare(prompt, params, max_tokens, "messages", constraint_param)]
     client.check_logprob_entries(prepared, False, "top_logprobs")
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     record = RequestLog(f"{request.state.request_id} {response_id}", started)
     handles = client.submit(prepared, response_id)
-    tokenizer = client.llm.tokenizer
 
     def logprobs_of(entries):
         return chat_logprobs(tokenizer, entries) if req.logprobs else None
@@ -71,27 +79,42 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     return await json_built_off_the_loop(body)
 
 
+def reply_schema_of(constraint, field: str | None) -> dict | None:
+    """The JSON schema a text reply beside tool calls follows: the request's own
+    constraint where it is one (response_format, structured_outputs' json, ...)."""
+    if constraint is None:
+        return None
+    if constraint.kind == "json":
+        return constraint.json
+    if constraint.kind == "json_object":
+        return {"type": "object"}
+    raise APIError(400, f"{field} and tools: a text reply beside tool calls can follow a JSON "
+                        f"schema (response_format), not a {constraint.kind}", param=field)
+
+
 def answer(sample, tool_plan) -> tuple[str | None, list[dict] | None, str | None]:
-    """(content, tool_calls, finish reason) of a sample: under tools, its calls parsed
-    out (finish_reason "tool_calls"); a sample cut short stays text."""
-    if tool_plan is None or sample.finish_reason != "stop":
+    """(content, tool_calls, finish reason) of a sample: under tools, its reply and calls
+    read back (tool_output.py)."""
+    if tool_plan is None:
         return sample.text, None, sample.finish_reason
-    content, calls = tools.parse(sample.text, tool_plan)
-    return (content, calls, "tool_calls") if calls else (sample.text, None, "stop")
+    content, calls, finish = tool_output.answer(sample.text, sample.finish_reason, tool_plan)
+    return content, calls or None, finish
 
 
 async def stream_chat(req: ChatCompletionRequest, client: EngineClient, handles, record: RequestLog,
                       response_id: str, created: int, logprobs_of, tool_plan) -> AsyncIterator[str]:
-    """Content deltas as they come; under tools, the whole answer at the end (a call's
-    JSON is only parsed once complete), its calls as OpenAI's tool_calls deltas."""
+    """Content deltas as they come; under tools, the reply's text and each call's name
+    and growing arguments as OpenAI's tool_calls deltas (tool_output.ToolStream)."""
     include_usage = req.stream_options is not None and req.stream_options.include_usage
     extra = {"usage": None} if include_usage else {}
 
-    def chunk(choice: dict) -> str:
+    def chunk(index: int, delta: dict, entries=None, finish=None) -> str:
+        choice = chat_delta_choice(index, delta, logprobs_of(entries) if entries else None, finish)
         return event(envelope("chat.completion.chunk", response_id, created, client.model_name,
                               [choice], **extra))
 
     deltas: dict[int, ChoiceDelta] = {}
+    tool_streams: dict[int, tool_output.ToolStream] = {}
     last = None
     try:
         async for _, out in client.updates(handles):
@@ -99,26 +122,24 @@ async def stream_chat(req: ChatCompletionRequest, client: EngineClient, handles,
             for o in out.outputs:
                 if o.index not in deltas:  # the role opens every choice
                     deltas[o.index] = ChoiceDelta()
-                    yield chunk(chat_delta_choice(o.index, {"role": "assistant", "content": ""},
-                                                  None, None))
+                    tool_streams[o.index] = tool_output.ToolStream(tool_plan) if tool_plan else None
+                    yield chunk(o.index, {"role": "assistant", "content": ""})
                 taken = deltas[o.index].take(o)
                 if taken is None:
                     continue
                 text, ids, entries, finish = taken
-                if tool_plan is not None:
-                    if finish is None:
-                        continue
-                    content, calls, finish = answer(o, tool_plan)
-                    if content:
-                        yield chunk(chat_delta_choice(o.index, {"content": content}, None, None))
-                    if calls:
-                        yield chunk(chat_delta_choice(o.index, {"tool_calls": [
-                            {"index": i, **call} for i, call in enumerate(calls)]}, None, None))
+                stream = tool_streams[o.index]
+                if stream is not None:
+                    for delta in stream.deltas(o.text, finish is not None):
+                        yield chunk(o.index, delta, entries)
+                        entries = None  # the logprobs ride on the first delta
+                    if finish == "stop" and stream.called:
+                        finish = "tool_calls"
                 elif text or ids:
-                    yield chunk(chat_delta_choice(o.index, {"content": text},
-                                                  logprobs_of(entries), None))
+                    yield chunk(o.index, {"content": text}, entries)
+                    entries = None
                 if finish is not None:
-                    yield chunk(chat_delta_choice(o.index, {}, None, finish))
+                    yield chunk(o.index, {}, entries, finish)
         if include_usage:
             yield event(envelope("chat.completion.chunk", response_id, created, client.model_name,
                                  [], usage=usage([last])))

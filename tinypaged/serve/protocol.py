@@ -230,6 +230,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True  # false: exactly one call
 
     def chat_messages(self) -> list[dict]:
         """The conversation as the chat template takes it ("developer" is OpenAI's

@@ -1,44 +1,46 @@
-"""Tool calls: OpenAI's `tools` and `tool_choice` turned into a constraint on the
-output, and the output turned back into `message.tool_calls`.
+"""Tool calls: OpenAI's `tools`, `tool_choice` and `parallel_tool_calls` turned into a
+constraint on the output (a ToolPlan); tool_output.py reads the output back.
 
-- "none": the tools are left out of the prompt; the model writes text.
-- "required": the output is one JSON call {"name": ..., "arguments": {...}} of one of
-  the tools, its arguments valid against that tool's parameters.
-- a named function: the output is that function's arguments object.
-- "auto": only where the chat template declares a tool-call format (Qwen's and
-  Hermes' `<tool_call>` tags): free text, in which a `<tool_call>` tag, once
-  opened, is held to a valid call (llguidance's lazy trigger) and parsed out.
-  Elsewhere "auto" is refused by name: there is no way to tell a call from text.
+The output's layout depends on the chat template:
+- "tagged": the template declares Qwen's and Hermes' `<tool_call>` tags. The tools go
+  to the template, which describes them as the model was trained to read them. With
+  tool_choice "auto" the output is free text in which a `<tool_call>` tag, once
+  opened, holds one valid call (llguidance's lazy trigger); "required" is calls only.
+- "json", any other template: the server describes the tools in a system message
+  (tool_prompt.py) and the whole output is one JSON object, {"tool_calls": [{"name",
+  "arguments"}, ...]} or {"response": <the reply>}, as llama.cpp's generic format.
+- "arguments": a named function; the output is its arguments object, any template.
+
+parallel_tool_calls (true by default) allows several calls; false exactly one. A
+text reply follows the request's JSON schema (response_format and its kin) where one
+is given beside the tools.
 """
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from dataclasses import dataclass
 
 from ..structured import StructuredOutputs
 from ..structured.closed import closed_objects
-from ..structured.grammar import llguidance_module
+from ..structured.embed import embedded
+from ..structured.params import JSON_LAYOUT
 from .errors import APIError, shown
 
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
-TAGGED_CALL = re.compile(re.escape(TAG_OPEN) + r"\s*(\{.*?\})\s*" + re.escape(TAG_CLOSE), re.S)
 
 
 @dataclass(slots=True)
 class ToolPlan:
-    mode: str  # "required", "named" or "auto"
+    layout: str  # "tagged", "json" or "arguments" (above)
     constraint: StructuredOutputs
-    function: str | None = None  # the named function's name
+    function: str | None = None  # "arguments": the named function
+    reply_is_json: bool = False  # "json": the reply is a JSON value, not a string
+    skip_special_tokens: bool | None = None  # False where the tags are special tokens
 
 
-def call_schema(tools: list[dict]) -> dict:
-    """One call of any of the tools: {"name": <its name>, "arguments": <its parameters>}."""
-    options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                "properties": {"name": {"const": t["function"]["name"]},
-                               "arguments": parameters(t)}} for t in tools]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+def declares_tool_calls(chat_template: str | None) -> bool:
+    """Whether the template writes tool calls in <tool_call> tags (the tagged layout)."""
+    return bool(chat_template) and TAG_OPEN in chat_template
 
 
 def parameters(tool: dict) -> dict:
@@ -47,9 +49,26 @@ def parameters(tool: dict) -> dict:
     return closed_objects(json.loads(json.dumps(schema)))  # (a copy: the request's is left as sent)
 
 
+def call_schema(tools: list[dict], at: str, definitions: dict) -> dict:
+    """One call of any of the tools, {"name": <its name>, "arguments": <its parameters>},
+    to sit at pointer `at` of a schema whose root $defs are `definitions`."""
+    options = []
+    for i, tool in enumerate(tools):
+        where = at if len(tools) == 1 else f"{at}/anyOf/{i}"
+        arguments = embedded(parameters(tool), f"{where}/properties/arguments", f"tool{i}_",
+                             definitions)
+        options.append({"type": "object", "additionalProperties": False,
+                        "required": ["name", "arguments"],
+                        "properties": {"name": {"const": tool["function"]["name"]},
+                                       "arguments": arguments}})
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
 def plan(tools: list[dict] | None, tool_choice, chat_template: str | None,
-         special_tokens: set[str]) -> ToolPlan | None:
-    """The constraint a request's tools ask for; None where the output is free text."""
+         special_tokens: set[str], parallel: bool = True,
+         reply_schema: dict | None = None) -> ToolPlan | None:
+    """The constraint a request's tools ask for; None where the output is free text.
+    reply_schema: the JSON schema a text reply follows (None: any text)."""
     if not tools or tool_choice == "none":
         return None
     names = [t["function"]["name"] for t in tools]
@@ -58,45 +77,78 @@ def plan(tools: list[dict] | None, tool_choice, chat_template: str | None,
         if name not in names:
             raise APIError(400, f"tool_choice names the function {shown(name)}, which is not in "
                                 f"tools ({', '.join(map(repr, names))})", param="tool_choice")
-        tool = tools[names.index(name)]
-        return ToolPlan("named", StructuredOutputs(json=parameters(tool)), name)
-    if tool_choice == "required":
-        return ToolPlan("required", StructuredOutputs(json=call_schema(tools)))
-    if not chat_template or TAG_OPEN not in chat_template:  # "auto", given or by default
-        raise APIError(400, "tool_choice 'auto' needs a chat template that declares a "
-                            "tool-call format (as Qwen's <tool_call> tags do); this model's "
-                            "does not: use tool_choice 'required' or name a function",
-                       param="tool_choice")
-    StructTag = llguidance_module().StructTag
-    tag = StructTag(trigger=TAG_OPEN, begin=TAG_OPEN + "\n", grammar=call_schema(tools),
-                    end="\n" + TAG_CLOSE)
-    grammar = StructTag.to_grammar([tag], assume_special=TAG_OPEN in special_tokens)
-    return ToolPlan("auto", StructuredOutputs(grammar=grammar))
+        return ToolPlan("arguments", StructuredOutputs(json=parameters(tools[names.index(name)])),
+                        function=name)
+    required = tool_choice == "required"  # else "auto", given or by default
+    if declares_tool_calls(chat_template):
+        special = TAG_OPEN in special_tokens
+        grammar = _tagged_grammar(tools, required, parallel, reply_schema, special)
+        return ToolPlan("tagged", StructuredOutputs(grammar=grammar),
+                        skip_special_tokens=False if special else None)
+    schema = json_layout_schema(tools, required, parallel, reply_schema)
+    return ToolPlan("json", StructuredOutputs(json=schema),
+                    reply_is_json=reply_schema is not None)
 
 
-def parse(text: str, tool_plan: ToolPlan) -> tuple[str | None, list[dict]]:
-    """(content, tool_calls in OpenAI's form) of an output made under tool_plan."""
-    if tool_plan.mode == "named":
-        return None, [tool_call(tool_plan.function, text)]
-    if tool_plan.mode == "required":
-        call = json.loads(text)
-        return None, [tool_call(call["name"], json.dumps(call["arguments"]))]
-    calls = []
-    for match in TAGGED_CALL.finditer(text):
-        try:
-            call = json.loads(match.group(1))
-        except json.JSONDecodeError:  # cut short by max_tokens: left as text
-            continue
-        calls.append(tool_call(call["name"], json.dumps(call["arguments"])))
-    content = TAGGED_CALL.sub("", text).strip() if calls else text
-    return content or None, calls
+def json_layout_schema(tools: list[dict], required: bool, parallel: bool,
+                       reply_schema: dict | None) -> dict:
+    """{"tool_calls": [calls]} (one call unless parallel), or, unless required,
+    {"response": <text, or a value of reply_schema>}."""
+    definitions: dict = {}
+    calls_at = "#/anyOf/0" if not required else "#"
+    calls = {"type": "object", "additionalProperties": False, "required": ["tool_calls"],
+             "properties": {"tool_calls": {
+                 "type": "array", "minItems": 1, **({} if parallel else {"maxItems": 1}),
+                 "items": call_schema(tools, f"{calls_at}/properties/tool_calls/items",
+                                      definitions)}}}
+    if required:
+        schema = calls
+    else:
+        reply = {"type": "string"} if reply_schema is None else embedded(
+            json.loads(json.dumps(reply_schema)), "#/anyOf/1/properties/response", "reply_",
+            definitions)
+        schema = {"anyOf": [calls, {"type": "object", "additionalProperties": False,
+                                    "required": ["response"], "properties": {"response": reply}}]}
+    if definitions:
+        schema["$defs"] = definitions
+    return schema
 
 
-def tool_call(name: str, arguments: str) -> dict:
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": name, "arguments": arguments}}
+def _tagged_grammar(tools: list[dict], required: bool, parallel: bool,
+                    reply_schema: dict | None, special: bool) -> str:
+    """A Lark grammar (llguidance's dialect) of the tagged layout: calls in <tool_call>
+    tags, after free text (auto), alone (required), or instead of a JSON reply (auto
+    with reply_schema). Each tag holds one JSON call, compact as JSON_LAYOUT writes it."""
+    definitions: dict = {}
+    call = call_schema(tools, "#", definitions)
+    if definitions:
+        call["$defs"] = definitions
+    call_json = "%json " + json.dumps({**call, "x-guidance": JSON_LAYOUT})
+    open_tag = TAG_OPEN if special else json.dumps(TAG_OPEN)
+    close = json.dumps("\n" + TAG_CLOSE)
+    lines = ["%llguidance {}"]
+    if required or reply_schema is not None:
+        calls = "call (\"\\n\" call)*" if parallel else "call"
+        if required or reply_schema is None:
+            lines.append(f"start: {calls}")
+        else:
+            reply = json.loads(json.dumps(reply_schema))
+            lines.append(f"start: {calls} | %json " + json.dumps({**reply, "x-guidance": JSON_LAYOUT}))
+        lines.append(f'call: {open_tag} "\\n" {call_json} {close}')
+    else:  # free text; a tag, once opened, holds a call
+        lines += ["start: (tagged)* TEXT" if parallel else "start: TEXT | tagged",
+                  "TEXT: /(.|\\n)*/"]
+        if special:
+            lines.append(f'tagged: TEXT {open_tag} "\\n" {call_json} {close}')
+        else:
+            lines += [f"opened[lazy]: TEXT {open_tag}",
+                      f'tagged: opened "\\n" {call_json} {close}']
+    return "\n".join(lines) + "\n"
 
 
-def template_tools(tools: list[dict] | None, tool_choice) -> list[dict] | None:
-    """The tools as the chat template is given them (none for tool_choice "none")."""
-    return None if not tools or tool_choice == "none" else tools
+def template_tools(tools: list[dict] | None, tool_choice, chat_template: str | None) -> list[dict] | None:
+    """The tools as the chat template is given them: only a tagged template's, and none
+    for tool_choice "none" (elsewhere tool_prompt.py describes them)."""
+    if not tools or tool_choice == "none" or not declares_tool_calls(chat_template):
+        return None
+    return tools
