@@ -19,7 +19,8 @@ from tinypaged.sampling import SamplingParams
 SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 ENGINE_OPTIONS = ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
-                  "max_model_len", "backend", "quantization", "kv_cache_dtype")  # plus --no-prefix-caching, --no-cuda-graphs, --no-layout-cache
+                  "max_model_len", "backend", "quantization", "kv_cache_dtype",
+                  "grammar_cache_memory")  # plus --no-prefix-caching, --no-cuda-graphs, --no-layout-cache
 
 
 class _Parser(argparse.ArgumentParser):
@@ -262,6 +263,10 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-layout-cache", action="store_true",
                         help="CPU: prepare a GGUF's weights at every load instead of keeping "
                         "them in FILE.tinypaged-cpu beside it and mapping that")
+    parser.add_argument("--grammar-cache-memory", type=parse_bytes,
+                        default=ENGINE_DEFAULTS["grammar_cache_memory"],
+                        help="memory the compiled grammars of structured outputs may keep, "
+                        "e.g. 512M")
     parser.add_argument("--backend", choices=["auto", "cpu", "cuda"],
                         default=ENGINE_DEFAULTS["backend"],
                         help="auto: CUDA when an NVIDIA GPU is usable, else the CPU")

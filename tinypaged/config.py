@@ -67,6 +67,8 @@ class EngineConfig:
     #   "auto": float16 for float16 / bfloat16 checkpoints and GGUF files, else float32
     layout_cache: bool = True  # CPU: keep a GGUF's prepared weights beside it
     #   (<file>.tinypaged-cpu) and map them on the next load (kernels/cpu/weight_cache.py)
+    grammar_cache_memory: int | str = "512M"  # bytes the compiled grammars may hold
+    #   (least recently used dropped first; structured/grammar.py)
 
     def __post_init__(self):
         """Check every field (TypeError: wrong type, ValueError: out of range)."""
@@ -91,6 +93,10 @@ class EngineConfig:
         self.kv_cache_dtype = checks.one_of("kv_cache_dtype", self.kv_cache_dtype,
                                             KV_CACHE_DTYPES)
         self.layout_cache = checks.boolean("layout_cache", self.layout_cache)
+        if isinstance(self.grammar_cache_memory, str):
+            self.grammar_cache_memory = parse_size(self.grammar_cache_memory)
+        self.grammar_cache_memory = checks.integer("grammar_cache_memory",
+                                                   self.grammar_cache_memory, 0)
         if self.cuda_graphs is not None:
             self.cuda_graphs = checks.boolean("cuda_graphs", self.cuda_graphs)
         if self.quantization is not None:

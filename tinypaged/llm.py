@@ -52,6 +52,11 @@ class LLM:
         """Check a request and tokenize its prompt, without queueing it (ValueError if bad)."""
         return self.engine.prepare_request(prompt, params)
 
+    def compile_constraint(self, structured_outputs) -> None:
+        """Compile a StructuredOutputs' grammar now (it is cached), so that requests
+        that use it start at once; GrammarFailed (a ValueError) naming the problem."""
+        self.engine.grammars.compile(structured_outputs)
+
     def submit(self, prompt: str | list[int] | PreparedRequest, params: SamplingParams | None = None,
                request_id: str | None = None) -> RequestHandle:
         """Queue one request (or a prepared one) and return at once; bad input raises

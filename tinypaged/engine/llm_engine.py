@@ -76,7 +76,8 @@ class LLMEngine(SampleStep):
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         # structured outputs: llguidance's tokenizer and compiled grammars, on first use
-        self.grammars = Grammars(self.tokenizer, cfg.vocab_size, self.eos_token_ids)
+        self.grammars = Grammars(self.tokenizer, cfg.vocab_size, self.eos_token_ids,
+                                 config.grammar_cache_memory)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.statistics = EngineStats(self.block_manager)

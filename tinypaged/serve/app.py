@@ -183,11 +183,15 @@ def build_app(llm: LLM, config: ServerConfig, ready: threading.Event | None = No
 
     @app.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))
     async def tokenize_route(request: Request):
-        return tokenize(await read_body(request, TokenizeRequest, limits), client)
+        body = await read_body(request, TokenizeRequest, limits)
+        return await client.text_work.run(lambda: tokenize(body, client), "tokenizing",
+                                          "prompt" if body.prompt is not None else "messages")
 
     @app.post("/detokenize", openapi_extra=body_schema(DetokenizeRequest))
     async def detokenize_route(request: Request):
-        return detokenize(await read_body(request, DetokenizeRequest, limits), client)
+        body = await read_body(request, DetokenizeRequest, limits)
+        return await client.text_work.run(lambda: detokenize(body, client), "detokenizing",
+                                          "tokens")
 
     add_body_schemas(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
                            DetokenizeRequest])

@@ -27,6 +27,39 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     started = time.monotonic()
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    prompt, params, max_tokens, constraint_param, tool_plan = await client.text_work.run(
+        lambda: render(req, client), "rendering the chat template", "messages")
+    prepared = await client.prepare_all([prompt], params, max_tokens, "messages", constraint_param)
+    client.check_logprob_entries(prepared, False, "top_logprobs")
+    response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    record = RequestLog(f"{request.state.request_id} {response_id}", started, constraint_param)
+    handles = client.submit(prepared, response_id)
+    tokenizer = client.llm.tokenizer
+
+    def logprobs_of(entries):
+        return chat_logprobs(tokenizer, entries) if req.logprobs else None
+
+    if req.stream:
+        return EventStreamResponse(stream_chat(req, client, handles, record, response_id, created,
+                                               logprobs_of, tool_plan))
+    ok, outputs = await unless_disconnected(request, client.results(handles, record))
+    if not ok:
+        record.left()
+        return Response(status_code=499)  # the client left; nobody reads this
+
+    def body() -> dict:
+        choices = [chat_choice(o.index, *answer(o, tool_plan), logprobs_of(o.token_logprobs or []))
+                   for o in outputs[0].outputs]
+        return envelope("chat.completion", response_id, created, client.model_name, choices,
+                        usage=usage(outputs))
+    return await json_built_off_the_loop(body)
+
+
+def render(req: ChatCompletionRequest, client: EngineClient):
+    """(prompt token ids, SamplingParams, max_tokens, the constraint's field, ToolPlan or
+    None) of a chat request: its tools planned, its conversation rendered by the chat
+    template and tokenized (in a worker thread: a template or a long conversation can
+    take a while)."""
     tokenizer = client.llm.tokenizer
     max_tokens = req.requested_max_tokens()
     params = build_params(req, max_tokens, logprobs=(req.top_logprobs or 0) if req.logprobs else None)
@@ -54,29 +87,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
             messages, tools.template_tools(tool_dicts, choice, tokenizer.chat_template))
     except (ValueError, TypeError) as e:
         raise APIError(400, str(e), param="messages") from None
-    prepared = [client.prepare(prompt, params, max_tokens, "messages", constraint_param)]
-    client.check_logprob_entries(prepared, False, "top_logprobs")
-    response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    record = RequestLog(f"{request.state.request_id} {response_id}", started)
-    handles = client.submit(prepared, response_id)
-
-    def logprobs_of(entries):
-        return chat_logprobs(tokenizer, entries) if req.logprobs else None
-
-    if req.stream:
-        return EventStreamResponse(stream_chat(req, client, handles, record, response_id, created,
-                                               logprobs_of, tool_plan))
-    ok, outputs = await unless_disconnected(request, client.results(handles, record))
-    if not ok:
-        record.left()
-        return Response(status_code=499)  # the client left; nobody reads this
-
-    def body() -> dict:
-        choices = [chat_choice(o.index, *answer(o, tool_plan), logprobs_of(o.token_logprobs or []))
-                   for o in outputs[0].outputs]
-        return envelope("chat.completion", response_id, created, client.model_name, choices,
-                        usage=usage(outputs))
-    return await json_built_off_the_loop(body)
+    return prompt, params, max_tokens, constraint_param, tool_plan
 
 
 def reply_schema_of(constraint, field: str | None) -> dict | None:

@@ -48,17 +48,23 @@ async def create_completion(req: CompletionRequest, request: Request,
     if req.prompt_logprobs is not None and req.stream:
         raise APIError(400, "prompt_logprobs is not supported with stream", param="prompt_logprobs")
     wanted = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
-    params = build_params(req, req.max_tokens, logprobs=req.logprobs,
-                          prompt_logprobs=max(wanted) if wanted else None)
-    prepared = [client.prepare(p, params, req.max_tokens, "prompt", req.constraint_field())
-                for p in prompts]
+    params = await client.text_work.run(lambda: build_params(
+        req, req.max_tokens, logprobs=req.logprobs,
+        prompt_logprobs=max(wanted) if wanted else None), "reading the constraint")
+    constraint_param = req.constraint_field()  # (one at most: build_params checked)
+    prepared = await client.prepare_all(prompts, params, req.max_tokens, "prompt",
+                                        constraint_param)
     client.check_logprob_entries(prepared, req.echo, "logprobs")
-    response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    record = RequestLog(f"{request.state.request_id} {response_id}", started)
-    handles = client.submit(prepared, response_id)
     tokenizer = client.llm.tokenizer
-    echoes = [(p.prompt if p.prompt is not None else tokenizer.decode(p.prompt_token_ids))
-              if req.echo else "" for p in prepared]
+    echoes = [""] * len(prepared)
+    if req.echo:
+        echoes = await client.text_work.run(lambda: [
+            p.prompt if p.prompt is not None else tokenizer.decode(p.prompt_token_ids)
+            for p in prepared], "decoding the echoed prompts", "prompt")
+    response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    record = RequestLog(f"{request.state.request_id} {response_id}", started,
+                        constraint_param)
+    handles = client.submit(prepared, response_id)
 
     def offsets_for(i: int) -> TextOffsets:
         """text_offset of prompt i's generated tokens, which follow its echo."""

@@ -24,6 +24,12 @@ class ServerConfig:
     header_timeout: float = 10.0  # seconds a request's headers may take to arrive
     body_timeout: float = 30.0  # seconds its body may take after the headers
     warm_up: bool = True  # one short request at start; /health says 503 "loading" until it ends
+    # rendering, tokenizing and compiling grammars run in threads (workers.py): this many
+    # per pool (one pool for text, one for grammars), each job within work_budget seconds
+    # (else 400) after waiting at most work_queue_timeout for a thread (else 503)
+    worker_threads: int = 2
+    work_budget: float = 10.0
+    work_queue_timeout: float = 30.0
 
     def __post_init__(self):
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -42,7 +48,9 @@ class ServerConfig:
             raise ValueError(f"max_body_bytes={self.max_body_bytes!r} must be at least 1024")
         if not isinstance(self.max_connections, int) or self.max_connections < 1:
             raise ValueError(f"max_connections={self.max_connections!r} must be an integer >= 1")
-        for name in ("header_timeout", "body_timeout"):
+        if not isinstance(self.worker_threads, int) or self.worker_threads < 1:
+            raise ValueError(f"worker_threads={self.worker_threads!r} must be an integer >= 1")
+        for name in ("header_timeout", "body_timeout", "work_budget", "work_queue_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be > 0 seconds")
         if not self.shutdown_timeout >= 0:

@@ -16,9 +16,11 @@ from ..llm import LLM
 from ..outputs import RequestOutput
 from ..request_handle import RequestHandle
 from ..sampling import SamplingParams
+from ..structured import GrammarFailed
 from .config import ServerConfig
 from .errors import APIError, log, shown
 from .openai_format import openai_finish_reason
+from .workers import WorkerPool
 
 PARAM_IN_MESSAGE = re.compile(r"^(\w+)[=:]")
 
@@ -28,6 +30,7 @@ class RequestLog:
     """What the log says of one API request: a line when it ends, its failure's cause."""
     label: str  # the X-Request-Id and the response id
     started: float = field(default_factory=time.monotonic)
+    constraint_param: str | None = None  # the field that constrains the output
 
     def finished(self, outputs: list[RequestOutput]) -> None:
         """One info line: prompts, tokens, time, finish reasons (or that the client left)."""
@@ -46,7 +49,14 @@ class RequestLog:
                  time.monotonic() - self.started)
 
     def failed(self, error: Exception) -> APIError:
-        """The 500 for a request that failed in the engine; the cause goes to the log."""
+        """The error for a request that failed in the engine: a 400 where its grammar
+        went over a limit (one log line), else a 500 (the cause, with its traceback, to
+        the log)."""
+        if isinstance(error, GrammarFailed):
+            log.warning("request %s: its grammar failed: %s", self.label, error)
+            field = self.constraint_param or "structured_outputs"
+            return APIError(400, f"{field}: {str(error).removeprefix('structured_outputs: ')}",
+                            param=field)
         log.error("request %s failed in the engine: %r", self.label, error, exc_info=error)
         return APIError(500, f"generation failed: {error}")
 
@@ -56,6 +66,32 @@ class EngineClient:
         self.llm, self.config = llm, config
         file_name = llm.model_dir.rstrip("/").split("/")[-1]
         self.model_name = config.served_model_name or file_name.removesuffix(".gguf")
+        # templates, tokenizing and grammars off the event loop (workers.py)
+        self.text_work = WorkerPool("text", config.worker_threads, config.work_budget,
+                                    config.work_queue_timeout)
+        self.grammar_work = WorkerPool("grammar", config.worker_threads, config.work_budget,
+                                       config.work_queue_timeout)
+
+    async def prepare_all(self, prompts: list, params: SamplingParams, max_tokens: int | None,
+                          prompt_param: str, constraint_param: str | None = None
+                          ) -> list[PreparedRequest]:
+        """prepare() for each prompt, in the worker threads: the constraint's grammar
+        compiled first in the grammar pool (then the prompts find it in the cache)."""
+        if params.structured_outputs is not None:
+            await self.grammar_work.run(
+                lambda: self.compile_constraint(params.structured_outputs, constraint_param),
+                "compiling the grammar", constraint_param)
+        return await self.text_work.run(
+            lambda: [self.prepare(p, params, max_tokens, prompt_param, constraint_param)
+                     for p in prompts], "tokenizing the prompt", prompt_param)
+
+    def compile_constraint(self, structured, constraint_param: str | None) -> None:
+        try:
+            self.llm.compile_constraint(structured)
+        except (ValueError, TypeError) as e:
+            message = str(e).removeprefix("structured_outputs: ")
+            field = constraint_param or "structured_outputs"
+            raise APIError(400, f"{field}: {message}", param=field) from None
 
     def check_model(self, name: str | None) -> None:
         """Any name serves the one model, unless strict_model_name (responses always

@@ -18,7 +18,7 @@ TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error",
 
 
 SHOWN_CHARS = 100  # of a client's value quoted back in an error message
-MAX_MESSAGE_CHARS = 1000  # of any error message (what a client sent is never echoed whole)
+MAX_MESSAGE_CHARS = 400  # of any error message (what a client sent is never echoed whole)
 
 
 def shown(value: str) -> str:

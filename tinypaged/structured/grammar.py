@@ -1,21 +1,25 @@
 """Grammars for one model: llguidance's view of the tokenizer (built once, on first
-use), compiled grammars cached by their text, and GrammarState, the matcher that
-follows one sequence's tokens.
+use), compiled grammars cached by their text (bounded in bytes), and GrammarState,
+the matcher that follows one sequence's tokens. A grammar runs under limits.py's
+limits; one that goes over them fails its request with GrammarFailed, and its cache
+entry keeps only the message, so the same grammar is refused at once next time.
 
 llguidance is an optional extra (`pip install 'tinypaged[structured]'`): it is only
 imported when a request asks for structured output.
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 
 import numpy as np
 
 from ..tokenizer import Tokenizer
+from .limits import GrammarFailed, error_line, parser_limits
 from .params import StructuredOutputs
 
-CACHED_GRAMMARS = 256  # compiled grammars kept, least recently used dropped first
+GRAMMAR_CACHE_BYTES = 512 << 20  # compiled grammars kept (least recently used dropped first)
 
 
 class StructuredOutputsUnavailable(ValueError):
@@ -49,10 +53,18 @@ class GrammarState:
         return GrammarState(self.matcher.deep_copy(), self.compiled)
 
     def advance(self, token_id: int) -> None:
-        """Take a sampled token; the mask allowed it, so a refusal is a bug."""
+        """Take a sampled token; the mask allowed it, so a refusal is a limit reached
+        (GrammarFailed) or a bug."""
         if not self.matcher.consume_token(token_id):
+            self.check()
             raise RuntimeError(f"the grammar refused token {token_id}, which its mask "
-                               f"allowed: {self.matcher.get_error()}")
+                               f"allowed")
+
+    def check(self) -> None:
+        """GrammarFailed where the matcher went over a limit (its grammar's cache entry
+        keeps only the message from now on)."""
+        if self.matcher.is_error():
+            raise self.compiled.failed(error_line(self.matcher.get_error()))
 
     @property
     def accepting(self) -> bool:
@@ -72,15 +84,29 @@ class GrammarState:
 
 class CompiledGrammar:
     """A grammar compiled for one tokenizer: a matcher at its start, which requests
-    copy (deep_copy costs microseconds; compiling, a millisecond or more)."""
+    copy (deep_copy costs microseconds; compiling, a millisecond or more); or, once it
+    went over a limit, only what failed."""
 
-    def __init__(self, prototype, tokenizer):
+    def __init__(self, prototype, tokenizer, kind: str, nbytes: int):
         self.prototype, self.tokenizer = prototype, tokenizer  # untouched: copies run
+        self.kind, self.nbytes = kind, nbytes
+        self.failure: str | None = None
 
     def start(self) -> GrammarState:
+        if self.failure is not None:
+            raise GrammarFailed(self.failure)
         return GrammarState(self.prototype.deep_copy(), self)
 
+    def failed(self, message: str) -> GrammarFailed:
+        """Mark this grammar failed (its matcher let go) and return the error to raise."""
+        if self.failure is None:
+            self.failure = f"structured_outputs: {self.kind}: {message}"
+            self.prototype = None
+        return GrammarFailed(self.failure)
+
     def accepts(self, text: str) -> bool:
+        if self.failure is not None:
+            return False
         matcher = self.prototype.deep_copy()
         return (matcher.consume_tokens(self.tokenizer.tokenize_str(text))
                 and matcher.is_accepting())
@@ -90,13 +116,16 @@ class Grammars:
     """The grammars of one engine's model. Any thread may compile (requests are
     prepared in the callers' threads); masks are filled by the engine loop's."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids):
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids,
+                 cache_bytes: int = GRAMMAR_CACHE_BYTES):
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
+        self.cache_bytes = cache_bytes
         self._lock = threading.Lock()
         self._ll_tokenizer = None
         self._executor = None
         self._compiled: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._cached_bytes = 0
 
     def start(self, structured: StructuredOutputs) -> GrammarState:
         """A fresh matcher at the start of the grammar; ValueError naming the problem
@@ -104,27 +133,45 @@ class Grammars:
         return self.compile(structured).start()
 
     def compile(self, structured: StructuredOutputs) -> CompiledGrammar:
+        """The grammar compiled (or found in the cache); GrammarFailed naming the
+        problem when it does not compile, goes over a limit, or can match nothing."""
         ll = llguidance_module()
         with self._lock:
             compiled = self._compiled.get(structured.text)
             if compiled is not None:
                 self._compiled.move_to_end(structured.text)
-                return compiled
-            tokenizer = self._llg_tokenizer(ll)
-        matcher = ll.LLMatcher(tokenizer, structured.text, log_level=0)
+            else:
+                tokenizer = self._llg_tokenizer(ll)
+        if compiled is not None:
+            if compiled.failure is not None:
+                raise GrammarFailed(compiled.failure)
+            return compiled
+        before = resident_bytes()
+        matcher = ll.LLMatcher(tokenizer, structured.text, log_level=0, limits=parser_limits(ll))
+        if not matcher.is_error():
+            mask = ll.numpy.allocate_token_bitmask(1, self.vocab_size)
+            ll.numpy.fill_next_token_bitmask(matcher, mask, 0)
         if matcher.is_error():
-            raise ValueError(f"structured_outputs: {structured.kind}: "
-                             f"{_one_line(matcher.get_error())}")
-        mask = ll.numpy.allocate_token_bitmask(1, self.vocab_size)
-        ll.numpy.fill_next_token_bitmask(matcher, mask, 0)
-        if matcher.is_error() or not mask.any():
-            raise ValueError(f"structured_outputs: {structured.kind}: matches no output at all")
-        compiled = CompiledGrammar(matcher, tokenizer)
+            raise GrammarFailed(f"structured_outputs: {structured.kind}: "
+                                f"{error_line(matcher.get_error())}")
+        if not mask.any():
+            raise GrammarFailed(f"structured_outputs: {structured.kind}: matches no output at all")
+        # what it holds: the memory its compiling took (the lexer, the first mask's
+        # states), or at least its text; several compiling at once count high, not low
+        nbytes = max(resident_bytes() - before, 2 * len(structured.text))
+        compiled = CompiledGrammar(matcher, tokenizer, structured.kind, nbytes)
         with self._lock:
+            old = self._compiled.pop(structured.text, None)
+            self._cached_bytes += nbytes - (old.nbytes if old is not None else 0)
             self._compiled[structured.text] = compiled
-            while len(self._compiled) > CACHED_GRAMMARS:
-                self._compiled.popitem(last=False)
+            while self._cached_bytes > self.cache_bytes and len(self._compiled) > 1:
+                _, dropped = self._compiled.popitem(last=False)
+                self._cached_bytes -= dropped.nbytes
         return compiled
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._cached_bytes
 
     def _llg_tokenizer(self, ll):
         """llguidance's tokenizer, from the engine's tokenizer.json form (also for GGUF
@@ -144,10 +191,15 @@ class Grammars:
             self._executor = ll.LLExecutor()
         ll.numpy.fill_next_token_bitmask_par(self._executor,
                                              [(s.matcher, i) for i, s in enumerate(states)], masks)
+        for state in states:
+            state.check()
         return masks
 
 
-def _one_line(error: str) -> str:
-    """llguidance's message on one line (it draws a caret under the spot on the next)."""
-    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
-    return " ".join(lines)[:400] if lines else "invalid"
+def resident_bytes() -> int:
+    """This process's resident memory (Linux's /proc; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
