@@ -101,7 +101,7 @@ class CompiledGrammar:
         """Mark this grammar failed (its matcher let go) and return the error to raise."""
         if self.failure is None:
             self.failure = f"structured_outputs: {self.kind}: {message}"
-            self.prototype = None
+            self.prototype, self.nbytes = None, 2 * len(self.failure)
         return GrammarFailed(self.failure)
 
     def accepts(self, text: str) -> bool:
@@ -125,7 +125,6 @@ class Grammars:
         self._ll_tokenizer = None
         self._executor = None
         self._compiled: OrderedDict[str, CompiledGrammar] = OrderedDict()
-        self._cached_bytes = 0
 
     def start(self, structured: StructuredOutputs) -> GrammarState:
         """A fresh matcher at the start of the grammar; ValueError naming the problem
@@ -148,30 +147,35 @@ class Grammars:
             return compiled
         before = resident_bytes()
         matcher = ll.LLMatcher(tokenizer, structured.text, log_level=0, limits=parser_limits(ll))
+        mask = ll.numpy.allocate_token_bitmask(1, self.vocab_size)
         if not matcher.is_error():
-            mask = ll.numpy.allocate_token_bitmask(1, self.vocab_size)
             ll.numpy.fill_next_token_bitmask(matcher, mask, 0)
-        if matcher.is_error():
-            raise GrammarFailed(f"structured_outputs: {structured.kind}: "
-                                f"{error_line(matcher.get_error())}")
-        if not mask.any():
-            raise GrammarFailed(f"structured_outputs: {structured.kind}: matches no output at all")
+        failure = error_line(matcher.get_error()) if matcher.is_error() else \
+            None if mask.any() else "matches no output at all"
+        if failure is not None:  # remembered: the same grammar is refused at once
+            compiled = CompiledGrammar(None, tokenizer, structured.kind, 0)
+            error = compiled.failed(failure)
+            self._keep(structured.text, compiled)
+            raise error
         # what it holds: the memory its compiling took (the lexer, the first mask's
         # states), or at least its text; several compiling at once count high, not low
         nbytes = max(resident_bytes() - before, 2 * len(structured.text))
         compiled = CompiledGrammar(matcher, tokenizer, structured.kind, nbytes)
-        with self._lock:
-            old = self._compiled.pop(structured.text, None)
-            self._cached_bytes += nbytes - (old.nbytes if old is not None else 0)
-            self._compiled[structured.text] = compiled
-            while self._cached_bytes > self.cache_bytes and len(self._compiled) > 1:
-                _, dropped = self._compiled.popitem(last=False)
-                self._cached_bytes -= dropped.nbytes
+        self._keep(structured.text, compiled)
         return compiled
+
+    def _keep(self, text: str, compiled: CompiledGrammar) -> None:
+        with self._lock:
+            self._compiled.pop(text, None)
+            self._compiled[text] = compiled
+            total = self.cached_bytes  # (a grammar failed since counts its message only)
+            while total > self.cache_bytes and len(self._compiled) > 1:
+                _, dropped = self._compiled.popitem(last=False)
+                total -= dropped.nbytes
 
     @property
     def cached_bytes(self) -> int:
-        return self._cached_bytes
+        return sum(c.nbytes for c in list(self._compiled.values()))
 
     def _llg_tokenizer(self, ll):
         """llguidance's tokenizer, from the engine's tokenizer.json form (also for GGUF
