@@ -46,10 +46,75 @@ def test_a_template_that_raises_names_the_message_at_fault():
     ("{% for i in range(5) %}", "does not parse"),
     ("{{ messages[0]['content'] | nosuchfilter }}", "does not parse"),
     ("{{ 1 / 0 }}", "ZeroDivisionError"),
+    # issue 31's probes: each grows time or memory past the old range()-only budget
+    ("{% set s = messages[0].content * 1000 %}{% for a in s %}{% for b in s %}{% endfor %}"
+     "{% endfor %}", "loop items"),
+    ("{{ 10 ** (64 ** 64) }}", "power"),
+    ("{{ 10 ** 64 ** 64 ** 64 ** 64 }}", "power"),
+    ("{{ lipsum(n=100000) }}", "lipsum"),
+    ("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+     "{% endfor %}{{ ns.s | length }}", "builds a string"),
+    ("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}"
+     "{% endfor %}{{ ns.s | length }}", "builds a value"),
+    ("{% set ns = namespace(s=[1]) %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}"
+     "{% endfor %}", "builds a value"),
+    ("{{ ([[[1] * 1000] * 1000] * 1000) | string }}", "builds a string"),
+    ("{{ ([[[1] * 1000] * 1000] * 1000) | tojson }}", "builds a string"),
+    ("{{ ([[[1] * 1000] * 1000] * 1000) | join(',') }}", "builds a string"),
+    ("{{ [[[1] * 1000] * 1000] * 1000 }}", "builds an output"),
+    ("{{ 'x' ~ [[[1] * 1000] * 1000] * 1000 }}", "builds a string"),
+    ("{{ 'x'.ljust(10 ** 9) }}", "builds a string"),
+    ("{{ ('ab' * 400000).replace('a', 'bbbbbbbbbb') }}", "builds a string"),
+    ("{{ ('ab' * 400000) | replace('a', 'bbbbbbbbbb') }}", "builds a string"),
+    ("{{ '%0999999999d' % 1 }}", "width"),
+    ("{{ '%*d' % (999999999, 1) }}", "width"),
+    ("{{ '{:>999999999}'.format(1) }}", "width"),
+    ("{{ 'x' | center(10 ** 9) }}", "builds a string"),
+    ("{{ ('x\n' * 1000) | indent(100000) }}", "builds a string"),
+    ("{{ ','.join(['x' * 1000] * 1000) }}", "builds a string"),
 ])
 def test_a_template_that_loops_explodes_or_escapes_is_cut_off(template, what):
     with pytest.raises(TemplateError, match=what):
         render(template, [{"role": "user", "content": "hi"}])
+
+
+def test_a_render_stops_at_its_time_budget(monkeypatch):
+    from tinypaged import chat_template
+    monkeypatch.setattr(chat_template, "MAX_SECONDS", 0.01)
+    with pytest.raises(TemplateError, match="ran for more than 0.01 s"):
+        render("{% for i in range(900000) %}{{ i }}{% endfor %}", [{"role": "user", "content": "hi"}])
+
+
+def test_the_message_at_fault_is_found_in_one_render(monkeypatch):
+    """A wrong role at message 2,999 of 3,000 costs one render, not 3,000."""
+    from tinypaged import chat_template
+    template = (FOLDER / "gemma3.jinja").read_text(encoding="utf-8")
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"}
+                for i in range(3000)]
+    messages[2999]["role"] = "user"
+    renders = []
+    real = chat_template._compile
+
+    def counting(text):
+        compiled = real(text)
+
+        class Counted:
+            def generate(self, **names):
+                renders.append(1)
+                return compiled.generate(**names)
+        return Counted()
+    monkeypatch.setattr(chat_template, "_compile", counting)
+    with pytest.raises(TemplateError, match=r"at message 2999 \(role 'user'\).*alternate"):
+        render(template, messages, bos_token="<bos>")
+    assert len(renders) == 1
+
+
+def test_a_long_conversation_still_renders():
+    """The value and output limits grow with the conversation's own text."""
+    template = (FOLDER / "smollm2.jinja").read_text(encoding="utf-8")
+    messages = [{"role": "user", "content": "x" * 600_000},
+                {"role": "assistant", "content": "y" * 600_000}]
+    assert len(render(template, messages)) > 1_200_000
 
 
 def test_a_bad_template_fails_its_chat_and_the_engine_lives_on(tiny_model_dir):
