@@ -1,3 +1,5 @@
+import struct
+
 import numpy as np
 import pytest
 
@@ -99,3 +101,39 @@ def test_truncated_bad_magic_and_missing_files(tmp_path):
     (tmp_path / "ok.gguf").write_bytes(data)
     with pytest.raises(ValueError, match="'y' is missing"):
         GGUFFile(tmp_path / "ok.gguf").load("y")
+
+
+def test_header_counts_are_checked_against_the_file_before_reading(tmp_path):
+    """An array, key or tensor count that the file's size cannot hold is refused before
+    anything is read for it (a count of 2**40 strings would otherwise loop and fill
+    memory until the end of the file); a key or tensor named twice is refused too."""
+    w = gw.GGUFWriter()
+    w.add("general.architecture", gw.STRING, "llama")
+    w.add("tokenizer.ggml.tokens", gw.ARRAY, (gw.STRING, ["a", "b", "c"]))
+    w.add_tensor("x", np.ones((4, 32), np.float32))
+    data = bytearray(w.to_bytes())
+    at = data.find(b"tokenizer.ggml.tokens") + len("tokenizer.ggml.tokens") + 8  # its count
+    assert struct.unpack_from("<Q", data, at)[0] == 3
+    struct.pack_into("<Q", data, at, 2 ** 40)
+    (tmp_path / "array.gguf").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"array\.gguf: corrupt GGUF metadata: an array of "
+                                         r"1099511627776 items"):
+        GGUFFile(tmp_path / "array.gguf")
+    data = bytearray(w.to_bytes())
+    struct.pack_into("<Q", data, 8, 10 ** 9)  # tensors
+    (tmp_path / "count.gguf").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"count\.gguf: truncated GGUF file, or a corrupt "
+                                         r"header: 1000000000 tensors"):
+        GGUFFile(tmp_path / "count.gguf")
+    twice = gw.GGUFWriter()
+    twice.add("general.architecture", gw.STRING, "llama")
+    twice.add("general.architecture", gw.STRING, "qwen3")
+    twice.write(tmp_path / "key.gguf")
+    with pytest.raises(ValueError, match=r"key\.gguf: .*'general\.architecture' appears twice"):
+        GGUFFile(tmp_path / "key.gguf")
+    twice = gw.GGUFWriter()
+    twice.add_tensor("x", np.ones((4, 32), np.float32))
+    twice.add_tensor("x", np.zeros((4, 32), np.float32))
+    twice.write(tmp_path / "tensor.gguf")
+    with pytest.raises(ValueError, match=r"tensor\.gguf: .*tensor 'x' appears twice"):
+        GGUFFile(tmp_path / "tensor.gguf")

@@ -40,6 +40,15 @@ class GGUFTensorInfo:
     nbytes: int
 
 
+def _smallest_item(item_type: int) -> int:
+    """Bytes one metadata array item of this type takes at least."""
+    if item_type in _ARRAY_DTYPES:
+        return np.dtype(_ARRAY_DTYPES[item_type]).itemsize
+    if item_type == _STRING:
+        return 8  # its length
+    return struct.calcsize(_SCALAR_FORMATS[item_type]) if item_type in _SCALAR_FORMATS else 1
+
+
 class _Cursor:
     """Bounds-checked little-endian reads over a memory-mapped file."""
 
@@ -95,6 +104,9 @@ class _Cursor:
             if item_type == _ARRAY:  # unused by any model; and a lying file could nest deep
                 raise ValueError(f"{self.path}: GGUF metadata array of arrays at byte "
                                  f"{self.pos} is not supported")
+            if count * _smallest_item(item_type) > len(self.buf) - self.pos:  # before reading any
+                raise ValueError(f"{self.path}: corrupt GGUF metadata: an array of {count} "
+                                 f"items at byte {self.pos}, more than the file could hold")
             if item_type in _ARRAY_DTYPES:
                 dtype = np.dtype(_ARRAY_DTYPES[item_type])
                 return np.frombuffer(self.take(count * dtype.itemsize), dtype=dtype).copy()
@@ -125,11 +137,18 @@ class GGUFFile:
         if self.version not in (2, 3):
             raise ValueError(f"{self.path}: GGUF version {self.version} is not supported (2 or 3)")
         n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
-        if n_tensors > len(self._buf) or n_kv > len(self._buf):
-            raise ValueError(f"{self.path}: corrupt GGUF header ({n_tensors} tensors, {n_kv} keys)")
+        # (each key takes 13 bytes at least, each tensor's info 24: the counts are checked
+        # against the file's size before anything is read for them)
+        if n_tensors * 24 + n_kv * 13 > len(self._buf) - cur.pos:
+            raise ValueError(f"{self.path}: truncated GGUF file, or a corrupt header: "
+                             f"{n_tensors} tensors and {n_kv} keys need more than its "
+                             f"{len(self._buf)} bytes")
         self.metadata: dict = {}
         for _ in range(n_kv):
             key = cur.string()
+            if key in self.metadata:
+                raise ValueError(f"{self.path}: corrupt GGUF header: metadata key {key!r:.80} "
+                                 f"appears twice")
             self.metadata[key] = cur.value(cur.scalar("<I"))
         raw_infos = []
         for _ in range(n_tensors):
@@ -146,6 +165,9 @@ class GGUFFile:
         self.tensors: dict[str, GGUFTensorInfo] = {}
         expected = 0  # where the tensor's data must start: the ones before it, each aligned
         for name, shape, ggml_type, rel_offset in raw_infos:
+            if name in self.tensors:
+                raise ValueError(f"{self.path}: corrupt GGUF header: tensor {name!r:.80} "
+                                 f"appears twice")
             nbytes = self._checked(lambda: tensor_nbytes(ggml_type, shape, name))
             if expected is not None and rel_offset != expected:  # (as llama.cpp checks: a
                 raise ValueError(  # lying type or shape shows here)
