@@ -49,6 +49,14 @@ def test_response_format_json_object_and_text(tiny_chat):
         assert isinstance(json.loads(out.choices[0].message.content), dict)
     else:  # cut by max_tokens: still the start of an object
         assert out.choices[0].message.content.startswith("{")
+    # json_object with a schema, as llama.cpp's server reads it (instructor's JSON_SCHEMA mode)
+    city = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
+            "required": ["city"]}
+    for seed in range(3):
+        out = client.chat.completions.create(model="tiny", messages=USER, max_tokens=60, seed=seed,
+                                             response_format={"type": "json_object",
+                                                              "schema": city})
+        assert json.loads(out.choices[0].message.content)["city"] in ("Paris", "Rome")
     free = client.chat.completions.create(model="tiny", messages=USER, max_tokens=8, seed=1,
                                           temperature=0, response_format={"type": "text"})
     plain = client.chat.completions.create(model="tiny", messages=USER, max_tokens=8, seed=1,

@@ -22,6 +22,9 @@ class JSONSchemaFormat(APIModel):
 class ResponseFormat(APIModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
+    # json_object with a schema: llama.cpp's server reads it (instructor's JSON_SCHEMA
+    # mode sends it), and so do we: the object follows the schema
+    schema_: dict | bool | None = Field(None, alias="schema")
 
     @model_validator(mode="after")
     def _schema_given(self):
@@ -69,6 +72,8 @@ class ConstraintFields(APIModel):
             if field == "response_format":
                 fmt = self.response_format
                 if fmt.type == "json_object":
+                    if fmt.schema_ is not None:
+                        return StructuredOutputs(json=fmt.schema_)
                     return StructuredOutputs(json_object=True)
                 return StructuredOutputs(json=fmt.json_schema.schema_)
             if field == "structured_outputs":
