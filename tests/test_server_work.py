@@ -83,6 +83,8 @@ def test_a_job_past_its_budget_is_a_400_and_a_full_pool_a_503():
     {"guided_regex": LATE_EXPLOSION},  # at the second token
     {"guided_json": {"$ref": "#/$defs/A", "$defs": {"A": {  # no finite instance
         "type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "required": ["a"]}}}},
+    {"guided_json": {"type": "object",  # refused before compiling (it took 11 s to fail)
+                     "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}}},
 ])
 def test_a_grammar_over_a_limit_is_a_short_400_naming_it(server, constraint):
     field = next(iter(constraint))
@@ -94,9 +96,10 @@ def test_a_grammar_over_a_limit_is_a_short_400_naming_it(server, constraint):
         assert error["param"] == field and error["message"].startswith(f"{field}: ")
         assert "llguidance's limit" in error["message"] and len(r.text) < MAX_MESSAGE_CHARS + 200
         assert "\n" not in error["message"] and "Parser: {" not in error["message"]
-    kept = [c for c in server.llm.engine.grammars._compiled.values() if c.failure]
-    assert any(error["message"].endswith(c.failure.split(": ", 2)[2]) for c in kept)
-    assert all(c.prototype is None for c in kept)  # the matcher let go
+    if "optional properties" not in error["message"]:  # (that one never compiles)
+        kept = [c for c in server.llm.engine.grammars._compiled.values() if c.failure]
+        assert any(error["message"].endswith(c.failure.split(": ", 2)[2]) for c in kept)
+        assert all(c.prototype is None for c in kept)  # the matcher let go
     assert server.llm.stats()["blocks_used"] == 0
 
 

@@ -66,3 +66,29 @@ def test_sentencepiece_style_tokenizer_streams_spaces(stories_dir):
     assert ids[0] == 1  # its post-processor adds BOS
     detok = tok.detokenizer()
     assert "".join(detok.push(i) for i in ids) + detok.flush() == text
+
+
+def test_a_long_text_is_encoded_by_the_call_that_lets_other_threads_run(stories_dir):
+    """tokenizers' encode keeps the GIL (a 4 MB /tokenize held the server's event loop
+    2.7 s); encode_batch lets go of it. A long text takes that path, to the same ids."""
+    from tinypaged import tokenizer as module
+
+    tok = Tokenizer(stories_dir)
+    calls = []
+
+    class Spy:  # the Rust tokenizer's attributes cannot be patched: wrap it
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(self.inner, name)
+    text = "Once upon a time, a little dog ran to the park. " * (module.LONG_TEXT // 40)
+    inner = tok._tok
+    expected = inner.encode(text, add_special_tokens=True).ids
+    tok._tok = Spy(inner)
+    assert tok.encode(text) == expected and calls == ["encode_batch"]
+    assert tok.decode(expected) == inner.decode(expected) and calls[-1] == "decode_batch"
+    calls.clear()
+    assert tok.encode("Once upon a time") == inner.encode("Once upon a time").ids
+    assert calls == ["encode"]

@@ -27,6 +27,7 @@ from .completions import create_completion
 from .config import ServerConfig
 from .engine_client import EngineClient
 from .errors import cut, error_body, install_error_handlers, log
+from .json_body import json_response
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
@@ -184,14 +185,15 @@ def build_app(llm: LLM, config: ServerConfig, ready: threading.Event | None = No
     @app.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))
     async def tokenize_route(request: Request):
         body = await read_body(request, TokenizeRequest, limits)
-        return await client.text_work.run(lambda: tokenize(body, client), "tokenizing",
+        return await client.text_work.run(lambda: json_response(tokenize(body, client)),
+                                          "tokenizing",
                                           "prompt" if body.prompt is not None else "messages")
 
     @app.post("/detokenize", openapi_extra=body_schema(DetokenizeRequest))
     async def detokenize_route(request: Request):
         body = await read_body(request, DetokenizeRequest, limits)
-        return await client.text_work.run(lambda: detokenize(body, client), "detokenizing",
-                                          "tokens")
+        return await client.text_work.run(lambda: json_response(detokenize(body, client)),
+                                          "detokenizing", "tokens")
 
     add_body_schemas(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
                            DetokenizeRequest])

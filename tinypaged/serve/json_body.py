@@ -19,6 +19,12 @@ def encode(body: dict) -> bytes:
                       separators=(",", ":")).encode("utf-8")
 
 
+def json_response(body: dict) -> Response:
+    """A JSON response encoded here (call it off the event loop: a /tokenize of a
+    4 MB prompt answers 900,000 ids, seconds of work for FastAPI's encoder)."""
+    return Response(encode(body), media_type="application/json")
+
+
 async def json_built_off_the_loop(build: Callable[[], dict]) -> Response:
     """The JSON response of build(), which runs (with the encoding) in a worker thread."""
     content = await anyio.to_thread.run_sync(lambda: encode(build()))

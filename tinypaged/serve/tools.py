@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from ..structured import StructuredOutputs
 from ..structured.closed import closed_objects
 from ..structured.embed import embedded
+from ..structured.limits import check_optional_properties
 from ..structured.params import JSON_LAYOUT
 from .errors import APIError, shown
 
@@ -46,7 +47,9 @@ def declares_tool_calls(chat_template: str | None) -> bool:
 def parameters(tool: dict) -> dict:
     """A tool's parameters schema, its objects closed unless it opens them (closed.py)."""
     schema = tool["function"].get("parameters") or {"type": "object", "properties": {}}
-    return closed_objects(json.loads(json.dumps(schema)))  # (a copy: the request's is left as sent)
+    schema = json.loads(json.dumps(schema))  # (a copy: the request's is left as sent)
+    check_optional_properties(schema)
+    return closed_objects(schema)
 
 
 def call_schema(tools: list[dict], at: str, definitions: dict) -> dict:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from .. import checks
 from .closed import closed_objects
+from .limits import check_optional_properties
 
 MAX_CHOICES = 1024  # a label list longer than this is a grammar, not a choice
 MAX_GRAMMAR_CHARS = 1 << 20  # a schema, regex or grammar of more than 1 MiB is refused
@@ -84,7 +85,9 @@ def _schema(value) -> dict:
     text = json.dumps(value)  # also a deep copy, and a check that it is JSON at all
     if len(text) > MAX_GRAMMAR_CHARS:
         raise ValueError(f"json schema has {len(text)} characters; at most {MAX_GRAMMAR_CHARS}")
-    return closed_objects(json.loads(text))
+    schema = json.loads(text)
+    check_optional_properties(schema)
+    return closed_objects(schema)
 
 
 def _choices(value) -> list[str]:
