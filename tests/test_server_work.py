@@ -18,7 +18,8 @@ from tinypaged.structured import StructuredOutputs
 from tinypaged.structured.grammar import Grammars
 
 COMPLETIONS = "/v1/completions"
-LATE_EXPLOSION = "b(a{1000}){1000}"  # compiles; the token after "b" asks for 10**6 states
+# compiles (no token is forced at the start); the token after the first asks for 10**6 states
+LATE_EXPLOSION = "(b|c)(a{1000}){1000}"
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,7 @@ def test_a_job_past_its_budget_is_a_400_and_a_full_pool_a_503():
 @pytest.mark.parametrize("constraint", [
     {"guided_regex": "(a{1000}){1000}"},  # goes over at compile time
     {"guided_regex": LATE_EXPLOSION},  # at the second token
+    {"guided_regex": "b(a{1000}){1000}"},  # after its forced "b": found while compiling
     {"guided_json": {"$ref": "#/$defs/A", "$defs": {"A": {  # no finite instance
         "type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "required": ["a"]}}}},
     {"guided_json": {"type": "object",  # refused before compiling (it took 11 s to fail)
@@ -105,12 +107,16 @@ def test_a_grammar_over_a_limit_is_a_short_400_naming_it(server, constraint):
 
 def test_a_grammar_that_fails_mid_stream_says_so_in_the_stream(server):
     r = httpx.post(server.url + COMPLETIONS, timeout=120, json={
-        "prompt": "Once", "max_tokens": 8, "stream": True, "guided_regex": "c" + LATE_EXPLOSION})
+        "prompt": "Once", "max_tokens": 8, "stream": True, "guided_regex": "(d|e)" + LATE_EXPLOSION})
     events = sse_events(r.text)
     error = events[-1]["error"]
     assert error["type"] == "invalid_request_error" and "initial_lexer_fuel" in error["message"]
     ok = httpx.post(server.url + COMPLETIONS, json={"prompt": "Once", "max_tokens": 4}, timeout=60)
     assert ok.status_code == 200
+    # the same explosion behind a forced start is found while compiling: a 400, no stream
+    r = httpx.post(server.url + COMPLETIONS, timeout=120, json={
+        "prompt": "Once", "max_tokens": 8, "stream": True, "guided_regex": "db(a{1000}){1000}"})
+    assert r.status_code == 400 and "initial_lexer_fuel" in r.json()["error"]["message"]
     wait_until(lambda: server.llm.stats()["blocks_used"] == 0, what="blocks freed", timeout=60)
 
 

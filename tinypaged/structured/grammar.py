@@ -148,21 +148,36 @@ class Grammars:
         before = resident_bytes()
         matcher = ll.LLMatcher(tokenizer, structured.text, log_level=0, limits=parser_limits(ll))
         mask = ll.numpy.allocate_token_bitmask(1, self.vocab_size)
-        if not matcher.is_error():
+        error = None
+        if matcher.is_error():
+            error = matcher.get_error()
+        else:
             ll.numpy.fill_next_token_bitmask(matcher, mask, 0)
-        failure = error_line(matcher.get_error()) if matcher.is_error() else \
-            None if mask.any() else "matches no output at all"
+            error = matcher.get_error() if matcher.is_error() else self._walk_forced(ll, matcher)
+        failure = error_line(error) if error else None if mask.any() else "matches no output at all"
         if failure is not None:  # remembered: the same grammar is refused at once
             compiled = CompiledGrammar(None, tokenizer, structured.kind, 0)
-            error = compiled.failed(failure)
+            refusal = compiled.failed(failure)
             self._keep(structured.text, compiled)
-            raise error
+            raise refusal
         # what it holds: the memory its compiling took (the lexer, the first mask's
         # states), or at least its text; several compiling at once count high, not low
         nbytes = max(resident_bytes() - before, 2 * len(structured.text))
         compiled = CompiledGrammar(matcher, tokenizer, structured.kind, nbytes)
         self._keep(structured.text, compiled)
         return compiled
+
+    def _walk_forced(self, ll, matcher) -> str | None:
+        """The tokens every output must start with (a schema's `{"key":`), taken on a
+        copy and the mask after them computed, here in the compiling thread: a lexer
+        that blows up there (a pattern of a million states) fails now, not in an
+        engine step that every running request waits for. Its error, or None."""
+        walker = matcher.deep_copy()
+        forced = walker.compute_ff_tokens()
+        if forced and walker.consume_tokens(forced):
+            ll.numpy.fill_next_token_bitmask(walker, ll.numpy.allocate_token_bitmask(
+                1, self.vocab_size), 0)
+        return walker.get_error() if walker.is_error() else None
 
     def _keep(self, text: str, compiled: CompiledGrammar) -> None:
         with self._lock:
