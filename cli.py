@@ -192,7 +192,9 @@ def cmd_serve(args) -> None:
                           shutdown_timeout=args.shutdown_timeout,
                           max_connections=args.max_connections,
                           header_timeout=args.header_timeout, body_timeout=args.body_timeout,
-                          warm_up=args.warm_up)
+                          warm_up=args.warm_up, worker_threads=args.worker_threads,
+                          work_budget=args.work_budget,
+                          work_queue_timeout=args.work_queue_timeout)
     sock = bind(config)
     try:
         llm = LLM(args.model, **engine_options(args))
@@ -359,6 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a request's headers may take (then 408 and close)")
     s.add_argument("--body-timeout", type=float, default=server["body_timeout"],
                    help="seconds a request's body may take after its headers (then close)")
+    s.add_argument("--worker-threads", type=int, default=server["worker_threads"],
+                   help="threads per pool that render templates, tokenize, and compile grammars")
+    s.add_argument("--work-budget", type=float, default=server["work_budget"],
+                   help="seconds a render, tokenizing or grammar compile may take (past it: 400)")
+    s.add_argument("--work-queue-timeout", type=float, default=server["work_queue_timeout"],
+                   help="seconds such work may wait for a thread (past it: 503)")
     s.add_argument("--no-warm-up", dest="warm_up", action="store_false", default=server["warm_up"],
                    help="skip the short request at start that compiles the kernels before "
                         "/health says ok (503 'loading' until then)")
