@@ -199,7 +199,7 @@ def test_forced_text_is_tokenized_as_the_model_would(source, stories_dir, reques
     GGUF file carries (SmolLM2's)."""
     path = stories_dir if source == "sentencepiece" else request.getfixturevalue("smollm2_gguf")
     tokenizer = Tokenizer(path)
-    grammars = Grammars(tokenizer, tokenizer.vocab_size, [2])
+    grammars = Grammars(tokenizer, tokenizer.vocab_size, [2], cache_bytes=64 << 20)
     state = grammars.start(StructuredOutputs(regex="once upon"))
     allowed = np.flatnonzero(apply_token_mask(np.zeros(tokenizer.vocab_size, np.float32),
                                               grammars.fill_masks([state])[0]) == 0)

@@ -90,7 +90,7 @@ def test_a_call_cut_by_max_tokens_is_still_a_call():
 def grammars(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("tiny"))
     write_tiny_model(folder, seed=3)
-    return Grammars(Tokenizer(folder), 512, [0])
+    return Grammars(Tokenizer(folder), 512, [0], cache_bytes=64 << 20)
 
 
 @pytest.mark.parametrize("template", [None, TAGGED])

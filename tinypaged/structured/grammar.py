@@ -19,7 +19,6 @@ from ..tokenizer import Tokenizer
 from .limits import GrammarFailed, error_line, parser_limits
 from .params import StructuredOutputs
 
-GRAMMAR_CACHE_BYTES = 512 << 20  # compiled grammars kept (least recently used dropped first)
 
 
 class StructuredOutputsUnavailable(ValueError):
@@ -117,7 +116,9 @@ class Grammars:
     prepared in the callers' threads); masks are filled by the engine loop's."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids,
-                 cache_bytes: int = GRAMMAR_CACHE_BYTES):
+                 cache_bytes: int):
+        """cache_bytes: what the compiled grammars may hold (EngineConfig's
+        grammar_cache_memory); the least recently used go first."""
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
         self.cache_bytes = cache_bytes
