@@ -362,7 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--body-timeout", type=float, default=server["body_timeout"],
                    help="seconds a request's body may take after its headers (then close)")
     s.add_argument("--worker-threads", type=int, default=server["worker_threads"],
-                   help="threads per pool that render templates, tokenize, and compile grammars")
+                   help="threads per pool that render templates, tokenize, and compile grammars "
+                        "(and processes for large text work)")
     s.add_argument("--work-budget", type=float, default=server["work_budget"],
                    help="seconds a render, tokenizing or grammar compile may take (past it: 400)")
     s.add_argument("--work-queue-timeout", type=float, default=server["work_queue_timeout"],

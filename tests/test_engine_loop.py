@@ -4,6 +4,7 @@ import asyncio
 import threading
 import time
 
+import numba
 import pytest
 
 from helpers import ctrl_c_while_waiting_for_output, step_gate, write_tiny_model
@@ -442,3 +443,25 @@ def test_an_interrupt_landing_in_a_collected_llm_is_raised_again(stories_dir, mo
     assert len(stops) == 2 and not loop.is_alive
     with pytest.raises(EngineDeadError):
         handle.result()
+
+
+def test_a_lent_core_leaves_the_steps_one_thread_fewer_and_the_same_tokens(stories, monkeypatch):
+    """EngineLoop.lend_core: while other CPU work runs (a grammar compile), the steps run
+    on one numba thread fewer (at least one), and give the same tokens."""
+    seen = []
+    real = stories.engine.step
+
+    def step():
+        seen.append(numba.get_num_threads())
+        return real()
+    monkeypatch.setattr(stories.engine, "step", step)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    alone = stories.generate(["Once upon a time"], params)[0].outputs[0]
+    full = seen[-1]
+    with stories._loop.lend_core(), stories._loop.lend_core():
+        lent = stories.generate(["Once upon a time"], params)[0].outputs[0]
+        assert set(seen[-12:]) == {max(1, full - 2)}
+    after = stories.generate(["Once upon a time"], params)[0].outputs[0]
+    assert seen[-1] == full and full == numba.config.NUMBA_NUM_THREADS
+    assert alone.token_ids == lent.token_ids == after.token_ids
+    assert alone.token_logprobs == lent.token_logprobs == after.token_logprobs

@@ -5,6 +5,7 @@ clients are served; a job past its budget is a 400, a pool with every thread tak
 time or at a later token, and the same grammar is refused at once next time; the
 compiled grammars' cache is bounded in bytes."""
 import asyncio
+import os
 import threading
 
 import httpx
@@ -32,17 +33,18 @@ def server(stories_dir):
 
 
 def test_held_work_leaves_health_and_other_clients_served(server, monkeypatch):
-    llm, entered, release = server.llm, threading.Event(), threading.Event()
-    real = llm.prepare
+    text, entered, release = server.server.config.app.state.engine_client.text, \
+        threading.Event(), threading.Event()
+    real = text.encode
     threads = []
 
-    def held(prompt, params=None):  # (tokenizing a long prompt, say)
+    def held(prompt, add_special_tokens=True):  # (tokenizing a long prompt, say)
         if prompt == "hold":
             threads.append(threading.get_ident())
             entered.set()
             assert release.wait(120)
-        return real(prompt, params)
-    monkeypatch.setattr(llm, "prepare", held)
+        return real(prompt, add_special_tokens)
+    monkeypatch.setattr(text, "encode", held)
     results = []
     waiter = threading.Thread(target=lambda: results.append(httpx.post(
         server.url + COMPLETIONS, json={"prompt": "hold", "max_tokens": 4}, timeout=120)))
@@ -57,6 +59,23 @@ def test_held_work_leaves_health_and_other_clients_served(server, monkeypatch):
         release.set()
         waiter.join(120)
     assert results[0].status_code == 200 and threads[0] != server.thread.ident
+
+
+def test_large_text_work_runs_in_a_child_process(server):
+    """A long prompt is tokenized, a long token list decoded, in a text worker process
+    (text_processes.py): the same ids and text as the model's tokenizer."""
+    text = "Once upon a time, there was a little girl. " * 400  # over INLINE_CHARS
+    ids = server.llm.tokenizer.encode(text)
+    r = httpx.post(server.url + "/tokenize", json={"prompt": text}, timeout=120)
+    assert r.status_code == 200 and r.json()["tokens"] == ids
+    r = httpx.post(server.url + "/detokenize", json={"tokens": ids}, timeout=120)
+    assert r.status_code == 200 and r.json()["prompt"] == server.llm.tokenizer.decode(ids)
+    r = httpx.post(server.url + COMPLETIONS, json={"prompt": text, "max_tokens": 1}, timeout=120)
+    assert r.status_code == 400 and f"prompt has {len(ids)} tokens" in r.json()["error"]["message"]
+    work = server.server.config.app.state.engine_client.text
+    child = work._idle.get_nowait()
+    work._idle.put(child)
+    assert child.process.is_alive() and child.process.pid != os.getpid()
 
 
 def test_a_job_past_its_budget_is_a_400_and_a_full_pool_a_503():

@@ -54,8 +54,10 @@ class LLM:
 
     def compile_constraint(self, structured_outputs) -> None:
         """Compile a StructuredOutputs' grammar now (it is cached), so that requests
-        that use it start at once; GrammarFailed (a ValueError) naming the problem."""
-        self.engine.grammars.compile(structured_outputs)
+        that use it start at once; GrammarFailed (a ValueError) naming the problem.
+        While it compiles, the engine's steps leave it a core (EngineLoop.lend_core)."""
+        with self._loop.lend_core():
+            self.engine.grammars.compile(structured_outputs)
 
     def submit(self, prompt: str | list[int] | PreparedRequest, params: SamplingParams | None = None,
                request_id: str | None = None) -> RequestHandle:

@@ -20,12 +20,15 @@ an EngineDeadError, and so does every later call.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import queue
 import threading
 import time
 from collections import OrderedDict, deque
 from typing import Callable
+
+import numba
 
 from ..outputs import CompletionOutput, RequestOutput
 from .llm_engine import LLMEngine
@@ -56,6 +59,8 @@ class EngineLoop:
         # adds held back while an exclusive call waits, by request id (in arrival order)
         self._held: OrderedDict[str, tuple[PreparedRequest, RequestStream]] = OrderedDict()
         self._held_samples = 0
+        self._cores_lent = 0  # (lend_core) numba threads the steps leave to other work
+        self._step_threads = 1  # numba's threads in the loop thread, as it started (_run)
 
     # -- callers' side (any thread) ----------------------------------------------
     def submit(self, prepared: PreparedRequest, request_id: str | None = None) -> RequestStream:
@@ -99,6 +104,20 @@ class EngineLoop:
             self._check_alive()
             self._send_locked(("exclusive" if exclusive else "call", fn, future))
         return future.result()
+
+    @contextlib.contextmanager
+    def lend_core(self):
+        """While the block runs, the engine's steps use one numba thread fewer (one
+        stays): for CPU work beside the engine, such as compiling a grammar. A parallel
+        step runs at the pace of its slowest thread, so a step sharing a core with
+        other work ran 2-4x slower on two cores; one thread fewer costs it ~1.3x."""
+        with self._lock:
+            self._cores_lent += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._cores_lent -= 1
 
     @property
     def num_waiting(self) -> int:
@@ -151,6 +170,7 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             self.engine.use_in_this_thread()
+            threads = self._step_threads = numba.get_num_threads()
             has_work = False
             while True:
                 commands = [] if has_work else [self._inbox.get()]  # idle: sleep until one
@@ -164,6 +184,10 @@ class EngineLoop:
                 # which then could never be collected nor this thread end.
                 commands = command = None
                 if self.engine.has_unfinished():
+                    wanted = max(1, self._step_threads - self._cores_lent)
+                    if wanted != threads:  # (lend_core; numba's count is per thread)
+                        numba.set_num_threads(wanted)
+                        threads = wanted
                     self._step()
                 elif self._exclusive:
                     self._run_exclusive()

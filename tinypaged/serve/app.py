@@ -167,6 +167,7 @@ def build_app(llm: LLM, config: ServerConfig, ready: threading.Event | None = No
     started = int(time.time())
     app = FastAPI(title="tinypaged", version=__version__,
                   description="An OpenAI-compatible server over the tinypaged engine.")
+    app.state.engine_client = client  # (the server closes its workers at the end)
     install_error_handlers(app)
     app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
 

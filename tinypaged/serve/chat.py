@@ -83,8 +83,8 @@ def render(req: ChatCompletionRequest, client: EngineClient):
                                         choice == "required", req.parallel_tool_calls,
                                         reply_schema, tokenizer.chat_template or "")
     try:
-        prompt = client.llm.chat_prompt_ids(
-            messages, tools.template_tools(tool_dicts, choice, tokenizer.chat_template))
+        prompt = client.text.chat_ids(
+            messages, tools=tools.template_tools(tool_dicts, choice, tokenizer.chat_template))
     except (ValueError, TypeError) as e:
         raise APIError(400, str(e), param="messages") from None
     return prompt, params, max_tokens, constraint_param, tool_plan

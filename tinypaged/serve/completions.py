@@ -59,7 +59,7 @@ async def create_completion(req: CompletionRequest, request: Request,
     echoes = [""] * len(prepared)
     if req.echo:
         echoes = await client.text_work.run(lambda: [
-            p.prompt if p.prompt is not None else tokenizer.decode(p.prompt_token_ids)
+            p.prompt if p.prompt is not None else client.text.decode(p.prompt_token_ids)
             for p in prepared], "decoding the echoed prompts", "prompt")
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     record = RequestLog(f"{request.state.request_id} {response_id}", started,

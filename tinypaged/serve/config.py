@@ -25,8 +25,9 @@ class ServerConfig:
     body_timeout: float = 30.0  # seconds its body may take after the headers
     warm_up: bool = True  # one short request at start; /health says 503 "loading" until it ends
     # rendering, tokenizing and compiling grammars run in threads (workers.py): this many
-    # per pool (one pool for text, one for grammars), each job within work_budget seconds
-    # (else 400) after waiting at most work_queue_timeout for a thread (else 503)
+    # per pool (one pool for text, one for grammars; as many processes for large text
+    # work), each job within work_budget seconds (else 400) after waiting at most
+    # work_queue_timeout for a thread (else 503)
     worker_threads: int = 2
     work_budget: float = 10.0
     work_queue_timeout: float = 30.0

@@ -20,6 +20,7 @@ from ..structured import GrammarFailed
 from .config import ServerConfig
 from .errors import APIError, log, shown
 from .openai_format import openai_finish_reason
+from .text_processes import TextWork
 from .workers import WorkerPool
 
 PARAM_IN_MESSAGE = re.compile(r"^(\w+)[=:]")
@@ -71,6 +72,15 @@ class EngineClient:
                                     config.work_queue_timeout)
         self.grammar_work = WorkerPool("grammar", config.worker_threads, config.work_budget,
                                        config.work_queue_timeout)
+        # in those threads, large text work goes on in child processes (text_processes.py)
+        self.text = TextWork(llm.tokenizer, llm.model_dir, config.worker_threads,
+                             config.work_budget)
+
+    def close(self) -> None:
+        """Stop the worker threads and the text processes (the server's end)."""
+        self.text.close()
+        self.text_work.close()
+        self.grammar_work.close()
 
     async def prepare_all(self, prompts: list, params: SamplingParams, max_tokens: int | None,
                           prompt_param: str, constraint_param: str | None = None
@@ -109,7 +119,11 @@ class EngineClient:
         """Tokenize and check one prompt (and compile its constraint, which the field
         constraint_param gave); max_tokens None means up to the context."""
         try:
-            prepared = self.llm.prepare(prompt, params)
+            if isinstance(prompt, str) and prompt:
+                text, prompt = prompt, self.text.encode(prompt)
+                prepared = dataclasses.replace(self.llm.prepare(prompt, params), prompt=text)
+            else:
+                prepared = self.llm.prepare(prompt, params)
         except (ValueError, TypeError) as e:
             error = self._bad_request(str(e), prompt_param)
             if error.param == "structured_outputs" and constraint_param is not None:

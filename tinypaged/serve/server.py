@@ -48,6 +48,7 @@ class Server(uvicorn.Server):
             await super().shutdown(sockets)
         finally:
             timer.cancel()
+            self.config.app.state.engine_client.close()
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -76,7 +77,7 @@ def make_server(llm: LLM, config: ServerConfig, log_level: str = "info") -> Serv
                     llm, config.shutdown_timeout, throttle)
     server.ready = ready
     if config.warm_up:
-        start_warm_up(llm, ready)
+        start_warm_up(llm, ready, app.state.engine_client.text)
     else:
         ready.set()
     return server

@@ -33,11 +33,10 @@ def tokenize(req: TokenizeRequest, client: EngineClient) -> dict:
     llm = client.llm
     try:
         if req.prompt is not None:
-            ids = llm.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            ids = client.text.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         else:
-            text = llm.tokenizer.apply_chat_template(
-                [m.template_message() for m in req.messages], req.add_generation_prompt)
-            ids = llm.tokenizer.encode(text, add_special_tokens=False)
+            ids = client.text.chat_ids([m.template_message() for m in req.messages],
+                                       req.add_generation_prompt)
     except (ValueError, TypeError) as e:
         raise APIError(400, str(e), param="prompt" if req.prompt is not None else "messages") from None
     return {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids,
@@ -50,4 +49,4 @@ def detokenize(req: DetokenizeRequest, client: EngineClient) -> dict:
     bad = [t for t in req.tokens if t >= vocab]
     if bad:
         raise APIError(400, f"token id {bad[0]} is out of range [0, {vocab})", param="tokens")
-    return {"prompt": client.llm.tokenizer.decode(req.tokens)}
+    return {"prompt": client.text.decode(req.tokens)}

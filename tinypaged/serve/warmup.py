@@ -3,7 +3,7 @@ request needs is compiled (or read from numba's cache: a first run compiles for 
 of seconds) before /health says ok and a load balancer sends traffic; and, where
 llguidance is installed, its view of the tokenizer built (0.3 s holding the GIL for a
 49,152-token vocabulary, which the first structured request paid with /health
-stalled). Requests that arrive meanwhile are queued as usual; they wait for the
+stalled); and the text worker processes started (text_processes.py). Requests that arrive meanwhile are queued as usual; they wait for the
 compile, as they would have."""
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from ..sampling import SamplingParams
 from ..structured import StructuredOutputs
 from ..structured.grammar import StructuredOutputsUnavailable
 from .errors import log
+from .text_processes import TextWork
 
 PROMPT_TOKENS = 16  # a prefill of several rows (the products' GEMM, prefill attention)
 
 
-def start_warm_up(llm: LLM, ready: threading.Event) -> threading.Thread:
+def start_warm_up(llm: LLM, ready: threading.Event, text: TextWork | None = None) -> threading.Thread:
     """Runs one greedy request of PROMPT_TOKENS tokens and 2 generated (prefill, then a
     decode step) on a daemon thread; ready is set when it ends, whether it worked or
     not (a failure is logged: the requests after it meet the engine's own error)."""
@@ -29,6 +30,8 @@ def start_warm_up(llm: LLM, ready: threading.Event) -> threading.Thread:
         try:
             prompt = [i % llm.tokenizer.vocab_size for i in range(1, PROMPT_TOKENS + 1)]
             llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+            if text is not None:
+                text.start()
             try:
                 llm.compile_constraint(StructuredOutputs(json_object=True))
             except StructuredOutputsUnavailable:  # (without the structured extra)

@@ -6,8 +6,10 @@ A WorkerPool runs at most `workers` jobs at once. A job waits at most `queue_tim
 seconds for a thread (then 503: the server is busy) and then has `budget` seconds (then
 400: this input costs too much). A Python thread cannot be stopped, so a job past its
 budget runs on to its end in its thread, which stays taken meanwhile; the work itself
-is bounded elsewhere (the template's budget, llguidance's limits, the body's size).
-Grammars get a pool of their own, so a costly grammar never delays a plain request.
+is bounded elsewhere (the template's budget, llguidance's limits, the body's size),
+and large text work goes on in a child process that is killed at the budget
+(text_processes.py). Grammars get a pool of their own, so a costly grammar never
+delays a plain request.
 """
 from __future__ import annotations
 
