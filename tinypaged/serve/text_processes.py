@@ -30,7 +30,7 @@ from .errors import log
 INLINE_CHARS = 8192  # characters (or token ids) of input done in the calling thread
 NICENESS = 10  # the children's: the engine's threads come first
 START_SECONDS = 120.0  # for a child to load the tokenizer (a busy machine is slow)
-MESSAGE_CHARS = 64  # what one message adds to a conversation's size, beyond its text
+MESSAGE_CHARS = 64  # what one message adds to a conversation's size, beyond its own
 
 
 class WorkCutOff(ValueError):
@@ -146,11 +146,7 @@ def conversation_size(messages, tools) -> int:
     """About how many characters a conversation (and its tools) renders to."""
     if not isinstance(messages, (list, tuple)):
         return 0  # (the tokenizer's own check names the problem)
-    size = len(repr(tools)) if tools else 0
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        size += MESSAGE_CHARS + (len(content) if isinstance(content, str) else len(repr(content)))
-    return size
+    return sum(MESSAGE_CHARS + len(repr(m)) for m in messages) + (len(repr(tools)) if tools else 0)
 
 
 def _context():
