@@ -32,7 +32,7 @@ sys.path.insert(0, ROOT)
 
 from numba import cuda  # noqa: E402
 
-from tinypaged.engine.attention_metadata import AttentionMetadata  # noqa: E402
+from tinypaged.batch.attention_metadata import AttentionMetadata  # noqa: E402
 from tinypaged.kernels.cuda.backend import CudaBackend  # noqa: E402
 from tinypaged.pull import is_model_folder  # noqa: E402
 

@@ -2,8 +2,8 @@
 import numpy as np
 from hypothesis import given, strategies as st
 
-from tinypaged.engine.attention_metadata import AttentionMetadata
-from tinypaged.engine.block_table import PAD_BLOCK, padded_block_tables, slot_mapping, slot_of
+from tinypaged.batch.attention_metadata import AttentionMetadata
+from tinypaged.batch.block_table import PAD_BLOCK, padded_block_tables, slot_mapping, slot_of
 
 
 def test_hand_worked_slots():

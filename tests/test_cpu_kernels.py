@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tinypaged.engine.attention_metadata import AttentionMetadata
+from tinypaged.batch.attention_metadata import AttentionMetadata
 from tinypaged.kernels import cpu, reference
 
 RTOL = ATOL = 2e-5  # float32, different summation order

@@ -11,7 +11,7 @@ from helpers import write_tiny_model
 
 from tinypaged import SamplingParams
 from tinypaged.config import EngineConfig
-from tinypaged.engine.attention_metadata import AttentionMetadata
+from tinypaged.batch.attention_metadata import AttentionMetadata
 from tinypaged.engine.llm_engine import LLMEngine
 from tinypaged.kernels.cuda import cuda_usable
 from tinypaged.kernels.cuda.static_decode import (PAD_POSITION, bucket_for, bucket_sizes,

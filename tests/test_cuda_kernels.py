@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from tinypaged.engine.attention_metadata import AttentionMetadata
+from tinypaged.batch.attention_metadata import AttentionMetadata
 from tinypaged.kernels import reference
 from tinypaged.kernels.cuda.backend import CudaBackend
 from tinypaged.kernels.cuda import matmul

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ..model.kv_groups import blocks_for
-from .block_table import PAD_BLOCK
+from ..batch.block_table import PAD_BLOCK
 from .sequence import Sequence
 
 RELEASED = PAD_BLOCK  # a block-table entry whose block went back behind a sliding window

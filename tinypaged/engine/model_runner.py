@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model.llama import LlamaModel, PagedKVCache
-from .attention_metadata import AttentionMetadata
+from ..batch.attention_metadata import AttentionMetadata
 from .scheduler import ScheduledBatch
 from .step_logits import WHOLE_ROW, StepLogits
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engine.attention_metadata import AttentionMetadata
+from ..batch.attention_metadata import AttentionMetadata
 from .config import ModelConfig
 from .kv_groups import KVGroups
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from ...engine.block_table import PAD_BLOCK
+from ...batch.block_table import PAD_BLOCK
 from .memory import DeviceMetadata
 
 PAD_POSITION = -1
