@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import gguf_writer as gw
-from test_hf_parity import FIXTURES, write_gguf
+from test_hf_parity import FIXTURES, expected, write_gguf
 from tinypaged.model.config import ModelConfig
+from tinypaged.model.reference import ReferenceModel
 from tinypaged.model.safetensors_io import read_safetensors
 from tinypaged.model.weights import load_model
 
@@ -57,9 +58,14 @@ def test_a_config_key_nobody_reads_is_refused_by_name(key, value, tmp_path):
     ("transformers.js_config", {"dtype": "q4"}), ("is_llama_config", True), ("rope_interleaved", False),
 ])
 def test_keys_that_do_not_change_the_math_are_ignored(key, value, tmp_path):
+    """Loaded, and the logits are the same bits as without the key."""
+    plain = ReferenceModel(*load_model(fixture_copy("llama", tmp_path / "plain")))
     folder = fixture_copy("llama", tmp_path)
     edit(folder, **{key: value})
-    load_model(folder)
+    edited = ReferenceModel(*load_model(folder))
+    ids = expected("llama")[0][0]
+    np.testing.assert_array_equal(edited.forward(ids, edited.new_cache(len(ids))),
+                                  plain.forward(ids, plain.new_cache(len(ids))))
 
 
 def test_a_tensor_nothing_consumes_is_refused_by_name(tmp_path):

@@ -11,7 +11,8 @@ from tinypaged.kernels.cpu.gemm import gemm_narrow
 from tinypaged.kernels import reference
 from tinypaged.kernels.cpu.activations import quantize_activations
 from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed
-from tinypaged.kernels.cpu.quantized import GEMV_MAX_ROWS, gemv_packed, packed_product
+from tinypaged.kernels.cpu.common import PACKED_GEMV_MAX_ROWS
+from tinypaged.kernels.cpu.quantized import gemv_packed, packed_product
 from tinypaged.kernels.cpu.tiles import widen_tile
 from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q8_0, dequantize, quantize
 from tinypaged.model.packed import PackedWeight
@@ -204,7 +205,7 @@ def test_linear_takes_packed_products_for_every_batch_and_adds_the_bias(name):
     rng = np.random.default_rng(6)
     weight = PackedWeight.quantize(random_matrix(rng, 40, 64), TYPES[name])
     bias = rng.standard_normal(40).astype(np.float32)
-    for rows in (1, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, cpu_linear.NUMBA_MAX_ROWS + 1):
+    for rows in (1, PACKED_GEMV_MAX_ROWS, PACKED_GEMV_MAX_ROWS + 1, cpu_linear.NUMBA_MAX_ROWS + 1):
         x = rng.standard_normal((rows, 64)).astype(np.float32)
         assert np.array_equal(cpu_linear.linear(x, weight, bias), packed_product(x, weight) + bias)
 

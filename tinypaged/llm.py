@@ -32,8 +32,8 @@ class LLM:
     def __init__(self, model: str | os.PathLike | None = None, **engine_options):
         """model: a HF model folder or a GGUF file; None = the default SmolLM2, from its
         GGUF file (Q4_1, pulled if missing).
-        engine_options: EngineConfig fields (block_size, kv_cache_memory, num_blocks,
-        enable_prefix_caching, max_num_seqs, max_num_batched_tokens, max_model_len, backend)."""
+        engine_options: EngineConfig's fields (config.py: each with its default and
+        meaning); an unknown one is a TypeError."""
         start = time.perf_counter()
         config = EngineConfig(**engine_options)  # unknown options are a TypeError
         self.model_dir = os.fspath(model) if model is not None else os.fspath(default_gguf())

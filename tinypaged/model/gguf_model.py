@@ -3,12 +3,11 @@ from the memory-mapped tensors, quantized matrices kept packed (PackedWeight).
 
 Every weight is a copy, and each tensor's file pages are released once copied,
 so the weights are resident once (the file stays mapped for the tokenizer).
-Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_0 / Q5_1 matrices become PackedWeights (the same
-bytes, split into quants, scales and fifth bits; packed.py says why). The kinds
-without kernels of their own yet (Q5_K, Q6_K), and a Q5_x matrix whose rows are an
-odd number of blocks, are requantized to Q8_0 (1.06 bytes a weight, against
-0.69-0.82 on file). F32 / F16 / BF16 tensors, the norms, and a Q4 matrix whose rows
-are not a multiple of 64 are read as float32. llama.cpp stores Llama's Q and K rows permuted for the
+Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 and K-quant (Q4_K / Q5_K / Q6_K) matrices become
+PackedWeights (the same bytes, split into quants, scales and high bits; packed.py
+says why). A Q5_x matrix whose rows are an odd number of blocks is requantized to
+Q8_0 (1.06 bytes a weight, against 0.69-0.75 on file). F32 / F16 / BF16 tensors,
+the norms, and a Q4 matrix whose rows are not a multiple of 64 are read as float32. llama.cpp stores Llama's Q and K rows permuted for the
 interleaved RoPE form (their biases too): the rows are put back in rotate-half
 order here, on the packed rows (a row of blocks moves as a whole).
 """
@@ -36,8 +35,8 @@ SLAB_BYTES = 16 << 20  # file bytes a packed matrix is read in at a time
 
 def _packed_in_slabs(gguf, name: str, info) -> PackedWeight:
     """A packed matrix read SLAB_BYTES of rows at a time, each slab's file pages
-    released once copied: a 171 MB embedding no longer sits in memory twice (file
-    pages and copy) while it loads, which was Gemma 3's peak (+130 MB)."""
+    released once copied, so a 171 MB embedding (Gemma 3's) is never in memory twice,
+    as file pages and as the copy, while it loads."""
     n, k = info.shape
     raw = gguf.raw(name)
     row_bytes = info.nbytes // n

@@ -43,11 +43,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ggml_quant import GGML_TYPE_NAMES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QK, QK_K
+from .ggml_quant import (GGML_TYPE_NAMES, K_QUANTS, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
+                         QK, QK_K)
 from .weights import convert_matrices
 
 PACKED_TYPES = (Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K)
-K_QUANTS = (Q4_K, Q5_K, Q6_K)  # super-blocks of 256 weights
 ROW_ARRAYS = ("quants", "scales", "mins", "supers", "highs")  # a PackedWeight's arrays, rows first
 _OFFSET = {Q4_0: 8, Q5_0: 16}  # what the kinds without mins subtract from q
 

@@ -197,7 +197,7 @@ def load_model(model_dir: str | os.PathLike,
 
 def check_finite(weights: dict, where: str) -> None:
     """The norms and a float embedding table hold only finite values: one NaN there
-    makes every logit NaN (an empty completion, formerly). Packed tables are left to
+    makes every logit NaN, and nothing could be sampled. Packed tables are left to
     the step's check of its logits (step_logits.NonFiniteLogits)."""
     for name, w in weights.items():
         if (name.endswith("norm.weight") or name == "model.embed_tokens.weight") \

@@ -8,6 +8,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 N_CHUNKS = 64  # work items per parallel call: rows of W are split into this many ranges
+# rows of x up to which a packed matrix's GEMV beats laying x out for its GEMM
+# (quantized.py and lanes_product.py both choose by it)
+PACKED_GEMV_MAX_ROWS = 2
 
 
 def _compiled_for_host() -> bool:

@@ -1,7 +1,7 @@
 """Products with laid-out weights (lanes.py), bit for bit the PackedWeight kernels'
 (quantized.py, packed_gemm.py) for every row, whatever the batch.
 
-Threads take groups of 16 rows. Decode (M <= GEMV_MAX_ROWS rows of x):
+Threads take groups of 16 rows. Decode (M <= PACKED_GEMV_MAX_ROWS rows of x):
 lanes_ir.group_gemv on each, one row of x at a time. More rows: lanes_ir.group_gemm_wide,
 16 rows of x a pass (group_gemm for 8 left over), each chunk of the group's bytes
 made unsigned in registers and taken by the 16 rows' vpdpbusd (AVX2: vpmaddubsw,
@@ -17,7 +17,7 @@ from numba.extending import overload
 from .jit_cache import cached_njit
 from .activations import quantize_activations
 from .out_arrays import output_array
-from .common import N_CHUNKS
+from .common import N_CHUNKS, PACKED_GEMV_MAX_ROWS
 from .group_ir import BLOCK, X_ROWS
 from ...model.ggml_quant import Q4_0, Q4_1, Q4_K
 from .byte_dot import LANES_ISA
@@ -27,7 +27,6 @@ from .lanes_ir import (HALF_ROWS, WIDE_ROWS, group_gemm, group_gemm_wide, group_
 from .packed_terms import flat_bits as _flat  # (an array flat, or None)
 from .packed_terms import is_q6_k
 
-GEMV_MAX_ROWS = 2  # as quantized.py
 HALF = LANES // 2  # a group's rows in one AVX2 register
 FOUR_BIT = (Q4_0, Q4_1, Q4_K)  # the kinds _gemm_lanes_by_halves takes (lanes_ir.HALF_ROWS)
 
@@ -208,7 +207,7 @@ def _gemm_lanes_by_halves(xq, dx, qsum, quants, scales, mins, supers, fifths, ou
 def lanes_product(x: np.ndarray, weight) -> np.ndarray:
     """round_activations(x) (M, K) @ W.T for a LanePacked W -> (M, N)."""
     out = output_array(len(x), weight.shape[0])
-    if len(x) <= GEMV_MAX_ROWS:
+    if len(x) <= PACKED_GEMV_MAX_ROWS:
         _gemv_lanes(x, weight.quants, weight.scales, weight.mins, weight.supers, weight.fifths, out)
     else:
         xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)

@@ -7,13 +7,13 @@ exactly (F16 and BF16 checkpoints), float32 otherwise (LinearWeight).
 A packed weight multiplies x rounded to int8 blocks, through numba kernels for
 every M that give a row the same bits whatever M is (quantized.packed_product).
 For a LinearWeight the path depends on M, the rows of x:
-    M <= GEMV_MAX_ROWS   a GEMV streaming each weight row once (bandwidth-bound):
-                         _gemv_f16 here
-    M <= NUMBA_MAX_ROWS  gemm.gemm_narrow: four weight rows widened at a time into
-                         L1, eight accumulators (arithmetic-bound)
-    larger (prefill)     BLAS: on the float32 matrix, or on float32 tiles widened
-                         from the narrow form (tiles.py), the cost of widening
-                         spread over the many rows of x
+    M <= F16_GEMV_MAX_ROWS  a GEMV streaming each weight row once (bandwidth-bound):
+                            _gemv_f16 here
+    M <= NUMBA_MAX_ROWS     gemm.gemm_narrow: four weight rows widened at a time
+                            into L1, eight accumulators (arithmetic-bound)
+    larger (prefill)        BLAS: on the float32 matrix, or on float32 tiles widened
+                            from the narrow form (tiles.py), the cost of widening
+                            spread over the many rows of x
 
 The numba and BLAS paths never alternate within a step's layers: numba's OpenMP
 workers and OpenBLAS's threads both spin after their work, and interleaving them
@@ -35,7 +35,7 @@ from .lanes_product import lanes_product
 from .quantized import packed_product
 from .tiles import tiled_matmul, widen_tile
 
-GEMV_MAX_ROWS = 4  # up to this many rows of x take a GEMV
+F16_GEMV_MAX_ROWS = 4  # up to this many rows of x take the float16 GEMV
 NUMBA_MAX_ROWS = 64  # up to this many, numba's GEMM; beyond, BLAS
 _last_product = threading.local()  # .blas: this thread's last product ran in BLAS's threads
 
@@ -129,7 +129,7 @@ def prepare_linear_weights(weights: dict[str, np.ndarray]) -> dict:
 def _numba_product(x: np.ndarray, weight) -> np.ndarray:
     """x (M <= NUMBA_MAX_ROWS, K) @ weight.T for a LinearWeight."""
     out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
-    if weight.kind == F16 and len(x) <= GEMV_MAX_ROWS:
+    if weight.kind == F16 and len(x) <= F16_GEMV_MAX_ROWS:
         _gemv_f16(x, weight.data, out)
     else:
         gemm_narrow(x, weight.data, out)

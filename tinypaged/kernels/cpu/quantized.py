@@ -7,8 +7,8 @@ product, scaled by the weight block's and x block's scales in one fixed float32
 sequence (packed_terms.py), so every kernel gives a row of x the same bits: the
 result of a request never depends on the batch it ran in.
 
-Decode (M <= GEMV_MAX_ROWS rows of x) is bound by the bytes of weights read: the
-GEMV here streams each packed row once (1.06 bytes per weight for Q8_0, 0.56-0.63
+Decode (M <= common.PACKED_GEMV_MAX_ROWS rows of x) is bound by the bytes of weights
+read: the GEMV here streams each packed row once (1.06 bytes per weight for Q8_0, 0.56-0.63
 for Q4_x, 0.69-0.75 for Q5_x, against 2 for float16) and takes each block's dot product in integers
 (int8_dot.py: vpdpbusd here), nothing widened: 2-2.7x faster than widening each
 row to float32 first, which was arithmetic-bound at batch 1 (bench/NOTES.md).
@@ -23,13 +23,12 @@ from numba.extending import overload
 from .jit_cache import cached_njit
 from .activations import quantize_activations
 from .out_arrays import output_array
-from .common import N_CHUNKS, fma32
+from .common import N_CHUNKS, PACKED_GEMV_MAX_ROWS, fma32
 from .packed_gemm import LANES, gemm_packed
 from .packed_terms import block_term, dot_offset, flat_bits, is_q6_k, min_of, scale_of
 from .int8_dot import (dot32_biased, dot32_high, dot32_high5, dot32_low, dot32_low5, dot32_q6_high,
                        dot32_q6_low)
 
-GEMV_MAX_ROWS = 2  # rows of x up to which the GEMV beats laying out a group (packed_gemm)
 TILE = 8  # W rows whose dots, then terms, then sums a thread takes together
 
 
@@ -137,7 +136,7 @@ def packed_product(x: np.ndarray, weight) -> np.ndarray:
     """round_activations(x) (M, K) @ packed weight (N, K).T -> (M, N), any M: the GEMV
     for a few rows (or a matrix of under 16 rows), else packed_gemm. Both give the
     same bits for a row (packed_terms.py), so the choice never changes a result."""
-    if len(x) <= GEMV_MAX_ROWS or weight.shape[0] < LANES:
+    if len(x) <= PACKED_GEMV_MAX_ROWS or weight.shape[0] < LANES:
         return gemv_packed(x, weight)
     out = output_array(len(x), weight.shape[0])
     gemm_packed(x, weight.quants, weight.scales, weight.mins, out, supers=weight.supers,
