@@ -3,8 +3,8 @@ request needs is compiled (or read from numba's cache: a first run compiles for 
 of seconds) before /health says ok and a load balancer sends traffic; and, where
 llguidance is installed, its view of the tokenizer built (0.3 s holding the GIL for a
 49,152-token vocabulary, which the first structured request paid with /health
-stalled); and the text worker processes started (text_processes.py). Requests that arrive meanwhile are queued as usual; they wait for the
-compile, as they would have."""
+stalled); and the text worker processes started (text_processes.py). Requests that
+arrive meanwhile are queued as usual; they wait for the compile, as they would have."""
 from __future__ import annotations
 
 import threading
