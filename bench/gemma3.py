@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from tinypaged import LLM, SamplingParams  # noqa: E402
 from tinypaged.bench import llama_cpp_peer  # noqa: E402
-from tinypaged.bench.suite import decode_rate, on_engine_thread  # noqa: E402
+from tinypaged.bench.rates import decode_rate, on_engine_thread  # noqa: E402
 from tinypaged.config import format_bytes  # noqa: E402
 from tinypaged.model.llama import PagedKVCache  # noqa: E402
 

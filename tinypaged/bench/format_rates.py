@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 from .. import LLM, SamplingParams
-from .suite import KV_BUDGET, MAX_MODEL_LEN, decode_rate
+from .rates import KV_BUDGET, MAX_MODEL_LEN, decode_rate
 
 
 def measure(path: str, quantization: str | None = None, rounds: int = 3) -> dict:

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from .. import SamplingParams
-from .suite import on_engine_thread
+from .rates import on_engine_thread
 
 _draws = np.random.default_rng(0)
 

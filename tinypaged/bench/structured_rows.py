@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import LLM, SamplingParams
 from ..structured import StructuredOutputs
+from .rates import KV_BUDGET, MAX_MODEL_LEN, engine_decode_rate, on_engine_thread
 
 # long enough that no sample ends inside the 48 tokens measured (the batch stays full)
 STORY = {"type": "object", "additionalProperties": False, "required": ["title", "story"],
@@ -35,7 +36,6 @@ def _person(i: int) -> StructuredOutputs:
 
 
 def structured(model_dir, log, concurrency: int = 32, rounds: int = 3) -> dict:
-    from .suite import KV_BUDGET, MAX_MODEL_LEN, _decode_rate, on_engine_thread
     llm = LLM(model_dir, kv_cache_memory=KV_BUDGET, max_model_len=MAX_MODEL_LEN)
     free = SamplingParams(temperature=0.8, top_p=0.9, seed=0, max_tokens=48, ignore_eos=True)
     held = SamplingParams(temperature=0.8, top_p=0.9, seed=0, max_tokens=48, ignore_eos=True,
@@ -44,11 +44,11 @@ def structured(model_dir, log, concurrency: int = 32, rounds: int = 3) -> dict:
              "half_json": [held if i % 2 else free for i in range(concurrency)]}
     # the engine's first constrained request also builds llguidance's tokenizer
     first_ever = on_engine_thread(llm, lambda e: _first_token_seconds(e, _person(-1)))
-    on_engine_thread(llm, lambda e: _decode_rate(e, 4, kinds["half_json"][:4]))  # warm up
+    on_engine_thread(llm, lambda e: engine_decode_rate(e, 4, kinds["half_json"][:4]))  # warm up
     runs = {name: [] for name in kinds}
     for _ in range(rounds):  # alternated: the machine's speed drifts between runs
         for name, params in kinds.items():
-            runs[name].append(on_engine_thread(llm, lambda e: _decode_rate(e, concurrency, params)))
+            runs[name].append(on_engine_thread(llm, lambda e: engine_decode_rate(e, concurrency, params)))
     rates = {name: float(np.median(r)) for name, r in runs.items()}
     ttft = {"new": [], "cached": []}
     for i in range(5):

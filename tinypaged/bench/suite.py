@@ -12,20 +12,9 @@ from .. import LLM, SamplingParams
 from ..engine.block_manager import blocks_for
 from ..model.llama import PagedKVCache
 from . import hf_peer, llama_cpp_peer, peak_rss, structured_rows
+from .format_rates import measure_in_own_process
+from .rates import KV_BUDGET, MAX_MODEL_LEN, decode_rate, on_engine_thread
 from .workload import Request, chat_requests, long_tailed_workload, prose_prompt
-
-MAX_MODEL_LEN = 2048  # what a naive engine reserves per request
-KV_BUDGET = 1 << 30  # bytes of KV cache both schemes get
-
-
-def on_engine_thread(llm, work):
-    """work(engine) run on the LLM's own loop thread, the engine to itself. Every
-    figure is measured there, where users' requests run: numba's OpenMP layer gives
-    each thread that launches parallel kernels a team of its own, and while a
-    second team exists (the main thread's, or another live LLM's) every parallel
-    call pays a slower wake-up: batch-1 decode fell 35% (bench/NOTES.md)."""
-    return llm._loop.call(lambda: work(llm.engine), exclusive=True)
-
 
 def run_requests(llm, requests) -> dict:
     """Run (prompt ids, output length) requests to completion, greedy, no early EOS."""
@@ -109,28 +98,6 @@ def prefix_caching(model_dir, log) -> dict:
     return out
 
 
-def decode_rate(llm, concurrency: int, params: SamplingParams) -> float:
-    """Tokens/s of the decode steps (sampling included) with `concurrency` requests
-    running, from steps with nothing left to admit."""
-    return on_engine_thread(llm, lambda engine: _decode_rate(engine, concurrency, params))
-
-
-def _decode_rate(engine, concurrency: int, params: SamplingParams | list[SamplingParams]) -> float:
-    """params: one for every request, or one each."""
-    for i in range(concurrency):
-        engine.add_request(f"Write a short story about a lighthouse keeper. Story number {i}.",
-                           params[i] if isinstance(params, list) else params)
-    tokens, seconds = 0, 0.0
-    while engine.has_unfinished():
-        decoding = engine.scheduler.num_waiting == 0
-        t = time.perf_counter()
-        outs = engine.step()
-        if decoding:
-            seconds += time.perf_counter() - t
-            tokens += sum(len(o.outputs) for o in outs)
-    return tokens / seconds if seconds else float("nan")
-
-
 def sampling(model_dir, log, concurrency: int = 32, rounds: int = 3) -> dict:
     """Decode at `concurrency` requests: greedy against temperature 0.8 + top-p 0.9,
     alternated over a few rounds (medians), since runs a minute apart differ by ~10%."""
@@ -155,7 +122,6 @@ def weight_formats(model_dir, log, gguf_path=None) -> dict:
     RSS of a `generate` run, for the float16 folder, the same with
     quantization="q8_0", and the model's GGUF (packed); each format measured in a
     process of its own (format_rates.py says why)."""
-    from .format_rates import measure_in_own_process  # (it imports this module)
     kinds = {"float16": (model_dir, None), "q8_0": (model_dir, "q8_0")}
     if gguf_path is not None:
         kinds["gguf"] = (gguf_path, None)

@@ -1,0 +1,41 @@
+"""The bench's measuring helpers, shared by its rows: where a figure is taken (the
+engine loop's own thread) and the decode rate of a batch of requests."""
+from __future__ import annotations
+
+import time
+
+from ..sampling import SamplingParams
+
+MAX_MODEL_LEN = 2048  # what a naive engine reserves per request
+KV_BUDGET = 1 << 30  # bytes of KV cache both schemes get
+
+
+def on_engine_thread(llm, work):
+    """work(engine) run on the LLM's own loop thread, the engine to itself. Every
+    figure is measured there, where users' requests run: numba's OpenMP layer gives
+    each thread that launches parallel kernels a team of its own, and while a
+    second team exists (the main thread's, or another live LLM's) every parallel
+    call pays a slower wake-up: batch-1 decode fell 35% (bench/NOTES.md)."""
+    return llm._loop.call(lambda: work(llm.engine), exclusive=True)
+
+
+def decode_rate(llm, concurrency: int, params: SamplingParams) -> float:
+    """Tokens/s of the decode steps (sampling included) with `concurrency` requests
+    running, from steps with nothing left to admit."""
+    return on_engine_thread(llm, lambda engine: engine_decode_rate(engine, concurrency, params))
+
+
+def engine_decode_rate(engine, concurrency: int, params: SamplingParams | list[SamplingParams]) -> float:
+    """params: one for every request, or one each."""
+    for i in range(concurrency):
+        engine.add_request(f"Write a short story about a lighthouse keeper. Story number {i}.",
+                           params[i] if isinstance(params, list) else params)
+    tokens, seconds = 0, 0.0
+    while engine.has_unfinished():
+        decoding = engine.scheduler.num_waiting == 0
+        t = time.perf_counter()
+        outs = engine.step()
+        if decoding:
+            seconds += time.perf_counter() - t
+            tokens += sum(len(o.outputs) for o in outs)
+    return tokens / seconds if seconds else float("nan")
