@@ -12,7 +12,8 @@ from tinypaged.kernels.cpu.token_mask import mask_rows
 from tinypaged.kernels.reference import apply_token_mask
 from tinypaged.sampling import sample_tokens
 from tinypaged.structured import StructuredOutputs
-from tinypaged.structured.grammar import Grammars, StructuredOutputsUnavailable
+from tinypaged.structured.available import StructuredOutputsUnavailable
+from tinypaged.structured.grammar import Grammars
 from tinypaged.tokenizer import Tokenizer
 
 PROMPT = "Once upon a time"

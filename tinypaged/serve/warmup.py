@@ -13,7 +13,7 @@ import time
 from ..llm import LLM
 from ..sampling import SamplingParams
 from ..structured import StructuredOutputs
-from ..structured.grammar import StructuredOutputsUnavailable
+from ..structured.available import StructuredOutputsUnavailable
 from .errors import log
 from .text_processes import TextWork
 

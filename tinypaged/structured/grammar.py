@@ -16,24 +16,10 @@ from collections import OrderedDict
 import numpy as np
 
 from ..tokenizer import Tokenizer
+from .available import llguidance_module
 from .limits import GrammarFailed, error_line, parser_limits
 from .params import StructuredOutputs
 
-
-
-class StructuredOutputsUnavailable(ValueError):
-    """llguidance is not installed."""
-
-
-def llguidance_module():
-    try:
-        import llguidance
-        import llguidance.numpy  # noqa: F401 (the bit mask helpers)
-    except ImportError:
-        raise StructuredOutputsUnavailable(
-            "structured outputs need llguidance, which is not installed: "
-            "pip install 'tinypaged[structured]'") from None
-    return llguidance
 
 
 def mask_words(vocab_size: int) -> int:

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 
 from .. import checks
+from .available import llguidance_module
 from .closed import closed_objects
 from .limits import check_optional_properties
 
@@ -104,7 +105,6 @@ def _choices(value) -> list[str]:
 def grammar_text(kind: str, value) -> str:
     """The llguidance grammar (its JSON form) for one kind of constraint. Pure text work:
     llguidance's own helpers, which need no tokenizer, do the converting."""
-    from .grammar import llguidance_module
     ll = llguidance_module()
     if kind in ("json", "json_object"):
         schema = json.dumps(value) if kind == "json" else '{"type": "object"}'
