@@ -3,10 +3,12 @@ ids, text and errors as the model's own tokenizer, a job past its budget kills i
 child, a child that stops is replaced, small inputs never leave the calling thread."""
 import os
 import signal
+import threading
 
 import pytest
 
 from helpers import write_tiny_model
+from serving import wait_until
 from tinypaged.serve.text_processes import INLINE_CHARS, TextWork, WorkCutOff
 from tinypaged.tokenizer import Tokenizer
 
@@ -110,3 +112,25 @@ def test_closed_work_starts_no_child(work):
     with pytest.raises(RuntimeError, match="shutting down"):
         work.encode(STORY * 200)
     assert work.encode(STORY) == work.tokenizer.encode(STORY)  # (small: this thread)
+
+
+def test_a_child_busy_at_close_is_stopped_when_its_call_ends(work):
+    work.start()
+    child = work._idle.get_nowait()
+    work._idle.put(child)
+    release, real = threading.Event(), child.call
+
+    def held(request, timeout):
+        assert release.wait(60)
+        return real(request, timeout)
+    child.call = held
+    results = []
+    caller = threading.Thread(target=lambda: results.append(work.encode(STORY * 200)))
+    caller.start()
+    wait_until(work._idle.empty, what="the call to take the child")
+    work.close()
+    release.set()
+    caller.join(60)
+    assert results == [work.tokenizer.encode(STORY * 200)]
+    child.process.join(10)
+    assert not child.process.is_alive()

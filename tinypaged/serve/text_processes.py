@@ -102,7 +102,7 @@ class TextWork:
                       child.process.exitcode, WHAT[method])
             raise WorkCutOff(f"{WHAT[method]} stopped its worker process (exit code "
                              f"{child.process.exitcode}); the input is too large") from None
-        self._idle.put(child)
+        self._give_back(child)
         if reply[0] == "ok":
             return reply[1]
         _, kind, message = reply
@@ -132,6 +132,14 @@ class TextWork:
             self._retire(child)
             raise
         return child
+
+    def _give_back(self, child: "_Child") -> None:
+        with self._lock:
+            closed = self._closed
+        if closed:  # (close() found it busy)
+            child.kill()
+        else:
+            self._idle.put(child)
 
     def _retire(self, child: "_Child") -> None:
         child.kill()
