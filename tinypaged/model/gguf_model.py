@@ -7,9 +7,10 @@ Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 and K-quant (Q4_K / Q5_K / Q6_K) matrices becom
 PackedWeights (the same bytes, split into quants, scales and high bits; packed.py
 says why). A Q5_x matrix whose rows are an odd number of blocks is requantized to
 Q8_0 (1.06 bytes a weight, against 0.69-0.75 on file). F32 / F16 / BF16 tensors,
-the norms, and a Q4 matrix whose rows are not a multiple of 64 are read as float32. llama.cpp stores Llama's Q and K rows permuted for the
-interleaved RoPE form (their biases too): the rows are put back in rotate-half
-order here, on the packed rows (a row of blocks moves as a whole).
+the norms, and a Q4 matrix whose rows are not a multiple of 64 are read as float32.
+llama.cpp stores Llama's Q and K rows permuted for the interleaved RoPE form (their
+biases too): the rows are put back in rotate-half order here, on the packed rows (a
+row of blocks moves as a whole).
 """
 from __future__ import annotations
 
