@@ -16,6 +16,7 @@ from tinypaged.engine.llm_engine import LLMEngine
 from tinypaged.kernels.cuda import cuda_usable
 from tinypaged.kernels.cuda.static_decode import (PAD_POSITION, bucket_for, bucket_sizes,
                                                    pack_decode_step)
+from tinypaged.kernels.cuda.step_recording import StepRecording
 
 pytestmark = pytest.mark.cuda
 
@@ -176,10 +177,48 @@ def test_a_context_growing_past_an_attention_partition_is_recorded_again(tmp_pat
     assert engine.runner.model.ops.replays >= 2
 
 
+def test_a_captured_graph_is_one_launch_and_replays_the_eager_steps(tiny_model_dir, monkeypatch):
+    """Capture made to succeed on any machine (on the simulator, the "graph" replays
+    the recorded launches): a replayed step counts one graph launch and no kernel
+    launch from the host, and its logits equal the eager step's."""
+    captured = []
+
+    def capture(recording):
+        captured.append(len(recording))
+        return recording.replay
+    monkeypatch.setattr(StepRecording, "_capture", capture)
+    engine = _pressure_engine(tiny_model_dir, True)
+    engine.runner.decode_graphs.capture = True  # (the simulator's engine would not try)
+    logits = _record_logits(engine)
+    engine.add_request([5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=6,
+                                                       ignore_eos=True))
+    engine.step()  # prefill
+    engine.step()  # the first decode step: recorded, then captured
+    ops = engine.runner.model.ops
+    assert len(captured) == 1 and captured[0] > 0
+    before = (ops.launches, ops.graph_launches, ops.replays)
+    engine.step()
+    # one graph launch, plus the greedy sample's argmax launched from the host
+    assert (ops.launches - before[0], ops.graph_launches - before[1],
+            ops.replays - before[2]) == (1, 1, 1)
+    while engine.has_unfinished():
+        engine.step()
+    eager = _pressure_engine(tiny_model_dir, False)
+    eager_logits = _record_logits(eager)
+    eager.add_request([5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=6,
+                                                      ignore_eos=True))
+    while eager.has_unfinished():
+        eager.step()
+    _assert_same_steps(logits, eager_logits)
+
+
 def test_a_failed_capture_warns_once_and_replays_kernel_by_kernel(tiny_model_dir, monkeypatch):
-    """Where a graph cannot be captured (here: the simulator has no cuda.core device;
-    on a GPU, an older numba-cuda or a driver that refuses), the step still runs,
-    replayed launch by launch and counted so, after one warning."""
+    """Where a graph cannot be captured (an older numba-cuda, a driver that refuses;
+    injected here, so the test holds on a GPU that can capture too), the step still
+    runs, replayed launch by launch and counted so, after one warning."""
+    def refuse(recording):
+        raise RuntimeError("capture refused (injected)")
+    monkeypatch.setattr(StepRecording, "_capture", refuse)
     engine = _pressure_engine(tiny_model_dir, True)
     engine.runner.decode_graphs.capture = True  # try, as on a GPU
     logits = _record_logits(engine)

@@ -66,18 +66,17 @@ def test_activations_round_as_the_reference_bit_for_bit(gpu):
 
 def _packed_matrices(rng, type_name: str, width: int) -> dict:
     """Five small packed matrices of one kind: quantized from random floats (Q8_0, Q4_x),
-    or random blocks as a file holds them (Q5_x, K-quants: tests/test_*_packed.py)."""
-    from test_kquant_packed import KINDS as K_QUANTS, random_k_quant
-    from test_q5_packed import KINDS as Q5_KINDS, random_q5
+    or random blocks as a file holds them (Q5_x, K-quants: tests/random_blocks.py)."""
+    from random_blocks import K_QUANT_BLOCKS, Q5_BLOCKS, random_k_quant, random_q5
 
     from tinypaged.model import ggml_quant
     from tinypaged.model.packed import PackedWeight
     ggml_type = getattr(ggml_quant, type_name)
     shapes = (("q", 16), ("k", 8), ("v", 8), ("g", 20), ("u", 20))
-    if type_name in K_QUANTS:
+    if type_name in K_QUANT_BLOCKS:
         return {n: PackedWeight.from_bytes(random_k_quant(rng, type_name, rows, width), ggml_type,
                                            (rows, width)) for n, rows in shapes}
-    if type_name in Q5_KINDS:
+    if type_name in Q5_BLOCKS:
         return {n: PackedWeight.from_bytes(random_q5(rng, type_name, rows, width), ggml_type,
                                            (rows, width)) for n, rows in shapes}
     return {n: PackedWeight.quantize(rand(rng, rows, width), ggml_type) for n, rows in shapes}

@@ -6,6 +6,7 @@ import gguf
 import numpy as np
 import pytest
 from numba import njit
+from random_blocks import K_QUANT_BLOCKS, random_k_quant
 from test_quantized import (check_decode_gemv, check_packed_layout, packed_product_bound,
                             random_activations)
 
@@ -16,23 +17,8 @@ from tinypaged.model.ggml_quant import Q4_K, Q5_K, Q6_K
 from tinypaged.model.packed import PackedWeight
 
 # kind -> (ours, the gguf package's, bytes a super-block, where its float16 scales sit)
-KINDS = {"Q4_K": (Q4_K, gguf.GGMLQuantizationType.Q4_K, 144, (0, 2)),
-         "Q5_K": (Q5_K, gguf.GGMLQuantizationType.Q5_K, 176, (0, 2)),
-         "Q6_K": (Q6_K, gguf.GGMLQuantizationType.Q6_K, 210, (208,))}
-
-
-def random_k_quant(rng, kind: str, n: int, k: int) -> np.ndarray:
-    """GGUF bytes of an (n, k) matrix: random bits (6-bit scales and mins, Q6_K's int8
-    scales of either sign, quants), random float16 super-block scales (d of either
-    sign, dmin >= 0), the first super-block's all zero."""
-    _, _, size, at = KINDS[kind]
-    blocks = rng.integers(0, 256, (n * k // 256, size), dtype=np.uint8)
-    for offset, spread in zip(at, (0.02, 0.01)):
-        value = (rng.standard_normal(len(blocks)) * spread).astype(np.float16)
-        value = value if offset == at[0] else np.abs(value)
-        value[0] = 0
-        blocks[:, offset:offset + 2] = value.view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(-1)
+KINDS = {name: (ours, getattr(gguf.GGMLQuantizationType, name), *K_QUANT_BLOCKS[name])
+         for name, ours in (("Q4_K", Q4_K), ("Q5_K", Q5_K), ("Q6_K", Q6_K))}
 
 
 def packed(rng, kind: str, n: int, k: int) -> tuple[PackedWeight, np.ndarray]:

@@ -5,6 +5,7 @@ reference and against each other's bits, on fresh random blocks."""
 import gguf
 import numpy as np
 import pytest
+from random_blocks import Q5_BLOCKS, random_q5
 from test_quantized import (check_decode_gemv, check_packed_layout, packed_product_bound,
                             random_activations)
 
@@ -14,22 +15,8 @@ from tinypaged.kernels.cpu.quantized import gemv_packed, packed_product
 from tinypaged.model.ggml_quant import Q5_0, Q5_1
 from tinypaged.model.packed import PackedWeight
 
-KINDS = {"Q5_0": (Q5_0, 22, gguf.GGMLQuantizationType.Q5_0),
-         "Q5_1": (Q5_1, 24, gguf.GGMLQuantizationType.Q5_1)}
-
-
-def random_q5(rng, kind: str, n: int, k: int) -> np.ndarray:
-    """GGUF bytes of an (n, k) Q5_x matrix: random float16 scales (and mins), random
-    fifth bits and nibbles; one block with a zero scale."""
-    ggml_type, size, _ = KINDS[kind]
-    blocks = rng.integers(0, 256, (n * k // 32, size), dtype=np.uint8)
-    d = (rng.standard_normal(len(blocks)) * 0.02).astype(np.float16)
-    d[0] = 0
-    blocks[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
-    if ggml_type == Q5_1:
-        blocks[:, 2:4] = (rng.standard_normal(len(blocks)) * 0.1).astype(np.float16) \
-            .view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(-1)
+KINDS = {name: (ours, Q5_BLOCKS[name], getattr(gguf.GGMLQuantizationType, name))
+         for name, ours in (("Q5_0", Q5_0), ("Q5_1", Q5_1))}
 
 
 def packed(rng, kind: str, n: int, k: int) -> tuple[PackedWeight, np.ndarray]:

@@ -14,7 +14,8 @@ import warnings
 
 from .memory import StepWorkspace
 
-CAPTURE_NEEDS = "numba-cuda >= 0.29 (kernel launches onto a cuda.core GraphBuilder) and cuda-core >= 1.0"
+CAPTURE_NEEDS = ("numba-cuda >= 0.30.2 (kernel launches onto a cuda.core GraphBuilder; the first "
+                 "release that takes cuda-core 1.x) and cuda-core >= 1.0")
 
 
 class StepRecording:
@@ -24,7 +25,7 @@ class StepRecording:
         (the steps of one batch-size bucket) may share one."""
         self.launches: list[tuple] = []  # (kernel, grid, block, args) in launch order
         self.workspace = workspace or StepWorkspace()
-        self.graph = None  # the captured CUDA graph, on a GPU
+        self.graph = None  # launches the captured CUDA graph, on a GPU
 
     def __len__(self) -> int:
         return len(self.launches)
@@ -44,46 +45,52 @@ class StepRecording:
     def capture_graph(self) -> bool:
         """Capture the launches into a CUDA graph; True if it worked. The kernels are
         compiled already (the step ran eagerly while it was recorded), so capture
-        records launches only; no device memory may be freed meanwhile (numba's
-        deferred cleanup holds frees back). Should capture fail (an older
-        numba-cuda or cuda-core, a driver that refuses), a warning says why and the
-        recording replays launch by launch: slower, never wrong."""
-        from numba import cuda
-
-        builder = None
+        records launches only. Should capture fail (an older numba-cuda or
+        cuda-core, a driver that refuses), a warning says why and the recording
+        replays launch by launch: slower, never wrong."""
         try:
-            from cuda.core import Device
-
-            device = Device(cuda.get_current_device().id)
-            device.set_current()
-            with cuda.defer_cleanup():
-                builder = device.create_graph_builder()
-                builder.begin_building()
-                for kernel, grid, block, args in self.launches:
-                    kernel[grid, block, builder](*args)
-                self.graph = builder.end_building().complete()
+            self.graph = self._capture()
             return True
         except Exception as e:  # noqa: BLE001 - any failure means: no graph
-            if builder is not None:
-                try:
-                    builder.end_building()  # leave the capture stream usable
-                except Exception:  # noqa: BLE001 - it was invalid already
-                    pass
             self.graph = None
             warnings.warn(f"CUDA graph capture failed ({e!r}); decode steps replay kernel "
                           f"by kernel instead (graphs need {CAPTURE_NEEDS})", RuntimeWarning,
                           stacklevel=2)
             return False
 
-    def launch(self) -> int:
-        """Run the step: the graph on the legacy default stream (ordered after the
+    def _capture(self):
+        """The launches captured onto a cuda.core GraphBuilder -> a function that
+        launches the graph on the legacy default stream (ordered after the
         synchronous metadata upload and before the logits' copy back, both on that
-        stream), or the launches one by one where no graph was captured. Returns the
-        kernel launches made from the host (0 for a graph)."""
+        stream). No device memory may be freed meanwhile (numba's deferred cleanup
+        holds frees back). The tests replace this to make capture fail or succeed."""
+        from cuda.core import LEGACY_DEFAULT_STREAM, Device
+        from numba import cuda
+
+        device = Device(cuda.get_current_device().id)
+        device.set_current()
+        builder = None
+        try:
+            with cuda.defer_cleanup():
+                builder = device.create_graph_builder()
+                builder.begin_building()
+                for kernel, grid, block, args in self.launches:
+                    kernel[grid, block, builder](*args)
+                graph = builder.end_building().complete()
+        except Exception:
+            if builder is not None:
+                try:
+                    builder.end_building()  # leave the capture stream usable
+                except Exception:  # noqa: BLE001 - it was invalid already
+                    pass
+            raise
+        return lambda: graph.launch(LEGACY_DEFAULT_STREAM)
+
+    def launch(self) -> int:
+        """Run the step: the captured graph, or the launches one by one where no graph
+        was captured. Returns the kernel launches made from the host (0 for a graph)."""
         if self.graph is None:
             self.replay()
             return len(self.launches)
-        from cuda.core import LEGACY_DEFAULT_STREAM
-
-        self.graph.launch(LEGACY_DEFAULT_STREAM)
+        self.graph()
         return 0
