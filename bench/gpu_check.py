@@ -1,6 +1,7 @@
 """GPU check, for a machine with an NVIDIA GPU (made for an H200, no network).
 
-Prints one table of measurements first, then runs the CUDA test files for real
+Starts with a preflight (versions, NVVM, one kernel, one two-node CUDA graph: it
+stops with one line naming what failed), prints one table of measurements, then runs the CUDA test files for real
 (under a time limit, so that a hang cannot eat the machine's minutes). Each timed
 row stands beside a predicted one (bytes / measured copy bandwidth + launches x measured launch cost):
 - the card's copy bandwidth, a Python kernel launch's host cost, and a CUDA graph
@@ -24,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 
@@ -72,6 +74,66 @@ def timed(fn, repeat=20):
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / 1e3 / repeat
+
+
+@cuda.jit
+def _add_one(a):
+    """a[i] += 1: the preflight's kernel."""
+    i = cuda.grid(1)
+    if i < a.shape[0]:
+        a[i] += 1
+
+
+def preflight(simulated: bool) -> None:
+    """Versions, the driver and NVVM; one kernel compiled and launched; a two-node
+    CUDA graph captured and replayed. Stops with one line naming what failed: with
+    no kernel or no graph, the rows below would measure nothing meant."""
+    from numba.cuda.cudadrv import driver
+
+    from tinypaged.kernels.cuda.step_recording import StepRecording
+    from tinypaged.kernels.cuda.toolkit import find_nvvm, installed_versions, untested
+    versions = installed_versions()
+    print("preflight: " + ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
+    for line in untested(versions):
+        print(f"preflight: WARNING {line}", flush=True)
+    if simulated:
+        print("preflight: the CUDA simulator (no driver, no graphs)", flush=True)
+    else:
+        device = cuda.get_current_device()
+        print(f"preflight: driver CUDA {driver.driver.get_version()}, compute capability "
+              f"{device.compute_capability}, CUDA_HOME={os.environ.get('CUDA_HOME')}", flush=True)
+    step = "NVVM"
+    try:
+        try:
+            path, how = find_nvvm()
+            print(f"preflight: NVVM {path} (found via {how})", flush=True)
+        except Exception:  # the simulator compiles nothing
+            if not simulated:
+                raise
+        step = "compiling and launching a kernel"
+        a = cuda.to_device(np.arange(64, dtype=np.float32))
+        _add_one[2, 32](a)
+        if not np.array_equal(a.copy_to_host(), np.arange(64) + 1):
+            raise RuntimeError("the kernel ran but wrote wrong values")
+        print("preflight: a kernel compiled and ran", flush=True)
+        if simulated:
+            return
+        step = "capturing a CUDA graph"
+        recording = StepRecording()
+        recording.add(_add_one, 2, 32, (a,))
+        recording.add(_add_one, 2, 32, (a,))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # capture_graph warns where it fails
+            recording.capture_graph()
+        step = "replaying a CUDA graph"
+        recording.launch()
+        cuda.synchronize()
+        if not np.array_equal(a.copy_to_host(), np.arange(64) + 3):
+            raise RuntimeError("the graph ran but its two nodes did not both add")
+        print("preflight: a two-node CUDA graph captured and replayed", flush=True)
+    except Exception as e:  # noqa: BLE001 - report and stop
+        print(f"preflight failed at {step}: {e!r}", flush=True)
+        sys.exit(2)
 
 
 def copy_bandwidth():
@@ -265,6 +327,7 @@ def main():
         warp_shim.install()
     name = getattr(cuda.get_current_device(), "name", "CUDA simulator")
     print(f"device: {name.decode() if isinstance(name, bytes) else name}", flush=True)
+    preflight(simulated=config.ENABLE_CUDASIM)
     if TINY:
         args.skip_tests = True
     copy_gbps = copy_bandwidth()

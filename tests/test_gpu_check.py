@@ -1,6 +1,7 @@
 """bench/gpu_check.py rehearsed on the CUDA simulator (--tiny), so that the script a
 lent GPU's few minutes go to cannot trip on anything this machine can find first."""
 import os
+import re
 import subprocess
 import sys
 
@@ -12,6 +13,9 @@ def test_the_gpu_check_runs_through_on_the_simulator():
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--tiny"],
                             capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "preflight: a kernel compiled and ran" in result.stdout  # (no graph on the simulator)
+    assert re.search(r"preflight: numpy \S+, numba \S+, llvmlite \S+, numba-cuda \S+, "
+                     r"cuda-core \S+, cuda-bindings \S+", result.stdout)
     table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
     figures = [line.split(" | ")[0].lstrip("| ") for line in table[1:]]
     assert "device copy bandwidth (read + write)" in figures

@@ -41,7 +41,7 @@ def sources_digest(module_name: str) -> str:
     return digest.hexdigest()
 
 
-class _StampedLocator:
+class StampedLocator:
     """numba's locator for the function, with the sources' digest added to its stamp."""
 
     def __init__(self, locator, module_name: str):
@@ -60,7 +60,7 @@ class _SourcesCacheImpl(CompileResultCacheImpl):
         super().__init__(py_func)
         module = sys.modules[py_func.__module__]
         spec = getattr(module, "__spec__", None)  # `python -m a.b`: __main__ is a.b
-        self._locator = _StampedLocator(self._locator, spec.name if spec else module.__name__)
+        self._locator = StampedLocator(self._locator, spec.name if spec else module.__name__)
 
 
 class _SourcesCache(FunctionCache):

@@ -12,6 +12,7 @@ import math
 from numba import cuda, float32
 
 from .bounded_jit import jit_bounded
+from .disk_cache import cached_kernel
 from .warp import warp_sum
 
 MAX_HEAD_DIM = 128  # bound for shared per-head arrays; decode lanes hold 4 dimensions each
@@ -168,7 +169,7 @@ def _store_part(part_acc, i, h, part, lane, head_dim, a0, a1, a2, a3):
         part_acc[i, h, part, lane + 96] = a3
 
 
-@cuda.jit
+@cached_kernel()
 def merge_partitions(positions, decode_rows, window, part_acc, part_ml, out):
     """Grid (len(decode_rows), n_heads), block (MERGE_THREADS,): thread d combines
     dimension d of the partitions of row decode_rows[i], head h, by log-sum-exp:

@@ -11,7 +11,7 @@ import math
 from contextlib import contextmanager
 
 import numpy as np
-from numba import cuda
+from numba import config, cuda
 
 from ...model.packed import PackedWeight
 from ..reference import rope_tables as host_rope_tables
@@ -19,6 +19,7 @@ from . import attention, elementwise, matmul
 from .logits import DeviceLogits, LogitsCopier
 from .packed_matmul import DevicePacked
 from .memory import MetadataUploader, StepWorkspace
+from .toolkit import prepare_compiler
 
 
 EMBEDDING = "model.embed_tokens.weight"
@@ -58,6 +59,8 @@ class CudaBackend:
         if np.dtype(weight_dtype) not in (np.float16, np.float32):
             raise ValueError(f"weight_dtype={weight_dtype!r} must be float16 or float32")
         self.weight_dtype = np.dtype(weight_dtype)
+        if not config.ENABLE_CUDASIM:
+            prepare_compiler()  # NVVM found before the first kernel compiles
         # where the weights and the pool live (the simulator's one device has no id)
         self.device_id = getattr(cuda.get_current_device(), "id", 0)
         self.workspace = StepWorkspace()

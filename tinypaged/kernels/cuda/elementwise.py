@@ -5,6 +5,7 @@ import math
 
 from numba import cuda, float32
 
+from .disk_cache import cached_kernel
 from .exact import add_rn, mul_rn, sub_rn
 from .warp import warp_max, warp_sum
 
@@ -12,7 +13,7 @@ NORM_THREADS = 32  # add_rms_norm: threads per token row (a warp)
 ROW_THREADS = 32  # row-wise copies: threads per row
 
 
-@cuda.jit
+@cached_kernel()
 def add_rms_norm(x, residual, has_residual, weight, eps, out, rounded, do_round):
     """Grid (T,), block NORM_THREADS (one warp). Row t: r = x + residual (stored back
     into residual) or x alone, out = r * rsqrt(mean(r^2) + eps) * weight. One read of
@@ -62,7 +63,7 @@ def to_step(v, d, inverse):
     return mul_rn(d, sub_rn(add_rn(scaled, HALF_EVEN), HALF_EVEN))
 
 
-@cuda.jit
+@cached_kernel()
 def rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping):
     """Grid (T, n_heads + n_kv), block (D / 2,). Block (t, j): for a query head
     (j < n_heads) rotate q[t, j] in place; for a KV head rotate k and write k and v
@@ -92,7 +93,7 @@ def rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, sl
         v_cache[block, offset, kvh, i + half] = v[t, kvh, i + half]
 
 
-@cuda.jit
+@cached_kernel()
 def silu_mul(gate, up, out):
     """1-D grid over T * I elements: out = silu(gate) * up."""
     e = cuda.grid(1)
@@ -103,7 +104,7 @@ def silu_mul(gate, up, out):
         out[t, i] = g / (float32(1.0) + math.exp(-g)) * up[t, i]
 
 
-@cuda.jit
+@cached_kernel()
 def gelu_tanh_mul(gate, up, out):
     """1-D grid over T * I elements: out = gelu_tanh(gate) * up."""
     e = cuda.grid(1)
@@ -115,7 +116,7 @@ def gelu_tanh_mul(gate, up, out):
         out[t, i] = float32(0.5) * g * (float32(1.0) + math.tanh(inner)) * up[t, i]
 
 
-@cuda.jit
+@cached_kernel()
 def softcap(x, cap, out):
     """1-D grid over T * V elements: out = cap * tanh(x / cap) (Gemma 2's logits)."""
     e = cuda.grid(1)
@@ -125,7 +126,7 @@ def softcap(x, cap, out):
         out[t, i] = cap * math.tanh(x[t, i] / cap)
 
 
-@cuda.jit
+@cached_kernel()
 def scale(x, factor, out):
     """1-D grid over T * H elements: out = x * factor."""
     e = cuda.grid(1)
@@ -134,7 +135,7 @@ def scale(x, factor, out):
         out[e // width, e % width] = x[e // width, e % width] * factor
 
 
-@cuda.jit
+@cached_kernel()
 def add(x, y, out):
     """1-D grid over T * H elements: out = x + y."""
     e = cuda.grid(1)
@@ -144,7 +145,7 @@ def add(x, y, out):
         out[t, i] = x[t, i] + y[t, i]
 
 
-@cuda.jit
+@cached_kernel()
 def gather_rows(table, indices, out):
     """Grid (len(indices),), block ROW_THREADS: out[r] = table[indices[r]] (embedding
     lookup for token ids, or picking the rows that need logits)."""
@@ -154,7 +155,7 @@ def gather_rows(table, indices, out):
         out[r, i] = table[src, i]
 
 
-@cuda.jit
+@cached_kernel()
 def copy_blocks(k_pool, v_pool, pairs):
     """Grid (len(pairs), n_layers), block ROW_THREADS: block dst = pairs[i, 1] of a
     layer gets the K/V of block src = pairs[i, 0] (copy-on-write)."""
@@ -173,7 +174,7 @@ _ACTIVATION_BLOCK = 32
 HALF_EVEN = float32(12582912.0)  # 1.5 * 2^23: (v + this) - this rounds |v| < 2^22 half to even
 
 
-@cuda.jit
+@cached_kernel()
 def round_activations(x, out):
     """x (M, K) as a packed weight takes it (reference.round_activations): per block of
     32 values, d = max|x| / 127 and out = d * round-half-even(x / d). 1-D grid, one

@@ -14,6 +14,7 @@ import math
 import numpy as np
 from numba import cuda, float32, int32
 
+from .disk_cache import cached_kernel
 from .elementwise import ROW_THREADS, gather_rows
 from .warp import FULL_MASK
 
@@ -29,7 +30,7 @@ def _better(v, i, best_v, best_i):
     return v > best_v or (v == best_v and i < best_i)
 
 
-@cuda.jit
+@cached_kernel()
 def top_candidates(logits, rows, k, out):
     """Grid (len(rows),), block TOP_THREADS: out[b, c] = (value, id as float32) of the
     c-th most likely token of row rows[b], for c < k, by value descending then id

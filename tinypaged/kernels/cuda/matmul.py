@@ -16,6 +16,7 @@ import math
 from numba import config, cuda, float32
 
 from .bounded_jit import jit_bounded
+from .disk_cache import cached_kernel
 from .warp import warp_sum
 
 TILE = 16  # matmul_tiled: block (TILE, TILE), shared tiles TILE x TILE
@@ -34,7 +35,7 @@ def tiled_kernel(weight):
     kquant_matmul.py. Grid (ceil(N / TILE), ceil(M / TILE)), block (TILE, TILE):
     thread (tx, ty) computes out[by * TILE + ty, bx * TILE + tx]."""
 
-    @cuda.jit
+    @cached_kernel()
     def matmul_tiled(x, w, bias, has_bias, out):
         x_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [row, k]
         w_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [k, n]: read along n, no bank conflicts
