@@ -304,7 +304,44 @@ def end_to_end(model_dir):
                    f"{per_step:.0f} launches + {graph_steps:.0f} graph launches + "
                    f"{(ops.transfers - transfers) / steps:.1f} copies a step",
                    predicted=batch / step_s)
+        if cuda_graphs:
+            step_kernel_times(engine)
         del llm
+
+
+def step_kernel_times(engine):
+    """Device time of each kernel of the recorded decode steps at batch 1 and the
+    largest bucket: each distinct launch (kernel, grid, block) captured 20 times into a
+    graph and replayed, so no host launch gap is counted; then the whole step's graph."""
+    import warnings
+
+    from tinypaged.kernels.cuda.step_recording import StepRecording
+    steps = engine.runner.decode_graphs.steps
+    for bucket in sorted({min(b for b, _ in steps), max(b for b, _ in steps)}):
+        step = next(s for (b, _), s in sorted(steps.items()) if b == bucket)
+        kinds = {}  # (name, grid, block) -> [count, args of the first]
+        for kernel, grid, block, args in step.recording.launches:
+            name = getattr(kernel, "py_func", kernel).__name__
+            kinds.setdefault((name, str(grid), str(block)), [0, kernel, grid, block, args])[0] += 1
+        total = 0.0
+        rows = []
+        for (name, grid, block), (count, kernel, g, b, args) in kinds.items():
+            many = StepRecording()
+            for _ in range(20):
+                many.add(kernel, g, b, args)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if not TINY:
+                    many.capture_graph()
+            seconds = timed(many.launch, repeat=3) / 20
+            total += count * seconds
+            rows.append((count * seconds, name, grid, block, count, seconds))
+        for share, name, grid, block, count, seconds in sorted(rows, reverse=True):
+            report(f"  bucket {bucket}: {name} grid {grid} block {block}", seconds * 1e6, "us each",
+                   f"x{count} a step = {share * 1e6:.0f} us")
+        whole = timed(step.recording.launch)
+        report(f"decode step, bucket {bucket}, kernels one by one", total * 1e6, "us",
+               f"{len(step.recording)} kernels; the whole graph replayed: {whole * 1e6:.0f} us")
 
 
 def main():
