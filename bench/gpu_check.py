@@ -91,7 +91,8 @@ def preflight(simulated: bool) -> None:
     from numba.cuda.cudadrv import driver
 
     from tinypaged.kernels.cuda.step_recording import StepRecording
-    from tinypaged.kernels.cuda.toolkit import find_nvvm, installed_versions, untested
+    from tinypaged.kernels.cuda.toolkit import (check_numba_cuda_imports, find_nvvm,
+                                                installed_versions, untested)
     versions = installed_versions()
     print("preflight: " + ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
     for line in untested(versions):
@@ -110,6 +111,8 @@ def preflight(simulated: bool) -> None:
         except Exception:  # the simulator compiles nothing
             if not simulated:
                 raise
+        step = "numba-cuda's NumPy typing"
+        check_numba_cuda_imports()
         step = "compiling and launching a kernel"
         a = cuda.to_device(np.arange(64, dtype=np.float32))
         _add_one[2, 32](a)

@@ -2,8 +2,13 @@
 # The lent GPU's one prepared call (bench/NOTES.md, "How to run it when a GPU is lent"):
 # the card's state, gpu_check (preflight, figures, the CUDA tests), then two fresh
 # processes' first generation (the second loads its kernels from the disk cache).
-# Device run: carry [".gpu"] (SmolLM2's config and tokenizer files), timeout ~480 s.
+# Device run: carry [".gpu", ".whl"] (SmolLM2's config and tokenizer files; numpy 2.4's
+# wheel: the image's numpy 2.5 fails numba-cuda 0.30.4), timeout ~480 s.
 export PYTHONUNBUFFERED=1
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
+fi
 OUT=${OUT:-/tmp/gpu-run}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,memory.used \

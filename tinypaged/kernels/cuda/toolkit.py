@@ -19,8 +19,9 @@ from importlib import metadata
 PACKAGES = ("numpy", "numba", "llvmlite", "numba-cuda", "cuda-core", "cuda-bindings",
             "cuda-pathfinder")
 # (package, lowest tested, first untested): numba-cuda 0.30.2 is the first that takes
-# cuda-core 1.x, whose GraphBuilder the recorded decode steps are captured with
-TESTED = (("numba-cuda", "0.30.2", "0.31"), ("cuda-core", "1.0", "2"))
+# cuda-core 1.x, whose GraphBuilder the recorded decode steps are captured with; numba-cuda
+# 0.30.x does not compile with numpy 2.5 (check_numba_cuda_imports)
+TESTED = (("numba-cuda", "0.30.2", "0.31"), ("cuda-core", "1.0", "2"), ("numpy", "1.26", "2.5"))
 
 
 def installed_versions() -> dict[str, str | None]:
@@ -84,6 +85,20 @@ def find_nvvm() -> tuple[str, str]:
                        f"of {', '.join(roots)} holds nvvm/lib64/libnvvm.so ({first_error})")
 
 
+def check_numba_cuda_imports() -> None:
+    """numba-cuda's typing of NumPy functions loads on the first compile; 0.30.4 names
+    np.row_stack there, which numpy 2.5 removed, so every compile fails with an
+    AttributeError far from its cause. Raises RuntimeError naming it instead."""
+    try:
+        import numba.cuda.np.arrayobj  # noqa: F401 - what the first compile imports
+    except AttributeError as e:
+        import numpy as np
+        versions = installed_versions()
+        raise RuntimeError(
+            f"numba-cuda {versions['numba-cuda']} does not work with numpy {np.__version__} "
+            f"({e}); install numpy<2.5 (the cuda extra pins it)") from e
+
+
 _PREPARED = []
 
 
@@ -93,6 +108,7 @@ def prepare_compiler() -> None:
     if _PREPARED:
         return
     find_nvvm()
+    check_numba_cuda_imports()
     for line in untested(installed_versions()):
         warnings.warn(f"tinypaged's CUDA backend: {line}", RuntimeWarning, stacklevel=3)
     _PREPARED.append(True)
