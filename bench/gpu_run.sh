@@ -13,11 +13,11 @@ OUT=${OUT:-/tmp/gpu-run}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,memory.used \
   --format=csv 2>&1 | tee "$OUT/smi.txt"
-timeout "${GPU_CHECK_S:-360}" python3 bench/gpu_check.py --shape-only .gpu \
-  --test-timeout "${TEST_S:-200}" > "$OUT/gpu_check.log" 2>&1
+timeout "${GPU_CHECK_S:-330}" python3 bench/gpu_check.py --shape-only .gpu \
+  --test-timeout "${TEST_S:-180}" > "$OUT/gpu_check.log" 2>&1
 echo "gpu_check exit status: $?" >> "$OUT/gpu_check.log"
 for run in 1 2; do
-  timeout 90 python3 bench/gpu_first_step.py 2>&1 | tail -3 | tee -a "$OUT/first_step.log"
+  timeout 60 python3 bench/gpu_first_step.py 2>&1 | tail -3 | tee -a "$OUT/first_step.log"
 done
 # the reply carries the end of the output: the table and the tests' summary
 grep -E "^preflight|^\| |^device|exit status|passed|failed|error|stopped after" "$OUT/gpu_check.log" \
