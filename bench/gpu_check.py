@@ -125,9 +125,12 @@ def preflight(simulated: bool) -> None:
         recording = StepRecording()
         recording.add(_add_one, 2, 32, (a,))
         recording.add(_add_one, 2, 32, (a,))
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # capture_graph warns where it fails
-            recording.capture_graph()
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            captured = recording.capture_graph()
+        if not captured:  # capture_graph warns why
+            raise RuntimeError(next(str(w.message) for w in warned
+                                    if issubclass(w.category, RuntimeWarning)))
         step = "replaying a CUDA graph"
         recording.launch()
         cuda.synchronize()
