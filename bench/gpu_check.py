@@ -142,6 +142,24 @@ def preflight(simulated: bool) -> None:
         sys.exit(2)
 
 
+def device_seconds(gpu, fn, repeat=20):
+    """(device seconds a call of fn's kernels takes, its launches): fn run once while
+    the backend records its launches, those captured `repeat` times over into one
+    CUDA graph and replayed, so that no Python launch gap is counted (a launch from
+    Python costs more than most of these kernels run)."""
+    from tinypaged.kernels.cuda.step_recording import StepRecording
+    once = StepRecording()
+    with gpu.recording(once):
+        fn()
+    many = StepRecording(once.workspace)
+    for _ in range(repeat):
+        for launch in once.launches:
+            many.add(*launch)
+    if not TINY:
+        many.capture_graph()
+    return timed(many.launch, repeat=3) / repeat, len(once)
+
+
 def copy_bandwidth():
     n = 1 << (12 if TINY else 28)  # 1 GiB of float32
     src, dst = cuda.device_array(n, np.float32), cuda.device_array(n, np.float32)
@@ -204,16 +222,10 @@ def _attention_row(copy_gbps, batch, ctx):
     _, dev_meta = gpu.prepare_inputs(np.zeros(batch, np.int64), meta)
     q = cuda.to_device(rng.standard_normal((batch, n_heads, d), dtype=np.float32))
 
-    def run():
-        gpu.workspace.reset()
-        gpu.paged_attention(q, k, v, dev_meta)
-    before = gpu.launches
-    run()
-    launches = gpu.launches - before  # 1, or 2 with the partitions' merge
-    seconds = timed(run)
+    seconds, launches = device_seconds(gpu, lambda: gpu.paged_attention(q, k, v, dev_meta))
     unique = 2 * batch * ctx * n_kv * d * 4  # every K and V element of the batch's contexts
     gbps = unique / seconds / 1e9
-    want = predicted_seconds(unique, launches)
+    want = predicted_seconds(unique, launches=0, graph_nodes=launches)
     report(f"paged attention decode, {batch} x {ctx} ctx", gbps, "GB/s",
            f"{gbps / copy_gbps:.0%} of copy bandwidth; {seconds * 1e6:.0f} us "
            f"(predicted {want * 1e6:.0f}); {dev_meta.decode_partitions} partitions",
@@ -230,13 +242,11 @@ def matmuls():
         for rows in ((1, 9) if TINY else (1, 8, 64, 512)):
             x = cuda.to_device(rng.standard_normal((rows, width), dtype=np.float32))
 
-            def run():
-                gpu.workspace.reset()
-                gpu.linear(x, w)
-            seconds = timed(run)
+            seconds, launches = device_seconds(gpu, lambda: gpu.linear(x, w))
             weight_bytes = n_out * width * 2
             weight_gbps = weight_bytes / seconds / 1e9
-            want = predicted_seconds(weight_bytes + rows * (width + n_out) * 4)
+            want = predicted_seconds(weight_bytes + rows * (width + n_out) * 4, launches=0,
+                                     graph_nodes=launches)
             report(f"linear M={rows} {width}->{n_out} (f16 W)", weight_gbps, "GB/s of W",
                    f"{weight_gbps / COSTS['copy_gbps']:.0%} of copy; "
                    f"{2 * rows * n_out * width / seconds / 1e12:.2f} TFLOP/s; {seconds * 1e6:.0f} us",
@@ -305,6 +315,12 @@ def end_to_end(model_dir):
             kv_bytes = batch * 48 * kv_per_token  # ~48 tokens of context on average
             step_s = predicted_seconds(weight_bytes + kv_bytes, launches=per_step + graph_steps,
                                        graph_nodes=nodes * graph_steps)
+            if cuda_graphs and batch <= 8:  # the latency model (kernels/cuda/step_model.py)
+                from tinypaged.kernels.cuda.step_model import decode_step, predict
+                step_s = predict(decode_step(
+                    cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+                    cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size,
+                    cfg.vocab_size, batch, context=48))["step_us"] / 1e6
             mode = "graph" if cuda_graphs else "eager"
             report(f"model decode, batch {batch}, {mode}", rate, "tokens/s",
                    f"{per_step:.0f} launches + {graph_steps:.0f} graph launches + "

@@ -215,9 +215,9 @@ def test_paged_attention_decode_and_prefill(gpu, block_size, n_heads, n_kv, wind
 @pytest.mark.parametrize("head_dim, window", [(40, None), (128, None), (40, 150), (40, 2)])
 def test_split_k_decode_attention_over_long_contexts(gpu, head_dim, window):
     """Contexts of 300, 7 and 129 keys: 3, 1 and 2 partitions of attention.PARTITION
-    (the grid has 4, a power of two; blocks past a context exit), merged by
-    log-sum-exp; a GQA group of 3 (a warp per query head); head_dim 40 leaves lanes
-    8-31 one dimension each, 128 gives every lane four. A window of 150 leaves the
+    (the grid has 4, a power of two; blocks past a context exit), each walked in
+    chunks of 32 keys, merged by log-sum-exp; a GQA group of 3; head_dim 40 leaves a
+    key's 8 threads five dimensions each, 128 sixteen. A window of 150 leaves the
     300-key row's first partition out (keys 150-299) and starts the 129-key row's
     in its first; a window of 2 leaves each row one partition with keys."""
     from tinypaged.kernels.cuda import attention

@@ -9,19 +9,26 @@ score s into softcap * tanh(s / softcap).
 """
 import math
 
-from numba import cuda, float32
+from numba import config, cuda, float32
 
 from .bounded_jit import jit_bounded
 from .disk_cache import cached_kernel
-from .warp import warp_sum
+from .warp import FULL_MASK, warp_max, warp_sum
 
-MAX_HEAD_DIM = 128  # bound for shared per-head arrays; decode lanes hold 4 dimensions each
-PARTITION = 128  # decode: keys per split-K partition (one block per KV head and partition)
-KEYS_PER_STEP = 2  # decode: keys each iteration scores together (unrolled by hand; four
-#   spill under the 64-register bound that 32-warp blocks impose)
-MERGE_THREADS = MAX_HEAD_DIM  # merge_partitions: one thread per dimension
-MAX_DECODE_THREADS = 1024  # decode: 32 warps, a GQA group of up to 32 query heads; as a
-#   launch bound it also holds the kernel to 64 registers (65,536 / 1,024)
+MAX_HEAD_DIM = 128  # bound for shared per-head arrays
+PARTITION = 128  # decode: keys of one block (one block per row, KV head and partition)
+# decode: keys a block loads and scores at once, four to a partition (the simulator,
+# a Python thread per CUDA thread, takes 8: sixteen chunks, the same code paths)
+GPU_CHUNK = 32
+CHUNK = 8 if config.ENABLE_CUDASIM else GPU_CHUNK
+LANES_PER_KEY = 8  # decode: threads that share one key's dimensions
+DECODE_THREADS = CHUNK * LANES_PER_KEY  # 256: a chunk's keys all loaded at once
+DECODE_WARPS = DECODE_THREADS // 32
+DIMS_PER_LANE = MAX_HEAD_DIM // LANES_PER_KEY  # a thread's dimensions of its key: d = lane + 8n
+MAX_GROUP = 32  # decode: query heads a KV head serves (GQA)
+GROUP_DIMS = MAX_GROUP * MAX_HEAD_DIM  # decode: a group's accumulators, in shared memory
+MERGE_THREADS = 256  # merge_partitions: (dimension, partition group) pairs
+MERGE_WARPS = MERGE_THREADS // 32
 Q_TILE = 16  # prefill: queries per block
 KV_TILE = 16  # prefill: keys staged in shared memory per step
 PREFILL_THREADS = 128
@@ -30,172 +37,170 @@ PREFILL_BLOCKS_PER_SM = 6  # what its ~34 KB of shared memory allows; as a launc
 NEG_INF = float32(-math.inf)
 
 
-@cuda.jit(device=True, inline="always")
-def _lane_value(a, i, j, k, d, head_dim):
-    """a[i, j, k, d] as float32 (the pool may be float16), or 0 past the head."""
-    return float32(a[i, j, k, d]) if d < head_dim else float32(0.0)
-
-
-@jit_bounded(MAX_DECODE_THREADS)
+@jit_bounded((DECODE_THREADS, 1))
 def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_seq,
                            decode_rows, scale, window, softcap, part_acc, part_ml, out):
-    """Split-K, GQA-grouped decode attention, FlashDecoding style.
+    """Split-K, GQA-grouped decode attention, CHUNK keys at once.
 
-    Grid (len(decode_rows), n_kv, n_partitions), block (32 * group,): block (i, kvh, p)
-    takes query row r = decode_rows[i], the `group` query heads that share KV head
-    kvh (one warp each), and the keys p * PARTITION ... of that row's context (blocks
-    past the context exit). Lane l holds dimensions l, l + 32, l + 64, l + 96 of q,
-    and of its online-softmax sum, in registers (no local arrays): per key the
-    warp's loads are 128 consecutive bytes per dimension slot, the dot product is a
-    shfl_xor butterfly, and the group's warps read the same K/V row (one fetch from
-    memory, L1 for the rest). Keys go KEYS_PER_STEP at a time: two loads and two
-    butterflies in flight, one rescale of the running sum for the two. One
-    partition: out = acc / l directly; several: each
-    leaves its unnormalised acc (part_acc[i, h, p]) and (max, sum) (part_ml[i, h, p])
-    for merge_partitions. Traffic: each K/V row of the context once per KV head.
-    A padding row of a static step (position -1) has no keys: zeros. With a window,
-    partitions wholly before it exit, and merge_partitions skips them alike.
+    Grid (len(decode_rows), n_kv, n_partitions), block DECODE_THREADS: block (i, kvh,
+    p) takes query row r = decode_rows[i], the `group` query heads that share KV head
+    kvh, and keys p * PARTITION ... of r's context (blocks past it exit), a chunk of
+    CHUNK keys at a time. In a chunk, thread t serves key c = t // 8 with dimensions
+    e, e + 8, ... (e = t % 8): it loads its V dimensions into shared memory and its K
+    dimensions for the group's dot products (no load waits on another: one memory
+    latency for the chunk, where a warp walking the keys pays one per key); the 8
+    threads of a key reduce by three shuffles; a warp per head updates the head's
+    online softmax (lane = key); the block rescales its accumulators and adds the
+    chunk's weighted V from shared memory. One partition: out = acc / l; several:
+    the unnormalised acc (part_acc[i, h, p]) and (max, sum) (part_ml[i, h, p]) for
+    merge_partitions. A padding row (position -1) has no keys: zeros. With a window,
+    partitions wholly before it exit (merge skips them alike), and keys before it
+    weigh 0.
     """
-    lane, g = cuda.threadIdx.x % 32, cuda.threadIdx.x // 32
+    v_s = cuda.shared.array((CHUNK, MAX_HEAD_DIM), dtype=float32)
+    p_s = cuda.shared.array((MAX_GROUP, CHUNK), dtype=float32)  # scores, then weights
+    ml_s = cuda.shared.array((MAX_GROUP, 3), dtype=float32)  # a head's (max, sum, rescale)
+    acc_s = cuda.shared.array(GROUP_DIMS, dtype=float32)  # [g * head_dim + d]
+    t = cuda.threadIdx.x
     i, kvh, part = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
     r = decode_rows[i]
     head_dim, block_size = q.shape[2], k_cache.shape[1]
-    h = kvh * (q.shape[1] // k_cache.shape[2]) + g
+    group = q.shape[1] // k_cache.shape[2]
+    h0 = kvh * group  # the group's first query head
     n_keys = positions[r] + 1
     first = max(0, n_keys - window) if window > 0 else 0  # the window's first key
     start = part * PARTITION
     single = cuda.gridDim.z == 1
-    if start >= n_keys:
+    if start >= n_keys:  # (the whole block returns: no barrier is left waiting)
         if single:  # a padding row
-            for d in range(lane, head_dim, 32):
-                out[r, h, d] = float32(0.0)
+            for e in range(t, group * head_dim, DECODE_THREADS):
+                out[r, h0 + e // head_dim, e % head_dim] = float32(0.0)
         return
     if start + PARTITION <= first:  # wholly before the window (merge skips it)
         return
-    end = min(start + PARTITION, n_keys)
-    start = max(start, first)
-    d0, d1, d2, d3 = lane, lane + 32, lane + 64, lane + 96
-    q0 = q[r, h, d0] if d0 < head_dim else float32(0.0)
-    q1 = q[r, h, d1] if d1 < head_dim else float32(0.0)
-    q2 = q[r, h, d2] if d2 < head_dim else float32(0.0)
-    q3 = q[r, h, d3] if d3 < head_dim else float32(0.0)
-    a0 = a1 = a2 = a3 = float32(0.0)
-    m, l = NEG_INF, float32(0.0)
+    for e in range(t, group * head_dim, DECODE_THREADS):
+        acc_s[e] = float32(0.0)
+    if t < group:
+        ml_s[t, 0], ml_s[t, 1] = NEG_INF, float32(0.0)
+    c, lane = t // LANES_PER_KEY, t % LANES_PER_KEY
+    warp, key = t // 32, t % 32
     s = token_seq[r]
-    # KEYS_PER_STEP keys an iteration: their loads and butterflies are independent, so
-    # they overlap, and the running max and its rescale are paid once for both
-    # (one key at a time, batch 1 with a short context waits on each key's latency)
-    for j in range(start, end, KEYS_PER_STEP):
-        b0, o0 = _slot(block_tables, s, j, block_size)
-        b1, o1 = _slot(block_tables, s, j + 1, block_size)
-        # (a key past the end scores -inf: weight 0; the warp takes every shuffle)
-        s0 = _score(q0, q1, q2, q3, k_cache, b0, o0, kvh, lane, head_dim, scale, softcap, True)
-        s1 = _score(q0, q1, q2, q3, k_cache, b1, o1, kvh, lane, head_dim, scale, softcap,
-                    j + 1 < end)
-        m_new = max(m, max(s0, s1))
-        correction = math.exp(m - m_new)  # 0 on the first keys (m = -inf)
-        p0, p1 = math.exp(s0 - m_new), math.exp(s1 - m_new)
-        l = l * correction + (p0 + p1)
-        a0 = a0 * correction + _weighted(v_cache, kvh, d0, head_dim, b0, o0, p0, b1, o1, p1)
-        a1 = a1 * correction + _weighted(v_cache, kvh, d1, head_dim, b0, o0, p0, b1, o1, p1)
-        a2 = a2 * correction + _weighted(v_cache, kvh, d2, head_dim, b0, o0, p0, b1, o1, p1)
-        a3 = a3 * correction + _weighted(v_cache, kvh, d3, head_dim, b0, o0, p0, b1, o1, p1)
-        m = m_new
-    if single:
-        inv = float32(1.0) / l
-        _store_lanes(out, r, h, lane, head_dim, a0 * inv, a1 * inv, a2 * inv, a3 * inv)
-    else:
-        _store_part(part_acc, i, h, part, lane, head_dim, a0, a1, a2, a3)
-        if lane == 0:
-            part_ml[i, h, part, 0] = m
-            part_ml[i, h, part, 1] = l
+    end = min(start + PARTITION, n_keys)
+    for c0 in range(max(start, first - first % CHUNK), end, CHUNK):  # chunks with live keys
+        j = c0 + c
+        live = first <= j < end
+        block, offset = 0, 0
+        cuda.syncthreads()  # the last chunk's weights and V rows are read
+        if live:
+            block, offset = block_tables[s, j // block_size], j % block_size
+            for n in range(DIMS_PER_LANE):  # (a constant count: unrolled, loads in flight)
+                d = lane + LANES_PER_KEY * n
+                if d < head_dim:
+                    v_s[c, d] = float32(v_cache[block, offset, kvh, d])  # (pool may be float16)
+        for g in range(group):
+            partial = float32(0.0)
+            if live:
+                for n in range(DIMS_PER_LANE):
+                    d = lane + LANES_PER_KEY * n
+                    if d < head_dim:
+                        partial += q[r, h0 + g, d] * float32(k_cache[block, offset, kvh, d])
+            # key c's 8 threads are lanes 8k .. 8k + 7 of one warp: xor 4, 2, 1 stays inside
+            partial += cuda.shfl_xor_sync(FULL_MASK, partial, 4)
+            partial += cuda.shfl_xor_sync(FULL_MASK, partial, 2)
+            partial += cuda.shfl_xor_sync(FULL_MASK, partial, 1)
+            if lane == 0:
+                score = partial * scale
+                if softcap > float32(0.0):
+                    score = softcap * math.tanh(score / softcap)
+                p_s[g, c] = score if live else NEG_INF
+        cuda.syncthreads()  # the chunk's scores and V rows staged
+        for g in range(warp, group, DECODE_WARPS):  # a warp per head, a lane per key
+            score = p_s[g, key] if key < CHUNK else NEG_INF
+            m_old = ml_s[g, 0]
+            m_new = max(m_old, warp_max(score))  # (> -inf: the chunk holds a live key)
+            p = math.exp(score - m_new) if score > NEG_INF else float32(0.0)
+            total = warp_sum(p)
+            if key < CHUNK:
+                p_s[g, key] = p
+            if key == 0:
+                rescale = math.exp(m_old - m_new)  # 0 on the first chunk (m_old = -inf)
+                ml_s[g, 0], ml_s[g, 1], ml_s[g, 2] = m_new, ml_s[g, 1] * rescale + total, rescale
+        cuda.syncthreads()  # weights and rescales ready
+        lo, hi = max(first - c0, 0), min(end - c0, CHUNK)  # the live keys' rows
+        for e in range(t, group * head_dim, DECODE_THREADS):
+            g, d = e // head_dim, e % head_dim
+            a = acc_s[e] * ml_s[g, 2]
+            for k in range(lo, hi):
+                a += p_s[g, k] * v_s[k, d]
+            acc_s[e] = a
+    cuda.syncthreads()  # every accumulator and sum final
+    for e in range(t, group * head_dim, DECODE_THREADS):
+        g, d = e // head_dim, e % head_dim
+        if single:
+            out[r, h0 + g, d] = acc_s[e] / ml_s[g, 1]
+        else:
+            part_acc[i, h0 + g, part, d] = acc_s[e]
+    if not single and t < group:
+        part_ml[i, h0 + t, part, 0] = ml_s[t, 0]
+        part_ml[i, h0 + t, part, 1] = ml_s[t, 1]
 
 
 @cuda.jit(device=True, inline="always")
-def _slot(block_tables, s, j, block_size):
-    """(block, offset) of key j of sequence s; (-1, 0) past the table's end."""
-    col = j // block_size
-    if col >= block_tables.shape[1]:
-        return -1, 0
-    return block_tables[s, col], j % block_size
-
-
-@cuda.jit(device=True, inline="always")
-def _score(q0, q1, q2, q3, k_cache, block, offset, kvh, lane, head_dim, scale, softcap, live):
-    """q . k of one key, scaled and soft-capped (every lane gets it), or -inf for a key
-    not live. The warp always runs the butterfly: live is the same for all its lanes."""
-    partial = float32(0.0)
-    if live:
-        partial = (q0 * _lane_value(k_cache, block, offset, kvh, lane, head_dim)
-                   + q1 * _lane_value(k_cache, block, offset, kvh, lane + 32, head_dim)
-                   + q2 * _lane_value(k_cache, block, offset, kvh, lane + 64, head_dim)
-                   + q3 * _lane_value(k_cache, block, offset, kvh, lane + 96, head_dim))
-    total = warp_sum(partial) * scale
-    if softcap > float32(0.0):
-        total = softcap * math.tanh(total / softcap)
-    return total if live else NEG_INF
-
-
-@cuda.jit(device=True, inline="always")
-def _weighted(v_cache, kvh, d, head_dim, b0, o0, p0, b1, o1, p1):
-    """p0 * v0[d] + p1 * v1[d] (a key of weight 0 is not read)."""
-    acc = p0 * _lane_value(v_cache, b0, o0, kvh, d, head_dim)
-    if p1 > float32(0.0):
-        acc += p1 * _lane_value(v_cache, b1, o1, kvh, d, head_dim)
-    return acc
-
-
-@cuda.jit(device=True, inline="always")
-def _store_lanes(out, r, h, lane, head_dim, a0, a1, a2, a3):
-    if lane < head_dim:
-        out[r, h, lane] = a0
-    if lane + 32 < head_dim:
-        out[r, h, lane + 32] = a1
-    if lane + 64 < head_dim:
-        out[r, h, lane + 64] = a2
-    if lane + 96 < head_dim:
-        out[r, h, lane + 96] = a3
-
-
-@cuda.jit(device=True, inline="always")
-def _store_part(part_acc, i, h, part, lane, head_dim, a0, a1, a2, a3):
-    if lane < head_dim:
-        part_acc[i, h, part, lane] = a0
-    if lane + 32 < head_dim:
-        part_acc[i, h, part, lane + 32] = a1
-    if lane + 64 < head_dim:
-        part_acc[i, h, part, lane + 64] = a2
-    if lane + 96 < head_dim:
-        part_acc[i, h, part, lane + 96] = a3
+def _block_reduce(value, scratch, is_max):
+    """Max (is_max) or sum of value over the block's threads (MERGE_THREADS): every
+    thread gets it. scratch: a shared array of MERGE_WARPS floats."""
+    t = cuda.threadIdx.x
+    value = warp_max(value) if is_max else warp_sum(value)
+    if t % 32 == 0:
+        scratch[t // 32] = value
+    cuda.syncthreads()  # each warp's result written
+    value = scratch[0]
+    for w in range(1, MERGE_WARPS):
+        value = max(value, scratch[w]) if is_max else value + scratch[w]
+    cuda.syncthreads()  # read by all before scratch is written again
+    return value
 
 
 @cached_kernel()
 def merge_partitions(positions, decode_rows, window, part_acc, part_ml, out):
-    """Grid (len(decode_rows), n_heads), block (MERGE_THREADS,): thread d combines
-    dimension d of the partitions of row decode_rows[i], head h, by log-sum-exp:
-    out = sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p. Reads only
-    the partitions the row's context (or window) reaches (none for a padding row:
-    zeros).
-    Traffic: n_parts x (D + 2) floats a (row, head), against the 2 x context x D of
-    K/V that the split kernel read."""
-    i, h, d = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
-    if d >= out.shape[2]:
-        return
+    """Grid (len(decode_rows), n_heads), block MERGE_THREADS: combines the partitions of
+    row decode_rows[i], head h, by log-sum-exp: out = sum_p acc_p e^(m_p - M) /
+    sum_p l_p e^(m_p - M), M = max_p m_p. The block finds M and the sum together
+    (a partition a thread), then thread (d, g) sums dimension d over partitions g,
+    g + G, ... (G = MERGE_THREADS // head_dim groups), and the groups' sums are added
+    in shared memory. Reads only the partitions the row's context (or window)
+    reaches (none for a padding row: zeros)."""
+    scratch = cuda.shared.array(MERGE_WARPS, dtype=float32)
+    sums = cuda.shared.array(MERGE_THREADS, dtype=float32)
+    i, h, t = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+    head_dim = out.shape[2]
     r = decode_rows[i]
     n_parts = (positions[r] + PARTITION) // PARTITION  # ceil((position + 1) / PARTITION)
-    if n_parts <= 0:
-        out[r, h, d] = float32(0.0)
+    if n_parts <= 0:  # (the whole block returns)
+        for d in range(t, head_dim, MERGE_THREADS):
+            out[r, h, d] = float32(0.0)
         return
     first = max(0, positions[r] + 1 - window) // PARTITION if window > 0 else 0
     m_max = NEG_INF
-    for p in range(first, n_parts):
+    for p in range(first + t, n_parts, MERGE_THREADS):
         m_max = max(m_max, part_ml[i, h, p, 0])
-    total, acc = float32(0.0), float32(0.0)
-    for p in range(first, n_parts):
-        weight = math.exp(part_ml[i, h, p, 0] - m_max)
-        total += part_ml[i, h, p, 1] * weight
-        acc += part_acc[i, h, p, d] * weight
-    out[r, h, d] = acc / total
+    m_max = _block_reduce(m_max, scratch, True)
+    total = float32(0.0)
+    for p in range(first + t, n_parts, MERGE_THREADS):
+        total += part_ml[i, h, p, 1] * math.exp(part_ml[i, h, p, 0] - m_max)
+    total = _block_reduce(total, scratch, False)
+    groups = MERGE_THREADS // head_dim
+    d, g = t % head_dim, t // head_dim
+    acc = float32(0.0)
+    if g < groups:
+        for p in range(first + g, n_parts, groups):
+            acc += part_acc[i, h, p, d] * math.exp(part_ml[i, h, p, 0] - m_max)
+    sums[t] = acc
+    cuda.syncthreads()  # every group's sum written
+    if g == 0:
+        for k in range(1, groups):
+            acc += sums[d + k * head_dim]
+        out[r, h, d] = acc / total
 
 
 @jit_bounded((PREFILL_THREADS, PREFILL_BLOCKS_PER_SM))

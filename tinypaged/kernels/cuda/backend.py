@@ -241,7 +241,7 @@ class CudaBackend:
         if isinstance(weight, DevicePacked):
             self._packed_product(x, weight, bias, has_bias, out)
         elif _decode(x):
-            self._launch(matmul.gemv_rows, matmul.gemv_blocks(n_out), matmul.GEMV_THREADS,
+            self._launch(matmul.gemv_rows, matmul.float_gemv_blocks(n_out), matmul.GEMV_THREADS,
                          x, weight, bias, has_bias, out)
         else:
             grid = (ceil_div(n_out, matmul.TILE), ceil_div(n_rows, matmul.TILE))
@@ -269,12 +269,12 @@ class CudaBackend:
         q, k, v = (self._empty(x.shape[0], w.shape[0]) for w in (wq, wk, wv))
         has_bias = bq is not None
         bq, bk, bv = (b if has_bias else self._no_bias for b in (bq, bk, bv))
-        blocks = matmul.gemv_blocks(wq.shape[0] + wk.shape[0] + wv.shape[0])
+        rows = wq.shape[0] + wk.shape[0] + wv.shape[0]
         if isinstance(wq, DevicePacked):
-            self._launch(wq.decode_kernels[1], blocks, matmul.GEMV_THREADS,
+            self._launch(wq.decode_kernels[1], matmul.gemv_blocks(rows), matmul.GEMV_THREADS,
                          x, wq.decode, wk.decode, wv.decode, bq, bk, bv, has_bias, q, k, v)
         else:
-            self._launch(matmul.gemv_qkv, blocks, matmul.GEMV_THREADS,
+            self._launch(matmul.gemv_qkv, matmul.float_gemv_blocks(rows), matmul.GEMV_THREADS,
                          x, wq, wk, wv, bq, bk, bv, has_bias, q, k, v)
         return q, k, v
 
@@ -285,12 +285,12 @@ class CudaBackend:
         if not _decode(x):
             return self.silu_mul(self._product(x, w_gate), self._product(x, w_up))
         out = self._empty(x.shape[0], w_gate.shape[0])
-        blocks = matmul.gemv_blocks(w_gate.shape[0])
+        rows = w_gate.shape[0]
         if isinstance(w_gate, DevicePacked):
-            self._launch(w_gate.decode_kernels[2], blocks, matmul.GEMV_THREADS,
+            self._launch(w_gate.decode_kernels[2], matmul.gemv_blocks(rows), matmul.GEMV_THREADS,
                          x, w_gate.decode, w_up.decode, out)
         else:
-            self._launch(matmul.gemv_gate_up_silu, blocks, matmul.GEMV_THREADS,
+            self._launch(matmul.gemv_gate_up_silu, matmul.float_gemv_blocks(rows), matmul.GEMV_THREADS,
                          x, w_gate, w_up, out)
         return out
 
@@ -320,21 +320,22 @@ class CudaBackend:
         return out
 
     def _decode_attention(self, args, meta, scale, window, cap, out):
-        """Split-K decode: a block per (row, KV head, partition), a warp per query head
-        of the GQA group; partitions merged by log-sum-exp when there are several."""
+        """Split-K decode: a block per (row, KV head, partition of attention.PARTITION
+        keys), all of a partition's keys loaded at once; partitions merged by
+        log-sum-exp when there are several."""
         q, k_cache = args[0], args[1]
         n_rows, n_heads, head_dim = meta.num_decode, q.shape[1], q.shape[2]
         group = n_heads // k_cache.shape[2]
-        if 32 * group > 1024:
+        if group > attention.MAX_GROUP:
             raise ValueError(f"a GQA group of {group} query heads per KV head exceeds the "
-                             "decode kernel's 32 warps a block")
+                             f"decode kernel's MAX_GROUP={attention.MAX_GROUP}")
         parts = meta.decode_partitions
         # (one partition writes out directly; the partials are then placeholders)
         part_acc = self._empty(n_rows, n_heads, parts, head_dim) if parts > 1 else self._empty(1, 1, 1, 1)
         part_ml = self._empty(n_rows, n_heads, parts, 2) if parts > 1 else self._empty(1, 1, 1, 2)
         self._launch(attention.paged_attention_decode, (n_rows, k_cache.shape[2], parts),
-                     32 * group, *args, meta.decode_rows, scale, window, cap, part_acc, part_ml,
-                     out)
+                     attention.DECODE_THREADS, *args, meta.decode_rows, scale, window, cap,
+                     part_acc, part_ml, out)
         if parts > 1:
             self._launch(attention.merge_partitions, (n_rows, n_heads), attention.MERGE_THREADS,
                          meta.positions, meta.decode_rows, window, part_acc, part_ml, out)

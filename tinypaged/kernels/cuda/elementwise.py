@@ -3,42 +3,62 @@ add + RMSNorm, RoPE + KV write, SiLU-mul, embedding gather, row gather, and the
 block copy behind copy-on-write."""
 import math
 
-from numba import cuda, float32
+from numba import config, cuda, float32
 
 from .disk_cache import cached_kernel
 from .exact import add_rn, mul_rn, sub_rn
 from .warp import warp_max, warp_sum
 
-NORM_THREADS = 32  # add_rms_norm: threads per token row (a warp)
+# add_rms_norm: threads per token row (hidden up to 1024 in one pass); the simulator runs
+# a Python thread per CUDA thread, so it takes two warps (the cross-warp sum still runs)
+GPU_NORM_THREADS = 1024
+NORM_THREADS = 64 if config.ENABLE_CUDASIM else GPU_NORM_THREADS
+NORM_WARPS = NORM_THREADS // 32
 ROW_THREADS = 32  # row-wise copies: threads per row
 
 
 @cached_kernel()
 def add_rms_norm(x, residual, has_residual, weight, eps, out, rounded, do_round):
-    """Grid (T,), block NORM_THREADS (one warp). Row t: r = x + residual (stored back
-    into residual) or x alone, out = r * rsqrt(mean(r^2) + eps) * weight. One read of
-    x and residual, one write of each output; the lanes' sums of squares meet in a
-    shfl_xor butterfly (the same order every run: a replayed step equals the eager
-    one bit for bit). do_round (hidden a multiple of 32): rounded also gets out as
-    products with packed weights take it (reference.round_activations), each block
-    of 32 values being one step of the warp, its max met by shuffles: that saves a
-    round_activations launch before the packed q/k/v and gate/up products."""
+    """Grid (T,), block NORM_THREADS. Row t: r = x + residual (stored back into
+    residual) or x alone, out = r * rsqrt(mean(r^2) + eps) * weight. One read of x
+    and residual, one write of each output; a block per row, so a hidden size of up
+    to NORM_THREADS is one load per thread, all in flight at once (a warp walking the
+    row waits on each of its steps). The sum of squares: each warp's by a shfl_xor
+    butterfly, then the warps' in order from shared memory (the same order every run:
+    a replayed step equals the eager one bit for bit). do_round (hidden a multiple of
+    32): rounded also gets out as products with packed weights take it
+    (reference.round_activations), each block of 32 values being one warp's step,
+    its max met by shuffles: that saves a round_activations launch before the packed
+    q/k/v and gate/up products."""
+    scratch = cuda.shared.array(NORM_WARPS, dtype=float32)
     row, t = cuda.blockIdx.x, cuda.threadIdx.x
     hidden = x.shape[1]
     ss = float32(0.0)
-    for i in range(t, hidden, NORM_THREADS):
+    kept, kept_weight = float32(0.0), float32(0.0)  # a row of at most NORM_THREADS: this
+    for i in range(t, hidden, NORM_THREADS):        # thread's value and weight, kept
         v = x[row, i]
         if has_residual:
             v += residual[row, i]
             residual[row, i] = v
         ss += v * v
+        kept, kept_weight = v, weight[i]  # (loaded with x: no second round trip)
+    ss = warp_sum(ss)
+    if t % 32 == 0:
+        scratch[t // 32] = ss
+    cuda.syncthreads()  # every warp's sum written
+    total = scratch[0]
+    for w in range(1, NORM_WARPS):
+        total += scratch[w]
     # (hidden is an integer: divided as is, the mean would be float64 on the GPU)
-    scale = float32(1.0) / math.sqrt(warp_sum(ss) / float32(hidden) + eps)
+    scale = float32(1.0) / math.sqrt(total / float32(hidden) + eps)
     for i0 in range(0, hidden, NORM_THREADS):  # (every lane takes every step: shuffles)
         i = i0 + t
         v = float32(0.0)
         if i < hidden:
-            v = (residual[row, i] if has_residual else x[row, i]) * scale * weight[i]
+            if hidden <= NORM_THREADS:
+                v = kept * scale * kept_weight
+            else:
+                v = (residual[row, i] if has_residual else x[row, i]) * scale * weight[i]
             out[row, i] = v
         if do_round:
             d, inverse = block_step(warp_max(abs(v)))

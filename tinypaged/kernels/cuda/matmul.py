@@ -121,54 +121,103 @@ def _store_rows(out, bias, has_bias, n, acc, lane, n_rows):
                 out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
 
 
+@cuda.jit(device=True, inline="always")
+def _block_row_dots(x, w, w2, n, acc, acc2, sums):
+    """acc[m] (in every thread) = x[m] . W[n] for the rows m of x, and acc2[m] = x[m] .
+    W2[n] when w2 is given (gate and up: both rows' loads in one pass), the block's
+    GEMV_WARPS warps splitting the row: thread t takes the VEC consecutive weights at
+    32 VEC GEMV_WARPS i + VEC t, so each warp reads 256 coalesced bytes a step and a
+    576-wide row is two steps of a thread instead of five of a warp (fewer loads
+    waiting on each other: the float GEMVs are bound by that latency at batch 1,
+    not by bandwidth). Each warp's partial sums meet in a shfl_xor butterfly, then
+    the warps' in shared memory (sums: (2, GEMV_WARPS, GEMV_MAX_ROWS)), in order.
+    For one matrix, w2 is None and acc2 is acc (numba compiles the second one out)."""
+    n_rows, width = x.shape
+    t = cuda.threadIdx.x
+    lane, warp = t % WARP, t // WARP
+    two = w2 is not None
+    for m in range(GEMV_MAX_ROWS):
+        acc[m] = float32(0.0)
+        acc2[m] = float32(0.0)
+    for k0 in range(t * VEC, width, GEMV_THREADS * VEC):
+        for v in range(VEC):
+            k = k0 + v
+            if k < width:
+                wk = float32(w[n, k])
+                wk2 = float32(w2[n, k]) if two else float32(0.0)
+                for m in range(GEMV_MAX_ROWS):
+                    if m < n_rows:
+                        xk = x[m, k]
+                        acc[m] += wk * xk
+                        if two:
+                            acc2[m] += wk2 * xk
+    _warp_sum_rows(acc, n_rows)
+    if two:
+        _warp_sum_rows(acc2, n_rows)
+    if lane == 0:
+        for m in range(GEMV_MAX_ROWS):
+            sums[0, warp, m] = acc[m]
+            sums[1, warp, m] = acc2[m]
+    cuda.syncthreads()  # every warp's partial sums written
+    for m in range(GEMV_MAX_ROWS):
+        total, total2 = sums[0, 0, m], sums[1, 0, m]
+        for g in range(1, GEMV_WARPS):
+            total += sums[0, g, m]
+            total2 += sums[1, g, m]
+        acc[m], acc2[m] = total, total2
+    cuda.syncthreads()  # read by all before the next row writes sums
+
+
 @jit_bounded(GEMV_BOUNDS)
 def gemv_rows(x, w, bias, has_bias, out):
-    """Blocks of GEMV_WARPS warps; warp g of the grid owns W rows g, g + warps, ...
-    (_warp_row_dots); lane 0 writes their outputs. Traffic: W once, coalesced; x
+    """A block per W row (grid-stride over rows: block b owns rows b, b + blocks, ...;
+    _block_row_dots); thread 0 writes its outputs. Traffic: W once, coalesced; x
     (M x K floats) from L1/L2 once per row."""
-    lane = cuda.threadIdx.x % WARP
-    first, stride = _first_warp_and_stride()
+    sums = cuda.shared.array((2, GEMV_WARPS, GEMV_MAX_ROWS), dtype=float32)
     acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-    for n in range(first, w.shape[0], stride):
-        _warp_row_dots(x, w, n, lane, acc)
-        _store_rows(out, bias, has_bias, n, acc, lane, x.shape[0])
+    for n in range(cuda.blockIdx.x, w.shape[0], cuda.gridDim.x):
+        _block_row_dots(x, w, None, n, acc, acc, sums)
+        _store_rows(out, bias, has_bias, n, acc, cuda.threadIdx.x, x.shape[0])
 
 
 @jit_bounded(GEMV_BOUNDS)
 def gemv_qkv(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out):
-    """The q, k and v projections in one launch: warps stride over Nq + 2 Nk rows;
+    """The q, k and v projections in one launch: blocks stride over Nq + 2 Nk rows;
     row g is row g of Wq, then of Wk, then of Wv (layout as gemv_rows)."""
-    lane = cuda.threadIdx.x % WARP
-    first, stride = _first_warp_and_stride()
+    sums = cuda.shared.array((2, GEMV_WARPS, GEMV_MAX_ROWS), dtype=float32)
     nq, nk = wq.shape[0], wk.shape[0]
     acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-    for g in range(first, nq + 2 * nk, stride):
+    for g in range(cuda.blockIdx.x, nq + 2 * nk, cuda.gridDim.x):
         if g < nq:
             w, b, out, n = wq, bq, q_out, g
         elif g < nq + nk:
             w, b, out, n = wk, bk, k_out, g - nq
         else:
             w, b, out, n = wv, bv, v_out, g - nq - nk
-        _warp_row_dots(x, w, n, lane, acc)
-        _store_rows(out, b, has_bias, n, acc, lane, x.shape[0])
+        _block_row_dots(x, w, None, n, acc, acc, sums)
+        _store_rows(out, b, has_bias, n, acc, cuda.threadIdx.x, x.shape[0])
 
 
 @jit_bounded(GEMV_BOUNDS)
 def gemv_gate_up_silu(x, w_gate, w_up, out):
-    """The MLP's middle in one launch: out = silu(x @ Wg.T) * (x @ Wu.T); warps stride
+    """The MLP's middle in one launch: out = silu(x @ Wg.T) * (x @ Wu.T); blocks stride
     over the I rows, each taking row n of both matrices (layout as gemv_rows)."""
-    lane = cuda.threadIdx.x % WARP
-    first, stride = _first_warp_and_stride()
+    sums = cuda.shared.array((2, GEMV_WARPS, GEMV_MAX_ROWS), dtype=float32)
     gate = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
     up = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-    for n in range(first, w_gate.shape[0], stride):
-        _warp_row_dots(x, w_gate, n, lane, gate)
-        _warp_row_dots(x, w_up, n, lane, up)
-        if lane == 0:
+    for n in range(cuda.blockIdx.x, w_gate.shape[0], cuda.gridDim.x):
+        _block_row_dots(x, w_gate, w_up, n, gate, up, sums)
+        if cuda.threadIdx.x == 0:
             for m in range(GEMV_MAX_ROWS):
                 if m < x.shape[0]:
                     g = gate[m]
                     out[m, n] = g / (float32(1.0) + math.exp(-g)) * up[m]
+
+
+def float_gemv_blocks(rows: int) -> int:
+    """Blocks for a float GEMV over `rows` weight rows: a block per row (two on the
+    simulator, as gemv_blocks)."""
+    return min(SIMULATOR_GEMV_BLOCKS, rows) if config.ENABLE_CUDASIM else rows
 
 
 def gemv_blocks(rows: int) -> int:

@@ -112,7 +112,7 @@ def block_threads(label: str) -> int:
             **{f"gemv_{q}{f}": matmul.GEMV_THREADS for q in ("q8_0", "q4", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
                for f in ("", "_qkv", "_gate_up_silu")},
             "gemv_qkv": matmul.GEMV_THREADS, "gemv_gate_up_silu": matmul.GEMV_THREADS,
-            "paged_attention_decode": 4 * 32,  # a GQA group of 4 (SmolLM2's is 3)
+            "paged_attention_decode": attention.DECODE_THREADS,
             "merge_partitions": attention.MERGE_THREADS,
             "paged_attention_prefill": attention.PREFILL_THREADS,
             "add_rms_norm": elementwise.NORM_THREADS, "rope_write_kv": attention.MAX_HEAD_DIM // 2,
@@ -160,6 +160,18 @@ def compile_all(cc: tuple[int, int] = (9, 0)) -> dict[str, str]:
             for label, kernel, args in signatures()}
 
 
+def step_model_report(config_dir: str, batch: str = "1", context: str = "64") -> str:
+    """The latency model (step_model.py) of a decode step of the model at config_dir,
+    float16 weights."""
+    from ...model.config import ModelConfig
+    from .step_model import decode_step, report
+    cfg = ModelConfig.from_json(config_dir)
+    kernels = decode_step(cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+                          cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size,
+                          cfg.vocab_size, int(batch), int(context))
+    return report(kernels, int(batch))
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--audit"]:
         print(json.dumps(audit()))
@@ -167,6 +179,9 @@ def main(argv: list[str]) -> None:
     if argv[:1] == ["--resources"]:
         from .resources import table
         print(table(resources()))
+        return
+    if argv[:1] == ["--step-model"]:  # --step-model CONFIG_DIR [BATCH [CONTEXT]]
+        print(step_model_report(*argv[1:]))
         return
     cc = tuple(int(p) for p in argv[0].split(".")) if argv else (9, 0)
     for label, ptx in compile_all(cc).items():

@@ -1,0 +1,40 @@
+"""The decode step's latency model (kernels/cuda/step_model.py): its kernels are the
+ones a recorded step launches, and the design it describes reaches the goal of
+issue 33 (SmolLM2, batch 1, graph mode: >= 1,000 tokens/s) under its assumptions."""
+import pytest
+
+from tinypaged.kernels.cuda.step_model import ASSUMPTIONS, KernelCost, decode_step, predict
+
+SMOLLM2 = dict(hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64, intermediate=1536,
+               vocab=49152)
+
+
+def test_smollm2_batch_1_is_predicted_at_1000_tokens_a_second_or_more():
+    result = predict(decode_step(**SMOLLM2, batch=1, context=64))
+    assert 1e6 / result["step_us"] >= 1000
+    # 8 kernels a layer, 3 row gathers, the final norm, lm_head and the argmax: what
+    # test_cuda_graphs counts for a 30-layer step (245 launches + the argmax)
+    assert result["launches"] == 246
+    assert result["bound_by"] in {k.name for k in decode_step(**SMOLLM2)}
+
+
+def test_a_long_context_adds_the_merge_and_costs_more():
+    short = predict(decode_step(**SMOLLM2, context=64))
+    long = predict(decode_step(**SMOLLM2, context=8192))
+    assert long["launches"] == short["launches"] + 30  # a merge a layer
+    assert long["step_us"] > short["step_us"]
+
+
+def test_a_kernel_costs_its_bandwidth_or_its_latency_whichever_is_more():
+    node, sync = ASSUMPTIONS["node_us"], ASSUMPTIONS["sync_us"]
+    streaming = KernelCost("copy", 1, 400_000_000, 132 * 8, 256, 1, 0)  # 100 us at 4 TB/s
+    assert streaming.micros() == pytest.approx(node + 100.0)
+    waiting = KernelCost("chain", 1, 1000, 1, 32, 5, 2)  # five dependent loads
+    assert waiting.micros() == pytest.approx(node + 5 * ASSUMPTIONS["round_trip_us"] + 2 * sync)
+    waves = KernelCost("wide", 1, 1000, 132 * 16 * 3, 128, 1, 0)  # the grid fills the GPU 3 times
+    assert waves.waves() == 3
+
+
+def test_batches_past_the_gemv_steps_are_refused():
+    with pytest.raises(ValueError, match="batch=16: the model covers the GEMV steps"):
+        decode_step(**SMOLLM2, batch=16)
