@@ -44,6 +44,7 @@ def main():
     out = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=8,
                                                              ignore_eos=True))
     seconds = time.perf_counter() - start
+    llm.close()  # (the engine thread stopped before the interpreter exits)
     hits = misses = 0
     for kernel in kernel_dispatchers():
         hits += sum(kernel.stats.cache_hits.values())

@@ -177,6 +177,17 @@ def test_a_context_growing_past_an_attention_partition_is_recorded_again(tmp_pat
     assert engine.runner.model.ops.replays >= 2
 
 
+def _eager_logits_of_five_tokens(model_dir) -> list:
+    """Every step's logits of the eager engine on the capture tests' request."""
+    eager = _pressure_engine(model_dir, False)
+    logits = _record_logits(eager)
+    eager.add_request([5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=6,
+                                                      ignore_eos=True))
+    while eager.has_unfinished():
+        eager.step()
+    return logits
+
+
 def test_a_captured_graph_is_one_launch_and_replays_the_eager_steps(tiny_model_dir, monkeypatch):
     """Capture made to succeed on any machine (on the simulator, the "graph" replays
     the recorded launches): a replayed step counts one graph launch and no kernel
@@ -203,13 +214,7 @@ def test_a_captured_graph_is_one_launch_and_replays_the_eager_steps(tiny_model_d
             ops.replays - before[2]) == (1, 1, 1)
     while engine.has_unfinished():
         engine.step()
-    eager = _pressure_engine(tiny_model_dir, False)
-    eager_logits = _record_logits(eager)
-    eager.add_request([5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=6,
-                                                      ignore_eos=True))
-    while eager.has_unfinished():
-        eager.step()
-    _assert_same_steps(logits, eager_logits)
+    _assert_same_steps(logits, _eager_logits_of_five_tokens(tiny_model_dir))
 
 
 def test_a_failed_capture_warns_once_and_replays_kernel_by_kernel(tiny_model_dir, monkeypatch):
@@ -230,10 +235,4 @@ def test_a_failed_capture_warns_once_and_replays_kernel_by_kernel(tiny_model_dir
     assert len([w for w in warned if "capture failed" in str(w.message)]) == 1
     ops = engine.runner.model.ops
     assert ops.replays >= 3 and ops.graph_launches == 0
-    eager = _pressure_engine(tiny_model_dir, False)
-    eager_logits = _record_logits(eager)
-    eager.add_request([5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=6,
-                                                      ignore_eos=True))
-    while eager.has_unfinished():
-        eager.step()
-    _assert_same_steps(logits, eager_logits)
+    _assert_same_steps(logits, _eager_logits_of_five_tokens(tiny_model_dir))

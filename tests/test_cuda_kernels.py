@@ -37,17 +37,18 @@ def test_linear(gpu, rows, weight_dtype):
     np.testing.assert_allclose(got, reference.linear(x, w), **TOL)
 
 
-@pytest.mark.parametrize("blocks", [None, 2])  # a warp per row; 8 warps striding over 45
+@pytest.mark.parametrize("blocks", [None, 2])  # the simulator's two blocks; 45, a block a row
 def test_warp_gemv_over_long_rows_and_every_decode_row(gpu, blocks):
-    """K = 300: each lane takes several 4-weight chunks of a row (the warp covers 128
-    weights a step, the last step partly); M = 8 = GEMV_MAX_ROWS."""
+    """K = 300: a block's threads split a row into 4-weight chunks (ROW_WARPS warps
+    cover 128 weights a warp a step, the last step partly), then sum across warps;
+    M = 8 = GEMV_MAX_ROWS; two blocks stride over the 45 rows, or a block a row."""
     rng = np.random.default_rng(8)
     w = rand(rng, 45, 300).astype(np.float16)
     x, bias = rand(rng, matmul.GEMV_MAX_ROWS, 300), rand(rng, 45)
     out = cuda.device_array((x.shape[0], 45), np.float32)
-    grid = blocks or matmul.gemv_blocks(45)
-    matmul.gemv_rows[grid, matmul.GEMV_THREADS](cuda.to_device(x), cuda.to_device(w),
-                                                cuda.to_device(bias), True, out)
+    grid = blocks or matmul.float_gemv_blocks(45)
+    matmul.gemv_rows[grid, matmul.ROW_THREADS](cuda.to_device(x), cuda.to_device(w),
+                                               cuda.to_device(bias), True, out)
     np.testing.assert_allclose(out.copy_to_host(), reference.linear(x, w.astype(np.float32), bias),
                                **TOL)
 

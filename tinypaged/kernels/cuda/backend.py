@@ -241,7 +241,7 @@ class CudaBackend:
         if isinstance(weight, DevicePacked):
             self._packed_product(x, weight, bias, has_bias, out)
         elif _decode(x):
-            self._launch(matmul.gemv_rows, matmul.float_gemv_blocks(n_out), matmul.GEMV_THREADS,
+            self._launch(matmul.gemv_rows, matmul.float_gemv_blocks(n_out), matmul.ROW_THREADS,
                          x, weight, bias, has_bias, out)
         else:
             grid = (ceil_div(n_out, matmul.TILE), ceil_div(n_rows, matmul.TILE))
@@ -274,7 +274,7 @@ class CudaBackend:
             self._launch(wq.decode_kernels[1], matmul.gemv_blocks(rows), matmul.GEMV_THREADS,
                          x, wq.decode, wk.decode, wv.decode, bq, bk, bv, has_bias, q, k, v)
         else:
-            self._launch(matmul.gemv_qkv, matmul.float_gemv_blocks(rows), matmul.GEMV_THREADS,
+            self._launch(matmul.gemv_qkv, matmul.float_gemv_blocks(rows), matmul.ROW_THREADS,
                          x, wq, wk, wv, bq, bk, bv, has_bias, q, k, v)
         return q, k, v
 
@@ -290,7 +290,7 @@ class CudaBackend:
             self._launch(w_gate.decode_kernels[2], matmul.gemv_blocks(rows), matmul.GEMV_THREADS,
                          x, w_gate.decode, w_up.decode, out)
         else:
-            self._launch(matmul.gemv_gate_up_silu, matmul.float_gemv_blocks(rows), matmul.GEMV_THREADS,
+            self._launch(matmul.gemv_gate_up_silu, matmul.float_gemv_blocks(rows), matmul.ROW_THREADS,
                          x, w_gate, w_up, out)
         return out
 

@@ -48,8 +48,9 @@ def _weight(w, n, k, half):
 
 @cuda.jit(device=True, inline="always")
 def _q8_0_row_dots(x, w, n, lane, acc):
-    """acc[m] = x[m] . W[n] in every lane (as matmul._warp_row_dots), on Q8_0 quants
-    read as int32 words of 4 (one 4-byte load a lane; the warp reads 128 bytes)."""
+    """acc[m] = x[m] . W[n] in every lane (a warp a row, its lanes on consecutive
+    words, partial sums met by shuffles), on Q8_0 quants read as int32 words of 4
+    (one 4-byte load a lane; the warp reads 128 bytes)."""
     words, scales = w[0], w[1]
     n_rows, width = x.shape
     for m in range(GEMV_MAX_ROWS):

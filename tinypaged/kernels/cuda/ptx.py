@@ -107,11 +107,11 @@ def signatures() -> list[tuple[str, object, tuple]]:
 def block_threads(label: str) -> int:
     """Threads per block the backend launches the kernel with (RoPE: a 128-wide head)."""
     name = label.split("[")[0]
-    return {"matmul_tiled": matmul.TILE * matmul.TILE, "gemv_rows": matmul.GEMV_THREADS,
+    return {"matmul_tiled": matmul.TILE * matmul.TILE, "gemv_rows": matmul.ROW_THREADS,
             "matmul_tiled_packed": matmul.TILE * matmul.TILE,
             **{f"gemv_{q}{f}": matmul.GEMV_THREADS for q in ("q8_0", "q4", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
                for f in ("", "_qkv", "_gate_up_silu")},
-            "gemv_qkv": matmul.GEMV_THREADS, "gemv_gate_up_silu": matmul.GEMV_THREADS,
+            "gemv_qkv": matmul.ROW_THREADS, "gemv_gate_up_silu": matmul.ROW_THREADS,
             "paged_attention_decode": attention.DECODE_THREADS,
             "merge_partitions": attention.MERGE_THREADS,
             "paged_attention_prefill": attention.PREFILL_THREADS,
