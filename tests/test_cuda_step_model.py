@@ -38,3 +38,22 @@ def test_a_kernel_costs_its_bandwidth_or_its_latency_whichever_is_more():
 def test_batches_past_the_gemv_steps_are_refused():
     with pytest.raises(ValueError, match="batch=16: the model covers the GEMV steps"):
         decode_step(**SMOLLM2, batch=16)
+
+
+def test_the_resource_report_prints_the_model_for_a_config(tmp_path):
+    """`python -m tinypaged.kernels.cuda.ptx --step-model DIR [BATCH [CONTEXT]]`: a
+    config.json's shapes (SmolLM2's here), the table, the assumptions, the verdict."""
+    import json
+    import re
+    import subprocess
+    import sys
+    (tmp_path / "config.json").write_text(json.dumps({
+        "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152}))
+    result = subprocess.run([sys.executable, "-m", "tinypaged.kernels.cuda.ptx", "--step-model",
+                             str(tmp_path), "1", "48"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "assumptions: node_us=0.51" in result.stdout
+    verdict = re.search(r"predicted step: (\d+) us, 246 launches: (\d+) tokens/s at batch 1; "
+                        r"bound by (\S+)", result.stdout)
+    assert verdict and int(verdict[2]) >= 1000, result.stdout[-1500:]

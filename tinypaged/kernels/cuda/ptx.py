@@ -11,6 +11,7 @@ extra) and must run without NUMBA_ENABLE_CUDASIM.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 
@@ -161,14 +162,16 @@ def compile_all(cc: tuple[int, int] = (9, 0)) -> dict[str, str]:
 
 
 def step_model_report(config_dir: str, batch: str = "1", context: str = "64") -> str:
-    """The latency model (step_model.py) of a decode step of the model at config_dir,
-    float16 weights."""
-    from ...model.config import ModelConfig
+    """The latency model (step_model.py) of a decode step of the model whose
+    config.json is in config_dir (its shapes only), float16 weights."""
     from .step_model import decode_step, report
-    cfg = ModelConfig.from_json(config_dir)
-    kernels = decode_step(cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
-                          cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size,
-                          cfg.vocab_size, int(batch), int(context))
+    with open(os.path.join(config_dir, "config.json")) as f:
+        cfg = json.load(f)
+    heads = cfg["num_attention_heads"]
+    kernels = decode_step(cfg["hidden_size"], cfg["num_hidden_layers"], heads,
+                          cfg.get("num_key_value_heads", heads),
+                          cfg.get("head_dim") or cfg["hidden_size"] // heads,
+                          cfg["intermediate_size"], cfg["vocab_size"], int(batch), int(context))
     return report(kernels, int(batch))
 
 
