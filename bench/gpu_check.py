@@ -1,8 +1,9 @@
 """GPU check, for a machine with an NVIDIA GPU (made for an H200, no network).
 
 Starts with a preflight (versions, NVVM, one kernel, one two-node CUDA graph: it
-stops with one line naming what failed), prints one table of measurements, then runs the CUDA test files for real
-(under a time limit, so that a hang cannot eat the machine's minutes). Each timed
+stops with one line naming what failed), prints one table of measurements, then
+runs the CUDA test files for real (under a time limit, so that a hang cannot eat
+the machine's minutes). Each timed
 row stands beside a predicted one (bytes / measured copy bandwidth + launches x measured launch cost):
 - the card's copy bandwidth, a Python kernel launch's host cost, and a CUDA graph
   node's device cost, all measured here;
@@ -142,22 +143,30 @@ def preflight(simulated: bool) -> None:
         sys.exit(2)
 
 
-def device_seconds(gpu, fn, repeat=20):
+def replay_seconds(launches, workspace=None, repeat=20):
+    """Device seconds of one pass over `launches` ((kernel, grid, block, args) each):
+    captured `repeat` times over into one CUDA graph and replayed, so that no Python
+    launch gap is counted (a launch from Python costs more than most kernels run)."""
+    from tinypaged.kernels.cuda.step_recording import StepRecording
+    many = StepRecording(workspace)
+    for _ in range(repeat):
+        for launch in launches:
+            many.add(*launch)
+    if not TINY:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (numba's occupancy warnings)
+            many.capture_graph()
+    return timed(many.launch, repeat=3) / repeat
+
+
+def device_seconds(gpu, fn):
     """(device seconds a call of fn's kernels takes, its launches): fn run once while
-    the backend records its launches, those captured `repeat` times over into one
-    CUDA graph and replayed, so that no Python launch gap is counted (a launch from
-    Python costs more than most of these kernels run)."""
+    the backend records its launches, then those replayed (replay_seconds)."""
     from tinypaged.kernels.cuda.step_recording import StepRecording
     once = StepRecording()
     with gpu.recording(once):
         fn()
-    many = StepRecording(once.workspace)
-    for _ in range(repeat):
-        for launch in once.launches:
-            many.add(*launch)
-    if not TINY:
-        many.capture_graph()
-    return timed(many.launch, repeat=3) / repeat, len(once)
+    return replay_seconds(once.launches, once.workspace), len(once)
 
 
 def copy_bandwidth():
@@ -335,27 +344,17 @@ def step_kernel_times(engine):
     """Device time of each kernel of the recorded decode steps at batch 1 and the
     largest bucket: each distinct launch (kernel, grid, block) captured 20 times into a
     graph and replayed, so no host launch gap is counted; then the whole step's graph."""
-    import warnings
-
-    from tinypaged.kernels.cuda.step_recording import StepRecording
     steps = engine.runner.decode_graphs.steps
     for bucket in sorted({min(b for b, _ in steps), max(b for b, _ in steps)}):
         step = next(s for (b, _), s in sorted(steps.items()) if b == bucket)
-        kinds = {}  # (name, grid, block) -> [count, args of the first]
+        kinds = {}  # (name, grid, block) -> [count, and the first launch: kernel, grid, block, args]
         for kernel, grid, block, args in step.recording.launches:
             name = getattr(kernel, "py_func", kernel).__name__
             kinds.setdefault((name, str(grid), str(block)), [0, kernel, grid, block, args])[0] += 1
         total = 0.0
         rows = []
         for (name, grid, block), (count, kernel, g, b, args) in kinds.items():
-            many = StepRecording()
-            for _ in range(20):
-                many.add(kernel, g, b, args)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                if not TINY:
-                    many.capture_graph()
-            seconds = timed(many.launch, repeat=3) / 20
+            seconds = replay_seconds([(kernel, g, b, args)])
             total += count * seconds
             rows.append((count * seconds, name, grid, block, count, seconds))
         for share, name, grid, block, count, seconds in sorted(rows, reverse=True):
