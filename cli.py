@@ -146,7 +146,7 @@ def cmd_perplexity(args) -> None:
     ids = Tokenizer(model_dir).encode(text)
     if args.reference:  # the dense NumPy oracle, not the engine
         from tinypaged.model.reference import ReferenceModel
-        from tinypaged.model.weights import load_model
+        from tinypaged.model.loading import load_model
         from tinypaged.perplexity import reference_nll
 
         nll = reference_nll(ReferenceModel(*load_model(model_dir)), ids, args.max_model_len)

@@ -11,7 +11,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tinypaged.model.reference import ReferenceModel  # noqa: E402
-from tinypaged.model.weights import load_model  # noqa: E402
+from tinypaged.model.loading import load_model  # noqa: E402
 from tinypaged.pull import default_model_dir  # noqa: E402
 from tinypaged.tokenizer import Tokenizer  # noqa: E402
 

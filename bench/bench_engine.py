@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tinypaged import LLM, SamplingParams  # noqa: E402
 from tinypaged.bench.workload import INSTRUCTION, SYSTEM_TOPICS as TOPICS  # noqa: E402
 from tinypaged.model.reference import ReferenceModel  # noqa: E402
-from tinypaged.model.weights import load_model  # noqa: E402
+from tinypaged.model.loading import load_model  # noqa: E402
 
 
 def run_steps(llm, prompts, params):

@@ -27,8 +27,8 @@ from tinypaged.kernels.cpu import lanes_product, quantized  # noqa: E402
 from tinypaged.kernels.cpu.lanes import LanePacked  # noqa: E402
 from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed  # noqa: E402
 from tinypaged.kernels.cpu.linear import LinearWeight, linear  # noqa: E402
-from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0  # noqa: E402
-from tinypaged.model.packed import PackedWeight  # noqa: E402
+from tinypaged.formats.quant_kind import Q4_0, Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0  # noqa: E402
+from tinypaged.formats.packed import PackedWeight  # noqa: E402
 
 SHAPES = [(960, 576, "q/k/v stacked"), (3072, 576, "gate/up stacked"),
           (576, 1536, "down"), (576, 576, "o"), (49152, 576, "lm_head")]

@@ -28,7 +28,7 @@ from tinypaged import LLM, SamplingParams  # noqa: E402
 from tinypaged.config import KV_CACHE_DTYPES  # noqa: E402
 from tinypaged.bench.long_rates import random_prompt  # noqa: E402
 from tinypaged.bench.rates import on_engine_thread  # noqa: E402
-from tinypaged.model.ggml_quant import GGML_TYPE_NAMES  # noqa: E402
+from tinypaged.formats.quant_kind import GGML_TYPE_NAMES  # noqa: E402
 
 WEIGHT_OPS = {"linear": 1, "qkv_proj": 1, "gate_up_silu": 1, "gate_up_gelu": 1}  # op -> weight arg
 

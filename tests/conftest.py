@@ -106,7 +106,7 @@ def smollm2(smollm2_dir):
 def smollm2_reference(smollm2_dir):
     """SmolLM2 on the dense NumPy reference forward (the oracle)."""
     from tinypaged.model.reference import ReferenceModel
-    from tinypaged.model.weights import load_model
+    from tinypaged.model.loading import load_model
 
     return ReferenceModel(*load_model(smollm2_dir))
 

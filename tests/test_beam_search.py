@@ -10,7 +10,7 @@ from tinypaged import LLM
 from tinypaged.engine.beam_search import BeamSearch
 from tinypaged.kernels.reference import log_softmax
 from tinypaged.model.reference import ReferenceModel
-from tinypaged.model.weights import load_model
+from tinypaged.model.loading import load_model
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from tinypaged import LLM, SamplingParams
 from tinypaged.model.reference import ReferenceModel
-from tinypaged.model.weights import load_model
+from tinypaged.model.loading import load_model
 from tinypaged.tokenizer import Tokenizer
 from tinypaged.perplexity import perplexity
 

@@ -68,7 +68,7 @@ def test_rope_tables_match_the_dense_rotation():
 def test_rope_tables_in_slabs_are_the_dense_tables_first_halves_bit_for_bit():
     """rope_tables computes a few thousand positions at a time (its float64 temporaries
     at Gemma 3's 32,768 positions were 200 MB); the slab seams change no bit."""
-    from tinypaged.model.rope import Rope
+    from tinypaged.kernels.rope import Rope
     for rope in (500.0, Rope(1e6)):
         cos, sin = reference.rope_tables(70, 16, rope, positions_at_once=32)
         dense_cos, dense_sin = reference.rope_cos_sin(np.arange(70), 16, rope)
@@ -219,7 +219,7 @@ def test_write_kv_and_copy_blocks(block_size):
 def test_linear_paths_match_the_reference(rows, monkeypatch):
     from tinypaged.kernels.cpu import tiles
     from tinypaged.kernels.cpu.linear import LinearWeight
-    from tinypaged.model.ggml_quant import BF16, F16, F32
+    from tinypaged.formats.quant_kind import BF16, F16, F32
 
     monkeypatch.setattr(tiles, "TILE_FLOATS", 48 * 16)  # prefill: several float16 tiles
     rng = np.random.default_rng(rows)
@@ -251,7 +251,7 @@ def test_a_tied_lm_head_stays_the_embedding_object():
 
 def test_f16_bits_widen_exactly_including_subnormals_and_extremes():
     from tinypaged.kernels.cpu.linear import LinearWeight, _gemv_f16
-    from tinypaged.model.ggml_quant import F16
+    from tinypaged.formats.quant_kind import F16
 
     special = np.array([0.0, -0.0, 1.0, -2.5, 65504.0, 6e-8, -6.1e-5, 3.0e-6], np.float16)
     w = np.eye(8, dtype=np.float16) * special  # row i picks element i of x, scaled
@@ -274,8 +274,8 @@ def test_fused_projection_ops_compose_the_reference():
 
 @pytest.mark.parametrize("form", ["float16", "float32", "q4_1"])
 def test_stacked_layer_matrices_multiply_as_the_separate_ones(form):
-    from tinypaged.model.ggml_quant import Q4_1
-    from tinypaged.model.packed import PackedWeight
+    from tinypaged.formats.quant_kind import Q4_1
+    from tinypaged.formats.packed import PackedWeight
 
     rng = np.random.default_rng(9)
     names = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",

@@ -15,7 +15,7 @@ READ_KEYS = """
 from numba import types
 from tinypaged.kernels.cuda import elementwise, kquant_matmul
 from tinypaged.kernels.cuda.disk_cache import _stamped_cache_class
-from tinypaged.kernels.cpu.jit_cache import sources_digest
+from tinypaged.jit_cache import sources_digest
 
 class Codegen:  # what a device would answer: the runtime's version and the chip's
     def magic_tuple(self):

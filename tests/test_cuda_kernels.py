@@ -71,7 +71,7 @@ def _packed_matrices(rng, type_name: str, width: int) -> dict:
     from random_blocks import K_QUANT_BLOCKS, Q5_BLOCKS, random_k_quant, random_q5
 
     from tinypaged.model import ggml_quant
-    from tinypaged.model.packed import PackedWeight
+    from tinypaged.formats.packed import PackedWeight
     ggml_type = getattr(ggml_quant, type_name)
     shapes = (("q", 16), ("k", 8), ("v", 8), ("g", 20), ("u", 20))
     if type_name in K_QUANT_BLOCKS:
@@ -93,7 +93,7 @@ def test_packed_weights_go_up_packed_and_their_products_take_the_rounded_x(type_
     as the reference does and as the CPU backend's integer kernels do.
     K = 320: lanes take several 4-byte chunks of a row, nibble rows fold at 160; the
     K-quants' 512: two super-blocks, folding at the second."""
-    from tinypaged.kernels.cuda.packed_matmul import DevicePacked
+    from tinypaged.kernels.cuda.device_packed import DevicePacked
     rng = np.random.default_rng(22)
     packed = _packed_matrices(rng, type_name, width)
     gpu = CudaBackend(weight_dtype=np.float32)
@@ -305,8 +305,8 @@ def test_with_packed_weights_the_norm_also_writes_its_output_rounded():
     """The norm's rounded output (one warp step per 32-value block, max by shuffles)
     is reference.round_activations of its output, bit for bit, and the packed product
     of a norm's output takes it without a round_activations launch."""
-    from tinypaged.model.ggml_quant import Q8_0
-    from tinypaged.model.packed import PackedWeight
+    from tinypaged.formats.quant_kind import Q8_0
+    from tinypaged.formats.packed import PackedWeight
     rng = np.random.default_rng(23)
     gpu = CudaBackend(weight_dtype=np.float32)
     dev = gpu.prepare_weights({"w": PackedWeight.quantize(rand(rng, 8, 96), Q8_0)})

@@ -6,7 +6,7 @@ import pytest
 from helpers import dense_greedy, write_tiny_model
 from tinypaged import LLM, SamplingParams
 from tinypaged.model.reference import ReferenceModel
-from tinypaged.model.weights import load_model
+from tinypaged.model.loading import load_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 

@@ -63,8 +63,8 @@ def test_perplexity_is_no_worse_than_the_model_with_its_packed_kinds_as_q8_0(
     Q8_0 in both): rounding the file's values a second time costs 0.7%; the packed
     kernels must be within 0.5% of that or better."""
     from tinypaged.model import gguf_model
-    from tinypaged.model.ggml_quant import Q8_0
-    from tinypaged.model.packed import PackedWeight
+    from tinypaged.formats.quant_kind import Q8_0
+    from tinypaged.formats.packed import PackedWeight
 
     class AsQ8_0(PackedWeight):
         @classmethod

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import gguf_writer as gw
-from tinypaged.model.gguf import GGUFFile
+from tinypaged.formats.gguf import GGUFFile
 
 
 def test_metadata_of_every_type_round_trips(tmp_path):

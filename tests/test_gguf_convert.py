@@ -10,7 +10,7 @@ from tokenizers import pre_tokenizers
 from tinypaged.model.config import ModelConfig
 from tinypaged.model.gguf_convert import convert_gguf
 from tinypaged.model.reference import ReferenceModel
-from tinypaged.model.weights import load_model
+from tinypaged.model.loading import load_model
 from tinypaged.tokenizer import Tokenizer
 
 GGUF_MERGES = MERGES + [("1", "2")]  # a digit merge that the smollm pre-tokenizer must block

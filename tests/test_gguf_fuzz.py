@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import gguf_writer as gw
 from test_gguf_convert import write_tiny_llama_gguf
-from tinypaged.model.gguf import GGUFFile
+from tinypaged.formats.gguf import GGUFFile
 from tinypaged.model.gguf_model import load_gguf_model
 from tinypaged.tokenizer import Tokenizer
 

@@ -7,8 +7,8 @@ import gguf_writer as gw
 from test_gguf_convert import write_tiny_llama_gguf
 from tinypaged import LLM, SamplingParams
 from tinypaged.model.gguf_model import load_gguf_model
-from tinypaged.model.packed import PackedWeight
-from tinypaged.model.weights import load_model
+from tinypaged.formats.packed import PackedWeight
+from tinypaged.model.loading import load_model
 from tinypaged.tokenizer import Tokenizer
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -42,7 +42,7 @@ def test_a_packed_matrix_read_in_slabs_is_the_matrix_read_whole(quantized_gguf, 
     file pages (the embedding's file pages and its copy were Gemma 3's peak at load):
     slabs of 3 rows, seams and a short last slab, give the same arrays."""
     from tinypaged.model import gguf_model
-    from tinypaged.model.gguf import GGUFFile
+    from tinypaged.formats.gguf import GGUFFile
     path, _, _ = quantized_gguf
     gguf = GGUFFile(path)
     name = "blk.0.ffn_up.weight"
@@ -87,7 +87,7 @@ def test_a_broken_gguf_is_one_clear_error(tmp_path):
 
 def test_weight_bytes_are_the_file_tensor_bytes(quantized_gguf):
     path, _, _ = quantized_gguf
-    from tinypaged.model.gguf import GGUFFile
+    from tinypaged.formats.gguf import GGUFFile
     on_file = sum(info.nbytes for info in GGUFFile(path).tensors.values())
     assert LLM(path, backend="cpu").stats()["weight_bytes"] == on_file
 

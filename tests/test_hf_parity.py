@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, models
 
 from tinypaged import LLM, SamplingParams
 from tinypaged.model.reference import ReferenceModel
-from tinypaged.model.weights import load_model
+from tinypaged.model.loading import load_model
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 CASES = sorted(os.listdir(FIXTURES))
@@ -170,7 +170,7 @@ def write_gguf(case: str, path, matrix_type: int | None = None) -> None:
     """matrix_type: the ggml type of the fused Phi-3 matrices (default F32)."""
     import gguf_writer as gw
     from test_gguf_convert import llama_cpp_permute
-    from tinypaged.model.safetensors_io import read_safetensors
+    from tinypaged.formats.safetensors_io import read_safetensors
 
     with open(os.path.join(FIXTURES, case, "config.json")) as f:
         config = json.load(f)
@@ -336,7 +336,7 @@ def test_phi3s_packed_fused_matrices_split_into_packed_rows(tmp_path):
     packed q/k/v and gate/up, and the engine runs them as the reference does."""
     import gguf_writer as gw
     from helpers import dense_greedy
-    from tinypaged.model.packed import PackedWeight
+    from tinypaged.formats.packed import PackedWeight
 
     path = tmp_path / "phi3-q8.gguf"
     write_gguf("phi3", path, gw.GGML_Q8_0)

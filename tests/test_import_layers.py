@@ -50,7 +50,7 @@ def test_an_import_of_a_layer_above_is_named_with_its_file_and_line(tmp_path):
 def test_a_cycle_closed_inside_a_function_is_found(tmp_path):
     files = dict(CLEAN)
     files["model/weights.py"] = "from .packed import P\nW = 1\n"
-    files["model/packed.py"] = "P = 1\ndef load():\n    from .weights import W\n    return W\n"
+    files["formats/packed.py"] = "P = 1\ndef load():\n    from .weights import W\n    return W\n"
     found = import_layers.problems(write(tmp_path, files))
     assert found == ["import cycle: model.packed <-> model.weights"]
 
@@ -59,3 +59,9 @@ def test_a_module_in_no_layer_is_named(tmp_path):
     files = dict(CLEAN, **{"stray.py": "Y = 2\n"})
     assert import_layers.problems(write(tmp_path, files)) == [
         os.path.join("tinypaged", "stray.py") + ": stray is in no layer"]
+
+
+def test_tinypaged_itself_keeps_the_layers_and_has_no_cycle():
+    """DESIGN.md's rules on the real tree: each problem named with its file and line."""
+    root = os.path.join(os.path.dirname(__file__), "..")
+    assert import_layers.problems(os.path.abspath(root)) == []

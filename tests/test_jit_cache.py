@@ -8,11 +8,11 @@ import subprocess
 import sys
 import textwrap
 
-from tinypaged.kernels.cpu.jit_cache import sources_digest
+from tinypaged.jit_cache import sources_digest
 
 CALLER = """
 from numba import njit
-from tinypaged.kernels.cpu.jit_cache import cached_njit
+from tinypaged.jit_cache import cached_njit
 from .callee import value
 
 @cached_njit()
@@ -68,7 +68,7 @@ def test_a_change_in_a_compiled_in_module_recompiles_the_kernel(tmp_path):
 
 
 def test_the_lanes_products_digest_covers_their_ir_modules():
-    from tinypaged.kernels.cpu import jit_cache
+    from tinypaged import jit_cache
     closure = {os.path.basename(p) for p in jit_cache._closure("tinypaged.kernels.cpu.lanes_product")}
     assert {"lanes_ir.py", "byte_dot.py", "group_ir.py", "lanes.py"} <= closure
     attention = {os.path.basename(p) for p in jit_cache._closure("tinypaged.kernels.cpu.attention")}

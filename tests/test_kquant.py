@@ -8,9 +8,10 @@ from gguf import GGMLQuantizationType, quants
 import gguf_writer as gw
 from test_gguf_convert import write_tiny_llama_gguf
 from tinypaged import LLM, SamplingParams
-from tinypaged.model.ggml_quant import Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, dequantize
+from tinypaged.formats.quant_kind import Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from tinypaged.formats.ggml_quant import dequantize
 from tinypaged.model.gguf_model import load_gguf_model
-from tinypaged.model.packed import PackedWeight
+from tinypaged.formats.packed import PackedWeight
 
 TYPES = {"Q4_K": (Q4_K, GGMLQuantizationType.Q4_K, 144, [0, 2]),
          "Q5_K": (Q5_K, GGMLQuantizationType.Q5_K, 176, [0, 2]),
@@ -112,7 +113,7 @@ def test_the_cuda_backend_reads_the_packed_blocks_and_runs(tmp_path, name):
     kind's kernels are held to the reference in test_cuda_kernels.py; this is the one
     furthest from Q4_x in a whole model, on the simulator.)"""
     from tinypaged.kernels.cuda import kquant_matmul
-    from tinypaged.kernels.cuda.packed_matmul import DevicePacked
+    from tinypaged.kernels.cuda.device_packed import DevicePacked
     path = tmp_path / f"{name}.gguf"
     write_tiny_llama_gguf(path, ffn_up_type=gw.RAW_TYPES[name], hidden=256, intermediate=256)
     llm = LLM(path, backend="cuda", num_blocks=8)

@@ -1,4 +1,4 @@
-"""K-quants (Q4_K, Q5_K, Q6_K) kept packed on the CPU (model/packed.py): the layout
+"""K-quants (Q4_K, Q5_K, Q6_K) kept packed on the CPU (formats/packed.py): the layout
 against the `gguf` package's dequantizer bit for bit, and the products (the GEMV,
 the group GEMM in both its forms) against the NumPy reference and against each
 other's bits, on fresh random super-blocks."""
@@ -13,8 +13,8 @@ from test_quantized import (check_decode_gemv, check_packed_layout, packed_produ
 from tinypaged.kernels import reference
 from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed
 from tinypaged.kernels.cpu.quantized import gemv_packed, packed_product
-from tinypaged.model.ggml_quant import Q4_K, Q5_K, Q6_K
-from tinypaged.model.packed import PackedWeight
+from tinypaged.formats.quant_kind import Q4_K, Q5_K, Q6_K
+from tinypaged.formats.packed import PackedWeight
 
 # kind -> (ours, the gguf package's, bytes a super-block, where its float16 scales sit)
 KINDS = {name: (ours, getattr(gguf.GGMLQuantizationType, name), *K_QUANT_BLOCKS[name])

@@ -11,8 +11,8 @@ from tinypaged.kernels.cpu import embedding, lanes, linear, stack_layer_matrices
 from tinypaged.kernels.cpu.byte_dot import LANES_ISA
 from tinypaged.kernels.cpu.lanes import LanePacked, LaneRows, lay_out_weights
 from tinypaged.kernels.cpu.quantized import packed_product
-from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
-from tinypaged.model.packed import PackedWeight
+from tinypaged.formats.quant_kind import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from tinypaged.formats.packed import PackedWeight
 
 KINDS = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0, "Q5_1": Q5_1, "Q4_K": Q4_K,
          "Q5_K": Q5_K, "Q6_K": Q6_K}

@@ -10,7 +10,7 @@ from helpers import write_tiny_model
 from tinypaged import LLM, SamplingParams
 from tinypaged.kernels.reference import log_softmax
 from tinypaged.model.reference import ReferenceModel
-from tinypaged.model.weights import load_model
+from tinypaged.model.loading import load_model
 from tinypaged.perplexity import engine_nll, reference_nll
 from tinypaged.sampling import adjust_logits
 

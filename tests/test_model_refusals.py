@@ -13,8 +13,8 @@ import gguf_writer as gw
 from test_hf_parity import FIXTURES, expected, write_gguf
 from tinypaged.model.config import ModelConfig
 from tinypaged.model.reference import ReferenceModel
-from tinypaged.model.safetensors_io import read_safetensors
-from tinypaged.model.weights import load_model
+from tinypaged.formats.safetensors_io import read_safetensors
+from tinypaged.model.loading import load_model
 
 
 def one_line(excinfo) -> str:
@@ -165,7 +165,7 @@ def test_the_older_layout_reads_rope_theta_where_the_newer_one_lost_it(tmp_path)
 def rewrite_gguf(source, target, extra_metadata=(), extra_tensors=()) -> None:
     """target: the GGUF file source with metadata (replacing a key it has) and tensors
     added (via our reader)."""
-    from tinypaged.model.gguf import GGUFFile
+    from tinypaged.formats.gguf import GGUFFile
     src = GGUFFile(source)
     w = gw.GGUFWriter()
     replaced = {key for key, _, _ in extra_metadata}
@@ -276,7 +276,7 @@ def load_within(path, limit_bytes: int = 2 << 30) -> str:
     import sys
     code = ("import resource, sys\n"
             f"resource.setrlimit(resource.RLIMIT_AS, ({limit_bytes}, {limit_bytes}))\n"
-            "from tinypaged.model.weights import load_model\n"
+            "from tinypaged.model.loading import load_model\n"
             "try:\n    load_model(sys.argv[1])\nexcept ValueError as e:\n    print(e)\n")
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
                           timeout=120)

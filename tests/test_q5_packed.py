@@ -1,4 +1,4 @@
-"""Q5_0 and Q5_1 kept packed on the CPU (model/packed.py: Q4_x's nibbles plus a plane
+"""Q5_0 and Q5_1 kept packed on the CPU (formats/packed.py: Q4_x's nibbles plus a plane
 of fifth bits): the layout against the `gguf` package's dequantizer bit for bit,
 and the products (the GEMV, the group GEMM in both its forms) against the NumPy
 reference and against each other's bits, on fresh random blocks."""
@@ -12,8 +12,8 @@ from test_quantized import (check_decode_gemv, check_packed_layout, packed_produ
 from tinypaged.kernels import reference
 from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed
 from tinypaged.kernels.cpu.quantized import gemv_packed, packed_product
-from tinypaged.model.ggml_quant import Q5_0, Q5_1
-from tinypaged.model.packed import PackedWeight
+from tinypaged.formats.quant_kind import Q5_0, Q5_1
+from tinypaged.formats.packed import PackedWeight
 
 KINDS = {name: (ours, Q5_BLOCKS[name], getattr(gguf.GGMLQuantizationType, name))
          for name, ours in (("Q5_0", Q5_0), ("Q5_1", Q5_1))}

@@ -14,8 +14,9 @@ from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed
 from tinypaged.kernels.cpu.common import PACKED_GEMV_MAX_ROWS
 from tinypaged.kernels.cpu.quantized import gemv_packed, packed_product
 from tinypaged.kernels.cpu.tiles import widen_tile
-from tinypaged.model.ggml_quant import Q4_0, Q4_1, Q8_0, dequantize, quantize
-from tinypaged.model.packed import PackedWeight
+from tinypaged.formats.quant_kind import Q4_0, Q4_1, Q8_0
+from tinypaged.formats.ggml_quant import dequantize, quantize
+from tinypaged.formats.packed import PackedWeight
 
 TYPES = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}
 cpu_linear = importlib.import_module("tinypaged.kernels.cpu.linear")  # (the package exports

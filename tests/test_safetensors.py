@@ -7,8 +7,9 @@ import pytest
 
 from helpers import random_weights, tiny_config_dict, write_safetensors, write_tiny_model
 from tinypaged.model.config import ModelConfig
-from tinypaged.model.safetensors_io import read_safetensors
-from tinypaged.model.weights import load_model, load_weights
+from tinypaged.formats.safetensors_io import read_safetensors
+from tinypaged.model.loading import load_model
+from tinypaged.model.weights import load_weights
 
 
 @pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])

@@ -121,7 +121,8 @@ def test_non_finite_logits_are_a_clear_error():
 
 
 def test_a_draw_from_candidates_is_the_draw_from_the_whole_row_and_a_tie_asks_for_it():
-    from tinypaged.engine.step_logits import HostLogits, draw_from_candidates, draw_tokens
+    from tinypaged.batch.step_logits import HostLogits
+    from tinypaged.engine.step_logits import draw_from_candidates, draw_tokens
 
     rng = np.random.default_rng(5)
     logits = rng.standard_normal((3, 300)).astype(np.float32)

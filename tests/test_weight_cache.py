@@ -16,7 +16,7 @@ from tinypaged import LLM, SamplingParams
 from tinypaged.kernels.cpu import lanes, prepare_weights, weight_cache
 from tinypaged.kernels.cpu.lanes import LanePacked, LaneRows
 from tinypaged.kernels.cpu.linear import LinearWeight
-from tinypaged.model.ggml_quant import Q4_K, Q6_K, Q8_0
+from tinypaged.formats.quant_kind import Q4_K, Q6_K, Q8_0
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 PROMPT = [1, 5, 9, 4, 7]

@@ -83,8 +83,8 @@ def _from_folder(model_dir: str) -> tuple[HFTokenizer, dict, str]:
 
 def _from_gguf(path: str) -> tuple[HFTokenizer, dict, str]:
     """The vocabulary, merges and chat template a GGUF file carries."""
-    from .model.gguf import GGUFFile
-    from .model.gguf_tokenizer import build_tokenizer, tokenizer_config
+    from .formats.gguf import GGUFFile
+    from .formats.gguf_tokenizer import build_tokenizer, tokenizer_config
     gguf = GGUFFile(path)
     return build_tokenizer(gguf), tokenizer_config(gguf), path
 

@@ -8,9 +8,9 @@ from ..config import EngineConfig
 from ..kernels import get_backend
 from ..logprobs import token_logprobs
 from ..model.llama import LlamaModel, PagedKVCache
-from ..model.ggml_quant import GGML_TYPE_NAMES, Q4_0, Q4_1, Q8_0
-from ..model.packed import quantize_matrices
-from ..model.weights import load_model
+from ..formats.quant_kind import GGML_TYPE_NAMES, Q4_0, Q4_1, Q8_0
+from ..model.weights import quantize_matrices
+from ..model.loading import load_model
 from ..outputs import KV_CACHE_FULL, RequestOutput
 from ..prompts import normalize_prompt
 from ..sampling import SamplingParams
@@ -27,7 +27,8 @@ from .scheduler import Scheduler
 from .sample_step import SampleStep
 from .sequence import Sequence
 from .token_rules import TokenRules
-from .step_logits import NOT_NEEDED, WHOLE_ROW, StepLogits, candidates_needed
+from ..batch.step_logits import NOT_NEEDED, WHOLE_ROW, StepLogits
+from .step_logits import candidates_needed
 
 
 QUANTIZATION_TYPES = {"q8_0": Q8_0, "q4_0": Q4_0, "q4_1": Q4_1}

@@ -6,7 +6,7 @@ import numpy as np
 from ..model.llama import LlamaModel, PagedKVCache
 from ..batch.attention_metadata import AttentionMetadata
 from .scheduler import ScheduledBatch
-from .step_logits import WHOLE_ROW, StepLogits
+from ..batch.step_logits import WHOLE_ROW, StepLogits
 
 
 class ModelRunner:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from ..logprobs import token_logprobs
 from ..outputs import TokenLogprobs
 from .sequence import Sequence
-from .step_logits import StepLogits, draw_tokens
+from ..batch.step_logits import StepLogits
+from .step_logits import draw_tokens
 
 
 class SampleStep:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.rope import Rope
+from ..batch.step_logits import HostLogits
+from .rope import Rope
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -19,7 +20,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 def rope_cos_sin(positions: np.ndarray, head_dim: int, rope: "Rope | float",
                  dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin tables (T, D) for the rotate-half RoPE form (HF Llama). rope: a Rope
-    (model/rope.py: its kind of scaling) or a plain theta."""
+    (rope.py: its kind of scaling) or a plain theta."""
     rope = rope if isinstance(rope, Rope) else Rope(float(rope))
     inv_freq = rope.inv_freq(head_dim)  # (D/2,)
     angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # (T, D/2)
@@ -218,9 +219,8 @@ def to_host(x: np.ndarray) -> np.ndarray:
 
 
 def logits_for_sampling(logits: np.ndarray, needs: list[int]):
-    """A step's logits for the sampler (engine/step_logits.py): on the host already,
+    """A step's logits for the sampler (batch/step_logits.py): on the host already,
     so every row is there whole (needs changes nothing)."""
-    from ..engine.step_logits import HostLogits
     return HostLogits(logits)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .families import FAMILIES
 from .family import LAYER_TYPES
-from .rope import NO_ROPE, Rope, rope_from_config
+from ..kernels.rope import NO_ROPE, Rope, rope_from_config
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 # norms before each block (Llama), after it (OLMo 2), or both (Gemma 2 and 3)

@@ -7,7 +7,7 @@ config's scaling. transformers >= 5 nests rope_parameters by layer type. Soft-ca
 is off unless the config sets it."""
 from .family import Family, layer_types, window
 from .gemma import gelu_tanh, gemma_basics, optional_positive
-from .rope import rope_from_config, rope_from_parameters
+from ..kernels.rope import rope_from_config, rope_from_parameters
 
 GLOBAL_THETA, LOCAL_THETA = 1_000_000.0, 10_000.0
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .gguf import GGUFFile
+from ..formats.gguf import GGUFFile
 
 # llama.cpp's tensor names in a layer (blk.N.<name>) -> HF's (model.layers.N.<name>)
 LAYER_TENSORS = {

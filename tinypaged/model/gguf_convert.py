@@ -16,21 +16,13 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from .config import ModelConfig
-from .gguf import GGUFFile
+from ..formats.gguf import GGUFFile, unpermute_rows
 from .gguf_config import ARCHITECTURES, gguf_model_config, hf_name
-from .ggml_quant import BLOCK_LAYOUT
-from .gguf_tokenizer import write_tokenizer_files
+from ..formats.quant_kind import BLOCK_LAYOUT
+from ..formats.gguf_tokenizer import write_tokenizer_files
 from .weights import check_consumed, check_weights
 
 F16_MAX = float(np.finfo(np.float16).max)
-
-
-def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo llama.cpp's Q/K row permutation: per head, rows [r0, r1, r0', r1', ...]
-    (interleaved pairs) back to [first halves..., second halves...] (rotate-half)."""
-    rows = w.shape[0]
-    return (w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:])
-             .swapaxes(1, 2).reshape(w.shape))
 
 
 def convert_gguf(path: str | os.PathLike, out_dir: str | os.PathLike,

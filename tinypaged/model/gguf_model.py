@@ -20,11 +20,10 @@ from dataclasses import replace
 import numpy as np
 
 from .config import ModelConfig
-from .gguf import GGUFFile
+from ..formats.gguf import GGUFFile, unpermute_rows
 from .gguf_config import ARCHITECTURES, gguf_model_config, hf_name
-from .gguf_convert import unpermute_rows
-from .ggml_quant import Q8_0, REQUANTIZED
-from .packed import PackedWeight
+from ..formats.quant_kind import Q8_0, REQUANTIZED
+from ..formats.packed import PackedWeight
 from .weights import (check_consumed, check_layer_count, check_weights, expected_shapes,
                       file_shapes, split_fused)
 

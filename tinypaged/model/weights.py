@@ -6,8 +6,10 @@ import re
 
 import numpy as np
 
+from ..formats.packed import PackedWeight
+from ..formats.weight_dict import convert_matrices
+from ..formats.safetensors_io import read_model_tensors
 from .config import ModelConfig
-from .safetensors_io import read_model_tensors
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
@@ -173,69 +175,12 @@ def load_weights(model_dir: str | os.PathLike, cfg: ModelConfig) -> dict[str, np
     return weights
 
 
-def load_model(model_dir: str | os.PathLike,
-               prepared: dict | None = None) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-    """Config and checked weights of a HF model folder (float32; F16 matrices float16)
-    or of a GGUF file
-    (quantized matrices kept packed: gguf_model.py). prepared: a backend's weights
-    kept from an earlier load of this GGUF file (kernels/cpu/weight_cache.py): only
-    the config is read, and they are returned as they are."""
-    model_dir = os.fspath(model_dir)
-    if model_dir.lower().endswith(".gguf"):
-        from .gguf_model import load_gguf_model
-        cfg, weights = load_gguf_model(model_dir, with_weights=prepared is None)
-        if prepared is not None:
-            return cfg, prepared
-    elif not os.path.isdir(model_dir):
-        raise FileNotFoundError(f"model folder not found: {model_dir}")
-    else:
-        cfg = ModelConfig.from_json(model_dir)
-        weights = offset_norms(load_weights(model_dir, cfg), cfg)
-    check_finite(weights, model_dir)
-    return cfg, scale_logits(weights, cfg)
-
-
-def check_finite(weights: dict, where: str) -> None:
-    """The norms and a float embedding table hold only finite values: one NaN there
-    makes every logit NaN, and nothing could be sampled. Packed tables are left to
-    the step's check of its logits (step_logits.NonFiniteLogits)."""
-    for name, w in weights.items():
-        if (name.endswith("norm.weight") or name == "model.embed_tokens.weight") \
-                and isinstance(w, np.ndarray) and not np.isfinite(w).all():
-            raise ValueError(f"{where}: tensor {name!r} holds non-finite values (NaN or "
-                             f"infinity); refused rather than run to NaN logits")
-
-
-def offset_norms(weights: dict, cfg: ModelConfig) -> dict:
-    """Gemma's norms multiply by 1 + w: the 1 added once here (float32), so every
-    backend's RMSNorm is the plain one. (llama.cpp's converter adds it when writing a
-    GGUF file: GGUF weights come as they are.)"""
-    if cfg.norm_offset:
-        for name in weights:
-            if name.endswith("norm.weight"):
-                weights[name] = weights[name].astype(np.float32) + np.float32(cfg.norm_offset)
-    return weights
-
-
-def scale_logits(weights: dict, cfg: ModelConfig) -> dict:
-    """Granite's logit multiplier, folded into the final norm's weight (the logits are
-    lm_head(norm(x)), linear in it): no op on the logits at run time."""
-    if cfg.logit_scale != 1.0:
-        norm = weights["model.norm.weight"]
-        weights["model.norm.weight"] = (norm * np.float32(cfg.logit_scale)).astype(np.float32)
-    return weights
-
-
-def convert_matrices(weights: dict, convert) -> dict:
-    """The weights with each matrix m that convert(m) takes (not None) replaced by
-    convert(m), once per matrix object (a tied lm_head stays the embedding's own).
-    Takes the dict over: it is emptied as it goes, so each original can be freed as
-    soon as its converted form exists (the peak holds one of them, not the model)."""
-    done: dict[int, object] = {}  # id(original) -> its converted form
-    out = {}
-    for name in list(weights):
-        w = weights.pop(name)
-        if id(w) not in done:
-            done[id(w)] = convert(w)
-        out[name] = w if done[id(w)] is None else done[id(w)]
-    return out
+def quantize_matrices(weights: dict, ggml_type: int) -> dict:
+    """The weights with every float matrix quantized (EngineConfig.quantization); a
+    matrix whose rows do not split into the type's blocks, the norms and anything
+    already packed stay as they are. Takes the dict over (convert_matrices)."""
+    def quantized(w):
+        if isinstance(w, np.ndarray) and w.ndim == 2 and PackedWeight.can_pack(ggml_type, w.shape[1]):
+            return PackedWeight.quantize(w, ggml_type)
+        return None
+    return convert_matrices(weights, quantized)

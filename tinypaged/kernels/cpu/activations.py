@@ -19,7 +19,7 @@ from numba import float32, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .jit_cache import cached_njit
+from ...jit_cache import cached_njit
 
 BLOCK = 32  # activations per scale, as the weights' blocks
 _MAX_Q = float32(127.0)

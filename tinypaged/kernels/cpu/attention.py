@@ -23,7 +23,7 @@ cores cost milliseconds (linear.blas_in_use says which).
 import numpy as np
 from numba import float32, get_num_threads, prange, set_num_threads
 
-from .jit_cache import cached_njit
+from ...jit_cache import cached_njit
 from .attention_items import FEW_ROWS, KEYS, NO_SCORE, attend_few, attend_many
 from .common import N_CHUNKS
 from .fast_exp import exp32

@@ -6,7 +6,7 @@ writes round with kv_narrow, attention widens with kv_widen.
 """
 import numpy as np
 
-from .jit_cache import cached_njit
+from ...jit_cache import cached_njit
 from .common import kv_narrow
 from .elementwise import rope_row
 

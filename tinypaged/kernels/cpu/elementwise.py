@@ -6,7 +6,7 @@ These are O(T * H) and memory-light next to the matmuls; they run single-threade
 import numpy as np
 from numba import float32, njit
 
-from .jit_cache import cached_njit
+from ...jit_cache import cached_njit
 from .common import kv_narrow
 from .fast_exp import exp32
 

@@ -16,7 +16,7 @@ The forms and their widening: widen.py. (Packed weights: packed_gemm.py.)
 import numpy as np
 from numba import float32, prange
 
-from .jit_cache import cached_njit
+from ...jit_cache import cached_njit
 from .common import N_CHUNKS
 from .widen import widen_rows
 

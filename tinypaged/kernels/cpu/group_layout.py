@@ -1,6 +1,6 @@
 """Laying out a group of 16 W rows for packed_gemm.py's inner loops (group_ir.py): the
 float form's float32 columns (k-major) and the vnni form's bytes, 4 columns a lane,
-read from every packed kind's arrays (model/packed.py): Q8_0's int8 quants, the Q4
+read from every packed kind's arrays (formats/packed.py): Q8_0's int8 quants, the Q4
 and Q5 nibbles with their fifth bits, the K-quants' nibbles with Q5_K's fifth bits or
 Q6_K's two bit planes and sub-scales. Loads of 16 rows' bytes become columns by
 byte or word transposes, never by scalar loops.
@@ -43,7 +43,7 @@ def _row_tops(context, builder, array_type, tops, n0, column0):
     """Q6_K's bits 4 and 5 of columns column0 .. column0 + 15 (a multiple of 16) of rows
     n0 .. n0 + 15, row j as 16 bytes of their weight in q (16 and 32), column order.
     (Block b's two bit planes are bytes 8b .. 8b + 3 and 8b + 4 .. 8b + 7 of a row:
-    model/packed.py; a half block is 2 bytes of each.)"""
+    formats/packed.py; a half block is 2 bytes of each.)"""
     t = context.make_array(array_type)(context, builder, tops)
     row_bytes = builder.extract_value(t.shape, 1)
     within = builder.add(builder.mul(builder.lshr(column0, index(5)), index(8)),

@@ -18,11 +18,11 @@ The unsigned-times-signed form is the one the dot-product instructions take.
 
 dot32_low5 and dot32_high5 take Q5_x's fifth bits too, (q, qoff, bits, boff, x,
 xoff): u = the nibble + 16 * bit j of the 4 bytes at bits[boff] (little-endian;
-model/packed.py), so a Q5 block costs one multiply-add and one sum, as a Q4 block.
+formats/packed.py), so a Q5 block costs one multiply-add and one sum, as a Q4 block.
 
 dot32_q6_low and dot32_q6_high take Q6_K's blocks, (q, qoff, tops, toff, sa, sb, x,
 xoff): q = the nibble + 16 * bit j of the 4 bytes at tops[toff] + 32 * bit j of the
-4 bytes after them (model/packed.py), and return the block's exact integer
+4 bytes after them (formats/packed.py), and return the block's exact integer
     sa * sum_{j < 16} (q_j - 32) x_j  +  sb * sum_{16 <= j < 32} (q_j - 32) x_j
 with the int8 sub-scales sa and sb of its two halves (below 2^24 in magnitude:
 2 * 128 * 32 * 16 * 127), so a block still gives one integer and one float term.

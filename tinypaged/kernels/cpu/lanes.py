@@ -1,6 +1,6 @@
 """Packed weights laid out 16 rows to a group at load, for the byte-dot kernels.
 
-A PackedWeight (model/packed.py) keeps each row's bytes together. vpdpbusd (and
+A PackedWeight (formats/packed.py) keeps each row's bytes together. vpdpbusd (and
 AVX2's vpmaddubsw, byte_dot.py) wants
 them the other way: one 64-byte vector holding 4 bytes of each of 16 rows, so that
 one instruction takes 16 rows' 4-column dot products with no sum across lanes.
@@ -38,9 +38,9 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .jit_cache import cached_njit
-from ...model.ggml_quant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
-from ...model.packed import PackedWeight
+from ...jit_cache import cached_njit
+from ...formats.quant_kind import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from ...formats.packed import PackedWeight
 from .byte_dot import LANES_ISA
 
 LANES = 16  # rows of W in one group: one 512-bit vector of int32 / float32
@@ -86,7 +86,7 @@ def _regroup(groups, chunks):
 
 def _lane_masks(weight: PackedWeight) -> np.ndarray:
     """A packed weight's high bits (Q5_x's and Q5_K's fifth; Q6_K's bits 4 and 5,
-    model/packed.py's layouts) as chunk masks (G, K/4, 8 a plane): for each group and
+    formats/packed.py's layouts) as chunk masks (G, K/4, 8 a plane): for each group and
     4-column chunk v, the 64-bit mask whose bit 4j + t is row j's column 4v + t."""
     n, k = weight.shape
     q6 = weight.ggml_type == Q6_K

@@ -24,10 +24,10 @@ import threading
 import numpy as np
 from numba import float32, prange
 
-from .jit_cache import cached_njit
-from ...model.ggml_quant import BF16, F16, F32
-from ...model.packed import PackedWeight
-from ...model.weights import convert_matrices
+from ...jit_cache import cached_njit
+from ...formats.quant_kind import BF16, F16, F32
+from ...formats.packed import PackedWeight
+from ...formats.weight_dict import convert_matrices
 from .common import N_CHUNKS, f16_bits_to_f32
 from .gemm import GROUP, gemm_narrow
 from .lanes import LanePacked, LaneRows

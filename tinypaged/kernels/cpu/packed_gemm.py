@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from .jit_cache import cached_njit
+from ...jit_cache import cached_njit
 from .activations import quantize_activations
 from .common import HAS_VNNI, N_CHUNKS
 from .group_ir import (BLOCK, LANES, X_ROWS, accumulate_block_float, accumulate_block_vnni,
@@ -182,7 +182,7 @@ def gemm_packed(x: np.ndarray, quants, scales, mins, out: np.ndarray, vnni: bool
     """out (M, N) = round_activations(x) @ W.T for packed W (N >= 16 rows), bit for bit
     as the decode GEMV computes each row. vnni: the byte kernel (needs AVX-512 VNNI);
     supers: the K-quants' super-block scales; highs: Q5_x's and Q5_K's fifth bits or
-    Q6_K's top bits (model/packed.py)."""
+    Q6_K's top bits (formats/packed.py)."""
     xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
     layout = np.empty(0, dtype=np.uint8 if vnni else np.float32)
     halves = xq.reshape(len(xq), -1, 16).sum(axis=2, dtype=np.int32) if scales.dtype == np.int8 \

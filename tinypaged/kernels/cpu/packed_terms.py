@@ -59,7 +59,7 @@ def is_q6_k(scales) -> bool:
 
 def scale_of(scales, supers, n, b):
     """Block b of row n's scale in float32: scales[n, b] as float16 bits; for Q4_K and
-    Q5_K (supers given) d * sc, exact in float32 (model/packed.py); for Q6_K d alone
+    Q5_K (supers given) d * sc, exact in float32 (formats/packed.py); for Q6_K d alone
     (its sub-scales are in the block's integer dot)."""
     raise NotImplementedError("numba-only: see the overload below")
 

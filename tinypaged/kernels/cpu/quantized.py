@@ -1,4 +1,4 @@
-"""CPU matrix products with packed weights (model/packed.py): Q8_0, Q4_0, Q4_1, Q5_0,
+"""CPU matrix products with packed weights (formats/packed.py): Q8_0, Q4_0, Q4_1, Q5_0,
 Q5_1 and the K-quants Q4_K, Q5_K, Q6_K.
 
 A packed weight multiplies x rounded to int8 per 32-block (activations.py), as
@@ -20,7 +20,7 @@ import numpy as np
 from numba import float32, prange, types
 from numba.extending import overload
 
-from .jit_cache import cached_njit
+from ...jit_cache import cached_njit
 from .activations import quantize_activations
 from .out_arrays import output_array
 from .common import N_CHUNKS, PACKED_GEMV_MAX_ROWS, fma32

@@ -10,7 +10,7 @@ draw itself is one pass in id order.
 import numpy as np
 from numba import prange
 
-from .jit_cache import cached_njit
+from ...jit_cache import cached_njit
 
 FIRST_THRESHOLD = 1e-3  # weight (relative to the most likely token) of the first candidates
 THRESHOLD_STEP = 1e-3  # each retry lowers the threshold by this factor

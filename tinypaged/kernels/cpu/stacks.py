@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from ...model.packed import PackedWeight
+from ...formats.packed import PackedWeight
 from .linear import LinearWeight, linear
 
 STACKED = (("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),

@@ -14,7 +14,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from .jit_cache import cached_njit
+from ...jit_cache import cached_njit
 from .widen import widen_rows
 
 TILE_FLOATS = 1 << 18  # a widened tile holds this many float32: rows = this // K

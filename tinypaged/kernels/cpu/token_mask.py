@@ -8,7 +8,7 @@ steps, so whole words are mostly 0: those are written 32 tokens at a time.
 import numpy as np
 from numba import prange
 
-from .jit_cache import cached_njit
+from ...jit_cache import cached_njit
 
 
 @cached_njit(parallel=True)

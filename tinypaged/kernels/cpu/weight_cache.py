@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...model.packed import PackedWeight
+from ...formats.packed import PackedWeight
 from . import lanes
 from .lanes import LanePacked, LaneRows
 from .linear import LinearWeight

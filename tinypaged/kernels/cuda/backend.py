@@ -13,11 +13,12 @@ from contextlib import contextmanager
 import numpy as np
 from numba import config, cuda
 
-from ...model.packed import PackedWeight
+from ...batch.step_logits import WHOLE_ROW
+from ...formats.packed import PackedWeight
 from ..reference import rope_tables as host_rope_tables
 from . import attention, elementwise, matmul
 from .logits import DeviceLogits, LogitsCopier
-from .packed_matmul import DevicePacked
+from .device_packed import DevicePacked
 from .memory import MetadataUploader, StepWorkspace
 from .toolkit import prepare_compiler
 
@@ -139,7 +140,7 @@ class CudaBackend:
         """The step's logits stay here; only what sampling needs comes back (logits.py).
         reduce_logits False: whole rows for every sample (the reference for tests)."""
         if not self.reduce_logits:
-            needs = [-1 if need > 0 else need for need in needs]
+            needs = [WHOLE_ROW if need > 0 else need for need in needs]
         return DeviceLogits(self.logits_copier, logits, needs)
 
     @contextmanager

@@ -1,5 +1,5 @@
 """`cached_kernel`: cuda.jit kernels cached on disk (numba-cuda's cache), stale when
-any source compiled into them changes, as kernels/cpu/jit_cache.py does for njit.
+any source compiled into them changes, as tinypaged/jit_cache.py does for njit.
 
 numba-cuda checks a cached kernel against its own file and keys it by a pickle of
 its closure. Here the stamp also holds the digest of the package modules the
@@ -16,7 +16,7 @@ import sys
 
 from numba import config, cuda
 
-from ..cpu.jit_cache import StampedLocator
+from ...jit_cache import StampedLocator
 
 
 def cached_kernel(launch_bounds=None):

@@ -1,5 +1,5 @@
 """CUDA products with Q5_0, Q5_1 and K-quant (Q4_K, Q5_K, Q6_K) weights, read in the
-host's packed layout (model/packed.py), never widened whole. A matrix is the tuple
+host's packed layout (formats/packed.py), never widened whole. A matrix is the tuple
 (quants, scales, mins, supers, highs, kind):
     quants  (N, K/2) uint8 nibbles: byte p holds weight p (low), p + K/2 (high)
     scales  Q5_x: (N, K/32) float16; Q4_K, Q5_K: (N, K/32) uint8 sc; Q6_K: (N, K/16) int8
@@ -21,6 +21,7 @@ backend's packed products take it; sums are float32.
 import numpy as np
 from numba import cuda, float32, int32
 
+from ...formats.quant_kind import Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
 from .matmul import GEMV_MAX_ROWS, VEC, WARP, _warp_sum_rows, tiled_kernel
 from .packed_matmul import decode_kernel_family
 
@@ -113,7 +114,6 @@ def upload(packed) -> tuple:
     """(kind, (quants, scales, mins, supers, highs) on the device) of a Q5_x or K-quant
     PackedWeight: its arrays as they are, float16 bits viewed as float16, 1-element
     placeholders for what the kind lacks."""
-    from ...model.ggml_quant import Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
     kind = {Q5_0: Q5_0_KIND, Q5_1: Q5_1_KIND, Q4_K: Q4_K_KIND, Q5_K: Q5_K_KIND,
             Q6_K: Q6_K_KIND}[packed.ggml_type]
     k_quant = packed.supers is not None

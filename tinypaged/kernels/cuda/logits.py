@@ -1,6 +1,6 @@
 """A step's logits left on the device, and only what sampling needs copied back.
 
-DeviceLogits is engine/step_logits.StepLogits for the CUDA backend: at its making,
+DeviceLogits is batch/step_logits.StepLogits for the CUDA backend: at its making,
 the rows sampling needs whole are gathered and copied in one transfer (into a
 pinned host buffer, reused step after step), and the rows that need candidates
 get them from top_candidates in one launch and one small transfer. At batch 64
@@ -73,7 +73,7 @@ def top_candidates(logits, rows, k, out):
 
 
 class DeviceLogits:
-    """engine/step_logits.StepLogits over logits (R, vocab) on the device."""
+    """batch/step_logits.StepLogits over logits (R, vocab) on the device."""
 
     def __init__(self, copier: "LogitsCopier", logits, needs: list[int]):
         self.copier, self.logits = copier, logits

@@ -1,5 +1,5 @@
-"""CUDA products with packed weights, uploaded as the host holds them (model/packed.py),
-never widened whole. A matrix goes to the kernels as one tuple (DevicePacked):
+"""CUDA products with packed weights, uploaded as the host holds them (formats/packed.py),
+never widened whole. A matrix goes to the kernels as one tuple (device_packed.py):
     Q8_0, Q4_0, Q4_1   (quants, scales, mins, has_mins)
         quants  (N, K) int8 (Q8_0, read by the GEMVs as (N, K/4) int32 words);
                 (N, K/2) uint8 (Q4_x: byte p holds weight p in its low nibble,
@@ -144,44 +144,3 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True):
 gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu = decode_kernel_family(_q8_0_row_dots)
 gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu = decode_kernel_family(_q4_row_dots)
 matmul_tiled_packed = tiled_kernel(_weight)
-
-
-class DevicePacked:
-    """A PackedWeight's arrays on the device, as the host holds them (float16 scales and
-    mins as float16). shape: (N, K) of the weights it stands for. decode and tiled:
-    the tuples the GEMVs and the tiled product take (Q8_0's GEMVs read its quants as
-    int32 words); decode_kernels and tiled_kernel: the kernels that read them."""
-    __slots__ = ("kind", "shape", "arrays", "decode", "tiled", "decode_kernels", "tiled_kernel")
-
-    def __init__(self, packed):
-        import numpy as np
-
-        from ...model.ggml_quant import Q4_0, Q4_1, Q8_0
-        from . import kquant_matmul
-        self.shape = packed.shape
-        if packed.ggml_type not in (Q8_0, Q4_0, Q4_1):
-            self.kind, self.arrays = kquant_matmul.upload(packed)
-            self.decode = self.tiled = (*self.arrays, self.kind)
-            self.decode_kernels = kquant_matmul.DECODE_KERNELS[self.kind]
-            self.tiled_kernel = kquant_matmul.TILED_KERNELS[self.kind]
-            return
-        self.kind = {Q8_0: Q8_0_KIND, Q4_0: Q4_0_KIND}.get(packed.ggml_type, Q4_1_KIND)
-        quants = cuda.to_device(packed.quants)
-        scales = cuda.to_device(packed.scales.view(np.float16))
-        mins = packed.mins if packed.mins is not None else np.zeros((1, 1), np.uint16)
-        mins = cuda.to_device(mins.view(np.float16))
-        self.arrays = (quants, scales, mins)
-        words = quants.view(np.int32) if self.kind == Q8_0_KIND else quants
-        self.decode = (words, scales, mins, self.kind == Q4_1_KIND)
-        self.tiled = (quants, scales, mins, self.kind)
-        self.decode_kernels = (gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu) \
-            if self.kind == Q8_0_KIND else (gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu)
-        self.tiled_kernel = matmul_tiled_packed
-
-    @property
-    def quants(self):
-        return self.arrays[0]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(int(a.nbytes) for a in self.arrays)

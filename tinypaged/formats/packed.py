@@ -43,13 +43,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ggml_quant import (GGML_TYPE_NAMES, K_QUANTS, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
-                         QK, QK_K)
-from .weights import convert_matrices
+from .ggml_quant import quantize
+from .kquant_unpack import unpack_q45_k, unpack_q6_k
+from .quant_kind import GGML_TYPE_NAMES, KINDS, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QK, QK_K
 
-PACKED_TYPES = (Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K)
 ROW_ARRAYS = ("quants", "scales", "mins", "supers", "highs")  # a PackedWeight's arrays, rows first
-_OFFSET = {Q4_0: 8, Q5_0: 16}  # what the kinds without mins subtract from q
 
 
 class PackedWeight:
@@ -67,11 +65,10 @@ class PackedWeight:
 
     @staticmethod
     def can_pack(ggml_type: int, columns: int) -> bool:
-        """Q8_0 rows need whole blocks; Q4_x and Q5_x rows an even number of them (the
-        nibbles pair weight p with weight p + K/2); K-quant rows whole super-blocks."""
-        if ggml_type in K_QUANTS:
-            return columns % QK_K == 0
-        return ggml_type in PACKED_TYPES and columns % (QK if ggml_type == Q8_0 else 2 * QK) == 0
+        """Whether rows of `columns` weights of this kind can be kept packed
+        (QuantKind.row_multiple)."""
+        kind = KINDS.get(ggml_type)
+        return kind is not None and kind.packable and columns % kind.row_multiple == 0
 
     def arrays(self) -> list:
         return [getattr(self, name) for name in ROW_ARRAYS]
@@ -99,9 +96,9 @@ class PackedWeight:
             raise ValueError(f"a {GGML_TYPE_NAMES.get(ggml_type, ggml_type)} matrix of {k} "
                              f"columns cannot be kept packed (Q8_0: a multiple of 32 columns; "
                              f"Q4_0, Q4_1, Q5_0, Q5_1: of 64; Q4_K, Q5_K, Q6_K: of 256)")
-        if ggml_type in K_QUANTS:
+        if KINDS[ggml_type].is_k_quant:
             return cls._from_k_quant(raw, ggml_type, shape)
-        head = {Q8_0: 2, Q4_0: 2, Q4_1: 4, Q5_0: 6, Q5_1: 8}[ggml_type]
+        head = KINDS[ggml_type].block_bytes - (QK if ggml_type == Q8_0 else QK // 2)  # d, m, qh
         blocks = np.asarray(raw, dtype=np.uint8).reshape(n, k // QK, -1)  # (N, K/32, bytes)
         scales = np.ascontiguousarray(blocks[:, :, 0:2]).view(np.uint16)[:, :, 0]
         mins = np.ascontiguousarray(blocks[:, :, 2:4]).view(np.uint16)[:, :, 0] \
@@ -117,10 +114,8 @@ class PackedWeight:
 
     @classmethod
     def _from_k_quant(cls, raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> "PackedWeight":
-        from .kquant import BYTES
-        from .kquant_unpack import unpack_q45_k, unpack_q6_k
         n, k = shape
-        blocks = np.asarray(raw, dtype=np.uint8).reshape(n * k // QK_K, BYTES[ggml_type])
+        blocks = np.asarray(raw, dtype=np.uint8).reshape(n * k // QK_K, KINDS[ggml_type].block_bytes)
         quants = np.empty((n, k // 2), np.uint8)
         if ggml_type == Q6_K:
             highs, scales = np.empty((n, k // 4), np.uint8), np.empty((n, k // 16), np.int8)
@@ -139,7 +134,6 @@ class PackedWeight:
         """A float matrix quantized as llama.cpp's reference quantizers round; a few
         rows at a time, so the quantizer's float temporaries stay small (whole, they
         took ~500 MB for SmolLM2's 49152 x 576 embedding)."""
-        from .ggml_quant import quantize
         raw = np.concatenate([quantize(w[i:i + rows_at_once], ggml_type)
                               for i in range(0, len(w), rows_at_once)])
         return cls.from_bytes(raw, ggml_type, w.shape)
@@ -187,7 +181,7 @@ class PackedWeight:
         if self.ggml_type == Q8_0:
             return scale * q
         if self.mins is None:  # Q4_0, Q5_0
-            return scale * (q - np.float32(_OFFSET[self.ggml_type]))
+            return scale * (q - np.float32(KINDS[self.ggml_type].offset))
         low = np.repeat(self.mins[rows].view(np.float16).astype(np.float32), QK, axis=1)
         return scale * q + low
 
@@ -203,13 +197,3 @@ def _nibble_pairs(values: np.ndarray) -> np.ndarray:
     half = values.shape[1] // 2
     return (values[:, :half] | (values[:, half:] << 4)).astype(np.uint8)
 
-
-def quantize_matrices(weights: dict, ggml_type: int) -> dict:
-    """The weights with every float matrix quantized (EngineConfig.quantization); a
-    matrix whose rows do not split into the type's blocks, the norms and anything
-    already packed stay as they are. Takes the dict over (weights.convert_matrices)."""
-    def quantized(w):
-        if isinstance(w, np.ndarray) and w.ndim == 2 and PackedWeight.can_pack(ggml_type, w.shape[1]):
-            return PackedWeight.quantize(w, ggml_type)
-        return None
-    return convert_matrices(weights, quantized)

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ggml_quant import Q4_K, Q5_K, Q6_K
-
-BYTES = {Q4_K: 144, Q5_K: 176, Q6_K: 210}
+from .quant_kind import KINDS, Q5_K, Q6_K
 
 
 def _half(b: np.ndarray) -> np.ndarray:
@@ -68,7 +66,7 @@ def q5_k_fifth_bits(qh: np.ndarray) -> np.ndarray:
 
 def dequantize_k(raw: np.ndarray, ggml_type: int) -> np.ndarray:
     """raw uint8 bytes of whole super-blocks -> float32 values (flat)."""
-    blocks = np.asarray(raw, dtype=np.uint8).reshape(-1, BYTES[ggml_type])
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(-1, KINDS[ggml_type].block_bytes)
     if ggml_type == Q6_K:
         scales = blocks[:, 192:208].view(np.int8).astype(np.float32)  # (n, 16)
         d = _half(blocks[:, 208:210])  # (n, 1)

@@ -15,9 +15,8 @@ Each row's 6- or 4-bit values are decoded into a scratch row in column order fir
 import numpy as np
 from numba import njit, prange, uint8
 
-from ..kernels.cpu.jit_cache import cached_njit
+from ..jit_cache import cached_njit
 
-Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = 144, 176, 210
 
 
 @njit(inline="always")

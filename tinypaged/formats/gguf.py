@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ggml_quant import BLOCK_LAYOUT, GGML_TYPE_NAMES, dequantize, tensor_nbytes
+from .quant_kind import BLOCK_LAYOUT, GGML_TYPE_NAMES, tensor_nbytes
+
+from .ggml_quant import dequantize
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -243,3 +245,11 @@ class GGUFFile:
             return work()
         except ValueError as e:
             raise ValueError(f"{self.path}: {e}") from None
+
+
+def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation: per head, rows [r0, r1, r0', r1', ...]
+    (interleaved pairs) back to [first halves..., second halves...] (rotate-half)."""
+    rows = w.shape[0]
+    return (w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:])
+             .swapaxes(1, 2).reshape(w.shape))
