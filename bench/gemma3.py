@@ -26,7 +26,7 @@ from tinypaged import LLM, SamplingParams  # noqa: E402
 from tinypaged.bench import llama_cpp_peer  # noqa: E402
 from tinypaged.bench.rates import decode_rate, on_engine_thread  # noqa: E402
 from tinypaged.config import format_bytes  # noqa: E402
-from tinypaged.model.llama import PagedKVCache  # noqa: E402
+from tinypaged.model.paged_model import PagedKVCache  # noqa: E402
 
 NEW_TOKENS = 16  # decoded after the prompt, the last of them at position tokens - 1
 

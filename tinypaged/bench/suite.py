@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import LLM, SamplingParams
 from ..engine.block_manager import blocks_for
-from ..model.llama import PagedKVCache
+from ..model.paged_model import PagedKVCache
 from . import hf_peer, llama_cpp_peer, peak_rss, structured_rows
 from .format_rates import measure_in_own_process
 from .rates import KV_BUDGET, MAX_MODEL_LEN, decode_rate, on_engine_thread

@@ -7,7 +7,7 @@ import os
 from ..config import EngineConfig
 from ..kernels import get_backend
 from ..logprobs import token_logprobs
-from ..model.llama import LlamaModel, PagedKVCache
+from ..model.paged_model import PagedKVCache, PagedModel
 from ..formats.quant_kind import GGML_TYPE_NAMES, Q4_0, Q4_1, Q8_0
 from ..model.weights import quantize_matrices
 from ..model.loading import load_model
@@ -34,7 +34,7 @@ from .step_logits import candidates_needed
 QUANTIZATION_TYPES = {"q8_0": Q8_0, "q4_0": Q4_0, "q4_1": Q4_1}
 
 
-def decode_graphs(config: EngineConfig, model: LlamaModel, kv: PagedKVCache,
+def decode_graphs(config: EngineConfig, model: PagedModel, kv: PagedKVCache,
                   max_model_len: int):
     """The CUDA backend's recorded decode steps (kernels/cuda/decode_graphs.py) when
     config.cuda_graphs asks for them; None (every step eager) otherwise. cuda_graphs
@@ -83,7 +83,7 @@ class LLMEngine(SampleStep):
         self._ids = itertools.count()
         self.statistics = EngineStats(self.block_manager)
 
-    def _load_model(self, model_dir, config: EngineConfig, ops) -> LlamaModel:
+    def _load_model(self, model_dir, config: EngineConfig, ops) -> PagedModel:
         """The model with its weights in the backend's form: mapped from the form kept
         beside a GGUF by an earlier load, else read, prepared, and kept. Sets
         model_config, requantized and max_model_len. (Run on a thread of its own:
@@ -105,7 +105,7 @@ class LLMEngine(SampleStep):
             raise ValueError(f"cuda_graphs=True needs the CUDA backend; this engine runs on "
                              f"{ops.name} (backend={config.backend!r})")
         check_rope_fits(self.max_model_len, cfg.head_dim, ops.memory_available())
-        model = LlamaModel(cfg, weights, ops, self.max_model_len,  # weights go to the backend
+        model = PagedModel(cfg, weights, ops, self.max_model_len,  # weights go to the backend
                            prepared=prepared is not None)
         del weights  # (the backend's form replaces them)
         if kept and prepared is None:

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.llama import LlamaModel, PagedKVCache
+from ..model.paged_model import PagedKVCache, PagedModel
 from ..batch.attention_metadata import AttentionMetadata
 from .scheduler import ScheduledBatch
 from ..batch.step_logits import WHOLE_ROW, StepLogits
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv: PagedKVCache, block_size: int,
+    def __init__(self, model: PagedModel, kv: PagedKVCache, block_size: int,
                  decode_graphs=None):
         """decode_graphs: a CUDA DecodeGraphs that runs pure decode steps as recorded
         static steps (None: every step eager)."""

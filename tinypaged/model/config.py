@@ -12,15 +12,14 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from .decoder_block import LAYOUTS
 from .families import FAMILIES
 from .family import LAYER_TYPES
 from ..kernels.rope import NO_ROPE, Rope, rope_from_config
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
-# norms before each block (Llama), after it (OLMo 2), or both (Gemma 2 and 3)
 # what a checkpoint's "dtype" (or older "torch_dtype") may say; others read as float32
 CHECKPOINT_DTYPES = ("float32", "float16", "bfloat16")
-NORM_LAYOUTS = ("pre", "post", "sandwich")
 
 # the keys every supported architecture reads
 COMMON_KEYS = frozenset({
@@ -79,7 +78,7 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()  # per layer, one of LAYER_TYPES; (): all full
     # how other families differ from Llama (family.py; each family's file says why)
     qk_norm: str | None = None  # RMSNorm of q and k: "head" (each head) or "full" (all heads)
-    norm_layout: str = "pre"  # one of NORM_LAYOUTS
+    norm_layout: str = "pre"  # decoder_block.LAYOUTS: where the norms sit
     rope_layers: tuple[bool, ...] = ()  # per layer, whether it rotates q and k; (): all do
     embedding_scale: float = 1.0  # embeddings times this
     attention_scale: float | None = None  # scores times this; None: 1 / sqrt(head_dim)
@@ -122,8 +121,8 @@ class ModelConfig:
         if self.rope_layers and len(self.rope_layers) != self.num_hidden_layers:
             raise ValueError(f"rope_layers names {len(self.rope_layers)} layers, but "
                              f"num_hidden_layers={self.num_hidden_layers}")
-        if self.norm_layout not in NORM_LAYOUTS:
-            raise ValueError(f"norm_layout={self.norm_layout!r} is not one of {NORM_LAYOUTS}")
+        if self.norm_layout not in LAYOUTS:
+            raise ValueError(f"norm_layout={self.norm_layout!r} is not one of {tuple(LAYOUTS)}")
         if self.activation not in ("silu", "gelu_tanh"):
             raise ValueError(f"activation={self.activation!r} is not 'silu' or 'gelu_tanh'")
         for name in ("attn_softcap", "final_softcap"):

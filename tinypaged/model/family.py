@@ -1,15 +1,17 @@
 """Family: what one architecture reads from config.json beyond the keys every family
-shares (config.COMMON_KEYS), and how its forward pass differs from Llama's, as
-ModelConfig fields that llama.py and reference.py read (qk_norm, norm_layout,
-rope_layers, the multipliers...).
+shares (config.COMMON_KEYS), how its forward pass differs from Llama's (as
+ModelConfig fields that decoder_block.py reads: norm_layout, qk_norm, rope_layers,
+the multipliers...), and how llama.cpp's GGUF files hold it (GGUFArchitecture).
 
 Llama, Mistral and Qwen2 are here (they differ in biases and windows only); every
-other family is a small file beside llama.py, registered in families.py.
+other family is a small file beside this one, registered in families.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
+
+from .gguf_names import GGUFArchitecture
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -20,6 +22,7 @@ class Family:
     keys: frozenset  # the config keys it reads beyond config.COMMON_KEYS
     read: Callable  # (reader: config._Reader, layers: int) -> {ModelConfig field: value}
     reads_activation: bool = False  # else hidden_act must be silu (config.py checks)
+    gguf: GGUFArchitecture | None = None  # how llama.cpp's files hold it (gguf_names.py)
 
 
 def no_mlp_bias(get) -> None:
@@ -79,7 +82,8 @@ def _qwen2(get, layers: int) -> dict:
 
 
 LLAMA = Family("LlamaForCausalLM",
-               frozenset({"attention_bias", "mlp_bias", "pretraining_tp", "rope_interleaved"}), _llama)
+               frozenset({"attention_bias", "mlp_bias", "pretraining_tp", "rope_interleaved"}), _llama,
+               gguf=GGUFArchitecture("llama", True, {}))  # (llama.cpp writes Mistral as llama)
 MISTRAL = Family("MistralForCausalLM", frozenset({"sliding_window"}), _mistral)
 QWEN_WINDOW_KEYS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
-QWEN2 = Family("Qwen2ForCausalLM", QWEN_WINDOW_KEYS, _qwen2)
+QWEN2 = Family("Qwen2ForCausalLM", QWEN_WINDOW_KEYS, _qwen2, gguf=GGUFArchitecture("qwen2", False, {}))

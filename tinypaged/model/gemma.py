@@ -2,6 +2,7 @@
 w - 1 (the norm multiplies by 1 + w; the loader adds the 1, weights.py), and
 embeddings scaled by sqrt(hidden_size). The helpers serve Gemma 2 and 3 too."""
 from .family import Family, attention_biases
+from .gguf_names import GGUFArchitecture
 
 GELU_TANH = "gelu_pytorch_tanh"
 
@@ -42,6 +43,21 @@ def read(get, layers: int) -> dict:
     return gemma_basics(get)
 
 
+def gguf_config(gguf, arch: str, config: dict) -> dict:
+    """What llama.cpp fixes for every Gemma rather than writing it: GELU's tanh form;
+    the norms' 1 is already added to the file's weights (so: loaded as they are).
+    Gemma 2 and 3 also: scores scaled by head_dim^-0.5 (hidden / heads for the 27B
+    models: 46 or 62 layers), and the window."""
+    out = {"hidden_activation": GELU_TANH}
+    if arch in ("gemma2", "gemma3"):
+        big = config["num_hidden_layers"] in (46, 62)
+        out["query_pre_attn_scalar"] = (config["hidden_size"] // config["num_attention_heads"]
+                                        if big else config["head_dim"])
+        out["sliding_window"] = gguf.integer(f"{arch}.attention.sliding_window", 4096)
+    return out
+
+
+GGUF_KEYS = frozenset({"attention.sliding_window", "attn_logit_softcapping", "final_logit_softcapping"})
 GEMMA = Family("GemmaForCausalLM",
                frozenset({"attention_bias", "hidden_activation", "use_bidirectional_attention"}),
-               read, reads_activation=True)
+               read, reads_activation=True, gguf=GGUFArchitecture("gemma", False, {}, config=gguf_config))

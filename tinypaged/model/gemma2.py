@@ -4,7 +4,8 @@ in every other layer (the even ones), attention scores scaled by
 query_pre_attn_scalar^-0.5 and soft-capped (cap * tanh(score / cap)), and the
 logits soft-capped the same way."""
 from .family import Family, layer_types, window
-from .gemma import gelu_tanh, gemma_basics, optional_positive
+from .gemma import GGUF_KEYS, gelu_tanh, gemma_basics, gguf_config, optional_positive
+from .gguf_names import SANDWICH, GGUFArchitecture
 
 
 def read(get, layers: int) -> dict:
@@ -24,4 +25,8 @@ GEMMA2 = Family("Gemma2ForCausalLM",
                 frozenset({"attention_bias", "hidden_activation", "use_bidirectional_attention",
                            "query_pre_attn_scalar", "sliding_window", "layer_types",
                            "attn_logit_softcapping", "final_logit_softcapping",
-                           "cache_implementation"}), read, reads_activation=True)
+                           "cache_implementation"}), read, reads_activation=True,
+                gguf=GGUFArchitecture("gemma2", False, SANDWICH, GGUF_KEYS, lambda gguf, arch, config: {
+                    **gguf_config(gguf, arch, config),
+                    "attn_logit_softcapping": gguf.number(f"{arch}.attn_logit_softcapping", 50.0),
+                    "final_logit_softcapping": gguf.number(f"{arch}.final_logit_softcapping", 30.0)}))

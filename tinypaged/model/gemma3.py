@@ -6,7 +6,8 @@ rope_local_base_freq (10,000), the global layers' rope_theta (1,000,000) with th
 config's scaling. transformers >= 5 nests rope_parameters by layer type. Soft-capping
 is off unless the config sets it."""
 from .family import Family, layer_types, window
-from .gemma import gelu_tanh, gemma_basics, optional_positive
+from .gemma import GGUF_KEYS, gelu_tanh, gemma_basics, gguf_config, optional_positive
+from .gguf_names import QK_NORMS, SANDWICH, GGUFArchitecture
 from ..kernels.rope import rope_from_config, rope_from_parameters
 
 GLOBAL_THETA, LOCAL_THETA = 1_000_000.0, 10_000.0
@@ -55,4 +56,9 @@ GEMMA3 = Family("Gemma3ForCausalLM",
                            "query_pre_attn_scalar", "sliding_window", "sliding_window_pattern",
                            "layer_types", "attn_logit_softcapping", "final_logit_softcapping",
                            "rope_local_base_freq", "cache_implementation"}),
-                read, reads_activation=True)
+                read, reads_activation=True,
+                # five local layers to one global; the local RoPE base is 10,000
+                gguf=GGUFArchitecture("gemma3", False, {**SANDWICH, **QK_NORMS}, GGUF_KEYS,
+                                      lambda gguf, arch, config: {
+                                          **gguf_config(gguf, arch, config), "sliding_window_pattern": 6,
+                                          "rope_local_base_freq": LOCAL_THETA}))

@@ -9,112 +9,13 @@ YaRN) or, for Llama 3's, as the tensor rope_freqs.weight (gguf_model.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 from ..formats.gguf import GGUFFile
 
-# llama.cpp's tensor names in a layer (blk.N.<name>) -> HF's (model.layers.N.<name>)
-LAYER_TENSORS = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "ffn_norm.weight": "post_attention_layernorm.weight",  # Llama's: the MLP's pre-norm
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-GLOBAL_TENSORS = {"token_embd.weight": "model.embed_tokens.weight",
-                  "output_norm.weight": "model.norm.weight",
-                  "output.weight": "lm_head.weight"}
-QK_NORMS = {"attn_q_norm.weight": "self_attn.q_norm.weight",
-            "attn_k_norm.weight": "self_attn.k_norm.weight"}
-SANDWICH = {"ffn_norm.weight": "pre_feedforward_layernorm.weight",  # (Gemma 2 and 3)
-            "post_attention_norm.weight": "post_attention_layernorm.weight",
-            "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+from .families import FAMILIES
+from .gguf_names import GLOBAL_TENSORS, LAYER_TENSORS
 
-
-@dataclass(frozen=True)
-class GGUFArchitecture:
-    hf_name: str  # the HF architecture it reads as
-    permuted: bool  # Q/K rows interleaved by llama.cpp's converter (Llama's RoPE form)
-    tensors: dict  # layer tensor names beyond (or replacing) LAYER_TENSORS'
-    keys: frozenset = frozenset()  # <arch>.* keys read beyond READ
-    config: Callable = lambda gguf, arch, config: {}  # (file, arch, config so far) -> more keys
-
-
-def _gemma(gguf, arch: str, config: dict) -> dict:
-    """What llama.cpp fixes for Gemma rather than writing it: GELU's tanh form, the
-    norms' 1 already added to the file's weights (so: loaded as they are), scores
-    scaled by head_dim^-0.5 (hidden / heads for the 27B models: 46 or 62 layers)."""
-    out = {"hidden_activation": "gelu_pytorch_tanh"}
-    if arch in ("gemma2", "gemma3"):
-        big = config["num_hidden_layers"] in (46, 62)
-        out["query_pre_attn_scalar"] = (config["hidden_size"] // config["num_attention_heads"]
-                                        if big else config["head_dim"])
-        out["sliding_window"] = gguf.integer(f"{arch}.attention.sliding_window", 4096)
-    if arch == "gemma2":
-        out["attn_logit_softcapping"] = gguf.number(f"{arch}.attn_logit_softcapping", 50.0)
-        out["final_logit_softcapping"] = gguf.number(f"{arch}.final_logit_softcapping", 30.0)
-    if arch == "gemma3":  # five local layers to one global; the local RoPE base is 10,000
-        out["sliding_window_pattern"] = 6
-        out["rope_local_base_freq"] = 10000.0
-    return out
-
-
-def _granite(gguf, arch: str, config: dict) -> dict:
-    """Granite's multipliers, as llama.cpp's keys hold them (logit_scale divides; an
-    absent attention.scale is llama.cpp's 1/sqrt(head_dim))."""
-    def positive(key: str, default: float) -> float:
-        value = gguf.number(f"{arch}.{key}", default)
-        if value <= 0:
-            raise ValueError(f"{gguf.path}: {arch}.{key}={value:g} must be positive")
-        return value
-    return {"embedding_multiplier": positive("embedding_scale", 1.0),
-            "residual_multiplier": positive("residual_scale", 1.0),
-            "logits_scaling": positive("logit_scale", 1.0),
-            "attention_multiplier": positive("attention.scale", config["head_dim"] ** -0.5)}
-
-
-def _phi3(gguf, arch: str, config: dict) -> dict:
-    window = gguf.get(f"{arch}.attention.sliding_window")
-    return {} if window is None else {"sliding_window": gguf.integer(f"{arch}.attention.sliding_window")}
-
-
-def _smollm3(gguf, arch: str, config: dict) -> dict:
-    """llama.cpp fixes SmolLM3's RoPE-less layers at every 4th (n_no_rope_layer_step)."""
-    return {"no_rope_layer_interval": 4}
-
-
-GEMMA_KEYS = frozenset({"attention.sliding_window", "attn_logit_softcapping",
-                        "final_logit_softcapping"})
-ARCHITECTURES = {
-    "llama": GGUFArchitecture("LlamaForCausalLM", True, {}),
-    "qwen2": GGUFArchitecture("Qwen2ForCausalLM", False, {}),
-    "qwen3": GGUFArchitecture("Qwen3ForCausalLM", False, QK_NORMS),
-    "granite": GGUFArchitecture("GraniteForCausalLM", True, {},
-                                frozenset({"embedding_scale", "residual_scale", "logit_scale",
-                                           "attention.scale"}), _granite),
-    "smollm3": GGUFArchitecture("SmolLM3ForCausalLM", True, {}, config=_smollm3),
-    "olmo2": GGUFArchitecture("Olmo2ForCausalLM", False,
-                              {**QK_NORMS, "post_attention_norm.weight": "post_attention_layernorm.weight",
-                               "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}),
-    # Phi-3: q, k, v in one matrix, gate and up in ffn_up (split at load, weights.py)
-    "phi3": GGUFArchitecture("Phi3ForCausalLM", False,
-                             {"attn_qkv.weight": "self_attn.qkv_proj.weight",
-                              "ffn_up.weight": "mlp.gate_up_proj.weight"},
-                             frozenset({"attention.sliding_window"}), _phi3),
-    "gemma": GGUFArchitecture("GemmaForCausalLM", False, {}, config=_gemma),
-    "gemma2": GGUFArchitecture("Gemma2ForCausalLM", False, SANDWICH, GEMMA_KEYS, _gemma),
-    "gemma3": GGUFArchitecture("Gemma3ForCausalLM", False, {**SANDWICH, **QK_NORMS}, GEMMA_KEYS,
-                               _gemma),
-}
+# general.architecture -> (the HF architecture it reads as, what the family reads of it)
+ARCHITECTURES = {f.gguf.name: f for f in FAMILIES.values() if f.gguf is not None}
 
 
 def hf_name(gguf_name: str, arch: str) -> str | None:
@@ -123,7 +24,7 @@ def hf_name(gguf_name: str, arch: str) -> str | None:
     if gguf_name in GLOBAL_TENSORS:
         return GLOBAL_TENSORS[gguf_name]
     parts = gguf_name.split(".", 2)  # blk.N.rest
-    layer = {**LAYER_TENSORS, **ARCHITECTURES[arch].tensors} if arch in ARCHITECTURES else LAYER_TENSORS
+    layer = {**LAYER_TENSORS, **ARCHITECTURES[arch].gguf.tensors} if arch in ARCHITECTURES else LAYER_TENSORS
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer:
         return f"model.layers.{parts[1]}.{layer[parts[2]]}"
     return None
@@ -142,7 +43,7 @@ IGNORED = {"rope.scaling.finetuned", "tensor_data_layout"}
 
 
 def check_metadata_keys(gguf: GGUFFile, arch: str) -> None:
-    known = READ | IGNORED | ARCHITECTURES[arch].keys
+    known = READ | IGNORED | ARCHITECTURES[arch].gguf.keys
     unknown = sorted(key for key in gguf.metadata
                      if key.startswith(arch + ".") and key[len(arch) + 1:] not in known)
     if unknown:
@@ -176,7 +77,7 @@ def gguf_model_config(gguf: GGUFFile) -> dict:
                              f"({what}) is not supported")
     tokens = gguf.require("tokenizer.ggml.tokens")
     config = {
-        "architectures": [ARCHITECTURES[arch].hf_name],
+        "architectures": [ARCHITECTURES[arch].name],
         "model_type": arch,
         "vocab_size": gguf.integer(f"{arch}.vocab_size", len(tokens)),
         "hidden_size": hidden,
@@ -192,7 +93,7 @@ def gguf_model_config(gguf: GGUFFile) -> dict:
         "tie_word_embeddings": "output.weight" not in gguf.tensors,
         "torch_dtype": "float16",
     }
-    config.update(ARCHITECTURES[arch].config(gguf, arch, config))
+    config.update(ARCHITECTURES[arch].gguf.config(gguf, arch, config))
     scaling = rope_scaling(gguf, arch)
     if scaling:
         config["rope_scaling"] = scaling

@@ -44,7 +44,7 @@ def convert_gguf(path: str | os.PathLike, out_dir: str | os.PathLike,
         if gguf.tensors[name].ggml_type not in BLOCK_LAYOUT:
             gguf.load(name)  # raises ValueError naming the type
 
-    permuted = ARCHITECTURES[arch].permuted
+    permuted = ARCHITECTURES[arch].gguf.permuted
     tensors: dict[str, np.ndarray] = {}
     for i, (name, target) in enumerate(wanted.items()):
         w = gguf.load(name)

@@ -62,7 +62,7 @@ def load_gguf_model(path: str | os.PathLike, with_weights: bool = True) -> tuple
     gguf = GGUFFile(path)
     cfg = ModelConfig.from_dict(gguf_model_config(gguf), gguf.path)
     arch = gguf.require("general.architecture")
-    permuted = ARCHITECTURES[arch].permuted
+    permuted = ARCHITECTURES[arch].gguf.permuted
     heads = {"attn_q.weight": cfg.num_attention_heads, "attn_k.weight": cfg.num_key_value_heads,
              "attn_q.bias": cfg.num_attention_heads, "attn_k.bias": cfg.num_key_value_heads}
     # a GGUF file says which biases it has by holding them (layer 0 speaks for all)

@@ -3,6 +3,7 @@ embedding_multiplier, each block's output by residual_multiplier before it joins
 the residual stream, the attention scores by attention_multiplier (in place of
 1/sqrt(head_dim)), and the logits divided by logits_scaling."""
 from .family import Family, attention_biases, no_mlp_bias
+from .gguf_names import GGUFArchitecture
 
 
 def read(get, layers: int) -> dict:
@@ -20,6 +21,23 @@ def read(get, layers: int) -> dict:
             "logit_scale": 1.0 / positive("logits_scaling")}
 
 
+def gguf_config(gguf, arch: str, config: dict) -> dict:
+    """The multipliers, as llama.cpp's keys hold them (logit_scale divides; an absent
+    attention.scale is llama.cpp's 1/sqrt(head_dim))."""
+    def positive(key: str, default: float) -> float:
+        value = gguf.number(f"{arch}.{key}", default)
+        if value <= 0:
+            raise ValueError(f"{gguf.path}: {arch}.{key}={value:g} must be positive")
+        return value
+    return {"embedding_multiplier": positive("embedding_scale", 1.0),
+            "residual_multiplier": positive("residual_scale", 1.0),
+            "logits_scaling": positive("logit_scale", 1.0),
+            "attention_multiplier": positive("attention.scale", config["head_dim"] ** -0.5)}
+
+
 GRANITE = Family("GraniteForCausalLM",
                  frozenset({"attention_bias", "mlp_bias", "embedding_multiplier", "logits_scaling",
-                            "residual_multiplier", "attention_multiplier"}), read)
+                            "residual_multiplier", "attention_multiplier"}), read,
+                 gguf=GGUFArchitecture("granite", True, {},
+                                       frozenset({"embedding_scale", "residual_scale", "logit_scale",
+                                                  "attention.scale"}), gguf_config))

@@ -1,8 +1,9 @@
-"""Dense NumPy Llama forward with a contiguous KV cache: the model-level oracle.
+"""The dense forward with a contiguous KV cache: the model-level oracle.
 
-Clarity beats speed here: one straight-line pass per layer using the ops of
-`kernels/reference.py`. Covers every family's knobs (ModelConfig: q/k
-norms, norms after the blocks, layers without RoPE, windows, multipliers). float32 by default; float64 for checking other code against.
+Clarity beats speed here: the layers are decoder_block.py's, as the paged forward
+runs them, over the ops of `kernels/reference.py`; attention is plain causal
+attention over the cache, and every product is x @ W.T in the model's dtype
+(float32 by default; float64 for checking other code against).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from ..kernels import reference as ops
 from .config import ModelConfig
+from .decoder_block import decoder_layer, final_norm, qk_norms
 
 
 class DenseKVCache:
@@ -62,7 +64,6 @@ class ReferenceModel:
         positions = np.arange(start, start + n_tokens)
         end = start + n_tokens
         n_heads, n_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        eps = cfg.rms_norm_eps
 
         def attention(layer: int, h: np.ndarray) -> np.ndarray:
             p = f"model.layers.{layer}.self_attn."
@@ -71,11 +72,8 @@ class ReferenceModel:
             v = self._product(h, p + "v_proj.weight")
             if cfg.attention_bias:
                 q, k, v = (t + w[p + f"{n}_proj.bias"] for t, n in zip((q, k, v), "qkv"))
-            if cfg.qk_norm == "full":
-                q, k = ops.rms_norm(q, w[p + "q_norm.weight"], eps), ops.rms_norm(k, w[p + "k_norm.weight"], eps)
+            q, k = qk_norms(ops, cfg, w, p, q, k)
             q, k = q.reshape(n_tokens, n_heads, head_dim), k.reshape(n_tokens, n_kv, head_dim)
-            if cfg.qk_norm == "head":
-                q, k = ops.rms_norm(q, w[p + "q_norm.weight"], eps), ops.rms_norm(k, w[p + "k_norm.weight"], eps)
             cos, sin = ops.rope_cos_sin(positions, head_dim, cfg.rope_of(layer), self.dtype)  # (T, D)
             q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
             cache.k[layer, start:end] = k
@@ -93,26 +91,15 @@ class ReferenceModel:
             act = ops.gelu_tanh_mul if cfg.activation == "gelu_tanh" else ops.silu_mul
             return self._product(act(gate, up), p + "mlp.down_proj.weight")
 
-        x = w["model.embed_tokens.weight"][ids] * np.asarray(cfg.embedding_scale, self.dtype)  # (T, H)
-        block_scale = np.asarray(cfg.residual_scale, self.dtype)
+        x = w["model.embed_tokens.weight"][ids]  # (T, H)
+        if cfg.embedding_scale != 1.0:
+            x = ops.scale(x, cfg.embedding_scale)
+        residual = None
         for layer in range(cfg.num_hidden_layers):
-            p = f"model.layers.{layer}."
-            if cfg.norm_layout == "post":  # OLMo 2: norms after the blocks
-                x = x + ops.rms_norm(attention(layer, x), w[p + "post_attention_layernorm.weight"], eps)
-                x = x + ops.rms_norm(mlp(p, x), w[p + "post_feedforward_layernorm.weight"], eps)
-                continue
-            if cfg.norm_layout == "sandwich":  # Gemma 2 and 3: norms before and after
-                h = ops.rms_norm(x, w[p + "input_layernorm.weight"], eps)
-                x = x + ops.rms_norm(attention(layer, h), w[p + "post_attention_layernorm.weight"], eps)
-                h = ops.rms_norm(x, w[p + "pre_feedforward_layernorm.weight"], eps)
-                x = x + ops.rms_norm(mlp(p, h), w[p + "post_feedforward_layernorm.weight"], eps)
-                continue
-            x = x + attention(layer, ops.rms_norm(x, w[p + "input_layernorm.weight"], eps)) * block_scale
-            x = x + mlp(p, ops.rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)) * block_scale
+            x, residual = decoder_layer(ops, cfg, w, layer, x, residual, attention, mlp)
         cache.length = end
 
         if not all_logits:
-            x = x[-1:]
-        x = ops.rms_norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
-        logits = self._product(x, "lm_head.weight")  # (T or 1, vocab)
+            x, residual = x[-1:], None if residual is None else residual[-1:]
+        logits = self._product(final_norm(ops, cfg, w, x, residual), "lm_head.weight")  # (T or 1, vocab)
         return logits if cfg.final_softcap is None else ops.softcap(logits, cfg.final_softcap)

@@ -2,6 +2,7 @@
 RoPE is used, 0 where not; by default every no_rope_layer_interval-th layer has
 none), and optionally sliding windows (in the layers without RoPE, by default)."""
 from .family import Family, attention_biases, layer_types, no_mlp_bias, window
+from .gguf_names import GGUFArchitecture
 
 
 def read(get, layers: int) -> dict:
@@ -25,4 +26,7 @@ SMOLLM3 = Family("SmolLM3ForCausalLM",
                  # (max_window_layers: written by some configs, read by nothing in SmolLM3)
                  frozenset({"attention_bias", "mlp_bias", "no_rope_layers", "no_rope_layer_interval",
                             "use_sliding_window", "sliding_window", "layer_types",
-                            "max_window_layers"}), read)
+                            "max_window_layers"}), read,
+                 # llama.cpp fixes the RoPE-less layers at every 4th (n_no_rope_layer_step)
+                 gguf=GGUFArchitecture("smollm3", True, {},
+                                       config=lambda gguf, arch, config: {"no_rope_layer_interval": 4}))

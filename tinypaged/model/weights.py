@@ -10,6 +10,7 @@ from ..formats.packed import PackedWeight
 from ..formats.weight_dict import convert_matrices
 from ..formats.safetensors_io import read_model_tensors
 from .config import ModelConfig
+from .decoder_block import LAYOUTS
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
@@ -23,14 +24,7 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
     for layer in range(cfg.num_hidden_layers):
         p = f"model.layers.{layer}."
-        if cfg.norm_layout == "pre":  # (Llama's post_attention_layernorm is the MLP's pre-norm)
-            norms = ("input_layernorm", "post_attention_layernorm")
-        elif cfg.norm_layout == "post":  # OLMo 2: after each block
-            norms = ("post_attention_layernorm", "post_feedforward_layernorm")
-        else:  # Gemma 2 and 3: before and after each
-            norms = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                     "post_feedforward_layernorm")
-        shapes.update({p + f"{norm}.weight": (h,) for norm in norms})
+        shapes.update({p + f"{norm}.weight": (h,) for norm in LAYOUTS[cfg.norm_layout].norms})
         if cfg.qk_norm is not None:
             head = cfg.qk_norm == "head"
             shapes.update({p + "self_attn.q_norm.weight": (cfg.head_dim if head else cfg.q_size,),

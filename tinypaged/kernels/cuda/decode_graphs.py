@@ -30,7 +30,7 @@ class RecordedStep:
 
 class DecodeGraphs:
     def __init__(self, model, kv, max_batch: int, max_blocks: int, capture: bool):
-        """model: a LlamaModel on the CUDA backend; kv: its PagedKVCache. max_batch:
+        """model: a PagedModel on the CUDA backend; kv: its PagedKVCache. max_batch:
         the engine's max_num_seqs; max_blocks: max_model_len / block_size, rounded up.
         capture: make CUDA graphs (on a GPU); False replays launch by launch."""
         self.model, self.kv, self.ops = model, kv, model.ops

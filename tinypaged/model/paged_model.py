@@ -1,11 +1,10 @@
 """The paged forward: one straight-line pass over a flat batch of tokens.
 
-Llama's pass, with the knobs by which the other families differ (ModelConfig's
-fields; family.py and the family files say which family sets which): q/k norms,
-norms after the blocks instead of before (OLMo 2) or both (Gemma 2 and 3), a RoPE
-per layer (none: SmolLM3; local and global: Gemma 3), sliding windows, GeGLU, and
-multipliers on the embeddings, the blocks' outputs and the attention scores
-(Granite, Gemma).
+Each layer is decoder_block.py's (the norms' places, the q/k norm and the
+multipliers by which the families differ; the family files say which sets what);
+here is what makes it paged: attention reads and writes the KV pool through the
+block tables. A RoPE per layer (none: SmolLM3; local and global: Gemma 3), sliding
+windows, GeGLU and the softcaps come from ModelConfig.
 
 The batch mixes prefill chunks and decode tokens of many sequences; where each
 token's K/V go and what it attends to comes from AttentionMetadata. `ops` is a
@@ -17,6 +16,7 @@ import numpy as np
 
 from ..batch.attention_metadata import AttentionMetadata
 from .config import ModelConfig
+from .decoder_block import decoder_layer, final_norm, qk_norms
 from .kv_groups import KVGroups
 
 
@@ -41,7 +41,9 @@ class PagedKVCache:
         return per_token * block_size * np.dtype(dtype).itemsize
 
 
-class LlamaModel:
+class PagedModel:
+    """A decoder-only model on a backend (`ops`), run over the paged KV pool."""
+
     def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], ops,
                  max_positions: int | None = None, prepared: bool = False):
         """weights: taken over; a backend may empty the dict as it converts it, so that
@@ -71,38 +73,20 @@ class LlamaModel:
         a static decode step's fixed buffers): logits (R, vocab) where the backend
         keeps them. Every shape comes from the inputs' shapes, never their values."""
         cfg, w, ops = self.cfg, self.w, self.ops
-        eps = cfg.rms_norm_eps
         x = ops.embedding(token_ids, w["model.embed_tokens.weight"])  # (T, H)
         if cfg.embedding_scale != 1.0:
             x = ops.scale(x, cfg.embedding_scale)
         residual = None
         metas = [meta.for_group(g) for g in range(self.kv_groups.num_groups)]
-        for layer in range(cfg.num_hidden_layers):
-            layer_meta = metas[self.kv_groups.group_of[layer]]  # its KV group's tables and slots
-            p = f"model.layers.{layer}."
-            if cfg.norm_layout != "pre":  # x is the residual stream
-                # OLMo 2 feeds it to each block as it is; Gemma 2 and 3 norm it first
-                h = x if cfg.norm_layout == "post" else \
-                    ops.rms_norm(x, w[p + "input_layernorm.weight"], eps)
-                a = self._attention(layer, h, layer_meta, kv)
-                x = ops.add(x, ops.rms_norm(a, w[p + "post_attention_layernorm.weight"], eps))
-                h = x if cfg.norm_layout == "post" else \
-                    ops.rms_norm(x, w[p + "pre_feedforward_layernorm.weight"], eps)
-                m = self._mlp(p, h)
-                x = ops.add(x, ops.rms_norm(m, w[p + "post_feedforward_layernorm.weight"], eps))
-                continue
-            h, residual = ops.add_rms_norm(x, residual, w[p + "input_layernorm.weight"], eps)
-            x = self._scaled(self._attention(layer, h, layer_meta, kv))
-            h, residual = ops.add_rms_norm(x, residual, w[p + "post_attention_layernorm.weight"],
-                                           eps)
-            x = self._scaled(self._mlp(p, h))
 
-        last = ops.gather_rows(x, meta.logits_indices)  # (S, H): only these need logits
-        if residual is None:
-            h = ops.rms_norm(last, w["model.norm.weight"], eps)
-        else:
-            h, _ = ops.add_rms_norm(last, ops.gather_rows(residual, meta.logits_indices),
-                                    w["model.norm.weight"], eps)
+        def attention(layer: int, h):  # with its KV group's tables and slots
+            return self._attention(layer, h, metas[self.kv_groups.group_of[layer]], kv)
+        for layer in range(cfg.num_hidden_layers):
+            x, residual = decoder_layer(ops, cfg, w, layer, x, residual, attention, self._mlp)
+
+        rows = meta.logits_indices  # (S,): only these tokens need logits
+        h = final_norm(ops, cfg, w, ops.gather_rows(x, rows),
+                       None if residual is None else ops.gather_rows(residual, rows))
         logits = ops.linear(h, w["lm_head.weight"])  # (R, vocab)
         return logits if cfg.final_softcap is None else ops.softcap(logits, cfg.final_softcap)
 
@@ -115,14 +99,7 @@ class LlamaModel:
         biases = [w[a + f"{n}_proj.bias"] for n in "qkv"] if cfg.attention_bias else [None] * 3
         q, k, v = ops.qkv_proj(h, w[a + "q_proj.weight"], w[a + "k_proj.weight"],
                                w[a + "v_proj.weight"], *biases)  # (T, n_heads * D), (T, n_kv * D) x 2
-        if cfg.qk_norm == "full":  # over all heads at once (OLMo 2)
-            q = ops.rms_norm(q, w[a + "q_norm.weight"], cfg.rms_norm_eps)
-            k = ops.rms_norm(k, w[a + "k_norm.weight"], cfg.rms_norm_eps)
-        elif cfg.qk_norm == "head":  # over each head (Qwen3): rows of D
-            q = ops.rms_norm(q.reshape(n_tokens * n_heads, head_dim), w[a + "q_norm.weight"],
-                             cfg.rms_norm_eps)
-            k = ops.rms_norm(k.reshape(n_tokens * n_kv, head_dim), w[a + "k_norm.weight"],
-                             cfg.rms_norm_eps)
+        q, k = qk_norms(ops, cfg, w, a, q, k)
         cos, sin = self.rope_tables[layer]
         slot = self.kv_groups.slot_of[layer]
         q = ops.rope_write_kv(q.reshape(n_tokens, n_heads, head_dim),
@@ -140,8 +117,3 @@ class LlamaModel:
         gate_up = ops.gate_up_gelu if self.cfg.activation == "gelu_tanh" else ops.gate_up_silu
         act = gate_up(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"])
         return ops.linear(act, w[p + "mlp.down_proj.weight"])  # act: (T, I)
-
-    def _scaled(self, x):
-        """A block's output as it joins the residual stream (Granite's multiplier)."""
-        scale = self.cfg.residual_scale
-        return x if scale == 1.0 else self.ops.scale(x, scale)
