@@ -1,4 +1,4 @@
-"""LLMEngine: requests in, one step at a time: schedule, run, postprocess."""
+"""LLMEngine: requests in, one step at a time: schedule, run, sample, postprocess."""
 from __future__ import annotations
 
 import itertools
@@ -6,7 +6,6 @@ import os
 
 from ..config import EngineConfig
 from ..kernels import get_backend
-from ..logprobs import token_logprobs
 from ..model.paged_model import PagedKVCache, PagedModel
 from ..formats.quant_kind import GGML_TYPE_NAMES, Q4_0, Q4_1, Q8_0
 from ..model.weights import quantize_matrices
@@ -22,13 +21,13 @@ from .engine_stats import EngineStats
 from .kv_pool import check_pool_fits, check_rope_fits, kv_cache_dtype, pool_blocks
 from .load_thread import on_own_thread
 from .model_runner import ModelRunner
+from .postprocessor import Postprocessor
 from .request import PreparedRequest, Request
-from .scheduler import Scheduler
-from .sample_step import SampleStep
-from .sequence import Sequence
+from .sampler import Sampler
+from .scheduler import ScheduledBatch, Scheduler
+from .step_outcome import StepOutcome
+from .step_plan import StepPlan
 from .token_rules import TokenRules
-from ..batch.step_logits import NOT_NEEDED, WHOLE_ROW, StepLogits
-from .step_logits import candidates_needed
 
 
 QUANTIZATION_TYPES = {"q8_0": Q8_0, "q4_0": Q4_0, "q4_1": Q4_1}
@@ -51,7 +50,7 @@ def decode_graphs(config: EngineConfig, model: PagedModel, kv: PagedKVCache,
                         blocks_for(max_model_len, config.block_size), capture=gpu)
 
 
-class LLMEngine(SampleStep):
+class LLMEngine:
     def __init__(self, model_dir: str | os.PathLike, config: EngineConfig):
         self.config = config
         ops = get_backend(config.backend, config.gpu_weight_dtype)
@@ -82,6 +81,9 @@ class LLMEngine(SampleStep):
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.statistics = EngineStats(self.block_manager)
+        self.sampler = Sampler(self.requests, self.grammars)
+        self.postprocessor = Postprocessor(self.requests, self.scheduler, self.block_manager,
+                                           self.eos_token_ids, self.max_model_len)
 
     def _load_model(self, model_dir, config: EngineConfig, ops) -> PagedModel:
         """The model with its weights in the backend's form: mapped from the form kept
@@ -200,123 +202,45 @@ class LLMEngine(SampleStep):
 
     # -- the step ----------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, run, postprocess; returns the requests that changed (finished ones
-        for the last time: they are forgotten afterwards).
+        """Schedule, run, sample, postprocess; returns the requests that changed
+        (finished ones for the last time: they are forgotten afterwards).
 
         A failure while running the batch fails the requests in it; a failure while
-        sampling fails that request alone. Either way they come back finished, with
-        finish_reason "error" and the exception in `error`, their blocks freed; the
-        other requests go on. An exception that escapes step() is a failure of the
-        bookkeeping itself: the engine's state can no longer be trusted."""
+        sampling or postprocessing fails that request alone. Either way they come back
+        finished, with finish_reason "error" and the exception in `error`, their
+        blocks freed; the other requests go on (StepOutcome). An exception that
+        escapes step() is a failure of the bookkeeping itself: the engine's state can
+        no longer be trusted."""
         batch = self.scheduler.schedule()
-        touched: dict[str, Request] = {}
+        outcome = StepOutcome(self.requests, self.scheduler)
         for seq in batch.out_of_memory:
-            self._finish(seq, KV_CACHE_FULL)
-            touched[seq.request_id] = self.requests[seq.request_id]
+            outcome.finish(seq, KV_CACHE_FULL)
         if batch:
             self.statistics.count_step(batch)
-            # a chunk whose prompt logprobs are wanted needs logits at every row
-            wants = [self.requests[seq.request_id].wants_prompt_logprobs for seq, _ in batch.chunks]
-            rows = [n if want else 1 for (_, n), want in zip(batch.chunks, wants)]
+            plan = StepPlan(batch, self.requests)
             try:
-                logits = self.runner.run(batch, rows, self._logits_needs(batch, rows, wants))
+                logits = self.runner.run(batch, plan.rows, plan.needs())
             except Exception as e:
-                self._fail_batch(batch, e, touched)
-                logits = None
-            if logits is not None:
-                # before this step's finished sequences leave
-                self.statistics.note_peak(self.scheduler.running)
-                self._postprocess(batch, rows, wants, logits, touched)
+                self._fail_batch(batch, e, outcome)
+            else:
+                self.statistics.note_peak(self.scheduler.running)  # before the finished leave
+                due = self.postprocessor.advance(plan, logits, outcome)
+                drawn = self.sampler.sample(due, logits, outcome)
+                self.postprocessor.append(drawn, outcome)
             self.statistics.record_utilization(self.scheduler.running)
-        outputs = [r.output() for r in touched.values()]
+        outputs = [r.output() for r in outcome.touched.values()]
         for out in outputs:
             if out.finished:
                 self.requests.pop(out.request_id, None)
         return outputs
 
-    @staticmethod
-    def _logits_needs(batch, rows: list[int], wants: list[bool]) -> list[int]:
-        """What sampling needs of each logits row (step_logits.py): whole rows for
-        prompt logprobs, a sample's candidates or whole row where a token is due,
-        nothing where a prompt goes on in the next step."""
-        needs = []
-        for (seq, n), n_rows, want in zip(batch.chunks, rows, wants):
-            if want:
-                needs += [WHOLE_ROW] * n_rows
-            elif seq.num_computed_tokens + n == len(seq):  # (forks share the row and params)
-                needs.append(candidates_needed(seq.params))
-            else:
-                needs.append(NOT_NEEDED)
-        return needs
-
-    def _postprocess(self, batch, rows: list[int], wants: list[bool], logits: StepLogits,
-                     touched: dict) -> None:
-        """Advance every chunk; the samples due a token (a prompt just finished, or a
-        decode) are drawn together, in one batched call."""
-        end, due = 0, []  # due: (sequence, its row of logits)
-        for (seq, n), n_rows, want in zip(batch.chunks, rows, wants):
-            start, end = end, end + n_rows
-            request = self.requests[seq.request_id]
-            if seq.is_finished:  # its request failed earlier in this loop
-                continue
-            try:
-                first = seq.num_computed_tokens
-                seq.num_computed_tokens += n
-                self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
-                if want:
-                    self._collect_prompt_logprobs(request, logits.rows(list(range(start, end))),
-                                                  first)
-                if seq.num_computed_tokens == len(seq):  # not part-way through a prompt
-                    due += [(s, end - 1) for s in self._samples_of(seq)]
-                    touched[seq.request_id] = request
-            except Exception as e:
-                self._fail_request(request, e)
-                touched[seq.request_id] = request
-        self._sample_due(due, logits, touched)
-
-    def _collect_prompt_logprobs(self, request: Request, logits, first: int) -> None:
-        """logits (r, V) at positions first .. first + r - 1; position j predicts prompt
-        token j + 1. Positions already collected (before a preemption) are skipped."""
-        ids, collected = request.prompt_token_ids, request.prompt_logprobs
-        positions = [j for j in range(first, first + len(logits)) if len(collected) <= j + 1 < len(ids)]
-        if positions:
-            collected += token_logprobs(logits[[j - first for j in positions]],
-                                        [ids[j + 1] for j in positions],
-                                        request.params.prompt_logprobs)
-
-    def _fail_batch(self, batch, error: Exception, touched: dict) -> None:
+    def _fail_batch(self, batch: ScheduledBatch, error: Exception, outcome: StepOutcome) -> None:
         """The forward pass failed: every request in the batch fails. Blocks hashed for
         this step's tokens hold garbage, so they leave the prefix cache first."""
         for seq, _ in batch.chunks:
             self.block_manager.forget_uncomputed(seq)
         for seq, _ in batch.chunks:
-            request = self.requests[seq.request_id]
-            if request.error is None:
-                self._fail_request(request, error)
-                touched[seq.request_id] = request
-
-    def _fail_request(self, request: Request, error: Exception) -> None:
-        request.error = error
-        request.aborted = True
-        for seq in self.scheduler.abort(request.seqs, "error"):
-            request.texts[seq.sample_index].finish()
-
-    def _samples_of(self, seq: Sequence) -> list[Sequence]:
-        """seq, and before its first token its n - 1 forks (sharing the prompt's blocks)."""
-        request = self.requests[seq.request_id]
-        samples = [seq]
-        if seq.num_output_tokens == 0 and len(request.seqs) < seq.params.n:
-            for i in range(1, seq.params.n):
-                child = seq.fork(i)
-                self.block_manager.fork(seq, child)
-                self.scheduler.add_forked(child)
-                request.add_sample(child)
-                samples.append(child)
-        return samples
-
-    def _finish(self, seq: Sequence, reason: str) -> None:
-        self.scheduler.finish(seq, reason)
-        self.requests[seq.request_id].texts[seq.sample_index].finish()
+            outcome.fail(seq, error)
 
     # -- statistics ---------------------------------------------------------------------
     def block_map(self) -> str:
