@@ -70,9 +70,9 @@ def _packed_matrices(rng, type_name: str, width: int) -> dict:
     or random blocks as a file holds them (Q5_x, K-quants: tests/random_blocks.py)."""
     from random_blocks import K_QUANT_BLOCKS, Q5_BLOCKS, random_k_quant, random_q5
 
-    from tinypaged.model import ggml_quant
+    from tinypaged.formats import quant_kind
     from tinypaged.formats.packed import PackedWeight
-    ggml_type = getattr(ggml_quant, type_name)
+    ggml_type = getattr(quant_kind, type_name)
     shapes = (("q", 16), ("k", 8), ("v", 8), ("g", 20), ("u", 20))
     if type_name in K_QUANT_BLOCKS:
         return {n: PackedWeight.from_bytes(random_k_quant(rng, type_name, rows, width), ggml_type,
