@@ -6,6 +6,8 @@ import stat
 
 import pytest
 
+from helpers import write_tiny_model
+
 from tinypaged.bench import llama_cpp_peer, peak_rss
 
 
@@ -33,8 +35,17 @@ def test_a_failing_peer_is_one_error_naming_it(tmp_path):
         llama_cpp_peer.run(str(bench), tmp_path / "m.gguf", log=lambda _: None)
 
 
-def test_peak_rss_of_a_real_generate_run(stories_dir):
-    rss = peak_rss.generate_peak_rss(stories_dir, kv_cache_memory="8M")
-    assert 50 << 20 < rss < 2 << 30  # Python + NumPy + numba alone take ~90 MiB
+def test_peak_rss_counts_the_weights_a_run_holds(tmp_path):
+    """Two models alike but for the MLP's width: the probe's difference is the bigger
+    one's extra weights (held once as float16, ~48 MiB), give or take the load's
+    transient copies, not the noise of a process's other memory."""
+    small, big = tmp_path / "small", tmp_path / "big"
+    shape = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=2)
+    write_tiny_model(str(small), dtype="F16", intermediate_size=64, **shape)
+    write_tiny_model(str(big), dtype="F16", intermediate_size=64 + 8192, **shape)
+    extra = 2 * 3 * 512 * 8192 * 2  # layers x (gate, up, down) x weights x float16 bytes
+    grown = peak_rss.generate_peak_rss(big, kv_cache_memory="8M") - \
+        peak_rss.generate_peak_rss(small, kv_cache_memory="8M")
+    assert 0.9 * extra < grown < 2.5 * extra, (grown >> 20, extra >> 20)
     with pytest.raises(RuntimeError, match="model folder not found"):
-        peak_rss.generate_peak_rss(stories_dir / "missing")
+        peak_rss.generate_peak_rss(tmp_path / "missing")
