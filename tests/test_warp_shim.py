@@ -95,3 +95,34 @@ def test_divergent_or_mismatched_shuffles_fail(kernel, message):
     x = np.arange(32, dtype=np.float32)
     with pytest.raises(warp_shim.WarpError, match=message):
         kernel[1, 32](x, np.zeros(32, np.float32))
+
+
+@cuda.jit
+def _reductions_both_ways(x, fast, shuffled):
+    """warp_sum and warp_max (one exchange each in the shim), and the same butterflies
+    written out with shfl_xor_sync (five exchanges each)."""
+    from tinypaged.kernels.cuda.warp import warp_max, warp_sum
+    i = cuda.grid(1)
+    fast[i, 0] = warp_sum(x[i])
+    fast[i, 1] = warp_max(x[i])
+    total, top = x[i], x[i]
+    offset = 16
+    while offset > 0:
+        total += cuda.shfl_xor_sync(FULL, total, offset)
+        top = max(top, cuda.shfl_xor_sync(FULL, top, offset))
+        offset //= 2
+    shuffled[i, 0], shuffled[i, 1] = total, top
+
+
+def test_the_shims_warp_reductions_give_the_butterflys_bits():
+    """Random values over many magnitudes; and a warp whose sum tells the order: 1e8
+    in lane 0, -1e8 in lane 16, ones elsewhere: the butterfly adds lanes i and i ^ 16
+    first (30 in all), a sum from lane 0 on loses each one to 1e8's spacing (15)."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(64) * 10.0 ** rng.integers(-6, 6, 64)).astype(np.float32)
+    x[32:] = 1.0
+    x[32], x[48] = 1e8, -1e8
+    fast, shuffled = np.zeros((64, 2), np.float32), np.zeros((64, 2), np.float32)
+    _reductions_both_ways[1, 64](x, fast, shuffled)
+    np.testing.assert_array_equal(fast, shuffled)
+    assert (fast[32:, 0] == 30).all() and np.cumsum(x[32:], dtype=np.float32)[-1] == 15

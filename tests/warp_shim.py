@@ -170,7 +170,7 @@ class CooperativeBlockManager:
             if len(set(calls)) != 1:
                 raise self._error(w, "lanes wait in different calls (mismatched shuffles): "
                                   + ", ".join(f"lane {i}: {c}" for i, c in enumerate(calls)))
-            values = [t.value for t in lanes]
+            values = _Values(t.value for t in lanes)
             for t in lanes:
                 t.received = values
             released += lanes
@@ -219,6 +219,35 @@ def _source(n_lanes: int, values, source: int):
         raise thread._manager._error(thread.thread_id // WARP,
                                      f"a lane read lane {source}, outside the warp's {n_lanes}")
     return values[source]
+
+
+class _Values(list):
+    """The warp's values in one exchange, shared by its lanes; `reduced` holds a
+    reduction's lane results once the first lane has computed them."""
+    reduced = None
+
+
+def _butterfly(kind: str, value, combine):
+    """One exchange in place of a warp reduction's five shuffles: the lanes' results
+    as the butterfly gives them (lane i combines its value with lane i ^ offset's, for
+    offsets 16, 8, 4, 2, 1, in that order: the same arithmetic, so the same bits)."""
+    lane, n_lanes, values = _exchange(kind, 0xFFFFFFFF, value)  # (a partial warp is refused)
+    if values.reduced is None:
+        v = list(values)
+        offset = WARP // 2
+        while offset:
+            v = [combine(v[i], v[i ^ offset]) for i in range(WARP)]
+            offset //= 2
+        values.reduced = v
+    return values.reduced[lane]
+
+
+def fast_warp_sum(value):
+    return _butterfly("warp_sum", value, lambda a, b: a + b)
+
+
+def fast_warp_max(value):
+    return _butterfly("warp_max", value, max)
 
 
 def shfl_sync(self, mask, value, src_lane):
@@ -281,6 +310,8 @@ def install() -> None:
         return wrapper(array) if array._ary.dtype.fields is not None else array._ary
     kernel.FakeWithinKernelCUDAArray = within_kernel
     _speed_up_calls(kernel, kernelapi)
+    from tinypaged.kernels.cuda import warp
+    warp.warp_sum._shim_fast, warp.warp_max._shim_fast = fast_warp_sum, fast_warp_max
 
 
 def _speed_up_calls(kernel, kernelapi) -> None:
@@ -294,13 +325,19 @@ def _speed_up_calls(kernel, kernelapi) -> None:
     original_call = fake_kernel.__call__
 
     def call(self, *args):
+        fast = self.__dict__.get("_shim_fast")
+        if fast is not None:  # (a warp reduction: one exchange; see _butterfly)
+            return fast(*args)
         if self._device and isinstance(self.fn.__globals__.get("cuda"), kernelapi.FakeCUDAModule):
             return self.fn(*args)  # already running against the fake module
         return original_call(self, *args)
     fake_kernel.__call__ = call
 
+    scalars = {float, int, bool, np.float16, np.float32, np.float64, np.int8, np.int16,
+               np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64}
+
     def cast_or_signature(self, *args):
-        if len(args) == 1 and not isinstance(args[0], abstract.Type):
-            return self.cast_python_value(args[0])
+        if len(args) == 1 and (type(args[0]) in scalars or not isinstance(args[0], abstract.Type)):
+            return self.cast_python_value(args[0])  # (the set first: abc's check is slow)
         return signature(self, *args)
     abstract.Type.__call__ = cast_or_signature
