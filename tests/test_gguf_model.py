@@ -97,7 +97,7 @@ def test_quantization_at_load_packs_a_float_model(stories_dir, quantization):
     prompts = ["Once upon a time", "The little dog"]
     packed = LLM(stories_dir, backend="cpu", quantization=quantization)
     kinds = [type(w).__name__ for w in packed.engine.runner.model.w.values()]
-    held_packed = sum(kinds.count(k) for k in ("PackedWeight", "LanePacked", "LaneRows"))  # (lanes.py)
+    held_packed = sum(kinds.count(k) for k in ("PackedWeight", "LanePacked", "StackRows"))  # (lanes.py)
     assert held_packed >= 5 * 6  # every matrix whose rows split into blocks
     dense = LLM(stories_dir, backend="reference", quantization=quantization)  # widened again
     got, want = packed.generate(prompts, GREEDY), dense.generate(prompts, GREEDY)

@@ -9,7 +9,8 @@ from test_quantized import packed_product_bound, random_activations
 from tinypaged.kernels import reference
 from tinypaged.kernels.cpu import embedding, lanes, linear, stack_layer_matrices
 from tinypaged.kernels.cpu.byte_dot import LANES_ISA
-from tinypaged.kernels.cpu.lanes import LanePacked, LaneRows, lay_out_weights
+from tinypaged.kernels.cpu.lanes import LanePacked, lay_out_weights
+from tinypaged.kernels.cpu.stack_rows import StackRows
 from tinypaged.kernels.cpu.quantized import packed_product
 from tinypaged.formats.quant_kind import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from tinypaged.formats.packed import PackedWeight
@@ -114,10 +115,10 @@ def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
     kinds = {name: type(w).__name__ for name, w in after.items()}
     assert kinds["model.embed_tokens.weight"] == "LanePacked"
     assert after["lm_head.weight"] is after["model.embed_tokens.weight"]  # still tied: one copy
-    assert {kinds[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"} == {"LaneRows"}
+    assert {kinds[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"} == {"StackRows"}
     stacks = {id(after[f"model.layers.0.self_attn.{p}_proj.weight"].stack[0]) for p in "qkv"}
     assert len(stacks) == 1  # the three views of one laid-out stack
-    assert {kinds[f"model.layers.0.mlp.{p}_proj.weight"] for p in ("gate", "up")} == {"LaneRows"}
+    assert {kinds[f"model.layers.0.mlp.{p}_proj.weight"] for p in ("gate", "up")} == {"StackRows"}
     assert kinds["model.layers.0.mlp.down_proj.weight"] == "LanePacked"  # Q6_K, alone
     assert kinds["model.layers.0.self_attn.o_proj.weight"] == "PackedWeight"  # under 16 rows
     for name, w in after.items():
@@ -135,4 +136,4 @@ def test_other_cpus_keep_packed_weights(monkeypatch):
     weights = _layer(np.random.default_rng(34))
     kinds = {type(w) for w in lay_out_weights(dict(weights)).values()}
     assert kinds == {PackedWeight}
-    assert not any(isinstance(w, (LanePacked, LaneRows)) for w in weights.values())
+    assert not any(isinstance(w, (LanePacked, StackRows)) for w in weights.values())

@@ -29,7 +29,7 @@ def test_the_gguf_runs_directly_with_its_weights_packed(smollm2_gguf):
     out = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=6))
     assert out[0].outputs[0].text.startswith(" Paris.")
     kinds = {type(w).__name__ for w in llm.engine.runner.model.w.values()}
-    packed = {"PackedWeight", "LanePacked", "LaneRows"}  # (kernels/cpu/lanes.py's laid-out forms)
+    packed = {"PackedWeight", "LanePacked", "StackRows"}  # (kernels/cpu/lanes.py's laid-out forms)
     assert kinds & packed and "LinearWeight" not in kinds  # no float copy of a matrix
 
 

@@ -14,7 +14,8 @@ from test_gguf_convert import write_tiny_llama_gguf
 from test_lanes import random_packed
 from tinypaged import LLM, SamplingParams
 from tinypaged.kernels.cpu import lanes, prepare_weights, weight_cache
-from tinypaged.kernels.cpu.lanes import LanePacked, LaneRows
+from tinypaged.kernels.cpu.lanes import LanePacked
+from tinypaged.kernels.cpu.stack_rows import StackRows
 from tinypaged.kernels.cpu.linear import LinearWeight
 from tinypaged.formats.quant_kind import Q4_K, Q6_K, Q8_0
 
@@ -57,7 +58,7 @@ def test_the_second_load_maps_the_prepared_weights_and_gives_the_same_text(tmp_p
 def _arrays(w) -> list:
     if isinstance(w, np.ndarray):
         return [w]
-    if isinstance(w, LaneRows):
+    if isinstance(w, StackRows):
         return _arrays(w.stack[0])
     if isinstance(w, LinearWeight):
         return [w.data]

@@ -51,7 +51,7 @@ ROW_ARRAYS = ("quants", "scales", "mins", "supers", "highs")  # a PackedWeight's
 
 
 class PackedWeight:
-    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "supers", "highs", "stack",
+    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "supers", "highs",
                  "requantized_from")
 
     def __init__(self, ggml_type: int, shape: tuple[int, int], quants: np.ndarray,
@@ -61,7 +61,6 @@ class PackedWeight:
         self.quants, self.scales, self.mins, self.supers = quants, scales, mins, supers
         self.highs = highs
         self.requantized_from = None  # the file's kind when loading rounded it to this one
-        self.stack = None  # (a matrix stacking this one's rows with others', (start, stop)): kernels/cpu/stacks.py
 
     @staticmethod
     def can_pack(ggml_type: int, columns: int) -> bool:

@@ -42,6 +42,7 @@ from ...jit_cache import cached_njit
 from ...formats.quant_kind import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from ...formats.packed import PackedWeight
 from .byte_dot import LANES_ISA
+from .stack_rows import StackRows
 
 LANES = 16  # rows of W in one group: one 512-bit vector of int32 / float32
 HIGH_BIT_BYTES = LANES_ISA == "avx2"  # high bits (Q5, Q6_K) in bytes, not chunk masks
@@ -224,33 +225,6 @@ class LanePacked:
         return self.rows(np.arange(self.shape[0]) if rows is None else rows).dequantize()
 
 
-class LaneRows:
-    """Rows start .. stop - 1 of a LanePacked stack (stacks.py): what a stacked
-    matrix's own name holds once its stack is laid out."""
-    __slots__ = ("stack", "shape", "requantized_from")
-
-    def __init__(self, stack: LanePacked, start: int, stop: int):
-        self.stack, self.shape = (stack, start, stop), (stop - start, stack.shape[1])
-        self.requantized_from = stack.requantized_from
-
-    @property
-    def nbytes(self) -> int:  # its share: the views of a stack add up to the stack
-        whole = self.stack[0]
-        return whole.nbytes * self.shape[0] // whole.shape[0]
-
-    @property
-    def ndim(self) -> int:
-        return 2
-
-    @property
-    def type_name(self) -> str:
-        return self.stack[0].type_name
-
-    def dequantize(self, rows=None) -> np.ndarray:
-        whole, start, stop = self.stack
-        return whole.dequantize(np.arange(start, stop) if rows is None else start + np.asarray(rows))
-
-
 def lay_out_weights(weights: dict) -> dict:
     """The weights with every PackedWeight the lanes kernels take laid out; each name
     that held it (a tied lm_head, the views of a stack) then holds the new form.
@@ -260,16 +234,14 @@ def lay_out_weights(weights: dict) -> dict:
     names = list(weights)
     for name in names:
         w = weights[name]
-        stack = getattr(w, "stack", None)
-        target = stack[0] if isinstance(stack, tuple) and isinstance(stack[0], PackedWeight) else w
+        target = w.stack[0] if isinstance(w, StackRows) else w
         if not LanePacked.can_lay_out(target):
             continue
         laid = LanePacked.of(target, in_place=True)
         for other in names:
             held = weights[other]
-            view = getattr(held, "stack", None)
             if held is target:
                 weights[other] = laid
-            elif isinstance(view, tuple) and view[0] is target:
-                weights[other] = LaneRows(laid, view[1], view[2])
+            elif isinstance(held, StackRows) and held.stack[0] is target:
+                weights[other] = StackRows(laid, held.stack[1], held.stack[2])
     return weights

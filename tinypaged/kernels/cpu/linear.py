@@ -30,9 +30,10 @@ from ...formats.packed import PackedWeight
 from ...formats.weight_dict import convert_matrices
 from .common import N_CHUNKS, f16_bits_to_f32
 from .gemm import GROUP, gemm_narrow
-from .lanes import LanePacked, LaneRows
+from .lanes import LanePacked
 from .lanes_product import lanes_product
 from .quantized import packed_product
+from .stack_rows import StackRows
 from .tiles import tiled_matmul, widen_tile
 
 F16_GEMV_MAX_ROWS = 4  # up to this many rows of x take the float16 GEMV
@@ -73,12 +74,11 @@ class LinearWeight:
     """A float weight matrix (N, K), held once: `data` is its float16 bits (uint16)
     when float16 holds every value exactly (kind F16: F16 checkpoints), else its
     bfloat16 bits (held as int16, to tell the two apart) when bfloat16 does (kind
-    BF16: BF16 checkpoints, loaded as float32), else float32 (kind F32).
-    `stack`: as PackedWeight's (stacks.py)."""
-    __slots__ = ("kind", "data", "shape", "stack")
+    BF16: BF16 checkpoints, loaded as float32), else float32 (kind F32)."""
+    __slots__ = ("kind", "data", "shape")
 
     def __init__(self, weight: np.ndarray):
-        self.shape, self.stack = weight.shape, None
+        self.shape = weight.shape
         if weight.dtype == np.float16:
             self.kind, self.data = F16, np.ascontiguousarray(weight).view(np.uint16)
             return
@@ -97,7 +97,7 @@ class LinearWeight:
     def of(cls, kind: int, data: np.ndarray) -> "LinearWeight":
         """One from its held form: kind F16 with float16 bits, or F32 with float32."""
         held = cls.__new__(cls)
-        held.kind, held.data, held.shape, held.stack = kind, data, data.shape, None
+        held.kind, held.data, held.shape = kind, data, data.shape
         return held
 
     @property
@@ -145,14 +145,16 @@ def _blas_product(x: np.ndarray, weight) -> np.ndarray:
 
 def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
     """x (T, K) @ weight.T (+ bias) -> (T, N); weight a LinearWeight, a PackedWeight
-    (quantized), a LanePacked (or rows of one) or a float32 array."""
+    (quantized), a LanePacked, StackRows (a stack's rows) or a float32 array."""
     _last_product.blas = False
     if isinstance(weight, PackedWeight):
         out = packed_product(np.ascontiguousarray(x, dtype=np.float32), weight)
     elif isinstance(weight, LanePacked):
         out = lanes_product(np.ascontiguousarray(x, dtype=np.float32), weight)
-    elif isinstance(weight, LaneRows):  # a stacked matrix alone: the stack's product, sliced
-        whole, start, stop = weight.stack
+    elif isinstance(weight, StackRows):  # a stacked matrix alone
+        if weight.own is not None:
+            return linear(x, weight.own, bias)
+        whole, start, stop = weight.stack  # (a laid-out stack: its product, sliced)
         out = np.ascontiguousarray(linear(x, whole)[:, start:stop])
     elif isinstance(weight, LinearWeight):
         x = np.ascontiguousarray(x, dtype=np.float32)

@@ -4,9 +4,8 @@ up) held as one matrix, so that a step makes one kernel call for them, not three
 At batch 1 a layer's seven products are numba calls of 10-60 us each, and each
 pays a few us of Python around it (dispatch, checks, the output's allocation);
 stacked, a layer makes four. Each original matrix stays in the weights under its
-own name as a view of its rows in the stack (`weight.stack = (stack, start,
-stop)`), so it can still be multiplied on its own, and the weights' bytes are
-counted once.
+own name as StackRows (stack_rows.py): its rows of the stack, so it can still be
+multiplied on its own, and the weights' bytes are counted once.
 """
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ import numpy as np
 
 from ...formats.packed import PackedWeight
 from .linear import LinearWeight, linear
+from .stack_rows import StackRows
 
 STACKED = (("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
            ("mlp.gate_proj.weight", "mlp.up_proj.weight"))
@@ -24,16 +24,15 @@ _LAYER = re.compile(r"^(model\.layers\.\d+\.)")
 
 def _same_format(parts: list) -> bool:
     first = parts[0]
-    if not all(type(p) is type(first) and p.shape[1] == first.shape[1] and p.stack is None
-               for p in parts):
+    if not all(type(p) is type(first) and p.shape[1] == first.shape[1] for p in parts):
         return False
     if isinstance(first, PackedWeight):
         return all(p.ggml_type == first.ggml_type for p in parts)
     return isinstance(first, LinearWeight) and all(p.kind == first.kind for p in parts)
 
 
-def _rows(weight, start: int, stop: int):
-    """A view of rows start .. stop - 1 of a LinearWeight or PackedWeight."""
+def stack_view(weight, start: int, stop: int):
+    """A view of rows start .. stop - 1 of a LinearWeight or PackedWeight stack."""
     if isinstance(weight, PackedWeight):
         return weight.with_rows(lambda a: a[start:stop], stop - start)
     return LinearWeight.of(weight.kind, weight.data[start:stop])
@@ -47,10 +46,9 @@ def _stack(parts: list) -> list:
         stack = LinearWeight.of(parts[0].kind, np.concatenate([p.data for p in parts]))
     views, start = [], 0
     for p in parts:
-        view = _rows(stack, start, start + p.shape[0])
-        view.stack = (stack, start, start + p.shape[0])
-        views.append(view)
-        start += p.shape[0]
+        stop = start + p.shape[0]
+        views.append(StackRows(stack, start, stop, stack_view(stack, start, stop)))
+        start = stop
     return views
 
 
@@ -72,7 +70,7 @@ def stack_layer_matrices(weights: dict) -> dict:
 def stacked_linear(x: np.ndarray, parts: list) -> list[np.ndarray]:
     """[x @ p.T for p in parts]: one product when the parts are, in order, the
     rows of one stack; else one product each."""
-    stacks = [getattr(p, "stack", None) for p in parts]  # (plain arrays have none)
+    stacks = [p.stack if isinstance(p, StackRows) else None for p in parts]
     whole = stacks[0] if all(stacks) else None
     if whole is not None and stacks[0][1] == 0 and stacks[-1][2] == whole[0].shape[0] \
             and all(a[0] is whole[0] and a[2] == b[1] for a, b in zip(stacks, stacks[1:])):

@@ -28,8 +28,10 @@ import numpy as np
 
 from ...formats.packed import PackedWeight
 from . import lanes
-from .lanes import LanePacked, LaneRows
+from .lanes import LanePacked
 from .linear import LinearWeight
+from .stack_rows import StackRows
+from .stacks import stack_view
 
 LAYOUT_VERSION = 1  # raise when a prepared form's arrays change meaning
 MAGIC = b"tinypaged-weights\n"
@@ -101,9 +103,8 @@ class _Writer:
     def form(self, w) -> int:
         if id(w) in self.index:
             return self.index[id(w)]
-        stack = getattr(w, "stack", None)
-        if isinstance(w, LaneRows) or (isinstance(w, (LinearWeight, PackedWeight)) and stack is not None):
-            whole, start, stop = stack
+        if isinstance(w, StackRows):
+            whole, start, stop = w.stack
             entry = {"form": "rows", "of": self.form(whole), "start": start, "stop": stop}
         elif isinstance(w, LanePacked):
             entry = {"form": "lanes", "ggml_type": w.ggml_type, "shape": list(w.shape),
@@ -183,14 +184,8 @@ def _rebuild(entries: list, mapped: mmap.mmap, start: int) -> list:
         form = e["form"]
         if form == "rows":
             whole, begin, end = forms[e["of"]], e["start"], e["stop"]
-            if isinstance(whole, LanePacked):
-                w = LaneRows(whole, begin, end)
-            elif isinstance(whole, PackedWeight):
-                w = whole.with_rows(lambda a: a[begin:end], end - begin)
-            else:
-                w = LinearWeight.of(whole.kind, whole.data[begin:end])
-            if not isinstance(w, LaneRows):
-                w.stack = (whole, begin, end)
+            w = StackRows(whole, begin, end,
+                          None if isinstance(whole, LanePacked) else stack_view(whole, begin, end))
         elif form == "lanes":
             w = LanePacked(e["ggml_type"], tuple(e["shape"]),
                            **{n: array(spec) for n, spec in e["arrays"].items()})

@@ -1,0 +1,34 @@
+"""StackRows: a matrix held as rows start .. stop - 1 of a stack (stacks.py: a layer's
+q/k/v or gate/up as one matrix), under its own name in the weights."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class StackRows:
+    """stack: (the stacked matrix, start, stop). own: this matrix's rows as a form of
+    their own (a view: a LinearWeight or PackedWeight of the stack's rows), for a
+    product of this matrix alone; None where the stack's layout cannot give one (a
+    LanePacked stack: the stack's product is then sliced)."""
+    __slots__ = ("stack", "shape", "own", "requantized_from")
+
+    def __init__(self, stack, start: int, stop: int, own=None):
+        self.stack, self.shape, self.own = (stack, start, stop), (stop - start, stack.shape[1]), own
+        self.requantized_from = getattr(stack, "requantized_from", None)
+
+    @property
+    def nbytes(self) -> int:  # its share: the views of a stack add up to the stack
+        whole = self.stack[0]
+        return whole.nbytes * self.shape[0] // whole.shape[0]
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    @property
+    def type_name(self) -> str:
+        return self.stack[0].type_name
+
+    def dequantize(self, rows=None) -> np.ndarray:
+        whole, start, stop = self.stack
+        return whole.dequantize(np.arange(start, stop) if rows is None else start + np.asarray(rows))
