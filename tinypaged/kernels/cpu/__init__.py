@@ -1,4 +1,5 @@
-"""The CPU backend: numba.njit kernels; large matrix products through NumPy's BLAS."""
+"""The CPU backend: numba.njit kernels; large matrix products through NumPy's BLAS.
+LANES.md explains the packed products' layout and IR writers, with a worked block."""
 # NumPy is already the right tool for these: slicing, fancy indexing, host arrays
 from ..reference import (add, copy_blocks, default_kv_memory, embedding, gather_rows, scale, softcap,
                          logits_for_sampling, memory_available, prepare_inputs, rope_tables,
