@@ -1,8 +1,7 @@
 """GGUF K-quant super-blocks split into PackedWeight's arrays (packed.py), in numba:
-every row in parallel, each byte read once. The NumPy way (kquant.py's helpers:
-(n, 8, 32) temporaries, stacks and packbits) took 12.7 of the 30 s that a first
-load of a Llama-3.2-1B-shaped Q4_K_M file took; kquant.py stays the reference the
-tests hold both to.
+every row in parallel, each byte read once, no (n, 8, 32) temporaries (the load
+of a 1B model's K-quants would otherwise be bound by them: bench/NOTES.md);
+kquant.py stays the reference the tests hold both to.
 
 Each row's 6- or 4-bit values are decoded into a scratch row in column order first
 (a row's nibble pairs join columns p and p + K/2), then packed:

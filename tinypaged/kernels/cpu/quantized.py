@@ -10,8 +10,8 @@ result of a request never depends on the batch it ran in.
 Decode (M <= common.PACKED_GEMV_MAX_ROWS rows of x) is bound by the bytes of weights
 read: the GEMV here streams each packed row once (1.06 bytes per weight for Q8_0, 0.56-0.63
 for Q4_x, 0.69-0.75 for Q5_x, against 2 for float16) and takes each block's dot product in integers
-(int8_dot.py: vpdpbusd here), nothing widened: 2-2.7x faster than widening each
-row to float32 first, which was arithmetic-bound at batch 1 (bench/NOTES.md).
+(int8_dot.py: vpdpbusd here), nothing widened (widening a row to float32 first is
+arithmetic-bound at batch 1: bench/NOTES.md).
 
 More rows (batched decode, prefill) go to packed_gemm.py, which lays out 16 weight
 rows at a time for vector lanes and is as fast as BLAS on float32 or faster.

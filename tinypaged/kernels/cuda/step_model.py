@@ -9,14 +9,10 @@ sequence: the time is latency, not bandwidth. So a kernel costs
     node + max(bytes / bandwidth, waves x rounds x round_trip) + syncs x barrier
 
 with `rounds` the dependent memory accesses of one thread (loads that go out
-together count once), `waves` the times the grid fills the GPU. The constants are
-the first H200 run's (bench/NOTES.md, 2026-12-04): a graph node 0.51 us, copy
-bandwidth 4.0 TB/s; a round trip of 1.0 us and a barrier or butterfly 0.25 us are
-rounded up from what the old kernels took (a warp walking 76 keys two at a time,
-three dependent loads a step: 102 us, 0.9 us a load). Applied to the old kernels
-the model gives 7.4 ms a step against 7.2 ms measured for the replayed graph; per
-kernel it misses both ways (a one-warp norm 6x over, the lm_head GEMV 5x under), so
-read its total, and measure again when a GPU is lent.
+together count once), `waves` the times the grid fills the GPU. The constants
+(ASSUMPTIONS) are measured on an H200 or rounded up from its figures; NOTES
+(2026-12-04) says how, and how far the model missed per kernel there: read its
+total, and measure again when a GPU is lent.
 """
 from __future__ import annotations
 
