@@ -28,18 +28,14 @@ from tinypaged import LLM, SamplingParams  # noqa: E402
 from tinypaged.config import KV_CACHE_DTYPES  # noqa: E402
 from tinypaged.bench.long_rates import random_prompt  # noqa: E402
 from tinypaged.bench.rates import on_engine_thread  # noqa: E402
-from tinypaged.formats.quant_kind import GGML_TYPE_NAMES  # noqa: E402
 
 WEIGHT_OPS = {"linear": 1, "qkv_proj": 1, "gate_up_silu": 1, "gate_up_gelu": 1}  # op -> weight arg
 
 
 def kind_of(weight) -> str:
-    """A weight's form: its GGML type name (packed, or LinearWeight.kind), else dtype."""
-    if hasattr(weight, "type_name"):
-        return weight.type_name
-    if hasattr(weight, "kind"):
-        return GGML_TYPE_NAMES.get(weight.kind, str(weight.kind))
-    return str(getattr(weight, "dtype", type(weight).__name__))
+    """A weight's form: its kind's name (formats/weight.py), else its dtype."""
+    kind = getattr(weight, "kind", None)
+    return kind.name if kind is not None else str(getattr(weight, "dtype", type(weight).__name__))
 
 
 class TimedOps:

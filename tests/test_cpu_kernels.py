@@ -232,7 +232,7 @@ def test_linear_paths_match_the_reference(rows, monkeypatch):
     cases = ((exact, F16), (inexact, F32), (exact.astype(np.float16), F16), (bf16, BF16))
     for w, kind in cases:
         held = LinearWeight(w)
-        assert held.kind == kind and held.nbytes == w.size * (4 if kind == F32 else 2)  # one copy
+        assert held.kind.code == kind and held.nbytes == w.size * (4 if kind == F32 else 2)  # one copy
         np.testing.assert_array_equal(held.dequantize([3, 0]), w[[3, 0]].astype(np.float32))
         np.testing.assert_allclose(cpu.linear(x, held, bias),
                                    reference.linear(x, w.astype(np.float32), bias),
@@ -258,7 +258,7 @@ def test_f16_bits_widen_exactly_including_subnormals_and_extremes():
     out = np.empty((1, 8), np.float32)
     _gemv_f16(np.ones((1, 8), np.float32), w.view(np.uint16), out)
     np.testing.assert_array_equal(out[0], special.astype(np.float32))
-    assert LinearWeight(w.astype(np.float32)).kind == F16
+    assert LinearWeight(w.astype(np.float32)).kind.code == F16
 
 
 def test_fused_projection_ops_compose_the_reference():

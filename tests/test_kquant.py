@@ -118,7 +118,7 @@ def test_the_cuda_backend_reads_the_packed_blocks_and_runs(tmp_path, name):
     write_tiny_llama_gguf(path, ffn_up_type=gw.RAW_TYPES[name], hidden=256, intermediate=256)
     llm = LLM(path, backend="cuda", num_blocks=8)
     up = llm.engine.runner.model.w["model.layers.0.mlp.up_proj.weight"]
-    assert isinstance(up, DevicePacked) and up.kind == getattr(kquant_matmul, f"{name}_KIND")
+    assert isinstance(up, DevicePacked) and up.layout == getattr(kquant_matmul, f"{name}_KIND")
     greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)  # a prefill, a decode
     got = llm.generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
     want = LLM(path, backend="reference").generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids

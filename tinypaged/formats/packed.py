@@ -45,7 +45,7 @@ import numpy as np
 
 from .ggml_quant import quantize
 from .kquant_unpack import unpack_q45_k, unpack_q6_k
-from .quant_kind import GGML_TYPE_NAMES, KINDS, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QK, QK_K
+from .quant_kind import GGML_TYPE_NAMES, KINDS, QuantKind, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QK, QK_K
 
 ROW_ARRAYS = ("quants", "scales", "mins", "supers", "highs")  # a PackedWeight's arrays, rows first
 
@@ -138,8 +138,12 @@ class PackedWeight:
         return cls.from_bytes(raw, ggml_type, w.shape)
 
     @property
+    def kind(self) -> QuantKind:
+        return KINDS[self.ggml_type]
+
+    @property
     def type_name(self) -> str:
-        return GGML_TYPE_NAMES[self.ggml_type]
+        return self.kind.name
 
     @property
     def nbytes(self) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..batch.step_logits import HostLogits
+from ..formats.weight import is_packed
 from .rope import Rope
 
 
@@ -166,10 +167,10 @@ def memory_available() -> int:
 class WidenedPacked:
     """A packed (quantized) matrix widened to float32 (`dense`, (N, K)). What makes it
     more than its float values: its products round x first (round_activations)."""
-    __slots__ = ("dense",)
+    __slots__ = ("dense", "kind")
 
-    def __init__(self, dense: np.ndarray):
-        self.dense = dense
+    def __init__(self, dense: np.ndarray, kind):
+        self.dense, self.kind = dense, kind
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -188,9 +189,9 @@ def prepare_weights(weights: dict) -> dict:
     into WidenedPacked, float16 ones widened (the reference is the oracle, not the
     fast path)."""
     def widened(w):
-        if hasattr(w, "ggml_type"):  # a PackedWeight
-            return WidenedPacked(w.dequantize())
-        return w.dequantize() if hasattr(w, "dequantize") else np.asarray(w, dtype=np.float32)
+        if isinstance(w, np.ndarray):
+            return np.asarray(w, dtype=np.float32)
+        return WidenedPacked(w.dequantize(), w.kind) if is_packed(w) else w.dequantize()
     return {name: widened(w) for name, w in weights.items()}
 
 
@@ -227,9 +228,9 @@ def logits_for_sampling(logits: np.ndarray, needs: list[int]):
 def embedding(token_ids: np.ndarray, table) -> np.ndarray:
     """Rows of table (V, H) for token_ids (T,) -> (T, H); a packed table (PackedWeight)
     widens only those rows."""
-    if hasattr(table, "dequantize"):
-        return table.dequantize(token_ids)
-    return table[token_ids]
+    if isinstance(table, np.ndarray):
+        return table[token_ids]
+    return table.dequantize(token_ids)
 
 
 def gather_rows(x: np.ndarray, indices: np.ndarray) -> np.ndarray:

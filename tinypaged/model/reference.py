@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..formats.weight import is_packed
 from ..kernels import reference as ops
 from .config import ModelConfig
 from .decoder_block import decoder_layer, final_norm, qk_norms
@@ -32,10 +33,10 @@ class ReferenceModel:
     def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], dtype=np.float32):
         self.cfg = cfg
         self.dtype = np.dtype(dtype)
-        self.w = {name: np.asarray(t.dequantize() if hasattr(t, "dequantize") else t)
+        self.w = {name: np.asarray(t if isinstance(t, np.ndarray) else t.dequantize())
                   .astype(self.dtype, copy=False) for name, t in weights.items()}  # packed: widened
         # products with a packed matrix take x rounded to int8 blocks, as every backend does
-        self.rounds_x = {name for name, t in weights.items() if hasattr(t, "ggml_type")}
+        self.rounds_x = {name for name, t in weights.items() if is_packed(t)}
 
     def _product(self, x: np.ndarray, name: str) -> np.ndarray:
         """x (T, K) @ W.T for the matrix `name` (x rounded first if it was packed)."""

@@ -39,7 +39,7 @@ import numpy as np
 from numba import prange
 
 from ...jit_cache import cached_njit
-from ...formats.quant_kind import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from ...formats.quant_kind import KINDS, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QuantKind
 from ...formats.packed import PackedWeight
 from .byte_dot import LANES_ISA
 from .stack_rows import StackRows
@@ -180,8 +180,12 @@ class LanePacked:
         return 2
 
     @property
+    def kind(self) -> QuantKind:
+        return KINDS[self.ggml_type]
+
+    @property
     def type_name(self) -> str:
-        return PackedWeight.type_name.fget(self)
+        return self.kind.name
 
     def rows(self, rows) -> PackedWeight:
         """The selected rows (an index array) as a PackedWeight."""

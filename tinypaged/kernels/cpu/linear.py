@@ -25,7 +25,7 @@ import numpy as np
 from numba import float32, prange
 
 from ...jit_cache import cached_njit
-from ...formats.quant_kind import BF16, F16, F32
+from ...formats.quant_kind import BF16, F16, F32, KINDS, QuantKind
 from ...formats.packed import PackedWeight
 from ...formats.weight_dict import convert_matrices
 from .common import N_CHUNKS, f16_bits_to_f32
@@ -80,22 +80,23 @@ class LinearWeight:
     def __init__(self, weight: np.ndarray):
         self.shape = weight.shape
         if weight.dtype == np.float16:
-            self.kind, self.data = F16, np.ascontiguousarray(weight).view(np.uint16)
+            self.kind, self.data = KINDS[F16], np.ascontiguousarray(weight).view(np.uint16)
             return
         weight = np.ascontiguousarray(weight, dtype=np.float32)
         with np.errstate(over="ignore"):
             half = weight.astype(np.float16)
         bits = weight.view(np.uint32)
         if np.array_equal(half.astype(np.float32), weight):
-            self.kind, self.data = F16, half.view(np.uint16)
+            self.kind, self.data = KINDS[F16], half.view(np.uint16)
         elif not (bits & 0xFFFF).any():  # the low halves all zero: bfloat16 values
-            self.kind, self.data = BF16, (bits >> 16).astype(np.uint16).view(np.int16)
+            self.kind, self.data = KINDS[BF16], (bits >> 16).astype(np.uint16).view(np.int16)
         else:
-            self.kind, self.data = F32, weight
+            self.kind, self.data = KINDS[F32], weight
 
     @classmethod
-    def of(cls, kind: int, data: np.ndarray) -> "LinearWeight":
-        """One from its held form: kind F16 with float16 bits, or F32 with float32."""
+    def of(cls, kind: QuantKind, data: np.ndarray) -> "LinearWeight":
+        """One from its held form: kind F16 with float16 bits, BF16 with bfloat16's, or
+        F32 with float32."""
         held = cls.__new__(cls)
         held.kind, held.data, held.shape = kind, data, data.shape
         return held
@@ -111,9 +112,9 @@ class LinearWeight:
     def dequantize(self, rows=slice(None)) -> np.ndarray:
         """float32 (r, K) of the selected rows (embedding lookups)."""
         picked = self.data[rows]
-        if self.kind == F16:
+        if self.kind.code == F16:
             return picked.view(np.float16).astype(np.float32)
-        if self.kind == BF16:
+        if self.kind.code == BF16:
             return (picked.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
         return picked.copy()
 
@@ -129,7 +130,7 @@ def prepare_linear_weights(weights: dict[str, np.ndarray]) -> dict:
 def _numba_product(x: np.ndarray, weight) -> np.ndarray:
     """x (M <= NUMBA_MAX_ROWS, K) @ weight.T for a LinearWeight."""
     out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
-    if weight.kind == F16 and len(x) <= F16_GEMV_MAX_ROWS:
+    if weight.kind.code == F16 and len(x) <= F16_GEMV_MAX_ROWS:
         _gemv_f16(x, weight.data, out)
     else:
         gemm_narrow(x, weight.data, out)
@@ -138,7 +139,7 @@ def _numba_product(x: np.ndarray, weight) -> np.ndarray:
 
 def _blas_product(x: np.ndarray, weight) -> np.ndarray:
     """x (M, K) @ weight.T through BLAS, widening narrow weights a tile at a time."""
-    if weight.kind == F32:
+    if weight.kind.code == F32:
         return x @ weight.data.T
     return tiled_matmul(x, weight.shape[0], lambda first, tile: widen_tile(weight.data, first, tile))
 

@@ -17,6 +17,10 @@ class StackRows:
         self.requantized_from = getattr(stack, "requantized_from", None)
 
     @property
+    def kind(self):
+        return self.stack[0].kind
+
+    @property
     def nbytes(self) -> int:  # its share: the views of a stack add up to the stack
         whole = self.stack[0]
         return whole.nbytes * self.shape[0] // whole.shape[0]

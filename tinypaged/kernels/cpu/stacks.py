@@ -24,11 +24,8 @@ _LAYER = re.compile(r"^(model\.layers\.\d+\.)")
 
 def _same_format(parts: list) -> bool:
     first = parts[0]
-    if not all(type(p) is type(first) and p.shape[1] == first.shape[1] for p in parts):
-        return False
-    if isinstance(first, PackedWeight):
-        return all(p.ggml_type == first.ggml_type for p in parts)
-    return isinstance(first, LinearWeight) and all(p.kind == first.kind for p in parts)
+    return isinstance(first, (PackedWeight, LinearWeight)) and all(
+        type(p) is type(first) and p.shape[1] == first.shape[1] and p.kind is first.kind for p in parts)
 
 
 def stack_view(weight, start: int, stop: int):

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ...formats.packed import PackedWeight
+from ...formats.quant_kind import KINDS
 from . import lanes
 from .lanes import LanePacked
 from .linear import LinearWeight
@@ -113,7 +114,7 @@ class _Writer:
             entry = {"form": "packed", "ggml_type": w.ggml_type, "shape": list(w.shape),
                      "arrays": {n: self.array(getattr(w, n)) for n in PACKED_ARRAYS}}
         elif isinstance(w, LinearWeight):
-            entry = {"form": "linear", "kind": w.kind, "array": self.array(w.data)}
+            entry = {"form": "linear", "kind": w.kind.code, "array": self.array(w.data)}
         elif isinstance(w, np.ndarray):
             entry = {"form": "array", "array": self.array(w)}
         else:
@@ -193,7 +194,7 @@ def _rebuild(entries: list, mapped: mmap.mmap, start: int) -> list:
             w = PackedWeight(e["ggml_type"], tuple(e["shape"]),
                              *(array(e["arrays"][n]) for n in PACKED_ARRAYS))
         elif form == "linear":
-            w = LinearWeight.of(e["kind"], array(e["array"]))
+            w = LinearWeight.of(KINDS[e["kind"]], array(e["array"]))
         elif form == "array":
             w = array(e["array"])
         else:
