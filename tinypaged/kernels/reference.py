@@ -5,6 +5,8 @@ Shapes: T tokens, H hidden size, n_heads / n_kv query and KV heads, D head_dim.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
 from ..batch.step_logits import HostLogits
@@ -213,6 +215,12 @@ def allocate_kv(shape: tuple[int, ...], dtype=np.float32) -> tuple[np.ndarray, n
 def prepare_inputs(token_ids: np.ndarray, meta):
     """One step's token ids and AttentionMetadata, where the kernels can read them."""
     return token_ids, meta
+
+
+def step_workspace():
+    """The scope of one step (a forward pass): the CPU backend hands out its large
+    outputs from a per-step workspace within it (cpu/out_arrays.py); here nothing."""
+    return nullcontext()
 
 
 def to_host(x: np.ndarray) -> np.ndarray:

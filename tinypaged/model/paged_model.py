@@ -72,6 +72,10 @@ class PagedModel:
         """The forward on inputs the backend already holds (prepare_inputs' results, or
         a static decode step's fixed buffers): logits (R, vocab) where the backend
         keeps them. Every shape comes from the inputs' shapes, never their values."""
+        with self.ops.step_workspace():  # (one step's scope: cpu/out_arrays.py)
+            return self._forward(token_ids, meta, kv)
+
+    def _forward(self, token_ids, meta, kv: PagedKVCache):
         cfg, w, ops = self.cfg, self.w, self.ops
         x = ops.embedding(token_ids, w["model.embed_tokens.weight"])  # (T, H)
         if cfg.embedding_scale != 1.0:

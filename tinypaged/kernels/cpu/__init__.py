@@ -1,20 +1,23 @@
 """The CPU backend: numba.njit kernels; large matrix products through NumPy's BLAS.
 LANES.md explains the packed products' layout and IR writers, with a worked block."""
+import numpy as np
+
 # NumPy is already the right tool for these: slicing, fancy indexing, host arrays
 from ..reference import (add, copy_blocks, default_kv_memory, embedding, gather_rows, scale, softcap,
                          logits_for_sampling, memory_available, prepare_inputs, rope_tables,
-                         to_host, use_in_this_thread)
+                         use_in_this_thread)
 from .attention import paged_attention
 from .cache_ops import allocate_kv, rope_write_kv, write_kv
 from .elementwise import add_rms_norm, gelu_tanh_mul, rms_norm, rope, silu_mul
 from .lanes import lay_out_weights
 from .linear import linear, prepare_linear_weights
+from .out_arrays import from_pool, step_workspace
 from .stacks import stack_layer_matrices, stacked_linear
 from .weight_cache import load_prepared_weights, save_prepared_weights
 
 name = "cpu"
 __all__ = ["name", "use_in_this_thread", "default_kv_memory", "memory_available", "prepare_weights", "load_prepared_weights", "save_prepared_weights", "allocate_kv",
-           "prepare_inputs", "to_host", "logits_for_sampling", "rope_tables", "embedding", "add_rms_norm", "rms_norm", "linear",
+           "prepare_inputs", "step_workspace", "to_host", "logits_for_sampling", "rope_tables", "embedding", "add_rms_norm", "rms_norm", "linear",
            "qkv_proj", "gate_up_silu", "rope_write_kv", "paged_attention", "silu_mul",
            "gather_rows", "copy_blocks", "write_kv", "rope", "scale", "add", "gate_up_gelu", "softcap"]
 
@@ -24,6 +27,12 @@ def prepare_weights(weights: dict) -> dict:
     stacked, so each group is one product (stacks.py); the packed kinds the vpdpbusd
     kernels take laid out 16 rows to a group (lanes.py). Takes the dict over."""
     return lay_out_weights(stack_layer_matrices(prepare_linear_weights(weights)))
+
+
+def to_host(x):
+    """x where the caller may keep it: a copy when it came from the step workspace
+    (out_arrays.py), which the thread's next step writes over."""
+    return np.array(x) if from_pool(x) else x
 
 
 def qkv_proj(x, wq, wk, wv, bq=None, bk=None, bv=None):

@@ -8,7 +8,7 @@ the logits of the rows that sample come back.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 from numba import config, cuda
@@ -131,6 +131,10 @@ class CudaBackend:
         self._rounded.clear()
         self.transfers += 1
         return self.uploader.upload(token_ids, meta, attention.Q_TILE, attention.PARTITION)
+
+    def step_workspace(self):
+        """(The device's step workspace is reset by prepare_inputs: memory.py.)"""
+        return nullcontext()
 
     def to_host(self, x) -> np.ndarray:
         self.transfers += 1
