@@ -50,7 +50,7 @@ def test_an_import_of_a_layer_above_is_named_with_its_file_and_line(tmp_path):
 def test_a_cycle_closed_inside_a_function_is_found(tmp_path):
     files = dict(CLEAN)
     files["model/weights.py"] = "from .packed import P\nW = 1\n"
-    files["formats/packed.py"] = "P = 1\ndef load():\n    from .weights import W\n    return W\n"
+    files["model/packed.py"] = "P = 1\ndef load():\n    from .weights import W\n    return W\n"
     found = import_layers.problems(write(tmp_path, files))
     assert found == ["import cycle: model.packed <-> model.weights"]
 
