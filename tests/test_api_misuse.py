@@ -2,7 +2,6 @@
 and no failure or interrupt leaves a request or a block behind (issue 9's reproducers)."""
 import math
 import threading
-import time
 
 import numpy as np
 import pytest

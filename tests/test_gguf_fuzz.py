@@ -3,7 +3,6 @@ one is a clear ValueError naming the file, or loads; never another exception, a
 hang or a huge allocation (hypothesis, bounded in time)."""
 import struct
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
