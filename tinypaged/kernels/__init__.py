@@ -1,4 +1,7 @@
-"""Backends: modules exposing the same ops (see reference.py, their executable spec)."""
+"""Backends: modules exposing the same ops (OP_NAMES; reference.py is their executable
+spec): cpu/ (numba.njit), cuda/ (numba.cuda), and reference itself. They import
+formats/, batch/ and leaves only; the models call them through the backend they are
+handed."""
 from __future__ import annotations
 
 from ..config import BACKENDS
