@@ -45,12 +45,13 @@ import numpy as np
 
 from .ggml_quant import quantize
 from .kquant_unpack import unpack_q45_k, unpack_q6_k
-from .quant_kind import GGML_TYPE_NAMES, KINDS, QuantKind, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QK, QK_K
+from .quant_kind import GGML_TYPE_NAMES, KINDS, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QK, QK_K
+from .weight import KindOfGGMLType
 
 ROW_ARRAYS = ("quants", "scales", "mins", "supers", "highs")  # a PackedWeight's arrays, rows first
 
 
-class PackedWeight:
+class PackedWeight(KindOfGGMLType):
     __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "supers", "highs",
                  "requantized_from")
 
@@ -136,14 +137,6 @@ class PackedWeight:
         raw = np.concatenate([quantize(w[i:i + rows_at_once], ggml_type)
                               for i in range(0, len(w), rows_at_once)])
         return cls.from_bytes(raw, ggml_type, w.shape)
-
-    @property
-    def kind(self) -> QuantKind:
-        return KINDS[self.ggml_type]
-
-    @property
-    def type_name(self) -> str:
-        return self.kind.name
 
     @property
     def nbytes(self) -> int:

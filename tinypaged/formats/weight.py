@@ -26,6 +26,20 @@ class Weight(Protocol):
     nbytes: int
 
 
+class KindOfGGMLType:
+    """`kind` and `type_name` of a form that holds its GGML type code as `ggml_type`
+    (PackedWeight, kernels/cpu's LanePacked)."""
+    __slots__ = ()
+
+    @property
+    def kind(self) -> QuantKind:
+        return KINDS[self.ggml_type]
+
+    @property
+    def type_name(self) -> str:
+        return self.kind.name
+
+
 def kind_of(weight) -> QuantKind:
     """A weight form's kind; a float array's from its dtype (F32, F16)."""
     if isinstance(weight, np.ndarray):

@@ -39,7 +39,8 @@ import numpy as np
 from numba import prange
 
 from ...jit_cache import cached_njit
-from ...formats.quant_kind import KINDS, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QuantKind
+from ...formats.quant_kind import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from ...formats.weight import KindOfGGMLType
 from ...formats.packed import PackedWeight
 from .byte_dot import LANES_ISA
 from .stack_rows import StackRows
@@ -138,7 +139,7 @@ def _fill_high_bit_bytes(highs, n, k, planes, out):
                     out[g, v, 4 * j + t] |= np.uint8(((byte >> (c % 8)) & 1) << (planes * s + p))
 
 
-class LanePacked:
+class LanePacked(KindOfGGMLType):
     __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "supers", "fifths",
                  "requantized_from")
 
@@ -178,14 +179,6 @@ class LanePacked:
     @property
     def ndim(self) -> int:
         return 2
-
-    @property
-    def kind(self) -> QuantKind:
-        return KINDS[self.ggml_type]
-
-    @property
-    def type_name(self) -> str:
-        return self.kind.name
 
     def rows(self, rows) -> PackedWeight:
         """The selected rows (an index array) as a PackedWeight."""
