@@ -2,15 +2,18 @@
 same weights as the PackedWeight they came from, and products with the same bits
 as the PackedWeight kernels' for every row, whatever the batch, on fresh random
 blocks (the full byte range, zero scales, rows not a multiple of 16)."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from test_quantized import packed_product_bound, random_activations
 
 from tinypaged.kernels import reference
-from tinypaged.kernels.cpu import embedding, lanes, linear, stack_layer_matrices
+from tinypaged.kernels.cpu import embedding, linear, stack_layer_matrices
 from tinypaged.kernels.cpu.byte_dot import LANES_ISA
 from tinypaged.kernels.cpu.lanes import LanePacked, lay_out_weights
-from tinypaged.kernels.cpu.stack_rows import StackRows
 from tinypaged.kernels.cpu.quantized import packed_product
 from tinypaged.formats.quant_kind import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from tinypaged.formats.packed import PackedWeight
@@ -23,8 +26,6 @@ SUPER_BLOCKS = {Q4_K: 144, Q5_K: 176, Q6_K: 210}  # bytes of 256 weights
 def width_for(kind: str, width: int) -> int:
     """width, or for the K-quants the next multiple of their 256-weight super-blocks."""
     return -(-width // 256) * 256 if KINDS[kind] in SUPER_BLOCKS else width
-needs_lanes = pytest.mark.skipif(LANES_ISA is None, reason="the lanes kernels need AVX-512 VNNI or "
-                                 "AVX2; other CPUs keep PackedWeight (test_other_cpus_keep_...)")
 
 
 def random_packed(rng, ggml_type: int, n: int, k: int) -> PackedWeight:
@@ -70,7 +71,6 @@ def test_laying_out_in_place_moves_the_bytes_within_their_own_memory(kind):
     assert not np.shares_memory(LanePacked.of(uneven, in_place=True).quants, uneven.quants)
 
 
-@needs_lanes
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n_out, width", [(50, 64), (16, 576), (333, 640)])
 def test_every_batch_gives_a_row_the_packed_kernels_bits(kind, n_out, width):
@@ -102,7 +102,6 @@ def _layer(rng) -> dict:
             "model.layers.0.self_attn.o_proj.weight": random_packed(rng, Q4_0, 8, 64)}
 
 
-@needs_lanes
 def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
     rng = np.random.default_rng(33)
     before = stack_layer_matrices(_layer(rng))
@@ -131,9 +130,38 @@ def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
                           want["model.embed_tokens.weight"][0][tokens])
 
 
-def test_other_cpus_keep_packed_weights(monkeypatch):
-    monkeypatch.setattr(lanes, "LANES_ISA", None)
-    weights = _layer(np.random.default_rng(34))
-    kinds = {type(w) for w in lay_out_weights(dict(weights)).values()}
-    assert kinds == {PackedWeight}
-    assert not any(isinstance(w, (LanePacked, StackRows)) for w in weights.values())
+GENERIC_CHECK = """
+import sys
+import numpy as np
+from tinypaged.formats.packed import PackedWeight
+from tinypaged.kernels.cpu.byte_dot import LANES_ISA
+from tinypaged.kernels.cpu.lanes import LanePacked
+from tinypaged.kernels.cpu.linear import linear
+data = np.load(sys.argv[1])
+arrays = [data[n] if n in data else None for n in ("quants", "scales", "mins", "supers", "highs")]
+laid = LanePacked.of(PackedWeight(int(data["kind"]), tuple(data["shape"]), *arrays))
+for rows in (1, 9):
+    assert np.array_equal(linear(data[f"x{rows}"], laid), data[f"out{rows}"]), rows
+print(LANES_ISA)
+"""
+
+
+@pytest.mark.skipif(LANES_ISA == "generic", reason="this CPU runs the generic byte dot in every test")
+def test_the_generic_byte_dot_gives_this_cpus_bits(tmp_path):
+    """A CPU without AVX2 dots bytes in plain LLVM vectors (byte_dot.py). numba compiling
+    for a generic x86-64 (its own NUMBA_CPU_NAME setting) takes that path: its GEMV and
+    GEMM give this CPU's bits. Q5_K: nibbles, fifth bits, 6-bit scales and mins."""
+    rng = np.random.default_rng(35)
+    weight = random_packed(rng, Q5_K, 16, 512)
+    data = {"kind": Q5_K, "shape": np.array(weight.shape)}
+    data.update({n: getattr(weight, n) for n in ("quants", "scales", "mins", "supers", "highs")
+                 if getattr(weight, n) is not None})
+    for rows in (1, 9):  # the GEMV, the GEMM
+        data[f"x{rows}"] = random_activations(rng, rows, 512)
+        data[f"out{rows}"] = linear(data[f"x{rows}"], LanePacked.of(weight))
+    np.savez(tmp_path / "case.npz", **data)
+    done = subprocess.run([sys.executable, "-c", GENERIC_CHECK, str(tmp_path / "case.npz")],
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "NUMBA_CPU_NAME": "x86-64"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["generic"]

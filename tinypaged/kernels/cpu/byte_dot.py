@@ -9,6 +9,11 @@ added up over as many chunks as cannot overflow (|x| <= 127, so a pair is at mos
 2 * 127 * max(w)), then vpmaddwd by ones turns them into int32: the same integers
 as vpdpbusd's. Q8_0's bytes go in signed, as |w| times vpsignb(x, w), not as
 w + 128 (which would saturate).
+
+Elsewhere ("generic": other CPUs, or numba compiling for a CPU named by
+NUMBA_CPU_NAME) the bytes are widened to int32, multiplied and summed by fours in
+plain LLVM vectors, which every target lowers: the same integers again, Q8_0's
+signed bytes as they are.
 """
 from llvmlite import ir
 from numba.core import cgutils
@@ -16,15 +21,16 @@ from numba.core import cgutils
 from .common import HAS_AVX2, HAS_VNNI
 from .group_ir import I32, INTS, LANES, mask
 
-LANES_ISA = "vnni" if HAS_VNNI else "avx2" if HAS_AVX2 else None  # None: no lanes kernels
+LANES_ISA = "vnni" if HAS_VNNI else "avx2" if HAS_AVX2 else "generic"
 _BYTES = ir.VectorType(ir.IntType(8), 32)
 _SHORTS = ir.VectorType(ir.IntType(16), 16)
 _X_MAX = 127  # |x|: activations rounded to int8 by their block's largest
 
 
 def signed_bytes_direct() -> bool:
-    """Whether Q8_0's signed bytes go to BlockDot as they are (AVX2), not as q + 128."""
-    return LANES_ISA == "avx2"
+    """Whether Q8_0's signed bytes go to BlockDot as they are (AVX2, generic), not as
+    q + 128."""
+    return LANES_ISA != "vnni"
 
 
 def _function(builder, name, result, *operands):
@@ -51,6 +57,9 @@ class BlockDot:
             dpbusd = _function(builder, "llvm.x86.avx512.vpdpbusd.512", INTS, INTS, INTS, INTS)
             self.total = builder.call(dpbusd, [self.total, w, x_quad])
             return
+        if LANES_ISA == "generic":
+            self.total = builder.add(self.total, self._widened_dots(w, x_quad))
+            return
         pairs = _function(builder, "llvm.x86.avx2.pmadd.ub.sw", _SHORTS, _BYTES, _BYTES)
         w_bytes = builder.bitcast(w, ir.VectorType(ir.IntType(8), 4 * self.width))
         x_bytes = builder.bitcast(builder.shuffle_vector(x_quad, x_quad, mask(range(8))), _BYTES)
@@ -69,6 +78,18 @@ class BlockDot:
         self.count += 1
         if self.count == self.per_flush:
             self._flush()
+
+    def _widened_dots(self, w, x_quad):
+        """16 lanes of sum_t w[4j + t] * x[t], in int32: bytes widened (w unsigned, or
+        signed for Q8_0; x signed), multiplied, and the 4 products of a lane added."""
+        builder, wide = self.builder, ir.VectorType(I32, 4 * LANES)
+        w_bytes = builder.bitcast(w, ir.VectorType(ir.IntType(8), 4 * LANES))
+        x_bytes = builder.bitcast(x_quad, ir.VectorType(ir.IntType(8), 4 * LANES))
+        w_wide = builder.sext(w_bytes, wide) if self.signed else builder.zext(w_bytes, wide)
+        products = builder.mul(w_wide, builder.sext(x_bytes, wide))
+        parts = [builder.shuffle_vector(products, products, mask(4 * j + t for j in range(LANES)))
+                 for t in range(4)]
+        return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
 
     def zero_pending(self):
         """What resume takes at the start of a block (AVX2: int16 sums of no chunk)."""

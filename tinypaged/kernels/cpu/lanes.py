@@ -30,8 +30,8 @@ The bytes held are the PackedWeight's, give or take those rows.
 
 The products (lanes_product.py) give every row the bits the PackedWeight kernels
 give it (packed_terms.py's block_term, blocks in order); the tests hold them to
-it. Only on CPUs with AVX-512 VNNI or AVX2 (byte_dot.LANES_ISA), for every packed
-kind (other CPUs keep PackedWeight).
+it. Every CPU and every packed kind: the byte dot is AVX-512 VNNI's, AVX2's, or
+plain LLVM vectors (byte_dot.LANES_ISA).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ from .byte_dot import LANES_ISA
 from .stack_rows import StackRows
 
 LANES = 16  # rows of W in one group: one 512-bit vector of int32 / float32
-HIGH_BIT_BYTES = LANES_ISA == "avx2"  # high bits (Q5, Q6_K) in bytes, not chunk masks
+HIGH_BIT_BYTES = LANES_ISA != "vnni"  # high bits (Q5, Q6_K) in bytes, not chunk masks (AVX-512's)
 LAID_OUT_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)
 
 
@@ -168,7 +168,7 @@ class LanePacked(KindOfGGMLType):
 
     @staticmethod
     def can_lay_out(weight) -> bool:
-        return LANES_ISA is not None and isinstance(weight, PackedWeight) and weight.ggml_type in LAID_OUT_TYPES \
+        return isinstance(weight, PackedWeight) and weight.ggml_type in LAID_OUT_TYPES \
             and weight.shape[0] >= LANES
 
     @property
