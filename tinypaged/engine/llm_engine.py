@@ -5,11 +5,11 @@ import itertools
 import os
 
 from ..config import EngineConfig
-from ..kernels import get_backend
-from ..model.paged_model import PagedKVCache, PagedModel
 from ..formats.quant_kind import GGML_TYPE_NAMES, Q4_0, Q4_1, Q8_0
-from ..model.weights import quantize_matrices
+from ..kernels import get_backend
 from ..model.loading import load_model
+from ..model.paged_model import PagedKVCache, PagedModel
+from ..model.weights import quantize_matrices
 from ..outputs import KV_CACHE_FULL, RequestOutput
 from ..prompts import normalize_prompt
 from ..sampling import SamplingParams

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.paged_model import PagedKVCache, PagedModel
 from ..batch.attention_metadata import AttentionMetadata
-from .scheduler import ScheduledBatch
 from ..batch.step_logits import WHOLE_ROW, StepLogits
+from ..model.paged_model import PagedKVCache, PagedModel
+from .scheduler import ScheduledBatch
 
 
 class ModelRunner:

@@ -12,10 +12,10 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from ..kernels.rope import NO_ROPE, Rope, rope_from_config
 from .decoder_block import LAYOUTS
 from .families import FAMILIES
 from .family import LAYER_TYPES
-from ..kernels.rope import NO_ROPE, Rope, rope_from_config
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 # what a checkpoint's "dtype" (or older "torch_dtype") may say; others read as float32

@@ -5,10 +5,10 @@ newer configs), and a RoPE of its own for each kind: the sliding layers' base is
 rope_local_base_freq (10,000), the global layers' rope_theta (1,000,000) with the
 config's scaling. transformers >= 5 nests rope_parameters by layer type. Soft-capping
 is off unless the config sets it."""
+from ..kernels.rope import rope_from_config, rope_from_parameters
 from .family import Family, layer_types, window
 from .gemma import GGUF_KEYS, gelu_tanh, gemma_basics, gguf_config, optional_positive
 from .gguf_names import QK_NORMS, SANDWICH, GGUFArchitecture
-from ..kernels.rope import rope_from_config, rope_from_parameters
 
 GLOBAL_THETA, LOCAL_THETA = 1_000_000.0, 10_000.0
 

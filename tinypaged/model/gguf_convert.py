@@ -15,11 +15,11 @@ from typing import Callable
 import numpy as np
 from safetensors.numpy import save_file
 
-from .config import ModelConfig
 from ..formats.gguf import GGUFFile, unpermute_rows
-from .gguf_config import ARCHITECTURES, gguf_model_config, hf_name
-from ..formats.quant_kind import BLOCK_LAYOUT
 from ..formats.gguf_tokenizer import write_tokenizer_files
+from ..formats.quant_kind import BLOCK_LAYOUT
+from .config import ModelConfig
+from .gguf_config import ARCHITECTURES, gguf_model_config, hf_name
 from .weights import check_consumed, check_weights
 
 F16_MAX = float(np.finfo(np.float16).max)

@@ -19,11 +19,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from .config import ModelConfig
 from ..formats.gguf import GGUFFile, unpermute_rows
-from .gguf_config import ARCHITECTURES, gguf_model_config, hf_name
-from ..formats.quant_kind import Q8_0, REQUANTIZED
 from ..formats.packed import PackedWeight
+from ..formats.quant_kind import Q8_0, REQUANTIZED
+from .config import ModelConfig
+from .gguf_config import ARCHITECTURES, gguf_model_config, hf_name
 from .weights import (check_consumed, check_layer_count, check_weights, expected_shapes,
                       file_shapes, split_fused)
 

@@ -7,8 +7,8 @@ import re
 import numpy as np
 
 from ..formats.packed import PackedWeight
-from ..formats.weight_dict import convert_matrices
 from ..formats.safetensors_io import read_model_tensors
+from ..formats.weight_dict import convert_matrices
 from .config import ModelConfig
 from .decoder_block import LAYOUTS
 

@@ -38,10 +38,10 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from ...jit_cache import cached_njit
+from ...formats.packed import PackedWeight
 from ...formats.quant_kind import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from ...formats.weight import KindOfGGMLType
-from ...formats.packed import PackedWeight
+from ...jit_cache import cached_njit
 from .byte_dot import LANES_ISA
 from .stack_rows import StackRows
 

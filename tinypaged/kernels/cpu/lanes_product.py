@@ -14,16 +14,16 @@ import numpy as np
 from numba import prange, types
 from numba.extending import overload
 
+from ...formats.quant_kind import Q4_0, Q4_1, Q4_K
 from ...jit_cache import cached_njit
 from .activations import quantize_activations
-from .out_arrays import output_array
+from .byte_dot import LANES_ISA
 from .common import N_CHUNKS, PACKED_GEMV_MAX_ROWS
 from .group_ir import BLOCK, X_ROWS
-from ...formats.quant_kind import Q4_0, Q4_1, Q4_K
-from .byte_dot import LANES_ISA
 from .lanes import LANES
 from .lanes_ir import (HALF_ROWS, WIDE_ROWS, group_gemm, group_gemm_wide, group_gemv, group_half_gemm,
                        group_half_gemm_8, prefetch, store_lanes)
+from .out_arrays import output_array
 from .packed_terms import flat_bits as _flat  # (an array flat, or None)
 from .packed_terms import is_q6_k
 

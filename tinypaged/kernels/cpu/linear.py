@@ -24,10 +24,10 @@ import threading
 import numpy as np
 from numba import float32, prange
 
-from ...jit_cache import cached_njit
-from ...formats.quant_kind import BF16, F16, F32, KINDS, QuantKind
 from ...formats.packed import PackedWeight
+from ...formats.quant_kind import BF16, F16, F32, KINDS, QuantKind
 from ...formats.weight_dict import convert_matrices
+from ...jit_cache import cached_njit
 from .common import N_CHUNKS, f16_bits_to_f32
 from .gemm import GROUP, gemm_narrow
 from .lanes import LanePacked

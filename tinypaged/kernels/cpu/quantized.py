@@ -22,12 +22,12 @@ from numba.extending import overload
 
 from ...jit_cache import cached_njit
 from .activations import quantize_activations
-from .out_arrays import output_array
 from .common import N_CHUNKS, PACKED_GEMV_MAX_ROWS, fma32
-from .packed_gemm import LANES, gemm_packed
-from .packed_terms import block_term, dot_offset, flat_bits, is_q6_k, min_of, scale_of
 from .int8_dot import (dot32_biased, dot32_high, dot32_high5, dot32_low, dot32_low5, dot32_q6_high,
                        dot32_q6_low)
+from .out_arrays import output_array
+from .packed_gemm import LANES, gemm_packed
+from .packed_terms import block_term, dot_offset, flat_bits, is_q6_k, min_of, scale_of
 
 TILE = 8  # W rows whose dots, then terms, then sums a thread takes together
 

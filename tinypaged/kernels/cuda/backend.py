@@ -17,8 +17,8 @@ from ...batch.step_logits import WHOLE_ROW
 from ...formats.packed import PackedWeight
 from ..reference import rope_tables as host_rope_tables
 from . import attention, elementwise, matmul
-from .logits import DeviceLogits, LogitsCopier
 from .device_packed import DevicePacked
+from .logits import DeviceLogits, LogitsCopier
 from .memory import MetadataUploader, StepWorkspace
 from .toolkit import prepare_compiler
 
