@@ -34,6 +34,7 @@ process; it needs NUMBA_ENABLE_CUDASIM=1.
 """
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -315,11 +316,14 @@ def install() -> None:
 
 
 def _speed_up_calls(kernel, kernelapi) -> None:
-    """Two per-call costs of simulated code, gone: a device function called from a
+    """Three per-call costs of simulated code, gone: a device function called from a
     kernel of its own module swaps that module's `cuda` global again (a lock and a
-    scan of the globals per call), and `float32(x)` imports numba's typing each time."""
+    scan of the globals per call), `float32(x)` imports numba's typing each time, and
+    cuda.shared.array finds its call site by extracting the whole stack (with each
+    frame's source line) where the caller's frame gives the same file and line."""
     from numba.core.types import abstract
     from numba.core.typing import signature
+    from numba.np import numpy_support
 
     fake_kernel = kernel.FakeCUDAKernel
     original_call = fake_kernel.__call__
@@ -341,3 +345,18 @@ def _speed_up_calls(kernel, kernelapi) -> None:
             return self.cast_python_value(args[0])  # (the set first: abc's check is slow)
         return signature(self, *args)
     abstract.Type.__call__ = cast_or_signature
+
+    shared_array = kernelapi.FakeCUDAShared.array
+
+    def shared(self, shape, dtype):
+        if shape == 0:  # (dynamic shared memory: the simulator's own way)
+            return shared_array(self, shape, dtype)
+        if isinstance(dtype, abstract.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        frame = sys._getframe(1)
+        caller = (frame.f_code.co_filename, frame.f_lineno)  # (as the simulator keys it)
+        array = self._allocations.get(caller)
+        if array is None:
+            array = self._allocations[caller] = np.empty(shape, dtype)
+        return array
+    kernelapi.FakeCUDAShared.array = shared
