@@ -27,11 +27,6 @@ class StepOutcome:
         ends with finish_reason "error", its blocks freed."""
         request = self.touch(seq)
         if request.error is None:
-            fail_request(self.scheduler, request, error)
-
-
-def fail_request(scheduler: Scheduler, request: Request, error: Exception) -> None:
-    request.error = error
-    request.aborted = True
-    for seq in scheduler.abort(request.seqs, "error"):
-        request.texts[seq.sample_index].finish()
+            request.error, request.aborted = error, True
+            for sample in self.scheduler.abort(request.seqs, "error"):
+                request.texts[sample.sample_index].finish()

@@ -80,7 +80,6 @@ KINDS = {k.code: k for k in (
 )}
 BLOCK_LAYOUT = {code: (k.block, k.block_bytes) for code, k in KINDS.items()}  # (weights, bytes)
 K_QUANTS = tuple(code for code, k in KINDS.items() if k.is_k_quant)
-PACKED_TYPES = tuple(code for code, k in KINDS.items() if k.packable)
 # read, then held as Q8_0: Q5_x rows that PackedWeight cannot keep (an odd number of
 # blocks). Every other quantized kind is kept packed (packed.py).
 REQUANTIZED = (Q5_0, Q5_1)

@@ -1,5 +1,5 @@
-"""The one protocol every weight form answers, whatever holds it: a float array, a
-PackedWeight (packed.py), a backend's own forms (kernels/cpu's LinearWeight,
+"""The one protocol every weight form answers, whatever holds it (a plain float array
+aside: its dtype says it): a PackedWeight (packed.py), a backend's own forms (kernels/cpu's LinearWeight,
 LanePacked and StackRows; kernels/cuda's DevicePacked; the reference's
 WidenedPacked):
 
@@ -8,16 +8,14 @@ WidenedPacked):
     nbytes   the bytes it holds (a stack's rows: their share)
 
 and, for every form a backend multiplies with, that backend's `linear(x, weight)`
-into a fresh (or reused) output. `kind_of` gives a plain array's kind too."""
+into a fresh (or reused) output."""
 from __future__ import annotations
 
 from typing import Protocol
 
 import numpy as np
 
-from .quant_kind import F16, F32, KINDS, QuantKind
-
-_ARRAY_KINDS = {np.dtype(np.float32): KINDS[F32], np.dtype(np.float16): KINDS[F16]}
+from .quant_kind import KINDS, QuantKind
 
 
 class Weight(Protocol):
@@ -38,16 +36,6 @@ class KindOfGGMLType:
     @property
     def type_name(self) -> str:
         return self.kind.name
-
-
-def kind_of(weight) -> QuantKind:
-    """A weight form's kind; a float array's from its dtype (F32, F16)."""
-    if isinstance(weight, np.ndarray):
-        kind = _ARRAY_KINDS.get(weight.dtype)
-        if kind is None:
-            raise TypeError(f"a weight array of dtype {weight.dtype} has no GGML kind")
-        return kind
-    return weight.kind
 
 
 def is_packed(weight) -> bool:
