@@ -1,18 +1,16 @@
 """K-quants (Q4_K, Q5_K, Q6_K) kept packed on the CPU (formats/packed.py): the layout
 against the `gguf` package's dequantizer bit for bit, and the products (the GEMV,
-the group GEMM in both its forms) against the NumPy reference and against each
-other's bits, on fresh random super-blocks."""
+the GEMM) against the NumPy reference and against the bit oracle, on fresh random
+super-blocks."""
 import gguf
 import numpy as np
 import pytest
-from numba import njit
 from random_blocks import K_QUANT_BLOCKS, random_k_quant
-from test_quantized import (check_decode_gemv, check_packed_layout, packed_product_bound,
+from packed_oracle import oracle_product
+from test_quantized import (check_decode_gemv, check_packed_layout, lanes_of, packed_product_bound,
                             random_activations)
 
 from tinypaged.kernels import reference
-from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed
-from tinypaged.kernels.cpu.quantized import gemv_packed, packed_product
 from tinypaged.formats.quant_kind import Q4_K, Q5_K, Q6_K
 from tinypaged.formats.packed import PackedWeight
 
@@ -50,31 +48,25 @@ def test_the_decode_gemv_equals_rounded_x_times_the_dequantized_weights(kind, ro
 @pytest.mark.parametrize("rows, n_out, width", [(5, 70, 256), (9, 16, 512), (33, 40, 768),
                                                 (6, 8, 256)])
 def test_every_batch_gives_a_row_the_bits_of_the_gemv(kind, rows, n_out, width):
-    """The group GEMM (both its forms) and the GEMV take the same scales in the same
-    float32 steps and the same exact integer dots (Q6_K's with its sub-scales inside):
-    any batch gives a row the one-row GEMV's bits."""
+    """The GEMV and the GEMM take the oracle's scales in its float32 steps and the
+    same exact integer dots (Q6_K's with its sub-scales inside): any batch gives a
+    row the oracle's bits for that row alone."""
     rng = np.random.default_rng(rows * n_out + width)
     weight, _ = packed(rng, kind, n_out, width)
     x = random_activations(rng, rows, width)
     rounded = reference.round_activations(x).astype(np.float64)
     w = weight.dequantize().astype(np.float64)
-    got = packed_product(x, weight)
+    got = lanes_of(x, weight)
     assert (np.abs(got - rounded @ w.T) <= packed_product_bound(rounded, w) * width / 192).all()
-    alone = np.concatenate([gemv_packed(x[m:m + 1], weight) for m in range(rows)])
+    alone = np.concatenate([oracle_product(x[m:m + 1], weight) for m in range(rows)])
     assert np.array_equal(got, alone)
-    if n_out >= 16:
-        for vnni in [False] + [True] * HAS_VNNI:
-            out = np.full((rows, n_out), np.nan, np.float32)
-            gemm_packed(x, weight.quants, weight.scales, weight.mins, out, vnni=vnni,
-                        supers=weight.supers, highs=weight.highs)
-            assert np.array_equal(out, alone), vnni
 
 
 def test_q6_k_at_its_extremes_stays_exact():
     """Every Q6_K weight at -32 with sub-scale -128 against x at +-127 (x = 127/128:
     a power-of-two step): each block's integer dot is 2 * 128 * 32 * 16 * 127 =
     16,646,144, just below 2^24, where the float form's sums would stop being exact.
-    All three kernels give the exact product."""
+    The oracle, the GEMV and the GEMM give the exact product."""
     n, k = 16, 256
     raw = np.zeros((n, 210), np.uint8)  # q = 0 everywhere: weight d * sc * -32
     raw[:, 192:208] = np.int8(-128).view(np.uint8)
@@ -84,12 +76,9 @@ def test_q6_k_at_its_extremes_stays_exact():
     x[1] = -x[1]
     x[2, ::2] = -x[2, ::2]
     want = (x.astype(np.float64) @ weight.dequantize().astype(np.float64).T).astype(np.float32)
-    assert np.array_equal(gemv_packed(x, weight), want)
-    for vnni in [False] + [True] * HAS_VNNI:
-        out = np.full((3, n), np.nan, np.float32)
-        gemm_packed(x, weight.quants, weight.scales, weight.mins, out, vnni=vnni,
-                    supers=weight.supers, highs=weight.highs)
-        assert np.array_equal(out, want), vnni
+    assert np.array_equal(oracle_product(x, weight), want)
+    assert np.array_equal(lanes_of(x[:1], weight), want[:1])  # the GEMV
+    assert np.array_equal(lanes_of(x, weight), want)  # the GEMM
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -97,44 +86,3 @@ def test_a_row_width_of_partial_super_blocks_is_refused(kind):
     with pytest.raises(ValueError, match=f"{kind} matrix of 384 columns cannot be kept packed"):
         PackedWeight.from_bytes(np.zeros(2 * 384 // 256 * KINDS[kind][2], np.uint8),
                                 KINDS[kind][0], (2, 384))
-
-
-def _q6_dots(low, high, quants, tops, scales, x, n, k):
-    """(n, K/32) block dots of a Q6_K layout with x (flat int8) by one pair of dot
-    intrinsics (int8_dot.Q6_DOTS), compiled for that pair."""
-    @njit
-    def run(quants, tops, scales, x, out):
-        half, upper = k // 2, k // 64
-        for r in range(n):
-            for b in range(2 * upper):
-                nibble_at = r * half + (b % upper) * 32
-                sa, sb = np.int32(scales[r, 2 * b]), np.int32(scales[r, 2 * b + 1])
-                if b < upper:
-                    out[r, b] = low(quants, nibble_at, tops, r * k // 4 + 8 * b, sa, sb, x, b * 32)
-                else:
-                    out[r, b] = high(quants, nibble_at, tops, r * k // 4 + 8 * b, sa, sb, x, b * 32)
-    out = np.zeros((n, k // 32), np.int64)
-    run(quants, tops, scales, x, out)
-    return out
-
-
-def test_the_generic_and_vnni_q6_k_dots_are_the_same_exact_integer():
-    """The GEMV uses vpdpbusd for Q6_K where the CPU has it and generic IR elsewhere:
-    both give sa * sum (q - 32) x over a block's first half + sb * ... over its second,
-    the exact integer NumPy computes, on random blocks (extremes included)."""
-    from tinypaged.kernels.cpu.int8_dot import Q6_DOTS
-    rng = np.random.default_rng(31)
-    n, k = 8, 512
-    weight, _ = packed(rng, "Q6_K", n, k)
-    weight.scales[0, :4] = [-128, 127, -128, -128]
-    x = rng.integers(-127, 128, (1, k), dtype=np.int8)
-    x[0, :64] = 127
-    q = weight.values().astype(np.int64) - 32  # (n, K)
-    sub = weight.scales.astype(np.int64).repeat(16, axis=1)
-    want = (q * sub * x.astype(np.int64)).reshape(n, k // 32, 32).sum(axis=2)
-    forms = ["generic"] + ["vnni"] * HAS_VNNI
-    for form in forms:
-        low, high = Q6_DOTS[form]
-        got = _q6_dots(low, high, weight.quants.reshape(-1), weight.highs.reshape(-1),
-                       weight.scales, x.reshape(-1), n, k)
-        assert np.array_equal(got, want), form

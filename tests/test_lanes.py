@@ -1,6 +1,6 @@
 """Packed weights laid out 16 rows to a group at load (kernels/cpu/lanes.py): the
-same weights as the PackedWeight they came from, and products with the same bits
-as the PackedWeight kernels' for every row, whatever the batch, on fresh random
+same weights as the PackedWeight they came from, and products with the bit
+oracle's bits (packed_oracle.py) for every row, whatever the batch, on fresh random
 blocks (the full byte range, zero scales, rows not a multiple of 16)."""
 import os
 import subprocess
@@ -8,13 +8,14 @@ import sys
 
 import numpy as np
 import pytest
+from packed_oracle import oracle_product
 from test_quantized import packed_product_bound, random_activations
 
 from tinypaged.kernels import reference
 from tinypaged.kernels.cpu import embedding, linear, stack_layer_matrices
 from tinypaged.kernels.cpu.byte_dot import LANES_ISA
 from tinypaged.kernels.cpu.lanes import LanePacked, lay_out_weights
-from tinypaged.kernels.cpu.quantized import packed_product
+from tinypaged.kernels.cpu.stack_rows import StackRows
 from tinypaged.formats.quant_kind import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from tinypaged.formats.packed import PackedWeight
 
@@ -72,8 +73,8 @@ def test_laying_out_in_place_moves_the_bytes_within_their_own_memory(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("n_out, width", [(50, 64), (16, 576), (333, 640)])
-def test_every_batch_gives_a_row_the_packed_kernels_bits(kind, n_out, width):
+@pytest.mark.parametrize("n_out, width", [(50, 64), (16, 576), (333, 640), (5, 64)])
+def test_every_batch_gives_a_row_the_oracles_bits(kind, n_out, width):
     rng = np.random.default_rng(32 + n_out)
     width = width_for(kind, width)
     weight = random_packed(rng, KINDS[kind], n_out, width)
@@ -82,7 +83,7 @@ def test_every_batch_gives_a_row_the_packed_kernels_bits(kind, n_out, width):
     for rows in (1, 2, 3, 8, 9, 33):  # the GEMV (up to 2), then the GEMM: 8 rows, 16, 16 + 16 + 8
         x = random_activations(rng, rows, width)
         got = linear(x, laid)
-        assert np.array_equal(got, packed_product(x, weight))
+        assert np.array_equal(got, oracle_product(x, weight))
         rounded = reference.round_activations(x).astype(np.float64)
         assert (np.abs(got - rounded @ w.T) <= packed_product_bound(rounded, w)).all()
         assert np.array_equal(linear(x[-1:], laid)[0], got[-1])  # alone as in the batch
@@ -90,7 +91,7 @@ def test_every_batch_gives_a_row_the_packed_kernels_bits(kind, n_out, width):
 
 def _layer(rng) -> dict:
     """One layer's matrices (q/k/v and gate/up stack) and a tied embedding / lm_head,
-    with a Q6_K matrix and a matrix of under 16 rows (which stays a PackedWeight)."""
+    with a Q6_K matrix and a matrix of under 16 rows (one padded group)."""
     embed = random_packed(rng, Q8_0, 40, 64)
     return {"model.embed_tokens.weight": embed, "lm_head.weight": embed,
             "model.layers.0.self_attn.q_proj.weight": random_packed(rng, Q4_1, 64, 64),
@@ -109,7 +110,8 @@ def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
     bytes_before = unique_bytes(before)
     want = {name: (w.dequantize(), w.type_name) for name, w in before.items()}
     xs = {k: random_activations(rng, 3, k) for k in (64, 256)}
-    products = {name: linear(xs[w.shape[1]], w) for name, w in before.items()}
+    products = {name: oracle_product(xs[w.shape[1]], w.own if isinstance(w, StackRows) else w)
+                for name, w in before.items()}
     after = lay_out_weights(dict(before))
     kinds = {name: type(w).__name__ for name, w in after.items()}
     assert kinds["model.embed_tokens.weight"] == "LanePacked"
@@ -119,12 +121,13 @@ def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
     assert len(stacks) == 1  # the three views of one laid-out stack
     assert {kinds[f"model.layers.0.mlp.{p}_proj.weight"] for p in ("gate", "up")} == {"StackRows"}
     assert kinds["model.layers.0.mlp.down_proj.weight"] == "LanePacked"  # Q6_K, alone
-    assert kinds["model.layers.0.self_attn.o_proj.weight"] == "PackedWeight"  # under 16 rows
+    assert kinds["model.layers.0.self_attn.o_proj.weight"] == "LanePacked"  # 8 rows: one group
     for name, w in after.items():
         assert np.array_equal(w.dequantize(), want[name][0]), name
         assert w.type_name == want[name][1]
         assert np.array_equal(linear(xs[w.shape[1]], w), products[name]), name
-    assert unique_bytes(after) == bytes_before + 8 * 2 * 34  # + the embedding's 8 padded rows
+    # + the embedding's 8 padded rows (Q8_0, 2 blocks of 34 bytes) and o_proj's (Q4_0, 18)
+    assert unique_bytes(after) == bytes_before + 8 * 2 * 34 + 8 * 2 * 18
     tokens = np.array([3, 39, 0])
     assert np.array_equal(embedding(tokens, after["model.embed_tokens.weight"]),
                           want["model.embed_tokens.weight"][0][tokens])

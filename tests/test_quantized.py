@@ -1,18 +1,19 @@
 """Packed weights (Q8_0, Q4_0, Q4_1) on the CPU: the split layout against GGUF's own
-block format, and the kernels against the NumPy reference: the dequantizer, and
-the rounding of activations that packed products use, on fresh random weights and
-activations."""
+block format, and the kernels against the NumPy reference: the dequantizer, the
+rounding of activations that packed products use, and the products against the bit
+oracle (packed_oracle.py), on fresh random weights and activations."""
 import importlib
 
 import numpy as np
 import pytest
+from packed_oracle import oracle_product
 
 from tinypaged.kernels.cpu.gemm import gemm_narrow
 from tinypaged.kernels import reference
 from tinypaged.kernels.cpu.activations import quantize_activations
-from tinypaged.kernels.cpu.packed_gemm import HAS_VNNI, gemm_packed
 from tinypaged.kernels.cpu.common import PACKED_GEMV_MAX_ROWS
-from tinypaged.kernels.cpu.quantized import gemv_packed, packed_product
+from tinypaged.kernels.cpu.lanes import LanePacked
+from tinypaged.kernels.cpu.lanes_product import lanes_product
 from tinypaged.kernels.cpu.tiles import widen_tile
 from tinypaged.formats.quant_kind import Q4_0, Q4_1, Q8_0
 from tinypaged.formats.ggml_quant import dequantize, quantize
@@ -110,16 +111,24 @@ def check_packed_layout(weight, want: np.ndarray) -> None:
     assert np.array_equal(both.dequantize(), np.concatenate([want, want[rows]]))
 
 
+def lanes_of(x, weight) -> np.ndarray:
+    """The CPU's product of x with a PackedWeight, laid out as at load."""
+    return lanes_product(x, LanePacked.of(weight))
+
+
 def check_decode_gemv(weight, x) -> np.ndarray:
-    """The GEMV of x (M, K) against the float64 product of the rounded x and the
-    dequantized weight, and each row alone against the batch: returns the product.
+    """The bit oracle of x (M, K) against the float64 product of the rounded x and the
+    dequantized weight, each row alone against the batch, and the CPU's product (the
+    GEMV for M <= 2, else the GEMM) against the oracle's bits: returns the product.
     (Every packed kind's tests call it.)"""
     w = weight.dequantize().astype(np.float64)
     rounded = reference.round_activations(x).astype(np.float64)
-    got = gemv_packed(x, weight)
+    got = oracle_product(x, weight)
     assert (np.abs(got - rounded @ w.T) <= packed_product_bound(rounded, w)).all()
     for m in range(len(x)):  # a row's result does not depend on the rows beside it
-        assert np.array_equal(gemv_packed(x[m:m + 1], weight)[0], got[m])
+        assert np.array_equal(oracle_product(x[m:m + 1], weight)[0], got[m])
+        assert np.array_equal(lanes_of(x[m:m + 1], weight)[0], got[m])
+    assert np.array_equal(lanes_of(x, weight), got)
     return got
 
 
@@ -140,22 +149,20 @@ def test_the_decode_gemv_equals_rounded_x_times_the_dequantized_weights(name, ro
 
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("width", [448, 960])
-def test_the_decode_gemv_takes_rows_in_tiles_with_the_group_gemms_bits(name, width):
-    """600 rows, so that each thread takes full tiles of rows and a shorter tail: the
-    GEMV's rows are the group GEMM's bits (both its forms), within the bound of the
-    float64 product."""
+def test_a_tall_matrix_gives_the_gemv_and_the_gemm_the_oracles_bits(name, width):
+    """600 rows, so that the threads take uneven shares of 16-row groups and a partial
+    last group: the GEMV's and the GEMM's rows are the oracle's bits, within the bound
+    of the float64 product."""
     rng = np.random.default_rng(width)
     weight = PackedWeight.quantize(random_matrix(rng, 600, width), TYPES[name])
     x = random_activations(rng, 3, width)
     w = weight.dequantize().astype(np.float64)
     rounded = reference.round_activations(x).astype(np.float64)
-    got = gemv_packed(x, weight)
+    got = oracle_product(x, weight)
     bound = 1e-5 * (np.abs(rounded) @ np.abs(w).T) * (width / 192) + 1e-6
     assert (np.abs(got - rounded @ w.T) <= bound).all()
-    for vnni in [False] + [True] * HAS_VNNI:
-        out = np.empty_like(got)
-        gemm_packed(x, weight.quants, weight.scales, weight.mins, out, vnni=vnni)
-        assert np.array_equal(out, got)
+    assert np.array_equal(lanes_of(x[:PACKED_GEMV_MAX_ROWS], weight), got[:PACKED_GEMV_MAX_ROWS])
+    assert np.array_equal(lanes_of(x, weight), got)
 
 
 @pytest.mark.parametrize("name", ["F16", "BF16", "F32"])
@@ -183,32 +190,30 @@ def test_the_small_batch_gemm_equals_widen_then_multiply(name, rows, n_out):
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("rows, n_out", [(5, 70), (9, 16), (33, 40), (70, 33), (6, 8)])
 def test_every_batch_gives_a_row_the_bits_of_the_gemv(name, rows, n_out):
-    """packed_product at any M (the group GEMM beyond a few rows; the GEMV for W under
-    16 rows) equals the rounded-x product, and gives each row of x exactly the bits
-    the one-row GEMV gives it: a result never depends on the batch around it."""
+    """The product at any M (the GEMM beyond a few rows; matrices under 16 rows in one
+    padded group) equals the rounded-x product, and gives each row of x exactly the
+    bits the oracle gives it alone: a result never depends on the batch around it."""
     rng = np.random.default_rng(rows * n_out)
     weight = PackedWeight.quantize(random_matrix(rng, n_out, 192), TYPES[name])
     x = random_activations(rng, rows, 192)
     rounded, w = reference.round_activations(x).astype(np.float64), weight.dequantize().astype(np.float64)
-    got = packed_product(x, weight)
+    got = lanes_of(x, weight)
     assert (np.abs(got - rounded @ w.T) <= packed_product_bound(rounded, w)).all()
-    alone = np.concatenate([gemv_packed(x[m:m + 1], weight) for m in range(rows)])
+    alone = np.concatenate([oracle_product(x[m:m + 1], weight) for m in range(rows)])
     assert np.array_equal(got, alone)
-    if n_out >= 16:  # the group GEMM's two forms: float32 lanes, and vpdpbusd where the CPU has it
-        for vnni in [False] + [True] * HAS_VNNI:
-            out = np.full((rows, n_out), np.nan, np.float32)
-            gemm_packed(x, weight.quants, weight.scales, weight.mins, out, vnni=vnni)
-            assert np.array_equal(out, alone), vnni
 
 
 @pytest.mark.parametrize("name", TYPES)
 def test_linear_takes_packed_products_for_every_batch_and_adds_the_bias(name):
     rng = np.random.default_rng(6)
     weight = PackedWeight.quantize(random_matrix(rng, 40, 64), TYPES[name])
+    laid = LanePacked.of(weight)
     bias = rng.standard_normal(40).astype(np.float32)
     for rows in (1, PACKED_GEMV_MAX_ROWS, PACKED_GEMV_MAX_ROWS + 1, cpu_linear.NUMBA_MAX_ROWS + 1):
         x = rng.standard_normal((rows, 64)).astype(np.float32)
-        assert np.array_equal(cpu_linear.linear(x, weight, bias), packed_product(x, weight) + bias)
+        assert np.array_equal(cpu_linear.linear(x, laid, bias), oracle_product(x, weight) + bias)
+    with pytest.raises(TypeError, match="a PackedWeight is multiplied laid out"):
+        cpu_linear.linear(x, weight)
 
 
 def test_rows_can_be_reordered_and_odd_widths_are_refused():

@@ -62,7 +62,7 @@ def test_chunked_prefill_on_smollm2_gives_the_same_outputs(smollm2_dir, prompts_
 def test_packed_greedy_output_does_not_depend_on_the_batch(smollm2_dir, smollm2_gguf, weights):
     """Packed products round x to int8 blocks: a step function, so float32 noise
     between two kernels could flip a rounding and then the text. Every packed kernel
-    gives a row the same bits whatever the batch (kernels/cpu/packed_terms.py), so a
+    gives a row the same bits whatever the batch (kernels/cpu/LANES.md), so a
     request's greedy text is the same alone, in a batch of 20 (prefill of 200+ rows
     at once) and when the batch shrinks as others finish."""
     if weights == "gguf_q4_1":

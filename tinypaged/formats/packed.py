@@ -36,8 +36,7 @@ Q6_K (super-blocks of 256 weights, sixteen 16-weight sub-blocks): weight = d * s
     highs   (N, K/4) uint8: q's bits 4 and 5 as two bit planes a block: bytes 8b .. 8b + 3
             hold block b's bits 4 (bit j: weight 32b + j), bytes 8b + 4 .. 8b + 7 its bits 5
     scales  (N, K/16) int8: sc       supers (N, K/256, 1) float16 bits: d
-6.5625 bits a weight, as in the file. Its int8 scales are what tell the kernels
-the kind (packed_terms.py).
+6.5625 bits a weight, as in the file.
 """
 from __future__ import annotations
 

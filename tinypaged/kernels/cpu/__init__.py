@@ -24,8 +24,8 @@ __all__ = ["name", "use_in_this_thread", "default_kv_memory", "memory_available"
 
 def prepare_weights(weights: dict) -> dict:
     """Every float matrix held once (linear.py); each layer's q/k/v and gate/up
-    stacked, so each group is one product (stacks.py); the packed kinds the vpdpbusd
-    kernels take laid out 16 rows to a group (lanes.py). Takes the dict over."""
+    stacked, so each group is one product (stacks.py); every packed matrix laid out
+    16 rows to a group for the byte-dot kernels (lanes.py). Takes the dict over."""
     return lay_out_weights(stack_layer_matrices(prepare_linear_weights(weights)))
 
 

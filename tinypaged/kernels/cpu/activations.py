@@ -1,9 +1,9 @@
 """Activations rounded to int8 per 32-block, for products with packed weights.
 
-A packed (Q8_0 / Q4_0 / Q4_1) weight multiplies x rounded as llama.cpp rounds it:
+A packed weight multiplies x rounded as llama.cpp rounds it:
 per block of 32 values, d = max|x| / 127 and q = round-half-even(x / d) in int8, so
 x is taken as d * q. The kernels then compute each block's dot product in
-integers (quantized.py, packed_gemm.py); the NumPy spec is
+integers (lanes_product.py); the NumPy spec is
 reference.quantize_activations / round_activations.
 
 The rounding must equal the NumPy spec bit for bit. numba's own loops over a block

@@ -20,7 +20,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .common import HAS_AVX512
-from .group_ir import FLOATS, LANES, c_array, index, pointer, splat
+from .vector_ir import FLOATS, LANES, c_array, index, pointer, splat
 
 # The sums held in registers: 32 zmm with AVX-512; AVX2's 16 ymm hold half as many
 # floats, and the AVX-512 shapes spilled a sum's load and store beside each FMA there

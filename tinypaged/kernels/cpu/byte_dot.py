@@ -19,7 +19,7 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from .common import HAS_AVX2, HAS_VNNI
-from .group_ir import I32, INTS, LANES, mask
+from .vector_ir import I32, INTS, LANES, mask
 
 LANES_ISA = "vnni" if HAS_VNNI else "avx2" if HAS_AVX2 else "generic"
 _BYTES = ir.VectorType(ir.IntType(8), 32)

@@ -9,7 +9,6 @@ from numba.extending import intrinsic, overload
 
 N_CHUNKS = 64  # work items per parallel call: rows of W are split into this many ranges
 # rows of x up to which a packed matrix's GEMV beats laying x out for its GEMM
-# (quantized.py and lanes_product.py both choose by it)
 PACKED_GEMV_MAX_ROWS = 2
 
 

@@ -11,7 +11,7 @@ vectorizes (AVX-512 here). Each weight is read and widened once per call.
 Measured (M = 32, 2 cores, bench/NOTES.md): level with BLAS on float32 for
 SmolLM2's 576-wide layer matrices, 2x faster for its 49152 x 576 lm_head, where
 BLAS's float32 copy no longer fits the caches.
-The forms and their widening: widen.py. (Packed weights: packed_gemm.py.)
+The forms and their widening: widen.py. (Packed weights: lanes_product.py.)
 """
 import numpy as np
 from numba import float32, prange

@@ -1,12 +1,11 @@
-"""Packed weights laid out 16 rows to a group at load, for the byte-dot kernels.
+"""Packed weights laid out 16 rows to a group at load, for the byte-dot kernels: the
+form every packed matrix is multiplied in on the CPU.
 
 A PackedWeight (formats/packed.py) keeps each row's bytes together. vpdpbusd (and
-AVX2's vpmaddubsw, byte_dot.py) wants
-them the other way: one 64-byte vector holding 4 bytes of each of 16 rows, so that
-one instruction takes 16 rows' 4-column dot products with no sum across lanes.
-The row-major GEMV pays a horizontal sum for every block of every row, which at
-SmolLM2's layer sizes costs more than reading the row (bench/NOTES.md), and the
-group GEMM laid each group out this way on every call. Laid out once at load:
+AVX2's vpmaddubsw, byte_dot.py) wants them the other way: one 64-byte vector holding
+4 bytes of each of 16 rows, so that one instruction takes 16 rows' 4-column dot
+products with no sum across lanes (a row-major kernel pays a horizontal sum for
+every block of every row: bench/NOTES.md). Laid out once at load:
     quants  (G, C, 16, 4): group g, 4-byte chunk c of a row, row j, byte t; the
             PackedWeight's bytes (Q8_0: int8 q, C = K/4; Q4_x: nibble bytes,
             C = K/8, chunk c holding columns 4c .. 4c + 3 low and K/2 + 4c .. high)
@@ -28,9 +27,8 @@ group GEMM laid each group out this way on every call. Laid out once at load:
 G = ceil(N / 16); the last group's missing rows are zeros (their outputs dropped).
 The bytes held are the PackedWeight's, give or take those rows.
 
-The products (lanes_product.py) give every row the bits the PackedWeight kernels
-give it (packed_terms.py's block_term, blocks in order); the tests hold them to
-it. Every CPU and every packed kind: the byte dot is AVX-512 VNNI's, AVX2's, or
+The products (lanes_product.py) give every row the same bits whatever the batch
+(LANES.md: the float steps, blocks in order); the tests hold them to an oracle. Every CPU and every packed kind: the byte dot is AVX-512 VNNI's, AVX2's, or
 plain LLVM vectors (byte_dot.LANES_ISA).
 """
 from __future__ import annotations
@@ -39,7 +37,7 @@ import numpy as np
 from numba import prange
 
 from ...formats.packed import PackedWeight
-from ...formats.quant_kind import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from ...formats.quant_kind import Q6_K
 from ...formats.weight import KindOfGGMLType
 from ...jit_cache import cached_njit
 from .byte_dot import LANES_ISA
@@ -47,7 +45,6 @@ from .stack_rows import StackRows
 
 LANES = 16  # rows of W in one group: one 512-bit vector of int32 / float32
 HIGH_BIT_BYTES = LANES_ISA != "vnni"  # high bits (Q5, Q6_K) in bytes, not chunk masks (AVX-512's)
-LAID_OUT_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)
 
 
 def _grouped(a: np.ndarray, inner: int = 1) -> np.ndarray:
@@ -168,8 +165,7 @@ class LanePacked(KindOfGGMLType):
 
     @staticmethod
     def can_lay_out(weight) -> bool:
-        return isinstance(weight, PackedWeight) and weight.ggml_type in LAID_OUT_TYPES \
-            and weight.shape[0] >= LANES
+        return isinstance(weight, PackedWeight)
 
     @property
     def nbytes(self) -> int:

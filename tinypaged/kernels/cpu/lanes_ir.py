@@ -3,11 +3,10 @@ times one row of x, the rows in the 16 lanes of every vector.
 
 Block after block, in order: 8 chunk dots (each: 4 bytes of each of the 16 rows,
 unsigned, times 4 of x's int8 values, broadcast: a vpdpbusd, or AVX2's steps in
-byte_dot.py) give the 16 rows' integer dots;
-block_term's float32 operations then run on the 16 lanes at once, in its order,
-and are fused into the 16 sums with x's scale (packed_terms.py). Each lane computes exactly what the
-row-by-row kernels compute for its row, with no sum across lanes and no serial
-chain of adds per row. Q5_x's fifth bits come from a 64-bit mask a chunk
+byte_dot.py) give the 16 rows' integer dots; the block's float32 steps then run on
+the 16 lanes at once, in their order, and are fused into the 16 sums with x's scale (LANES.md). Each lane computes its
+row's float steps in order, with no sum across lanes and no serial chain of adds
+per row. Q5_x's fifth bits come from a 64-bit mask a chunk
 (lanes.py), put in place by one masked move (select) and or-ed into the nibbles.
 """
 from llvmlite import ir
@@ -15,8 +14,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ...formats.quant_kind import Q6_K, Q8_0
 from .byte_dot import BlockDot, signed_bytes_direct
-from .group_ir import F32, FLOATS, I32, INTS, LANES, X_ROWS, c_array, index, pointer, splat
+from .kind_arg import QuantKindType
+from .vector_ir import F32, FLOATS, I32, INTS, LANES, X_ROWS, c_array, index, pointer, splat
 from .lanes import HIGH_BIT_BYTES
 
 CHUNKS_PER_BLOCK = 8  # 4 columns a chunk, 32 a block
@@ -94,37 +95,37 @@ def _group_product(x_rows: int, half_group: bool = False):
     shorts, halfs = ir.VectorType(ir.IntType(16), width), ir.VectorType(ir.HalfType(), width)
     small_ints = ir.VectorType(ir.IntType(8), width)
 
-    def product(typingctx, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, supers, u_at,
+    def product(typingctx, kind, quants, q_at, xq, x_at, n_blocks, scales, mins, s_at, supers, u_at,
                 fifths, f_at, dx, qsum, row_at, acc):
-        with_fifths = not isinstance(fifths, types.NoneType)
-        with_supers = not isinstance(supers, types.NoneType)
-        with_min = not isinstance(mins, types.NoneType)  # (then qsum is float32: only the min takes it)
-        scale_types = (types.uint8, types.int8) if with_supers else (types.uint16,)
-        if not (_flat(quants, (types.int8, types.uint8)) and _flat(xq, (types.int8,))
+        if not isinstance(kind, QuantKindType):
+            return None
+        k = kind.kind  # the arrays must be the ones lanes.py lays out for it
+        q8, q6, with_min = k.code == Q8_0, k.code == Q6_K, k.has_mins
+        with_fifths, with_supers = k.high_bits > 0, k.is_k_quant
+        scale_types = (types.int8,) if q6 else (types.uint8,) if with_supers else (types.uint16,)
+        if not (_flat(quants, (types.int8,) if q8 else (types.uint8,)) and _flat(xq, (types.int8,))
                 and _flat(scales, scale_types) and _flat(dx, (types.float32,))
                 and _flat(qsum, (types.float32,) if with_min else (types.int32,))
                 and _flat(acc, (types.float32,))
-                and (isinstance(mins, types.NoneType) or _flat(mins, scale_types))
-                and (not with_supers or _flat(supers, (types.uint16,)))
-                and (not with_fifths or _flat(fifths, (types.uint8,)))):
+                and (_flat(mins, scale_types) if with_min else isinstance(mins, types.NoneType))
+                and (_flat(supers, (types.uint16,)) if with_supers else isinstance(supers, types.NoneType))
+                and (_flat(fifths, (types.uint8,)) if with_fifths else isinstance(fifths, types.NoneType))):
             return None
-        q8 = quants.dtype == types.int8
-        q6 = scales.dtype == types.int8  # Q6_K: int8 sub-scales, d in supers, qsum: half sums
-        # what the unsigned bytes carry above q: Q8_0 128, Q4_0 8, Q5_0 16, with mins 0
-        # (Q6_K's 32 goes with its sub-scales)
+        # Q6_K: int8 sub-scales, d in supers, qsum: half sums (its 32 goes with its sub-scales)
         signed = q8 and signed_bytes_direct()  # Q8_0's bytes as they are, not q + 128
         if half_group and (q8 or q6 or with_fifths):  # (4-bit kinds only: see below)
             return None
-        offset = 0 if signed or with_min or q6 else 128 if q8 else 16 if with_fifths else 8
-        w_max = 128 if signed else 255 if q8 else 63 if q6 else 31 if with_fifths else 15  # a byte
-        signature = types.void(quants, types.intp, xq, types.intp, types.intp, scales, mins,
+        # what the unsigned bytes carry above q: Q8_0 128 (read xor 128), Q4_0 8, Q5_0 16
+        offset = 0 if signed or q6 else 128 if q8 else k.offset
+        w_max = 128 if signed else 255 if q8 else (16 << k.high_bits) - 1  # a byte's largest
+        signature = types.void(kind, quants, types.intp, xq, types.intp, types.intp, scales, mins,
                                types.intp, supers, types.intp, fifths, types.intp, dx, qsum,
                                types.intp, acc)
 
         def codegen(context, builder, sig, args):
             (q_arr, q_at, x_arr, x_at, n_blocks, s_arr, m_arr, s_at, u_arr, u_at, f_arr, f_at,
-             dx_arr, qs_arr, row_at, acc_arr) = args
-            t = sig.args
+             dx_arr, qs_arr, row_at, acc_arr) = args[1:]
+            t = sig.args[1:]  # (after the kind)
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(floats, [floats] * 3),
                                                  f"llvm.fma.v{width}f32")
             totals = [cgutils.alloca_once_value(builder, ir.Constant(floats, [0.0] * width))
@@ -140,8 +141,8 @@ def _group_product(x_rows: int, half_group: bool = False):
                 return builder.fpext(builder.bitcast(bits, halfs), floats)
 
             def scale_and_min(b, first):
-                """Block b's 16 scales and mins (None without) in float32, as packed_terms'
-                scale_of and min_of compute them (K-quants: d * sc and -(dmin * m), exact)."""
+                """Block b's 16 scales and mins (None without) in float32 (K-quants: d * sc
+                and -(dmin * m), exact)."""
                 if not with_supers:
                     return (halves(t[5], s_arr, first),
                             halves(t[6], m_arr, first) if with_min else None)
@@ -231,7 +232,7 @@ def _group_product(x_rows: int, half_group: bool = False):
                             dot = builder.sub(dot, splat(builder, builder.mul(x_sum, ir.Constant(I32, offset)),
                                                          ints))
                         term = builder.fmul(scale, builder.sitofp(dot, floats))
-                        if with_min:  # fma(min, qsum, scale * dot), as block_term (qsum float32:
+                        if with_min:  # fma(min, qsum, scale * dot) (qsum float32:
                             term = builder.call(fma, [low, splat(builder, x_sum, floats), term])  # a broadcast load)
                     builder.store(builder.call(fma, [x_scale, term, builder.load(totals[i])]), totals[i])
 
@@ -286,8 +287,9 @@ def _group_product(x_rows: int, half_group: bool = False):
 
 
 group_gemv = _group_product(1)
-group_gemv.__doc__ = """acc[0 .. 15] = the product of the group's 16 rows (bytes from quants[q_at], flat)
-with one row of x: its int8 values from xq[x_at], its block scales and sums
+group_gemv.__doc__ = """acc[0 .. 15] = the product of the group's 16 rows of a weight of the GGML kind
+`kind` (kind_arg.py: one machine code per kind; the arrays must be that kind's)
+(bytes from quants[q_at], flat) with one row of x: its int8 values from xq[x_at], its block scales and sums
 dx[row_at + b], qsum[row_at + b] (int32; float32 for the kinds with mins); the
 group's scales (and mins) of block b at
 scales[s_at + 16 b + j]: float16 bits, or with supers given (Q4_K, Q5_K) 6-bit
@@ -296,8 +298,8 @@ Q5_x's and Q5_K's fifth-bit masks from fifths[f_at] (flat, or None). Q6_K (int8
 scales: two sub-scales a block at scales[s_at + 16 (2b + h) + j], d at
 supers[u_at + 16 (b / 8) + j], both bit masks in fifths): qsum holds 32 times x's
 sums of 16 values, block b's at [2 (row_at + b) + h], and the block's dot is
-sa (S_a - 32 xa) + sb (S_b - 32 xb), exact, as packed_terms says.
-quants int8: Q8_0; uint8: Q4_0, Q5_0 (mins None), Q4_1, Q5_1, Q4_K, Q5_K, Q6_K."""
+sa (S_a - 32 xa) + sb (S_b - 32 xb), exact (LANES.md has the float steps).
+quants int8: Q8_0; uint8 the others."""
 group_gemm = _group_product(X_ROWS)
 group_gemm.__doc__ = """group_gemv for X_ROWS consecutive rows of x (x_at: the first's values, row_at:
 its first block; each next row K values and K/32 blocks on): acc[16 i .. 16 i + 15] is

@@ -1,5 +1,7 @@
-"""Products with laid-out weights (lanes.py), bit for bit the PackedWeight kernels'
-(quantized.py, packed_gemm.py) for every row, whatever the batch.
+"""The CPU's packed products: x rounded to int8 blocks (activations.py) times a
+laid-out weight (lanes.py), the same bits for a row whatever the batch (LANES.md).
+The weight's kind is each kernel's first argument (kind_arg.py): one machine code
+per kind, which checks that the arrays it is handed are that kind's.
 
 Threads take groups of 16 rows. Decode (M <= PACKED_GEMV_MAX_ROWS rows of x):
 lanes_ir.group_gemv on each, one row of x at a time. More rows: lanes_ir.group_gemm_wide,
@@ -14,18 +16,17 @@ import numpy as np
 from numba import prange, types
 from numba.extending import overload
 
-from ...formats.quant_kind import Q4_0, Q4_1, Q4_K
+from ...formats.quant_kind import Q4_0, Q4_1, Q4_K, Q6_K
 from ...jit_cache import cached_njit
 from .activations import quantize_activations
 from .byte_dot import LANES_ISA
 from .common import N_CHUNKS, PACKED_GEMV_MAX_ROWS
-from .group_ir import BLOCK, X_ROWS
+from .kind_arg import QuantKindType, kind_arg
+from .vector_ir import BLOCK, X_ROWS
 from .lanes import LANES
 from .lanes_ir import (HALF_ROWS, WIDE_ROWS, group_gemm, group_gemm_wide, group_gemv, group_half_gemm,
                        group_half_gemm_8, prefetch, store_lanes)
 from .out_arrays import output_array
-from .packed_terms import flat_bits as _flat  # (an array flat, or None)
-from .packed_terms import is_q6_k
 
 HALF = LANES // 2  # a group's rows in one AVX2 register
 FOUR_BIT = (Q4_0, Q4_1, Q4_K)  # the kinds _gemm_lanes_by_halves takes (lanes_ir.HALF_ROWS)
@@ -43,7 +44,19 @@ def _per_group_or_none(array):
     return lambda array: array[0].size
 
 
-def _x_sums(scales, mins, xq, qsum):
+def _flat(array):
+    """array flat, or None for None (a kind without those arrays)."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(_flat, inline="always")
+def _flat_or_none(array):
+    if isinstance(array, types.NoneType):
+        return lambda array: None
+    return lambda array: array.reshape(-1)
+
+
+def _x_sums(kind, xq, qsum):
     """What the kernels read as x's block sums: qsum (M, K/32) as float32 for the kinds
     with mins (exact: |qsum| <= 32 * 127; their kernel only multiplies it by the min),
     qsum itself for the kinds whose dot subtracts an offset times it, or for Q6_K 32
@@ -52,13 +65,15 @@ def _x_sums(scales, mins, xq, qsum):
 
 
 @overload(_x_sums, inline="always")
-def _x_sums_by_kind(scales, mins, xq, qsum):
-    if not isinstance(mins, types.NoneType):
-        return lambda scales, mins, xq, qsum: qsum.astype(np.float32)
-    if not is_q6_k(scales):
-        return lambda scales, mins, xq, qsum: qsum
+def _x_sums_by_kind(kind, xq, qsum):
+    if not isinstance(kind, QuantKindType):
+        return None
+    if kind.kind.has_mins:
+        return lambda kind, xq, qsum: qsum.astype(np.float32)
+    if kind.code != Q6_K:
+        return lambda kind, xq, qsum: qsum
 
-    def halves(scales, mins, xq, qsum):
+    def halves(kind, xq, qsum):
         sums = np.zeros((xq.shape[0], xq.shape[1] // 16), dtype=np.int32)
         for m in range(xq.shape[0]):
             for i in range(xq.shape[1]):
@@ -68,7 +83,7 @@ def _x_sums_by_kind(scales, mins, xq, qsum):
 
 
 @cached_njit(parallel=True)
-def _gemv_lanes(x, quants, scales, mins, supers, fifths, out):
+def _gemv_lanes(kind, x, quants, scales, mins, supers, fifths, out):
     """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W laid out (lanes.py).
     Threads take groups of 16 rows, spread evenly over N_CHUNKS ranges."""
     xq, dx, qsum = quantize_activations(x, len(x))
@@ -78,12 +93,12 @@ def _gemv_lanes(x, quants, scales, mins, supers, fifths, out):
     n_blocks = width // BLOCK
     q_flat, x_flat, s_flat, m_flat = quants.reshape(-1), xq.reshape(-1), scales.reshape(-1), _flat(mins)
     f_flat, u_flat = _flat(fifths), _flat(supers)
-    dx_flat, sums_flat = dx.reshape(-1), _x_sums(scales, mins, xq, qsum).reshape(-1)
+    dx_flat, sums_flat = dx.reshape(-1), _x_sums(kind, xq, qsum).reshape(-1)
     for c in prange(N_CHUNKS):
         acc = np.empty(LANES, dtype=np.float32)
         for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):
             for m in range(n_rows):
-                group_gemv(q_flat, g * group_bytes, x_flat, m * width, n_blocks, s_flat, m_flat,
+                group_gemv(kind, q_flat, g * group_bytes, x_flat, m * width, n_blocks, s_flat, m_flat,
                            g * _per_group(scales), u_flat, g * _per_group(supers), f_flat,
                            g * _per_group(fifths), dx_flat, sums_flat, m * n_blocks, acc)
                 for j in range(min(LANES, n_out - g * LANES)):
@@ -91,7 +106,7 @@ def _gemv_lanes(x, quants, scales, mins, supers, fifths, out):
 
 
 @cached_njit(parallel=True)
-def _gemm_lanes(xq, dx, qsum, quants, scales, mins, supers, fifths, out):
+def _gemm_lanes(kind, xq, dx, qsum, quants, scales, mins, supers, fifths, out):
     """out (M, N) for laid-out W; xq (M8, K) x's int8 values, M8 = M rounded up to a
     multiple of 8 (zero rows after M); dx, qsum (M8, K/32) its scales and sums.
     Threads take groups of 16 rows; each group is multiplied by 16 rows of x at a
@@ -105,7 +120,7 @@ def _gemm_lanes(xq, dx, qsum, quants, scales, mins, supers, fifths, out):
     q_flat, x_flat, s_flat, m_flat = quants.reshape(-1), xq.reshape(-1), scales.reshape(-1), _flat(mins)
     f_flat, u_flat = _flat(fifths), _flat(supers)
     dx_flat, out_flat = dx.reshape(-1), out.reshape(-1)
-    sums_flat = _x_sums(scales, mins, xq, qsum).reshape(-1)
+    sums_flat = _x_sums(kind, xq, qsum).reshape(-1)
     for c in prange(N_CHUNKS):
         acc = np.empty(WIDE_ROWS * LANES, dtype=np.float32)
         last = (c + 1) * n_groups // N_CHUNKS - 1
@@ -116,13 +131,13 @@ def _gemm_lanes(xq, dx, qsum, quants, scales, mins, supers, fifths, out):
             m0 = 0
             while m0 < padded_rows:
                 if m0 < wide_end:
-                    group_gemm_wide(q_flat, g * group_bytes, x_flat, m0 * width, n_blocks, s_flat,
+                    group_gemm_wide(kind, q_flat, g * group_bytes, x_flat, m0 * width, n_blocks, s_flat,
                                     m_flat, g * _per_group(scales), u_flat, g * _per_group(supers),
                                     f_flat, g * _per_group(fifths), dx_flat, sums_flat,
                                     m0 * n_blocks, acc)
                     tile = WIDE_ROWS
                 else:
-                    group_gemm(q_flat, g * group_bytes, x_flat, m0 * width, n_blocks, s_flat, m_flat,
+                    group_gemm(kind, q_flat, g * group_bytes, x_flat, m0 * width, n_blocks, s_flat, m_flat,
                                g * _per_group(scales), u_flat, g * _per_group(supers), f_flat,
                                g * _per_group(fifths), dx_flat, sums_flat, m0 * n_blocks, acc)
                     tile = X_ROWS
@@ -163,7 +178,7 @@ def interleave_rows(a, unit):
 
 
 @cached_njit(parallel=True)
-def _gemm_lanes_by_halves(xq, dx, qsum, quants, scales, mins, supers, fifths, out):
+def _gemm_lanes_by_halves(kind, xq, dx, qsum, quants, scales, mins, supers, fifths, out):
     """_gemm_lanes for AVX2 and the 4-bit kinds: a group's halves (8 rows) apart,
     HALF_ROWS rows of x a pass (8 where 8 or 16 are left), so that a pass's sums stay
     in registers (lanes_ir.HALF_ROWS)."""
@@ -173,7 +188,7 @@ def _gemm_lanes_by_halves(xq, dx, qsum, quants, scales, mins, supers, fifths, ou
     n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
     q_flat, s_flat, m_flat = quants.reshape(-1), scales.reshape(-1), _flat(mins)
     f_flat, u_flat = _flat(fifths), _flat(supers)
-    sums = _x_sums(scales, mins, xq, qsum)
+    sums = _x_sums(kind, xq, qsum)
     x_flat = interleave_rows(xq.view(np.int32), 1).view(np.int8)  # (4 bytes at a time)
     dx_flat = interleave_rows(dx, 1)
     sums_flat = interleave_rows(sums, sums.shape[1] // n_blocks)
@@ -191,11 +206,11 @@ def _gemm_lanes_by_halves(xq, dx, qsum, quants, scales, mins, supers, fifths, ou
                 m0 = 0
                 while m0 < padded_rows and rows > 0:
                     if _pass_rows(padded_rows - m0) == X_ROWS:
-                        group_half_gemm_8(q_flat, q_at, x_flat, m0 * width, n_blocks, s_flat, m_flat, s_at,
+                        group_half_gemm_8(kind, q_flat, q_at, x_flat, m0 * width, n_blocks, s_flat, m_flat, s_at,
                                           u_flat, u_at, f_flat, f_at, dx_flat, sums_flat, m0 * n_blocks, acc)
                         tile = X_ROWS
                     else:
-                        group_half_gemm(q_flat, q_at, x_flat, m0 * width, n_blocks, s_flat, m_flat, s_at,
+                        group_half_gemm(kind, q_flat, q_at, x_flat, m0 * width, n_blocks, s_flat, m_flat, s_at,
                                         u_flat, u_at, f_flat, f_at, dx_flat, sums_flat, m0 * n_blocks, acc)
                         tile = HALF_ROWS
                     for i in range(min(tile, out.shape[0] - m0)):
@@ -208,9 +223,9 @@ def lanes_product(x: np.ndarray, weight) -> np.ndarray:
     """round_activations(x) (M, K) @ W.T for a LanePacked W -> (M, N)."""
     out = output_array(len(x), weight.shape[0])
     if len(x) <= PACKED_GEMV_MAX_ROWS:
-        _gemv_lanes(x, weight.quants, weight.scales, weight.mins, weight.supers, weight.fifths, out)
+        _gemv_lanes(kind_arg(weight.kind), x, weight.quants, weight.scales, weight.mins, weight.supers, weight.fifths, out)
     else:
         xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
         gemm = _gemm_lanes_by_halves if LANES_ISA == "avx2" and weight.ggml_type in FOUR_BIT else _gemm_lanes
-        gemm(xq, dx, qsum, weight.quants, weight.scales, weight.mins, weight.supers, weight.fifths, out)
+        gemm(kind_arg(weight.kind), xq, dx, qsum, weight.quants, weight.scales, weight.mins, weight.supers, weight.fifths, out)
     return out

@@ -4,9 +4,10 @@ Every weight matrix is held once, in its narrowest exact form: packed quantized
 blocks (PackedWeight), float16 or bfloat16 bits when either holds the matrix
 exactly (F16 and BF16 checkpoints), float32 otherwise (LinearWeight).
 
-A packed weight multiplies x rounded to int8 blocks, through numba kernels for
-every M that give a row the same bits whatever M is (quantized.packed_product).
-For a LinearWeight the path depends on M, the rows of x:
+A packed weight is laid out 16 rows to a group at load (lanes.py) and multiplies x
+rounded to int8 blocks, through the lanes GEMV or GEMM (lanes_product.py), which
+give a row the same bits whatever M is. For a LinearWeight the path depends on M,
+the rows of x:
     M <= F16_GEMV_MAX_ROWS  a GEMV streaming each weight row once (bandwidth-bound):
                             _gemv_f16 here
     M <= NUMBA_MAX_ROWS     gemm.gemm_narrow: four weight rows widened at a time
@@ -32,7 +33,6 @@ from .common import N_CHUNKS, f16_bits_to_f32
 from .gemm import GROUP, gemm_narrow
 from .lanes import LanePacked
 from .lanes_product import lanes_product
-from .quantized import packed_product
 from .stack_rows import StackRows
 from .tiles import tiled_matmul, widen_tile
 
@@ -145,12 +145,13 @@ def _blas_product(x: np.ndarray, weight) -> np.ndarray:
 
 
 def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
-    """x (T, K) @ weight.T (+ bias) -> (T, N); weight a LinearWeight, a PackedWeight
-    (quantized), a LanePacked, StackRows (a stack's rows) or a float32 array."""
+    """x (T, K) @ weight.T (+ bias) -> (T, N); weight a LinearWeight, a LanePacked
+    (quantized), StackRows (a stack's rows) or a float32 array."""
     _last_product.blas = False
     if isinstance(weight, PackedWeight):
-        out = packed_product(np.ascontiguousarray(x, dtype=np.float32), weight)
-    elif isinstance(weight, LanePacked):
+        raise TypeError("a PackedWeight is multiplied laid out: prepare_weights (or "
+                        "lanes.LanePacked.of) lays it out first")
+    if isinstance(weight, LanePacked):
         out = lanes_product(np.ascontiguousarray(x, dtype=np.float32), weight)
     elif isinstance(weight, StackRows):  # a stacked matrix alone
         if weight.own is not None:

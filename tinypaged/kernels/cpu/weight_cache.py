@@ -5,10 +5,10 @@ Preparing a GGUF's weights (packed.py splits the blocks, stacks.py stacks each l
 matrices, lanes.py lays them out 16 rows to a group) takes seconds a GB; mapping
 the result takes milliseconds. The file holds every array of the prepared forms,
 page-aligned, after a JSON header that names the forms (array, LinearWeight,
-PackedWeight, LanePacked, and views of a stack's rows) and the key it was made under:
-the model file's size and mtime, LAYOUT_VERSION, and whether the lanes layout was
-used (it depends on the CPU). Any other key, or a file that does not read whole, is a
-miss, and the next save replaces it.
+LanePacked, and views of a stack's rows) and the key it was made under:
+the model file's size and mtime, LAYOUT_VERSION, and which byte dot the lanes layout
+was made for (the high bits' form depends on the CPU). Any other key, or a file that
+does not read whole, is a miss, and the next save replaces it.
 
 Mapped copy-on-write: the kernels see ordinary writable arrays, the pages stay the
 file's (shared with the page cache, never copied unless written), so the weights
@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ...formats.packed import PackedWeight
 from ...formats.quant_kind import KINDS
 from . import lanes
 from .lanes import LanePacked
@@ -34,13 +33,12 @@ from .linear import LinearWeight
 from .stack_rows import StackRows
 from .stacks import stack_view
 
-LAYOUT_VERSION = 1  # raise when a prepared form's arrays change meaning
+LAYOUT_VERSION = 2  # raise when a prepared form's arrays change meaning
 MAGIC = b"tinypaged-weights\n"
 SUFFIX = ".tinypaged-cpu"
 ALIGN = 4096  # each array starts on a page
 SAMPLES = 64  # pages of the model file the key's digest reads
 LANE_ARRAYS = ("quants", "scales", "mins", "supers", "fifths")
-PACKED_ARRAYS = ("quants", "scales", "mins", "supers", "highs")
 log = logging.getLogger("tinypaged")
 
 
@@ -110,9 +108,6 @@ class _Writer:
         elif isinstance(w, LanePacked):
             entry = {"form": "lanes", "ggml_type": w.ggml_type, "shape": list(w.shape),
                      "arrays": {n: self.array(getattr(w, n)) for n in LANE_ARRAYS}}
-        elif isinstance(w, PackedWeight):
-            entry = {"form": "packed", "ggml_type": w.ggml_type, "shape": list(w.shape),
-                     "arrays": {n: self.array(getattr(w, n)) for n in PACKED_ARRAYS}}
         elif isinstance(w, LinearWeight):
             entry = {"form": "linear", "kind": w.kind.code, "array": self.array(w.data)}
         elif isinstance(w, np.ndarray):
@@ -190,9 +185,6 @@ def _rebuild(entries: list, mapped: mmap.mmap, start: int) -> list:
         elif form == "lanes":
             w = LanePacked(e["ggml_type"], tuple(e["shape"]),
                            **{n: array(spec) for n, spec in e["arrays"].items()})
-        elif form == "packed":
-            w = PackedWeight(e["ggml_type"], tuple(e["shape"]),
-                             *(array(e["arrays"][n]) for n in PACKED_ARRAYS))
         elif form == "linear":
             w = LinearWeight.of(KINDS[e["kind"]], array(e["array"]))
         elif form == "array":

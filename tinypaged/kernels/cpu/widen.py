@@ -5,7 +5,7 @@ rows at a time into L1, the BLAS tiles (tiles.py) a tile at a time.
 Weight (n, k), by the dtype it is held in: float32 itself; uint16 float16 bits;
 int16 bfloat16 bits (int16 only to tell the two apart). Widening is exact.
 Packed (quantized) weights are never widened: their products take integer dot
-products (quantized.py, packed_gemm.py).
+products (lanes_product.py).
 """
 from numba import types
 from numba.extending import overload
