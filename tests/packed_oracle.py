@@ -14,13 +14,26 @@ fused multiply-add). Every row of x gives the same bits alone or in any batch, w
 is the contract the kernels are held to.
 """
 import numpy as np
-from numba import float32, njit
+from llvmlite import ir
+from numba import float32, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from tinypaged.formats.quant_kind import Q4_0, Q4_K, Q5_0, Q5_K, Q6_K
 from tinypaged.kernels import reference
-from tinypaged.kernels.cpu.common import fma32
 
 OFFSET = {Q4_0: 8, Q5_0: 16, Q6_K: 32}  # what the stored q carry above the signed weight
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """a * b + c in float32 with one rounding (llvm.fma, as the kernels' llvm.fma.v16f32)."""
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3),
+                                             "llvm.fma.f32")
+        return builder.call(fma, args)
+    return types.float32(types.float32, types.float32, types.float32), codegen
 
 
 def _halfs(bits: np.ndarray) -> np.ndarray:

@@ -110,8 +110,9 @@ def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
     bytes_before = unique_bytes(before)
     want = {name: (w.dequantize(), w.type_name) for name, w in before.items()}
     xs = {k: random_activations(rng, 3, k) for k in (64, 256)}
-    products = {name: oracle_product(xs[w.shape[1]], w.own if isinstance(w, StackRows) else w)
-                for name, w in before.items()}
+    own = {name: w.stack[0].take_rows(np.arange(*w.stack[1:])) if isinstance(w, StackRows) else w
+           for name, w in before.items()}  # (a stack's rows as a matrix of their own)
+    products = {name: oracle_product(xs[w.shape[1]], w) for name, w in own.items()}
     after = lay_out_weights(dict(before))
     kinds = {name: type(w).__name__ for name, w in after.items()}
     assert kinds["model.embed_tokens.weight"] == "LanePacked"

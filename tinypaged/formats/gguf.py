@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .quant_kind import BLOCK_LAYOUT, GGML_TYPE_NAMES, tensor_nbytes
+from .quant_kind import BLOCK_LAYOUT, tensor_nbytes
 
 from .ggml_quant import dequantize
 
@@ -207,10 +207,6 @@ class GGUFFile:
         if key not in self.metadata:
             raise ValueError(f"{self.path}: GGUF metadata key {key!r} is missing")
         return self.metadata[key]
-
-    def tensor_type_name(self, name: str) -> str:
-        t = self.tensors[name].ggml_type
-        return GGML_TYPE_NAMES.get(t, f"type {t}")
 
     def raw(self, name: str) -> np.ndarray:
         """Tensor `name`'s bytes as stored (a uint8 view of the memory-mapped file)."""

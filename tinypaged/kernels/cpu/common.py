@@ -4,7 +4,6 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import config as numba_config
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 N_CHUNKS = 64  # work items per parallel call: rows of W are split into this many ranges
@@ -47,20 +46,6 @@ def bf16_bits_to_f32(typingctx, bits):
     def codegen(context, builder, signature, args):
         wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
         return builder.bitcast(wide, ir.FloatType())
-    return sig, codegen
-
-
-@intrinsic
-def fma32(typingctx, a, b, c):
-    """a * b + c in float32 with one rounding (llvm.fma: vfmadd where the CPU has FMA,
-    else an exact library call), the same bits as the vector kernels' llvm.fma.v16f32."""
-    sig = types.float32(types.float32, types.float32, types.float32)
-
-    def codegen(context, builder, signature, args):
-        f32 = ir.FloatType()
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3),
-                                             "llvm.fma.f32")
-        return builder.call(fma, args)
     return sig, codegen
 
 

@@ -7,9 +7,8 @@ import numpy as np
 
 class StackRows:
     """stack: (the stacked matrix, start, stop). own: this matrix's rows as a form of
-    their own (a view: a LinearWeight or PackedWeight of the stack's rows), for a
-    product of this matrix alone; None where the stack's layout cannot give one (a
-    LanePacked stack: the stack's product is then sliced)."""
+    their own (a LinearWeight view of the stack's rows), for a product of this matrix
+    alone; None for a packed stack (the stack's product is then sliced)."""
     __slots__ = ("stack", "shape", "own", "requantized_from")
 
     def __init__(self, stack, start: int, stop: int, own=None):

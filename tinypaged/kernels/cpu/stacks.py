@@ -28,15 +28,15 @@ def _same_format(parts: list) -> bool:
         type(p) is type(first) and p.shape[1] == first.shape[1] and p.kind is first.kind for p in parts)
 
 
-def stack_view(weight, start: int, stop: int):
-    """A view of rows start .. stop - 1 of a LinearWeight or PackedWeight stack."""
-    if isinstance(weight, PackedWeight):
-        return weight.with_rows(lambda a: a[start:stop], stop - start)
+def stack_view(weight, start: int, stop: int) -> LinearWeight:
+    """A view of rows start .. stop - 1 of a LinearWeight stack."""
     return LinearWeight.of(weight.kind, weight.data[start:stop])
 
 
 def _stack(parts: list) -> list:
-    """The parts as views of one matrix that holds their rows in order."""
+    """The parts as views of one matrix that holds their rows in order. A packed stack's
+    views have no form of their own: it is laid out next (lanes.py), and a view's
+    product is then a slice of the stack's."""
     if isinstance(parts[0], PackedWeight):
         stack = PackedWeight.concatenate(parts)
     else:
@@ -44,7 +44,8 @@ def _stack(parts: list) -> list:
     views, start = [], 0
     for p in parts:
         stop = start + p.shape[0]
-        views.append(StackRows(stack, start, stop, stack_view(stack, start, stop)))
+        own = stack_view(stack, start, stop) if isinstance(stack, LinearWeight) else None
+        views.append(StackRows(stack, start, stop, own))
         start = stop
     return views
 
