@@ -28,8 +28,9 @@ G = ceil(N / 16); the last group's missing rows are zeros (their outputs dropped
 The bytes held are the PackedWeight's, give or take those rows.
 
 The products (lanes_product.py) give every row the same bits whatever the batch
-(LANES.md: the float steps, blocks in order); the tests hold them to an oracle. Every CPU and every packed kind: the byte dot is AVX-512 VNNI's, AVX2's, or
-plain LLVM vectors (byte_dot.LANES_ISA).
+(LANES.md: the float steps, blocks in order); the tests hold them to an oracle.
+Every CPU and every packed kind: the byte dot is AVX-512 VNNI's, AVX2's, or plain
+LLVM vectors (byte_dot.LANES_ISA).
 """
 from __future__ import annotations
 
@@ -163,10 +164,6 @@ class LanePacked(KindOfGGMLType):
         laid.requantized_from = weight.requantized_from
         return laid
 
-    @staticmethod
-    def can_lay_out(weight) -> bool:
-        return isinstance(weight, PackedWeight)
-
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.quants, self.scales, self.mins, self.supers, self.fifths)
@@ -228,7 +225,7 @@ def lay_out_weights(weights: dict) -> dict:
     for name in names:
         w = weights[name]
         target = w.stack[0] if isinstance(w, StackRows) else w
-        if not LanePacked.can_lay_out(target):
+        if not isinstance(target, PackedWeight):
             continue
         laid = LanePacked.of(target, in_place=True)
         for other in names:

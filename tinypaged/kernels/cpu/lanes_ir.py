@@ -4,9 +4,9 @@ times one row of x, the rows in the 16 lanes of every vector.
 Block after block, in order: 8 chunk dots (each: 4 bytes of each of the 16 rows,
 unsigned, times 4 of x's int8 values, broadcast: a vpdpbusd, or AVX2's steps in
 byte_dot.py) give the 16 rows' integer dots; the block's float32 steps then run on
-the 16 lanes at once, in their order, and are fused into the 16 sums with x's scale (LANES.md). Each lane computes its
-row's float steps in order, with no sum across lanes and no serial chain of adds
-per row. Q5_x's fifth bits come from a 64-bit mask a chunk
+the 16 lanes at once, in their order, and are fused into the 16 sums with x's scale
+(LANES.md). Each lane computes its row's float steps in order, with no sum across
+lanes and no serial chain of adds per row. Q5_x's fifth bits come from a 64-bit mask a chunk
 (lanes.py), put in place by one masked move (select) and or-ed into the nibbles.
 """
 from llvmlite import ir

@@ -22,11 +22,11 @@ from .activations import quantize_activations
 from .byte_dot import LANES_ISA
 from .common import N_CHUNKS, PACKED_GEMV_MAX_ROWS
 from .kind_arg import QuantKindType, kind_arg
-from .vector_ir import BLOCK, X_ROWS
 from .lanes import LANES
 from .lanes_ir import (HALF_ROWS, WIDE_ROWS, group_gemm, group_gemm_wide, group_gemv, group_half_gemm,
                        group_half_gemm_8, prefetch, store_lanes)
 from .out_arrays import output_array
+from .vector_ir import BLOCK, X_ROWS
 
 HALF = LANES // 2  # a group's rows in one AVX2 register
 FOUR_BIT = (Q4_0, Q4_1, Q4_K)  # the kinds _gemm_lanes_by_halves takes (lanes_ir.HALF_ROWS)
@@ -84,7 +84,8 @@ def _x_sums_by_kind(kind, xq, qsum):
 
 @cached_njit(parallel=True)
 def _gemv_lanes(kind, x, quants, scales, mins, supers, fifths, out):
-    """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W laid out (lanes.py).
+    """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W laid out (lanes.py),
+    of the kind `kind` (kind_arg.py).
     Threads take groups of 16 rows, spread evenly over N_CHUNKS ranges."""
     xq, dx, qsum = quantize_activations(x, len(x))
     n_rows, width = x.shape
@@ -206,12 +207,14 @@ def _gemm_lanes_by_halves(kind, xq, dx, qsum, quants, scales, mins, supers, fift
                 m0 = 0
                 while m0 < padded_rows and rows > 0:
                     if _pass_rows(padded_rows - m0) == X_ROWS:
-                        group_half_gemm_8(kind, q_flat, q_at, x_flat, m0 * width, n_blocks, s_flat, m_flat, s_at,
-                                          u_flat, u_at, f_flat, f_at, dx_flat, sums_flat, m0 * n_blocks, acc)
+                        group_half_gemm_8(kind, q_flat, q_at, x_flat, m0 * width, n_blocks, s_flat, m_flat,
+                                          s_at, u_flat, u_at, f_flat, f_at, dx_flat, sums_flat,
+                                          m0 * n_blocks, acc)
                         tile = X_ROWS
                     else:
-                        group_half_gemm(kind, q_flat, q_at, x_flat, m0 * width, n_blocks, s_flat, m_flat, s_at,
-                                        u_flat, u_at, f_flat, f_at, dx_flat, sums_flat, m0 * n_blocks, acc)
+                        group_half_gemm(kind, q_flat, q_at, x_flat, m0 * width, n_blocks, s_flat, m_flat,
+                                        s_at, u_flat, u_at, f_flat, f_at, dx_flat, sums_flat,
+                                        m0 * n_blocks, acc)
                         tile = HALF_ROWS
                     for i in range(min(tile, out.shape[0] - m0)):
                         for j in range(rows):
@@ -222,10 +225,12 @@ def _gemm_lanes_by_halves(kind, xq, dx, qsum, quants, scales, mins, supers, fift
 def lanes_product(x: np.ndarray, weight) -> np.ndarray:
     """round_activations(x) (M, K) @ W.T for a LanePacked W -> (M, N)."""
     out = output_array(len(x), weight.shape[0])
+    kind, arrays = kind_arg(weight.kind), (weight.quants, weight.scales, weight.mins, weight.supers,
+                                           weight.fifths)
     if len(x) <= PACKED_GEMV_MAX_ROWS:
-        _gemv_lanes(kind_arg(weight.kind), x, weight.quants, weight.scales, weight.mins, weight.supers, weight.fifths, out)
+        _gemv_lanes(kind, x, *arrays, out)
     else:
         xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
         gemm = _gemm_lanes_by_halves if LANES_ISA == "avx2" and weight.ggml_type in FOUR_BIT else _gemm_lanes
-        gemm(kind_arg(weight.kind), xq, dx, qsum, weight.quants, weight.scales, weight.mins, weight.supers, weight.fifths, out)
+        gemm(kind, xq, dx, qsum, *arrays, out)
     return out
