@@ -17,8 +17,8 @@ from numba.extending import intrinsic
 from ...formats.quant_kind import Q6_K, Q8_0
 from .byte_dot import BlockDot, signed_bytes_direct
 from .kind_arg import QuantKindType
-from .vector_ir import F32, FLOATS, I32, INTS, LANES, X_ROWS, c_array, index, pointer, splat
 from .lanes import HIGH_BIT_BYTES
+from .vector_ir import F32, FLOATS, I32, INTS, LANES, X_ROWS, c_array, index, pointer, splat
 
 CHUNKS_PER_BLOCK = 8  # 4 columns a chunk, 32 a block
 _MASK = ir.VectorType(ir.IntType(1), 4 * LANES)
@@ -287,11 +287,11 @@ def _group_product(x_rows: int, half_group: bool = False):
 
 
 group_gemv = _group_product(1)
-group_gemv.__doc__ = """acc[0 .. 15] = the product of the group's 16 rows of a weight of the GGML kind
-`kind` (kind_arg.py: one machine code per kind; the arrays must be that kind's)
-(bytes from quants[q_at], flat) with one row of x: its int8 values from xq[x_at], its block scales and sums
-dx[row_at + b], qsum[row_at + b] (int32; float32 for the kinds with mins); the
-group's scales (and mins) of block b at
+group_gemv.__doc__ = """acc[0 .. 15] = the product of the group's 16 rows of a weight of the
+GGML kind `kind` (kind_arg.py: one machine code per kind; the arrays must be that
+kind's) (bytes from quants[q_at], flat) with one row of x: its int8 values from
+xq[x_at], its block scales and sums dx[row_at + b], qsum[row_at + b] (int32; float32
+for the kinds with mins); the group's scales (and mins) of block b at
 scales[s_at + 16 b + j]: float16 bits, or with supers given (Q4_K, Q5_K) 6-bit
 integers times the super-block's d (and dmin) at supers[u_at + 32 (b / 8) (+ 16) + j];
 Q5_x's and Q5_K's fifth-bit masks from fifths[f_at] (flat, or None). Q6_K (int8
