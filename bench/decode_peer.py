@@ -46,7 +46,8 @@ sys.path.insert(0, str(ROOT))
 from tinypaged import LLM, SamplingParams  # noqa: E402
 from tinypaged.config import KV_CACHE_DTYPES  # noqa: E402
 from tinypaged.bench import llama_cpp_peer  # noqa: E402
-from tinypaged.bench.long_rates import decode_after_prompt, prefill_rate, timed_process  # noqa: E402
+from tinypaged.bench.long_rates import decode_after_prompt, prefill_rate  # noqa: E402
+from tinypaged.bench.peak_rss import timed_process  # noqa: E402
 from tinypaged.bench.rates import decode_rate  # noqa: E402
 from tinypaged.tokenizer import Tokenizer  # noqa: E402
 

@@ -37,6 +37,7 @@ from numba import cuda  # noqa: E402
 
 from tinypaged.batch.attention_metadata import AttentionMetadata  # noqa: E402
 from tinypaged.kernels.cuda.backend import CudaBackend  # noqa: E402
+from tinypaged.kernels.cuda.device_weights import DeviceFloat  # noqa: E402
 from tinypaged.pull import is_model_folder  # noqa: E402
 
 ROWS = []
@@ -247,7 +248,7 @@ def matmuls():
     shapes = ((576, 576), (1536, 576), (576, 1536), (49152, 576))
     for n_out, width in (((8, 16),) if TINY else shapes):
         # one upload per shape (the 49152 x 576 lm_head is 57 MB), every batch over it
-        w = cuda.to_device(rng.standard_normal((n_out, width), dtype=np.float32).astype(np.float16))
+        w = DeviceFloat(rng.standard_normal((n_out, width), dtype=np.float32), np.float16)
         for rows in ((1, 9) if TINY else (1, 8, 64, 512)):
             x = cuda.to_device(rng.standard_normal((rows, width), dtype=np.float32))
 

@@ -25,7 +25,7 @@ from tinypaged.formats.quant_kind import KINDS, Q4_0, Q4_1, Q4_K, Q5_0, Q5_K, Q6
 from tinypaged.kernels.cpu import lanes_product  # noqa: E402
 from tinypaged.kernels.cpu.byte_dot import LANES_ISA  # noqa: E402
 from tinypaged.kernels.cpu.kind_arg import kind_arg  # noqa: E402
-from tinypaged.kernels.cpu.lanes import LanePacked  # noqa: E402
+from tinypaged.kernels.cpu.lane_packed import LanePacked  # noqa: E402
 from tinypaged.kernels.cpu.linear import LinearWeight, linear  # noqa: E402
 
 SHAPES = [(960, 576, "q/k/v stacked"), (3072, 576, "gate/up stacked"),

@@ -262,13 +262,15 @@ def test_f16_bits_widen_exactly_including_subnormals_and_extremes():
 
 
 def test_fused_projection_ops_compose_the_reference():
+    from tinypaged.kernels.cpu.linear import LinearWeight
     rng = np.random.default_rng(8)
     x = rand(rng, 3, 24)
     ws = [rand(rng, n, 24) for n in (16, 8, 8, 20, 20)]
+    held = [LinearWeight(w) for w in ws]  # (the CPU's form of a float matrix)
     bs = [rand(rng, n) for n in (16, 8, 8)]
-    for got, want in zip(cpu.qkv_proj(x, *ws[:3], *bs), reference.qkv_proj(x, *ws[:3], *bs)):
+    for got, want in zip(cpu.qkv_proj(x, *held[:3], *bs), reference.qkv_proj(x, *ws[:3], *bs)):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(cpu.gate_up_silu(x, ws[3], ws[4]),
+    np.testing.assert_allclose(cpu.gate_up_silu(x, held[3], held[4]),
                                reference.gate_up_silu(x, ws[3], ws[4]), rtol=RTOL, atol=ATOL)
 
 

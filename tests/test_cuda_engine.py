@@ -28,7 +28,7 @@ def test_a_packed_model_runs_on_the_gpu_packed(stories_dir):
     """quantization= (or a GGUF) gives packed matrices; the CUDA backend keeps them
     packed (DevicePacked) and both backends round x for them, so the greedy texts
     agree. Q4_1, the default GGUF's type (the 172-wide down_proj stays float)."""
-    from tinypaged.kernels.cuda.device_packed import DevicePacked
+    from tinypaged.kernels.cuda.device_weights import DevicePacked
     prompt = "Once upon a time"
     cpu = LLM(stories_dir, backend="cpu", num_blocks=16, quantization="q4_1").generate(prompt, GREEDY)[0]
     gpu_llm = LLM(stories_dir, backend="cuda", num_blocks=16, quantization="q4_1",

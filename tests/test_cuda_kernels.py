@@ -9,6 +9,7 @@ from tinypaged.batch.attention_metadata import AttentionMetadata
 from tinypaged.kernels import reference
 from tinypaged.kernels.cuda.backend import CudaBackend
 from tinypaged.kernels.cuda import matmul
+from tinypaged.kernels.cuda.device_weights import DeviceFloat
 
 pytestmark = pytest.mark.cuda
 TOL = dict(rtol=2e-5, atol=2e-5)
@@ -29,7 +30,7 @@ def test_linear(gpu, rows, weight_dtype):
     rng = np.random.default_rng(rows)
     w = rand(rng, 21, 37).astype(weight_dtype).astype(np.float32)  # values the device holds exactly
     x, bias = rand(rng, rows, 37), rand(rng, 21)
-    dev_w = cuda.to_device(w.astype(weight_dtype))
+    dev_w = DeviceFloat(w, weight_dtype)
     assert (rows <= matmul.GEMV_MAX_ROWS) == (rows < 13)
     got = gpu.linear(cuda.to_device(x), dev_w, cuda.to_device(bias)).copy_to_host()
     np.testing.assert_allclose(got, reference.linear(x, w, bias), **TOL)
@@ -39,7 +40,7 @@ def test_linear(gpu, rows, weight_dtype):
 
 @pytest.mark.parametrize("blocks", [None, 2])  # the simulator's two blocks; 45, a block a row
 def test_warp_gemv_over_long_rows_and_every_decode_row(gpu, blocks):
-    """K = 300: a block's threads split a row into 4-weight chunks (ROW_WARPS warps
+    """K = 300: a block's threads split a row into 4-weight chunks (FLOAT_ROW_WARPS warps
     cover 128 weights a warp a step, the last step partly), then sum across warps;
     M = 8 = GEMV_MAX_ROWS; two blocks stride over the 45 rows, or a block a row."""
     rng = np.random.default_rng(8)
@@ -47,7 +48,7 @@ def test_warp_gemv_over_long_rows_and_every_decode_row(gpu, blocks):
     x, bias = rand(rng, matmul.GEMV_MAX_ROWS, 300), rand(rng, 45)
     out = cuda.device_array((x.shape[0], 45), np.float32)
     grid = blocks or matmul.float_gemv_blocks(45)
-    matmul.gemv_rows[grid, matmul.ROW_THREADS](cuda.to_device(x), cuda.to_device(w),
+    matmul.gemv_rows[grid, matmul.FLOAT_ROW_THREADS](cuda.to_device(x), cuda.to_device(w),
                                                cuda.to_device(bias), True, out)
     np.testing.assert_allclose(out.copy_to_host(), reference.linear(x, w.astype(np.float32), bias),
                                **TOL)
@@ -93,13 +94,13 @@ def test_packed_weights_go_up_packed_and_their_products_take_the_rounded_x(type_
     as the reference does and as the CPU backend's integer kernels do.
     K = 320: lanes take several 4-byte chunks of a row, nibble rows fold at 160; the
     K-quants' 512: two super-blocks, folding at the second."""
-    from tinypaged.kernels.cuda.device_packed import DevicePacked
+    from tinypaged.kernels.cuda.device_weights import DevicePacked
     rng = np.random.default_rng(22)
     packed = _packed_matrices(rng, type_name, width)
     gpu = CudaBackend(weight_dtype=np.float32)
     dev, ref = gpu.prepare_weights(dict(packed)), reference.prepare_weights(dict(packed))
     assert isinstance(dev["q"], DevicePacked)
-    assert dev["q"].quants.copy_to_host().tobytes() == packed["q"].quants.tobytes()
+    assert dev["q"].arrays[0].copy_to_host().tobytes() == packed["q"].quants.tobytes()
     assert dev["q"].nbytes <= packed["q"].nbytes + 8  # (1-element placeholders)
     def close(got, want, x, name):
         """Within TOL, or float32's rounding of the sum of |x w| over K (the Q5 and
@@ -140,12 +141,12 @@ def test_qkv_proj_and_gate_up_silu(gpu, rows, with_bias):
     biases = [rand(rng, n) for n in (16, 8, 8)] if with_bias else [None] * 3
     want = reference.qkv_proj(x, *(w.astype(np.float32) for w in (wq, wk, wv)), *biases)
     dev_b = [cuda.to_device(b) if b is not None else None for b in biases]
-    got = gpu.qkv_proj(cuda.to_device(x), *(cuda.to_device(w) for w in (wq, wk, wv)), *dev_b)
+    got = gpu.qkv_proj(cuda.to_device(x), *(DeviceFloat(w, np.float16) for w in (wq, wk, wv)), *dev_b)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g.copy_to_host(), w, **TOL)
     wg, wu = (rand(rng, 20, 24).astype(np.float16) for _ in range(2))
     want = reference.gate_up_silu(x, wg.astype(np.float32), wu.astype(np.float32))
-    got = gpu.gate_up_silu(cuda.to_device(x), cuda.to_device(wg), cuda.to_device(wu))
+    got = gpu.gate_up_silu(cuda.to_device(x), DeviceFloat(wg, np.float16), DeviceFloat(wu, np.float16))
     np.testing.assert_allclose(got.copy_to_host(), want, **TOL)
 
 

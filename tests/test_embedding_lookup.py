@@ -13,7 +13,7 @@ from numpy.lib.stride_tricks import as_strided
 from test_lanes import KINDS, random_packed, width_for
 
 from tinypaged.kernels.cpu import embedding
-from tinypaged.kernels.cpu.lanes import LanePacked
+from tinypaged.kernels.cpu.lane_packed import LanePacked
 from tinypaged.kernels.cpu.linear import LinearWeight
 
 SMALL, REPEATS = 64, 4096  # rows of the small table; the large one has SMALL * REPEATS
@@ -39,7 +39,7 @@ def lane_layout(kind: str, times: int):
                                        width_for(kind, 512)))
     arrays = {name: repeated(getattr(laid, name), times)
               for name in ("quants", "scales", "mins", "supers", "fifths")}
-    return LanePacked(laid.ggml_type, (SMALL * times, laid.shape[1]), **arrays)
+    return LanePacked(laid.kind, (SMALL * times, laid.shape[1]), **arrays)
 
 
 def float_layout(kind: str, times: int):

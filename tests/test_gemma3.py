@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tinypaged import LLM, SamplingParams
+from tinypaged.formats.weight import is_packed
 from tinypaged.perplexity import engine_perplexity
 from tinypaged.tokenizer import Tokenizer
 
@@ -73,12 +74,11 @@ def test_perplexity_is_no_worse_than_the_model_with_its_packed_kinds_as_q8_0(
             return weight if ggml_type == Q8_0 else PackedWeight.quantize(weight.dequantize(), Q8_0)
     text = gemma3_llm.tokenizer.encode((Path(__file__).parent / "data" / "gpl-3.0.txt").read_text())
     packed = engine_perplexity(gemma3_llm, text[:1800])
-    kinds = {w.type_name for w in gemma3_llm.engine.runner.model.w.values() if hasattr(w, "type_name")}
+    kinds = {w.kind.name for w in gemma3_llm.engine.runner.model.w.values() if is_packed(w)}
     assert kinds == {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}
     monkeypatch.setattr(gguf_model, "PackedWeight", AsQ8_0)
     as_q8_0 = LLM(gemma3_gguf, backend="cpu", kv_cache_memory=64 << 20, layout_cache=False)
-    assert {w.type_name for w in as_q8_0.engine.runner.model.w.values()
-            if hasattr(w, "type_name")} == {"Q8_0"}
+    assert {w.kind.name for w in as_q8_0.engine.runner.model.w.values() if is_packed(w)} == {"Q8_0"}
     requantized = engine_perplexity(as_q8_0, text[:1800])
     as_q8_0.close()
     assert packed <= requantized * 1.005

@@ -31,7 +31,7 @@ def test_quantized_matrices_stay_packed_and_decode_to_the_file_values(quantized_
     cfg, loaded = load_gguf_model(path)
     packed = {n: w for n, w in loaded.items() if isinstance(w, PackedWeight)}
     assert len(packed) == 7 * cfg.num_hidden_layers  # q k v o gate up down in every layer
-    assert {w.type_name for w in packed.values()} == {type_name}
+    assert {w.kind.name for w in packed.values()} == {type_name}
     for name, want in weights.items():  # Q/K rows back in rotate-half order, exactly
         got = loaded[name].dequantize() if name in packed else loaded[name]
         np.testing.assert_array_equal(got, want, err_msg=name)

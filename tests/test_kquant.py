@@ -112,13 +112,12 @@ def test_the_cuda_backend_reads_the_packed_blocks_and_runs(tmp_path, name):
     and not gate_proj, so the fused gate/up kernel gives way to two products. (Every
     kind's kernels are held to the reference in test_cuda_kernels.py; this is the one
     furthest from Q4_x in a whole model, on the simulator.)"""
-    from tinypaged.kernels.cuda import kquant_matmul
-    from tinypaged.kernels.cuda.device_packed import DevicePacked
+    from tinypaged.kernels.cuda.device_weights import DevicePacked
     path = tmp_path / f"{name}.gguf"
     write_tiny_llama_gguf(path, ffn_up_type=gw.RAW_TYPES[name], hidden=256, intermediate=256)
     llm = LLM(path, backend="cuda", num_blocks=8)
     up = llm.engine.runner.model.w["model.layers.0.mlp.up_proj.weight"]
-    assert isinstance(up, DevicePacked) and up.layout == getattr(kquant_matmul, f"{name}_KIND")
+    assert isinstance(up, DevicePacked) and up.kind.name == name
     greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)  # a prefill, a decode
     got = llm.generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids
     want = LLM(path, backend="reference").generate([[5, 9, 40]], greedy)[0].outputs[0].token_ids

@@ -14,7 +14,7 @@ from test_quantized import packed_product_bound, random_activations
 from tinypaged.kernels import reference
 from tinypaged.kernels.cpu import embedding, linear, stack_layer_matrices
 from tinypaged.kernels.cpu.byte_dot import LANES_ISA
-from tinypaged.kernels.cpu.lanes import LanePacked, lay_out_weights
+from tinypaged.kernels.cpu.lane_packed import LanePacked, lay_out_weights
 from tinypaged.kernels.cpu.stack_rows import StackRows
 from tinypaged.formats.quant_kind import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from tinypaged.formats.packed import PackedWeight
@@ -53,7 +53,7 @@ def test_laid_out_weights_are_the_packed_weights(kind):
     assert np.array_equal(laid.dequantize(), weight.dequantize())
     rows = np.array([49, 0, 17, 16])
     assert np.array_equal(laid.dequantize(rows), weight.dequantize(rows))
-    assert laid.shape == weight.shape and laid.type_name == kind
+    assert laid.shape == weight.shape and laid.kind.name == kind
     assert laid.nbytes == weight.nbytes * 64 // 50  # 4 groups: 14 rows of zeros after the 50
 
 
@@ -108,7 +108,7 @@ def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
     before = stack_layer_matrices(_layer(rng))
     unique_bytes = lambda ws: sum(w.nbytes for w in {id(w): w for w in ws.values()}.values())  # noqa: E731
     bytes_before = unique_bytes(before)
-    want = {name: (w.dequantize(), w.type_name) for name, w in before.items()}
+    want = {name: (w.dequantize(), w.kind.name) for name, w in before.items()}
     xs = {k: random_activations(rng, 3, k) for k in (64, 256)}
     own = {name: w.stack[0].take_rows(np.arange(*w.stack[1:])) if isinstance(w, StackRows) else w
            for name, w in before.items()}  # (a stack's rows as a matrix of their own)
@@ -125,7 +125,7 @@ def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
     assert kinds["model.layers.0.self_attn.o_proj.weight"] == "LanePacked"  # 8 rows: one group
     for name, w in after.items():
         assert np.array_equal(w.dequantize(), want[name][0]), name
-        assert w.type_name == want[name][1]
+        assert w.kind.name == want[name][1]
         assert np.array_equal(linear(xs[w.shape[1]], w), products[name]), name
     # + the embedding's 8 padded rows (Q8_0, 2 blocks of 34 bytes) and o_proj's (Q4_0, 18)
     assert unique_bytes(after) == bytes_before + 8 * 2 * 34 + 8 * 2 * 18
@@ -139,7 +139,7 @@ import sys
 import numpy as np
 from tinypaged.formats.packed import PackedWeight
 from tinypaged.kernels.cpu.byte_dot import LANES_ISA
-from tinypaged.kernels.cpu.lanes import LanePacked
+from tinypaged.kernels.cpu.lane_packed import LanePacked
 from tinypaged.kernels.cpu.linear import linear
 data = np.load(sys.argv[1])
 arrays = [data[n] if n in data else None for n in ("quants", "scales", "mins", "supers", "highs")]

@@ -12,7 +12,7 @@ from tinypaged.kernels.cpu.gemm import gemm_narrow
 from tinypaged.kernels import reference
 from tinypaged.kernels.cpu.activations import quantize_activations
 from tinypaged.kernels.cpu.common import PACKED_GEMV_MAX_ROWS
-from tinypaged.kernels.cpu.lanes import LanePacked
+from tinypaged.kernels.cpu.lane_packed import LanePacked
 from tinypaged.kernels.cpu.lanes_product import lanes_product
 from tinypaged.kernels.cpu.tiles import widen_tile
 from tinypaged.formats.quant_kind import Q4_0, Q4_1, Q8_0
@@ -212,7 +212,7 @@ def test_linear_takes_packed_products_for_every_batch_and_adds_the_bias(name):
     for rows in (1, PACKED_GEMV_MAX_ROWS, PACKED_GEMV_MAX_ROWS + 1, cpu_linear.NUMBA_MAX_ROWS + 1):
         x = rng.standard_normal((rows, 64)).astype(np.float32)
         assert np.array_equal(cpu_linear.linear(x, laid, bias), oracle_product(x, weight) + bias)
-    with pytest.raises(TypeError, match="a PackedWeight is multiplied laid out"):
+    with pytest.raises(AttributeError, match="product"):  # (prepare_weights lays it out first)
         cpu_linear.linear(x, weight)
 
 

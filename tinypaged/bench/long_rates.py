@@ -1,16 +1,12 @@
 """Rates over long prompts, measured on the engine's own thread: prefill (prompt
 tokens/s until the first token) and batch-1 decode with a long prompt already in the
-KV cache; and whole processes timed from outside (wall time, peak RSS).
+KV cache (peak_rss.timed_process times whole processes from outside).
 
 Prompts are random token ids (as llama-bench's are), a fresh draw each call, so the
 prefix cache never serves one from an earlier round.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tempfile
 import time
 
 import numpy as np
@@ -53,29 +49,3 @@ def decode_after_prompt(llm, prompt_len: int, n_gen: int = 64) -> float:
             tokens += sum(len(o.outputs) for o in engine.step())
         return tokens / (time.perf_counter() - started)
     return on_engine_thread(llm, run)
-
-
-# Linux keeps a process's peak RSS across exec (the old image's counts), so the
-# measured command runs under a small wrapper process, whose children's peak is the
-# command's own (peak_rss.py does the same)
-_WRAPPER = ("import resource, subprocess, sys\n"
-            "done = subprocess.run(sys.argv[1:])\n"
-            "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
-            "print(f'\\npeak-rss-kib {peak}')\n"
-            "sys.exit(done.returncode)\n")
-
-
-def timed_process(cmd: list[str], env: dict | None = None) -> dict:
-    """Run cmd to its end: {"seconds": wall time, "peak_rss": its peak resident bytes,
-    "output": its stdout and stderr}; RuntimeError if it fails."""
-    with tempfile.TemporaryFile("w+") as log:
-        started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-c", _WRAPPER, *cmd], stdout=log,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        seconds = time.perf_counter() - started
-        log.seek(0)
-        output = log.read()
-    if done.returncode != 0:
-        raise RuntimeError(f"{os.path.basename(cmd[0])} failed ({done.returncode}): {output[-800:]}")
-    peak = int(output.rsplit("peak-rss-kib ", 1)[1].split()[0]) * 1024  # KiB on Linux
-    return {"seconds": seconds, "peak_rss": peak, "output": output}

@@ -5,9 +5,9 @@ import itertools
 import os
 
 from ..config import EngineConfig
-from ..formats.quant_kind import GGML_TYPE_NAMES, Q4_0, Q4_1, Q8_0
+from ..formats.quant_kind import Q4_0, Q4_1, Q8_0
 from ..kernels import get_backend
-from ..model.loading import load_model
+from ..model.loading import load_model, requantized
 from ..model.paged_model import PagedKVCache, PagedModel
 from ..model.weights import quantize_matrices
 from ..outputs import KV_CACHE_FULL, RequestOutput
@@ -94,10 +94,7 @@ class LLMEngine:
         kept = config.layout_cache and not config.quantization
         prepared = ops.load_prepared_weights(model_dir) if kept else None
         self.model_config, weights = load_model(model_dir, prepared)
-        # what loading rounded to another kind than the file's: name -> "Q6_K -> Q8_0"
-        self.requantized = {name: f"{GGML_TYPE_NAMES[w.requantized_from]} -> {w.type_name}"
-                            for name, w in weights.items()
-                            if getattr(w, "requantized_from", None) is not None}
+        self.requantized = requantized(model_dir)  # name -> "Q5_0 -> Q8_0"
         if config.quantization:
             weights = quantize_matrices(weights, QUANTIZATION_TYPES[config.quantization])
         cfg = self.model_config

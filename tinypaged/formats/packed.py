@@ -44,23 +44,25 @@ import numpy as np
 
 from .ggml_quant import quantize
 from .kquant_unpack import unpack_q45_k, unpack_q6_k
-from .quant_kind import GGML_TYPE_NAMES, KINDS, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QK, QK_K
-from .weight import KindOfGGMLType
+from .quant_kind import GGML_TYPE_NAMES, KINDS, QuantKind, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QK, QK_K
 
 ROW_ARRAYS = ("quants", "scales", "mins", "supers", "highs")  # a PackedWeight's arrays, rows first
 
 
-class PackedWeight(KindOfGGMLType):
-    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "supers", "highs",
-                 "requantized_from")
+class PackedWeight:
+    __slots__ = ("kind", "shape", "quants", "scales", "mins", "supers", "highs")
 
-    def __init__(self, ggml_type: int, shape: tuple[int, int], quants: np.ndarray,
+    def __init__(self, kind: QuantKind | int, shape: tuple[int, int], quants: np.ndarray,
                  scales: np.ndarray, mins: np.ndarray | None = None,
                  supers: np.ndarray | None = None, highs: np.ndarray | None = None):
-        self.ggml_type, self.shape = ggml_type, (int(shape[0]), int(shape[1]))
+        self.kind = kind if isinstance(kind, QuantKind) else KINDS[kind]  # (files name it by code)
+        self.shape = (int(shape[0]), int(shape[1]))
         self.quants, self.scales, self.mins, self.supers = quants, scales, mins, supers
         self.highs = highs
-        self.requantized_from = None  # the file's kind when loading rounded it to this one
+
+    @property
+    def ggml_type(self) -> int:
+        return self.kind.code
 
     @staticmethod
     def can_pack(ggml_type: int, columns: int) -> bool:
@@ -74,10 +76,8 @@ class PackedWeight(KindOfGGMLType):
 
     def with_rows(self, pick, rows: int) -> "PackedWeight":
         """The same kind with pick(array) of each array (a selection of `rows` rows)."""
-        picked = PackedWeight(self.ggml_type, (rows, self.shape[1]),
-                              *(None if a is None else pick(a) for a in self.arrays()))
-        picked.requantized_from = self.requantized_from
-        return picked
+        return PackedWeight(self.ggml_type, (rows, self.shape[1]),
+                            *(None if a is None else pick(a) for a in self.arrays()))
 
     @classmethod
     def concatenate(cls, parts: list) -> "PackedWeight":

@@ -52,6 +52,14 @@ class QuantKind:
         return GGML_TYPE_NAMES[self.code]
 
     @property
+    def bits(self) -> int:
+        """Bits of a weight: a float kind's, or its q's: 8 (Q8_0), a nibble and its high
+        bits (4, 5, 6)."""
+        if not self.packable:
+            return 8 * self.block_bytes
+        return 8 if self.code == Q8_0 else 4 + self.high_bits
+
+    @property
     def is_k_quant(self) -> bool:
         return self.block == QK_K
 

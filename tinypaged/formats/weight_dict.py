@@ -2,6 +2,11 @@
 object may stand under two names (a tied lm_head is the embedding itself)."""
 from __future__ import annotations
 
+import re
+
+# a layer's tensor name: group 1 its prefix ("model.layers.7."), group 2 its index
+LAYER_NAME = re.compile(r"^(model\.layers\.(\d+)\.)")
+
 
 def convert_matrices(weights: dict, convert) -> dict:
     """The weights with each matrix m that convert(m) takes (not None) replaced by

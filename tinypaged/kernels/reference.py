@@ -10,6 +10,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from ..batch.step_logits import HostLogits
+from ..formats.quant_kind import QK
 from ..formats.weight import is_packed
 from .rope import Rope
 
@@ -293,14 +294,11 @@ def rope_write_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.nda
     return rope(q, positions, cos_table, sin_table)
 
 
-ACTIVATION_BLOCK = 32  # activations per int8 scale, as in the packed weights' blocks
-
-
 def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x (T, K) float32, K a multiple of 32 -> q (T, K) int8, d (T, K/32) float32: per
     block of 32, d = max|x| / 127 and q = round-half-even(x * (1 / d)) (0 where d = 0),
     all in float32 (llama.cpp's Q8 rounding of activations)."""
-    blocks = np.asarray(x, dtype=np.float32).reshape(len(x), -1, ACTIVATION_BLOCK)
+    blocks = np.asarray(x, dtype=np.float32).reshape(len(x), -1, QK)
     d = np.abs(blocks).max(axis=2) / np.float32(127)
     inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
     q = np.rint(blocks * inverse[:, :, None]).astype(np.int8)
@@ -311,7 +309,7 @@ def round_activations(x: np.ndarray) -> np.ndarray:
     """x (T, K) as a packed weight takes it: each value as its block's d * q (float32).
     The error is at most half a step, d / 2, per value."""
     q, d = quantize_activations(x)
-    rounded = q.reshape(len(x), -1, ACTIVATION_BLOCK).astype(np.float32) * d[:, :, None]
+    rounded = q.reshape(len(x), -1, QK).astype(np.float32) * d[:, :, None]
     return rounded.reshape(x.shape)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-KINDS = ("default", "linear", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # the parameters each kind reads (beyond rope_type/type and rope_theta)
 PARAMETERS = {
     "default": set(),
@@ -115,9 +115,9 @@ def rope_from_parameters(params: dict, where: str, max_position_embeddings: int,
     kind = params.get("rope_type", params.get("type", "default"))
     if kind in REFUSED_KINDS:
         raise ValueError(f"{where}: {key} rope_type={kind!r} ({REFUSED_KINDS[kind]}) is not supported")
-    if kind not in KINDS:
+    if kind not in ROPE_TYPES:
         raise ValueError(f"{where}: {key} rope_type={kind!r} is not a RoPE kind tinypaged knows "
-                         f"(known: {', '.join(KINDS)})")
+                         f"(known: {', '.join(ROPE_TYPES)})")
     unknown = set(params) - PARAMETERS[kind] - {"rope_type", "type", "rope_theta"}
     # transformers writes partial_rotary_factor 1.0 into some configs: a no-op
     if params.get("partial_rotary_factor", 1.0) == 1.0:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..formats.gguf import GGUFFile, unpermute_rows
 from ..formats.packed import PackedWeight
-from ..formats.quant_kind import Q8_0, REQUANTIZED
+from ..formats.quant_kind import GGML_TYPE_NAMES, Q8_0, REQUANTIZED
 from .config import ModelConfig
 from .gguf_config import ARCHITECTURES, gguf_model_config, hf_name
 from .weights import (check_consumed, check_layer_count, check_weights, expected_shapes,
@@ -46,13 +46,29 @@ def _packed_in_slabs(gguf, name: str, info) -> PackedWeight:
         r1 = min(n, r0 + rows_at_once)
         part = PackedWeight.from_bytes(raw[r0 * row_bytes:r1 * row_bytes], info.ggml_type, (r1 - r0, k))
         if arrays is None:  # (the slab's kind: a test's from_bytes may requantize)
-            kind = part.ggml_type
+            kind = part.kind
             arrays = [None if a is None else np.empty((n, *a.shape[1:]), a.dtype) for a in part.arrays()]
         for whole, piece in zip(arrays, part.arrays()):
             if piece is not None:
                 whole[r0:r1] = piece
         gguf.release(name, r0 * row_bytes, (r1 - r0) * row_bytes)
     return PackedWeight(kind, (n, k), *arrays)
+
+
+def _requantized(info) -> bool:
+    """Whether loading holds this tensor as Q8_0 instead of its file's kind: a Q5_x
+    matrix PackedWeight cannot keep (rows of an odd number of blocks)."""
+    return len(info.shape) == 2 and info.ggml_type in REQUANTIZED \
+        and not PackedWeight.can_pack(info.ggml_type, info.shape[1])
+
+
+def requantized_matrices(path: str | os.PathLike) -> dict[str, str]:
+    """HF name -> "Q5_0 -> Q8_0" for each matrix of a GGUF file that loading rounds to
+    another kind than the file's (read from the tensor table alone)."""
+    gguf = GGUFFile(path)
+    arch = gguf.require("general.architecture")
+    return {hf_name(name, arch): f"{GGML_TYPE_NAMES[info.ggml_type]} -> Q8_0"
+            for name, info in gguf.tensors.items() if _requantized(info)}
 
 
 def load_gguf_model(path: str | os.PathLike, with_weights: bool = True) -> tuple[ModelConfig, dict | None]:
@@ -95,9 +111,8 @@ def load_gguf_model(path: str | os.PathLike, with_weights: bool = True) -> tuple
         info = gguf.tensors[name]
         if len(info.shape) == 2 and PackedWeight.can_pack(info.ggml_type, info.shape[1]):
             w = _packed_in_slabs(gguf, name, info)
-        elif len(info.shape) == 2 and info.ggml_type in REQUANTIZED:  # rows of 32k: whole Q8_0
-            w = PackedWeight.quantize(gguf.load(name), Q8_0)  # blocks; our kernels read Q8_0
-            w.requantized_from = info.ggml_type
+        elif _requantized(info):  # rows of 32k: whole Q8_0 blocks; our kernels read Q8_0
+            w = PackedWeight.quantize(gguf.load(name), Q8_0)
         else:  # float32 (a copy: an F32 tensor would be a view of the file); an
             w = np.array(gguf.load(name), dtype=np.float32)  # unsupported type is named here
         suffix = name.split(".", 2)[-1]

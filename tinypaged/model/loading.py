@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from .config import ModelConfig
-from .gguf_model import load_gguf_model
+from .gguf_model import load_gguf_model, requantized_matrices
 from .weights import load_weights
 
 
@@ -31,6 +31,13 @@ def load_model(model_dir: str | os.PathLike,
         weights = offset_norms(load_weights(model_dir, cfg), cfg)
     check_finite(weights, model_dir)
     return cfg, scale_logits(weights, cfg)
+
+
+def requantized(model_dir: str | os.PathLike) -> dict[str, str]:
+    """The matrices loading holds in another kind than the file's, name -> "Q5_0 ->
+    Q8_0" (a GGUF's Q5_x rows it cannot keep packed); none for a HF folder."""
+    model_dir = os.fspath(model_dir)
+    return requantized_matrices(model_dir) if model_dir.lower().endswith(".gguf") else {}
 
 
 def check_finite(weights: dict, where: str) -> None:

@@ -8,12 +8,11 @@ import numpy as np
 
 from ..formats.packed import PackedWeight
 from ..formats.safetensors_io import read_model_tensors
-from ..formats.weight_dict import convert_matrices
+from ..formats.weight_dict import LAYER_NAME, convert_matrices
 from .config import ModelConfig
 from .decoder_block import LAYOUTS
 
 
-_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -116,7 +115,7 @@ def split_fused(tensors: dict, cfg: ModelConfig) -> dict:
 def check_layer_count(names, cfg: ModelConfig, where: str) -> None:
     """The weights hold exactly layers 0 .. num_hidden_layers - 1; else a ValueError
     naming the missing or extra layers."""
-    found = {int(m.group(1)) for m in map(_LAYER.match, names) if m}
+    found = {int(m.group(2)) for m in map(LAYER_NAME.match, names) if m}
     count = cfg.num_hidden_layers  # (a hostile config's 10**9: nothing here grows with it)
     extra = sorted(i for i in found if i >= count)
     if extra:

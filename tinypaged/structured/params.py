@@ -12,7 +12,7 @@ from .limits import check_optional_properties
 
 MAX_CHOICES = 1024  # a label list longer than this is a grammar, not a choice
 MAX_GRAMMAR_CHARS = 1 << 20  # a schema, regex or grammar of more than 1 MiB is refused
-KINDS = ("json", "regex", "choice", "grammar", "json_object")
+CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 # JSON without its optional whitespace ("," and ":"): a small model let loose on it tends
 # to write newlines until max_tokens (SmolLM2 and stories260K did)
 JSON_LAYOUT = {"whitespace_flexible": False}
@@ -35,9 +35,9 @@ class StructuredOutputs:
     _text: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        given = [k for k in KINDS if getattr(self, k) not in (None, False)]
+        given = [k for k in CONSTRAINT_KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
-            raise ValueError(f"structured_outputs needs exactly one of {', '.join(KINDS)}; got "
+            raise ValueError(f"structured_outputs needs exactly one of {', '.join(CONSTRAINT_KINDS)}; got "
                              f"{', '.join(given) if given else 'none'}")
         kind = given[0]
         if kind == "json":
@@ -54,7 +54,7 @@ class StructuredOutputs:
 
     @property
     def kind(self) -> str:
-        return next(k for k in KINDS if getattr(self, k) not in (None, False))
+        return next(k for k in CONSTRAINT_KINDS if getattr(self, k) not in (None, False))
 
     @property
     def text(self) -> str:

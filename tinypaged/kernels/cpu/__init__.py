@@ -9,7 +9,7 @@ from ..reference import (add, copy_blocks, default_kv_memory, embedding, gather_
 from .attention import paged_attention
 from .cache_ops import allocate_kv, rope_write_kv, write_kv
 from .elementwise import add_rms_norm, gelu_tanh_mul, rms_norm, rope, silu_mul
-from .lanes import lay_out_weights
+from .lane_packed import lay_out_weights
 from .linear import linear, prepare_linear_weights
 from .out_arrays import from_pool, step_workspace
 from .stacks import stack_layer_matrices, stacked_linear

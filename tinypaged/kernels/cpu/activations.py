@@ -19,16 +19,16 @@ from numba import float32, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ...formats.quant_kind import QK  # activations a scale, as the weights' blocks
 from ...jit_cache import cached_njit
 
-BLOCK = 32  # activations per scale, as the weights' blocks
 _MAX_Q = float32(127.0)
-_FLOATS = ir.VectorType(ir.FloatType(), BLOCK)
+_FLOATS = ir.VectorType(ir.FloatType(), QK)
 
 
 def _block_pointer(context, builder, array_type, array, offset, element):
     data = context.make_array(array_type)(context, builder, array).data
-    return builder.bitcast(builder.gep(data, [offset]), ir.VectorType(element, BLOCK).as_pointer())
+    return builder.bitcast(builder.gep(data, [offset]), ir.VectorType(element, QK).as_pointer())
 
 
 @intrinsic
@@ -54,13 +54,13 @@ def _round_block(typingctx, x, at, inverse, q):
                                              ir.FloatType()), align=4)
         one = builder.insert_element(ir.Constant(_FLOATS, None), inverse, ir.Constant(ir.IntType(32), 0))
         splat = builder.shuffle_vector(one, ir.Constant(_FLOATS, None),
-                                       ir.Constant(ir.VectorType(ir.IntType(32), BLOCK), [0] * BLOCK))
+                                       ir.Constant(ir.VectorType(ir.IntType(32), QK), [0] * QK))
         rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_FLOATS, [_FLOATS]),
                                               "llvm.rint.v32f32")
         rounded = builder.call(rint, [builder.fmul(values, splat)])
-        q8 = builder.fptosi(rounded, ir.VectorType(ir.IntType(8), BLOCK))
+        q8 = builder.fptosi(rounded, ir.VectorType(ir.IntType(8), QK))
         builder.store(q8, _block_pointer(context, builder, sig.args[3], q_arr, at, ir.IntType(8)), align=1)
-        words = ir.VectorType(ir.IntType(32), BLOCK)
+        words = ir.VectorType(ir.IntType(32), QK)
         add = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), [words]),
                                              "llvm.vector.reduce.add.v32i32")
         return builder.call(add, [builder.sext(q8, words)])
@@ -73,7 +73,7 @@ def quantize_activations(x, padded_rows):
     blocks' scales), qsum (R, K/32) int32 (each block's sum of q), R = max(M,
     padded_rows): rows after M are zeros (kernels that take rows 8 at a time)."""
     n_rows, width = x.shape
-    n_blocks = width // BLOCK
+    n_blocks = width // QK
     rows = max(n_rows, padded_rows)
     q = np.zeros((rows, width), dtype=np.int8)
     d = np.zeros((rows, n_blocks), dtype=np.float32)
@@ -82,7 +82,7 @@ def quantize_activations(x, padded_rows):
     codes = q.reshape(-1)
     for m in range(n_rows):
         for b in range(n_blocks):
-            at = m * width + b * BLOCK
+            at = m * width + b * QK
             amax = _block_abs_max(values, at)
             scale = float32(amax / _MAX_Q)  # (numba divides float32s in float64: round once)
             inverse = float32(float32(1.0) / scale) if scale > 0 else float32(0.0)

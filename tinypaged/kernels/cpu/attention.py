@@ -30,13 +30,13 @@ from .fast_exp import exp32
 from .linear import blas_in_use
 
 SPLIT_KEYS = 512  # keys a work item at most (a few-row item's scores fit in L1)
-TILE_FLOATS = 4096  # a tile's rows x D at most (its q and its sums stay in L1 / L2)
+QUERY_TILE_FLOATS = 4096  # a tile's rows x D at most (its q and its sums stay in L1 / L2)
 MAX_TILE = 16  # tokens a tile at most
 
 
 def tile_tokens(n_heads: int, n_kv: int, head_dim: int) -> int:
-    """Tokens a tile: as many as keep rows x D within TILE_FLOATS, 1 to MAX_TILE."""
-    return max(1, min(MAX_TILE, TILE_FLOATS // (n_heads // n_kv * head_dim)))
+    """Tokens a tile: as many as keep rows x D within QUERY_TILE_FLOATS, 1 to MAX_TILE."""
+    return max(1, min(MAX_TILE, QUERY_TILE_FLOATS // (n_heads // n_kv * head_dim)))
 
 
 @cached_njit()

@@ -19,7 +19,7 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from .common import HAS_AVX2, HAS_VNNI
-from .vector_ir import I32, INTS, LANES, mask
+from .vector_ir import IR_I32, INTS, LANES, mask
 
 LANES_ISA = "vnni" if HAS_VNNI else "avx2" if HAS_AVX2 else "generic"
 _BYTES = ir.VectorType(ir.IntType(8), 32)
@@ -45,7 +45,7 @@ class BlockDot:
     def __init__(self, builder, w_max: int, signed: bool = False, width: int = LANES):
         assert width == LANES or LANES_ISA == "avx2"
         self.builder, self.signed, self.width = builder, signed, width
-        self.total = ir.Constant(ir.VectorType(I32, width), [0] * width)
+        self.total = ir.Constant(ir.VectorType(IR_I32, width), [0] * width)
         self.per_flush = (2 ** 15 - 1) // (2 * _X_MAX * w_max)  # chunks int16 can hold
         self.pending, self.count = None, 0
 
@@ -82,7 +82,7 @@ class BlockDot:
     def _widened_dots(self, w, x_quad):
         """16 lanes of sum_t w[4j + t] * x[t], in int32: bytes widened (w unsigned, or
         signed for Q8_0; x signed), multiplied, and the 4 products of a lane added."""
-        builder, wide = self.builder, ir.VectorType(I32, 4 * LANES)
+        builder, wide = self.builder, ir.VectorType(IR_I32, 4 * LANES)
         w_bytes = builder.bitcast(w, ir.VectorType(ir.IntType(8), 4 * LANES))
         x_bytes = builder.bitcast(x_quad, ir.VectorType(ir.IntType(8), 4 * LANES))
         w_wide = builder.sext(w_bytes, wide) if self.signed else builder.zext(w_bytes, wide)
@@ -103,7 +103,7 @@ class BlockDot:
 
     def _flush(self):
         builder = self.builder
-        widen = _function(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(I32, 8), _SHORTS, _SHORTS)
+        widen = _function(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(IR_I32, 8), _SHORTS, _SHORTS)
         ones = ir.Constant(_SHORTS, [1] * 16)
         quads = [builder.call(widen, [builder.shuffle_vector(self.pending, self.pending,
                                                              mask(range(16 * h, 16 * h + 16))), ones])

@@ -38,13 +38,11 @@ import numpy as np
 from numba import prange
 
 from ...formats.packed import PackedWeight
-from ...formats.quant_kind import Q6_K
-from ...formats.weight import KindOfGGMLType
+from ...formats.quant_kind import QuantKind
 from ...jit_cache import cached_njit
 from .byte_dot import LANES_ISA
-from .stack_rows import StackRows
+from .vector_ir import LANES
 
-LANES = 16  # rows of W in one group: one 512-bit vector of int32 / float32
 HIGH_BIT_BYTES = LANES_ISA != "vnni"  # high bits (Q5, Q6_K) in bytes, not chunk masks (AVX-512's)
 
 
@@ -89,7 +87,7 @@ def _lane_masks(weight: PackedWeight) -> np.ndarray:
     formats/packed.py's layouts) as chunk masks (G, K/4, 8 a plane): for each group and
     4-column chunk v, the 64-bit mask whose bit 4j + t is row j's column 4v + t."""
     n, k = weight.shape
-    q6 = weight.ggml_type == Q6_K
+    q6 = weight.kind.high_bits == 2  # (Q6_K)
     out = np.zeros((-(-n // LANES), k // 4, 16 if q6 else 8), np.uint8)
     _fill_lane_masks(weight.highs, n, k, q6, out)
     return out
@@ -117,7 +115,7 @@ def _fill_lane_masks(highs, n, k, q6, out):
 def _high_bit_bytes(weight: PackedWeight) -> np.ndarray:
     """A packed weight's high bits in bytes (the module's docstring: HIGH_BIT_BYTES)."""
     n, k = weight.shape
-    planes = 2 if weight.ggml_type == Q6_K else 1
+    planes = weight.kind.high_bits
     out = np.zeros((-(-n // LANES), k // (32 // planes), 4 * LANES), np.uint8)
     _fill_high_bit_bytes(weight.highs, n, k, planes, out)
     return out
@@ -137,101 +135,54 @@ def _fill_high_bit_bytes(highs, n, k, planes, out):
                     out[g, v, 4 * j + t] |= np.uint8(((byte >> (c % 8)) & 1) << (planes * s + p))
 
 
-class LanePacked(KindOfGGMLType):
-    __slots__ = ("ggml_type", "shape", "quants", "scales", "mins", "supers", "fifths",
-                 "requantized_from")
-
-    def __init__(self, ggml_type: int, shape: tuple[int, int], quants, scales, mins=None,
-                 supers=None, fifths=None):
-        self.ggml_type, self.shape = ggml_type, shape
-        self.quants, self.scales, self.mins, self.fifths = quants, scales, mins, fifths
-        self.supers = supers
-        self.requantized_from = None
-
-    @classmethod
-    def of(cls, weight: PackedWeight, in_place: bool = False) -> "LanePacked":
-        """weight laid out; in_place: in its quants' own memory where they allow it
-        (weight is then lost)."""
-        quants = _grouped_in_place(weight.quants, 4) if in_place else None
-        mins = None if weight.mins is None else _grouped(weight.mins)[..., 0].copy()
-        fifths = None if weight.highs is None else \
-            _high_bit_bytes(weight) if HIGH_BIT_BYTES else _lane_masks(weight)
-        supers = None
-        if weight.supers is not None:  # (N, K/256, 2) -> (G, K/128, 16)
-            supers = _grouped(weight.supers.reshape(len(weight.supers), -1))[..., 0].copy()
-        laid = cls(weight.ggml_type, weight.shape, _grouped(weight.quants, 4) if quants is None else quants,
-                   _grouped(weight.scales)[..., 0].copy(), mins, supers, fifths)
-        laid.requantized_from = weight.requantized_from
-        return laid
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.quants, self.scales, self.mins, self.supers, self.fifths)
-                   if a is not None)
-
-    @property
-    def ndim(self) -> int:
-        return 2
-
-    def rows(self, rows) -> PackedWeight:
-        """The selected rows (an index array) as a PackedWeight."""
-        rows = np.asarray(rows)
-        g, j = rows // LANES, rows % LANES
-        quants = self.quants[g, :, j, :].reshape(len(rows), -1)
-        highs = None
-        if self.fifths is not None:
-            planes = self._rows_of_bit_bytes(g, j) if self.fifths.shape[2] == 4 * LANES else \
-                [self._rows_of_masks(self.fifths[..., at:at + 8], g, j)
-                 for at in range(0, self.fifths.shape[2], 8)]  # (r, K) bits each
-            if self.ggml_type == Q6_K:  # per block: bit 4's 4 bytes, then bit 5's
-                highs = np.stack([np.packbits(p.reshape(len(rows), -1, 32), axis=2, bitorder="little")
-                                  for p in planes], axis=2).reshape(len(rows), -1)
-            else:
-                highs = np.packbits(planes[0], axis=1, bitorder="little")
-        supers = None if self.supers is None else \
-            self.supers[g, :, j].reshape(len(rows), self.shape[1] // 256, -1)
-        return PackedWeight(self.ggml_type, (len(rows), self.shape[1]), quants,
-                            self.scales[g, :, j], None if self.mins is None else self.mins[g, :, j],
-                            supers, highs)
-
-    @staticmethod
-    def _rows_of_masks(masks: np.ndarray, g: np.ndarray, j: np.ndarray) -> np.ndarray:
-        """(G, K/4, 8) chunk masks -> the bits of rows (g, j), (r, K) in column order.
-        Only the rows' own groups are read and unpacked."""
-        bits = np.unpackbits(masks[g], axis=2, bitorder="little")  # (r, K/4, 64)
-        picked = bits.reshape(len(g), bits.shape[1], LANES, 4)[np.arange(len(g)), :, j, :]
-        return picked.reshape(len(g), -1)  # (r, K/4, 4) -> (r, K)
-
-    def _rows_of_bit_bytes(self, g: np.ndarray, j: np.ndarray) -> list[np.ndarray]:
-        """High bits kept in bytes (HIGH_BIT_BYTES) -> each plane's bits of rows (g, j),
-        (r, K) in column order. Only the rows' own bytes are read."""
-        planes = 2 if self.ggml_type == Q6_K else 1
-        quads = self.fifths[g].reshape(len(g), -1, LANES, 4)[np.arange(len(g)), :, j, :]  # (r, v, t)
-        shifts = planes * np.arange(8 // planes, dtype=np.uint8)[None, None, :, None]  # (s)
-        return [((quads[:, :, None, :] >> (shifts + p)) & 1).reshape(len(g), -1) for p in range(planes)]
-
-    def dequantize(self, rows=None) -> np.ndarray:
-        """float32 rows (all by default), as PackedWeight.dequantize (embedding lookups)."""
-        return self.rows(np.arange(self.shape[0]) if rows is None else rows).dequantize()
+def lay_out(weight: PackedWeight, in_place: bool = False) -> dict:
+    """A packed weight's arrays laid out (the docstring's quants, scales, mins, supers,
+    fifths; None for those its kind lacks). in_place: the quants in their own memory
+    where they allow it (weight is then lost)."""
+    quants = _grouped_in_place(weight.quants, 4) if in_place else None
+    supers = None
+    if weight.supers is not None:  # (N, K/256, 2) -> (G, K/128, 16)
+        supers = _grouped(weight.supers.reshape(len(weight.supers), -1))[..., 0].copy()
+    return {"quants": _grouped(weight.quants, 4) if quants is None else quants,
+            "scales": _grouped(weight.scales)[..., 0].copy(),
+            "mins": None if weight.mins is None else _grouped(weight.mins)[..., 0].copy(),
+            "supers": supers,
+            "fifths": None if weight.highs is None else
+            _high_bit_bytes(weight) if HIGH_BIT_BYTES else _lane_masks(weight)}
 
 
-def lay_out_weights(weights: dict) -> dict:
-    """The weights with every PackedWeight the lanes kernels take laid out; each name
-    that held it (a tied lm_head, the views of a stack) then holds the new form.
-    Each matrix's bytes are moved in its own memory where they allow it (else one
-    matrix at a time is copied). Takes the dict over: the PackedWeights it held,
-    and anything sharing their arrays, are lost."""
-    names = list(weights)
-    for name in names:
-        w = weights[name]
-        target = w.stack[0] if isinstance(w, StackRows) else w
-        if not isinstance(target, PackedWeight):
-            continue
-        laid = LanePacked.of(target, in_place=True)
-        for other in names:
-            held = weights[other]
-            if held is target:
-                weights[other] = laid
-            elif isinstance(held, StackRows) and held.stack[0] is target:
-                weights[other] = StackRows(laid, held.stack[1], held.stack[2])
-    return weights
+def packed_rows(kind: QuantKind, shape: tuple[int, int], laid: dict, rows) -> PackedWeight:
+    """Rows (an index array) of a laid-out matrix (lay_out's arrays) as a PackedWeight."""
+    rows = np.asarray(rows)
+    g, j = rows // LANES, rows % LANES
+    quants, fifths = laid["quants"][g, :, j, :].reshape(len(rows), -1), laid["fifths"]
+    highs = None
+    if fifths is not None:
+        planes = _rows_of_bit_bytes(fifths, kind.high_bits, g, j) if fifths.shape[2] == 4 * LANES else \
+            [_rows_of_masks(fifths[..., at:at + 8], g, j) for at in range(0, fifths.shape[2], 8)]
+        if kind.high_bits == 2:  # Q6_K, per block: bit 4's 4 bytes, then bit 5's
+            highs = np.stack([np.packbits(p.reshape(len(rows), -1, 32), axis=2, bitorder="little")
+                              for p in planes], axis=2).reshape(len(rows), -1)
+        else:
+            highs = np.packbits(planes[0], axis=1, bitorder="little")
+    supers, mins = laid["supers"], laid["mins"]
+    return PackedWeight(kind, (len(rows), shape[1]), quants, laid["scales"][g, :, j],
+                        None if mins is None else mins[g, :, j],
+                        None if supers is None else supers[g, :, j].reshape(len(rows), shape[1] // 256, -1),
+                        highs)
+
+
+def _rows_of_masks(masks: np.ndarray, g: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """(G, K/4, 8) chunk masks -> the bits of rows (g, j), (r, K) in column order. Only
+    the rows' own groups are read and unpacked."""
+    bits = np.unpackbits(masks[g], axis=2, bitorder="little")  # (r, K/4, 64)
+    picked = bits.reshape(len(g), bits.shape[1], LANES, 4)[np.arange(len(g)), :, j, :]
+    return picked.reshape(len(g), -1)  # (r, K/4, 4) -> (r, K)
+
+
+def _rows_of_bit_bytes(fifths: np.ndarray, planes: int, g: np.ndarray, j: np.ndarray) -> list[np.ndarray]:
+    """High bits kept in bytes (HIGH_BIT_BYTES) -> each plane's bits of rows (g, j), (r,
+    K) in column order. Only the rows' own bytes are read."""
+    quads = fifths[g].reshape(len(g), -1, LANES, 4)[np.arange(len(g)), :, j, :]  # (r, v, t)
+    shifts = planes * np.arange(8 // planes, dtype=np.uint8)[None, None, :, None]  # (s)
+    return [((quads[:, :, None, :] >> (shifts + p)) & 1).reshape(len(g), -1) for p in range(planes)]

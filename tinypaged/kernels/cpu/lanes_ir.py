@@ -16,9 +16,9 @@ from numba.extending import intrinsic
 
 from ...formats.quant_kind import Q6_K, Q8_0
 from .byte_dot import BlockDot, signed_bytes_direct
-from .kind_arg import QuantKindType
 from .lanes import HIGH_BIT_BYTES
-from .vector_ir import F32, FLOATS, I32, INTS, LANES, X_ROWS, c_array, index, pointer, splat
+from .kind_arg import QuantKindType
+from .vector_ir import IR_F32, FLOATS, IR_I32, INTS, LANES, X_ROWS, c_array, index, pointer, splat
 
 CHUNKS_PER_BLOCK = 8  # 4 columns a chunk, 32 a block
 _MASK = ir.VectorType(ir.IntType(1), 4 * LANES)
@@ -37,9 +37,9 @@ def _prefetch_line(context, builder, array_type, array, at):
     """Hints the cache line holding array[at] into the caches (a read, kept close)."""
     i8p = ir.IntType(8).as_pointer()
     hint = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.VoidType(), [i8p, I32, I32, I32]), "llvm.prefetch.p0i8")
+        builder.module, ir.FunctionType(ir.VoidType(), [i8p, IR_I32, IR_I32, IR_I32]), "llvm.prefetch.p0i8")
     line = pointer(context, builder, array_type, array, at, ir.IntType(8))
-    builder.call(hint, [line, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+    builder.call(hint, [line, ir.Constant(IR_I32, 0), ir.Constant(IR_I32, 3), ir.Constant(IR_I32, 1)])
 
 
 def _flat(array_type, dtypes) -> bool:
@@ -91,7 +91,7 @@ def _group_product(x_rows: int, half_group: bool = False):
     half_group (AVX2, 4-bit kinds: group_half_gemm): 8 of the rows, the caller's offsets
     at the half's first lane; x's rows as interleave_rows lays them out."""
     width = LANES // 2 if half_group else LANES
-    floats, ints = ir.VectorType(F32, width), ir.VectorType(I32, width)
+    floats, ints = ir.VectorType(IR_F32, width), ir.VectorType(IR_I32, width)
     shorts, halfs = ir.VectorType(ir.IntType(16), width), ir.VectorType(ir.HalfType(), width)
     small_ints = ir.VectorType(ir.IntType(8), width)
 
@@ -191,7 +191,7 @@ def _group_product(x_rows: int, half_group: bool = False):
                         else:
                             x_quad = builder.add(builder.add(x_at, builder.mul(index(i), row_length)),
                                                  builder.add(builder.mul(b, index(32)), index(4 * c)))
-                        quad = builder.load(pointer(context, builder, t[2], x_arr, x_quad, I32), align=1)
+                        quad = builder.load(pointer(context, builder, t[2], x_arr, x_quad, IR_I32), align=1)
                         dots[i][half].add(w, splat(builder, quad, ints))
                 # half a group: a block's 8 chunks in a loop (4 bits: their int16 sums cannot
                 # overflow), each row's sums carried in a register. Unrolled, LLVM took the
@@ -229,7 +229,7 @@ def _group_product(x_rows: int, half_group: bool = False):
                         dot = builder.add(dots[i][0], dots[i][1]) if x_rows == 1 else dots[i][0]
                         x_sum = builder.load(pointer(context, builder, t[13], qs_arr, at))
                         if offset:  # the dot of q itself: sum of (q + offset) x less offset * sum of x
-                            dot = builder.sub(dot, splat(builder, builder.mul(x_sum, ir.Constant(I32, offset)),
+                            dot = builder.sub(dot, splat(builder, builder.mul(x_sum, ir.Constant(IR_I32, offset)),
                                                          ints))
                         term = builder.fmul(scale, builder.sitofp(dot, floats))
                         if with_min:  # fma(min, qsum, scale * dot) (qsum float32:

@@ -16,20 +16,18 @@ import numpy as np
 from numba import prange, types
 from numba.extending import overload
 
-from ...formats.quant_kind import Q4_0, Q4_1, Q4_K, Q6_K
+from ...formats.quant_kind import QK, Q6_K
 from ...jit_cache import cached_njit
 from .activations import quantize_activations
 from .byte_dot import LANES_ISA
 from .common import N_CHUNKS, PACKED_GEMV_MAX_ROWS
 from .kind_arg import QuantKindType, kind_arg
-from .lanes import LANES
 from .lanes_ir import (HALF_ROWS, WIDE_ROWS, group_gemm, group_gemm_wide, group_gemv, group_half_gemm,
                        group_half_gemm_8, prefetch, store_lanes)
 from .out_arrays import output_array
-from .vector_ir import BLOCK, X_ROWS
+from .vector_ir import LANES, X_ROWS
 
 HALF = LANES // 2  # a group's rows in one AVX2 register
-FOUR_BIT = (Q4_0, Q4_1, Q4_K)  # the kinds _gemm_lanes_by_halves takes (lanes_ir.HALF_ROWS)
 
 
 def _per_group(array):
@@ -91,7 +89,7 @@ def _gemv_lanes(kind, x, quants, scales, mins, supers, fifths, out):
     n_rows, width = x.shape
     n_out = out.shape[1]
     n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
-    n_blocks = width // BLOCK
+    n_blocks = width // QK
     q_flat, x_flat, s_flat, m_flat = quants.reshape(-1), xq.reshape(-1), scales.reshape(-1), _flat(mins)
     f_flat, u_flat = _flat(fifths), _flat(supers)
     dx_flat, sums_flat = dx.reshape(-1), _x_sums(kind, xq, qsum).reshape(-1)
@@ -116,7 +114,7 @@ def _gemm_lanes(kind, xq, dx, qsum, quants, scales, mins, supers, fifths, out):
     n_out = out.shape[1]
     padded_rows, width = xq.shape
     wide_end = padded_rows - padded_rows % WIDE_ROWS  # rows taken 16 at a time; 8 after
-    n_blocks = width // BLOCK
+    n_blocks = width // QK
     n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
     q_flat, x_flat, s_flat, m_flat = quants.reshape(-1), xq.reshape(-1), scales.reshape(-1), _flat(mins)
     f_flat, u_flat = _flat(fifths), _flat(supers)
@@ -185,7 +183,7 @@ def _gemm_lanes_by_halves(kind, xq, dx, qsum, quants, scales, mins, supers, fift
     in registers (lanes_ir.HALF_ROWS)."""
     n_out = out.shape[1]
     padded_rows, width = xq.shape
-    n_blocks = width // BLOCK
+    n_blocks = width // QK
     n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
     q_flat, s_flat, m_flat = quants.reshape(-1), scales.reshape(-1), _flat(mins)
     f_flat, u_flat = _flat(fifths), _flat(supers)
@@ -231,6 +229,7 @@ def lanes_product(x: np.ndarray, weight) -> np.ndarray:
         _gemv_lanes(kind, x, *arrays, out)
     else:
         xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
-        gemm = _gemm_lanes_by_halves if LANES_ISA == "avx2" and weight.ggml_type in FOUR_BIT else _gemm_lanes
+        # (AVX2: the 4-bit kinds take a group's halves apart: lanes_ir.HALF_ROWS)
+        gemm = _gemm_lanes_by_halves if LANES_ISA == "avx2" and weight.kind.bits == 4 else _gemm_lanes
         gemm(kind, xq, dx, qsum, *arrays, out)
     return out

@@ -25,15 +25,11 @@ import threading
 import numpy as np
 from numba import float32, prange
 
-from ...formats.packed import PackedWeight
 from ...formats.quant_kind import BF16, F16, F32, KINDS, QuantKind
 from ...formats.weight_dict import convert_matrices
 from ...jit_cache import cached_njit
 from .common import N_CHUNKS, f16_bits_to_f32
 from .gemm import GROUP, gemm_narrow
-from .lanes import LanePacked
-from .lanes_product import lanes_product
-from .stack_rows import StackRows
 from .tiles import tiled_matmul, widen_tile
 
 F16_GEMV_MAX_ROWS = 4  # up to this many rows of x take the float16 GEMV
@@ -109,6 +105,21 @@ class LinearWeight:
     def ndim(self) -> int:
         return 2
 
+    def product(self, x: np.ndarray) -> np.ndarray:
+        """x (M, K) float32 @ W.T -> (M, N): numba's GEMV or GEMM for a few rows, BLAS for
+        many (the module's docstring says where the line is)."""
+        if len(x) > NUMBA_MAX_ROWS or self.shape[0] < GROUP:
+            _last_product.blas = True
+            if self.kind.code == F32:
+                return x @ self.data.T
+            return tiled_matmul(x, self.shape[0], lambda first, tile: widen_tile(self.data, first, tile))
+        out = np.empty((len(x), self.shape[0]), dtype=np.float32)
+        if self.kind.code == F16 and len(x) <= F16_GEMV_MAX_ROWS:
+            _gemv_f16(x, self.data, out)
+        else:
+            gemm_narrow(x, self.data, out)
+        return out
+
     def dequantize(self, rows=slice(None)) -> np.ndarray:
         """float32 (r, K) of the selected rows (embedding lookups)."""
         picked = self.data[rows]
@@ -127,43 +138,9 @@ def prepare_linear_weights(weights: dict[str, np.ndarray]) -> dict:
                             if isinstance(w, np.ndarray) and w.ndim == 2 else None)
 
 
-def _numba_product(x: np.ndarray, weight) -> np.ndarray:
-    """x (M <= NUMBA_MAX_ROWS, K) @ weight.T for a LinearWeight."""
-    out = np.empty((len(x), weight.shape[0]), dtype=np.float32)
-    if weight.kind.code == F16 and len(x) <= F16_GEMV_MAX_ROWS:
-        _gemv_f16(x, weight.data, out)
-    else:
-        gemm_narrow(x, weight.data, out)
-    return out
-
-
-def _blas_product(x: np.ndarray, weight) -> np.ndarray:
-    """x (M, K) @ weight.T through BLAS, widening narrow weights a tile at a time."""
-    if weight.kind.code == F32:
-        return x @ weight.data.T
-    return tiled_matmul(x, weight.shape[0], lambda first, tile: widen_tile(weight.data, first, tile))
-
-
 def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
-    """x (T, K) @ weight.T (+ bias) -> (T, N); weight a LinearWeight, a LanePacked
-    (quantized), StackRows (a stack's rows) or a float32 array."""
-    _last_product.blas = False
-    if isinstance(weight, PackedWeight):
-        raise TypeError("a PackedWeight is multiplied laid out: prepare_weights (or "
-                        "lanes.LanePacked.of) lays it out first")
-    if isinstance(weight, LanePacked):
-        out = lanes_product(np.ascontiguousarray(x, dtype=np.float32), weight)
-    elif isinstance(weight, StackRows):  # a stacked matrix alone
-        if weight.own is not None:
-            return linear(x, weight.own, bias)
-        whole, start, stop = weight.stack  # (a laid-out stack: its product, sliced)
-        out = np.ascontiguousarray(linear(x, whole)[:, start:stop])
-    elif isinstance(weight, LinearWeight):
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        small = len(x) <= NUMBA_MAX_ROWS and weight.shape[0] >= GROUP
-        out = _numba_product(x, weight) if small else _blas_product(x, weight)
-        _last_product.blas = not small
-    else:
-        out = x @ weight.T
-        _last_product.blas = True
+    """x (T, K) @ weight.T (+ bias) -> (T, N): the weight's own product (LinearWeight,
+    LanePacked and StackRows each have one)."""
+    _last_product.blas = False  # (a LinearWeight's product says when it takes BLAS)
+    out = weight.product(np.ascontiguousarray(x, dtype=np.float32))
     return out if bias is None else out + bias

@@ -9,11 +9,10 @@ class StackRows:
     """stack: (the stacked matrix, start, stop). own: this matrix's rows as a form of
     their own (a LinearWeight view of the stack's rows), for a product of this matrix
     alone; None for a packed stack (the stack's product is then sliced)."""
-    __slots__ = ("stack", "shape", "own", "requantized_from")
+    __slots__ = ("stack", "shape", "own")
 
     def __init__(self, stack, start: int, stop: int, own=None):
         self.stack, self.shape, self.own = (stack, start, stop), (stop - start, stack.shape[1]), own
-        self.requantized_from = getattr(stack, "requantized_from", None)
 
     @property
     def kind(self):
@@ -28,9 +27,12 @@ class StackRows:
     def ndim(self) -> int:
         return 2
 
-    @property
-    def type_name(self) -> str:
-        return self.stack[0].type_name
+    def product(self, x: np.ndarray) -> np.ndarray:
+        """x @ these rows.T: its own form's product, or the stack's, sliced."""
+        if self.own is not None:
+            return self.own.product(x)
+        whole, start, stop = self.stack
+        return np.ascontiguousarray(whole.product(x)[:, start:stop])
 
     def dequantize(self, rows=None) -> np.ndarray:
         whole, start, stop = self.stack

@@ -9,17 +9,15 @@ multiplied on its own, and the weights' bytes are counted once.
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from ...formats.packed import PackedWeight
+from ...formats.weight_dict import LAYER_NAME
 from .linear import LinearWeight, linear
 from .stack_rows import StackRows
 
 STACKED = (("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
            ("mlp.gate_proj.weight", "mlp.up_proj.weight"))
-_LAYER = re.compile(r"^(model\.layers\.\d+\.)")
 
 
 def _same_format(parts: list) -> bool:
@@ -55,7 +53,7 @@ def stack_layer_matrices(weights: dict) -> dict:
     one format (kind or quant type) and one width. Updates the dict in place (one
     group's originals and stack are alive at a time) and returns it."""
     out = weights
-    layers = {m.group(1) for name in weights if (m := _LAYER.match(name))}
+    layers = {m.group(1) for name in weights if (m := LAYER_NAME.match(name))}
     for prefix in layers:
         for group in STACKED:
             names = [prefix + n for n in group]

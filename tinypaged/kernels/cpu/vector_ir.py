@@ -6,24 +6,23 @@ from numba import types
 
 LANES = 16  # W rows per group: one 512-bit vector of float32 / int32
 X_ROWS = 8  # rows of x a narrow GEMM pass takes: eight accumulators
-BLOCK = 32  # columns per scale
 
-I8, I32, I64, F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
-FLOATS = ir.VectorType(F32, LANES)
-INTS = ir.VectorType(I32, LANES)
+IR_I8, IR_I32, IR_I64, IR_F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+FLOATS = ir.VectorType(IR_F32, LANES)
+INTS = ir.VectorType(IR_I32, LANES)
 
 
 def index(value: int) -> ir.Constant:
-    return ir.Constant(I64, value)
+    return ir.Constant(IR_I64, value)
 
 
 def mask(values) -> ir.Constant:
     values = list(values)
-    return ir.Constant(ir.VectorType(I32, len(values)), values)
+    return ir.Constant(ir.VectorType(IR_I32, len(values)), values)
 
 
 def splat(builder, value, vector_type):
-    one = builder.insert_element(ir.Constant(vector_type, None), value, ir.Constant(I32, 0))
+    one = builder.insert_element(ir.Constant(vector_type, None), value, ir.Constant(IR_I32, 0))
     return builder.shuffle_vector(one, ir.Constant(vector_type, None), mask([0] * vector_type.count))
 
 

@@ -27,18 +27,17 @@ from pathlib import Path
 import numpy as np
 
 from ...formats.quant_kind import KINDS
-from . import lanes
-from .lanes import LanePacked
+from .byte_dot import LANES_ISA
+from .lane_packed import LANE_ARRAYS, LanePacked
 from .linear import LinearWeight
 from .stack_rows import StackRows
 from .stacks import stack_view
 
-LAYOUT_VERSION = 2  # raise when a prepared form's arrays change meaning
+LAYOUT_VERSION = 3  # raise when a prepared form's arrays change meaning
 MAGIC = b"tinypaged-weights\n"
 SUFFIX = ".tinypaged-cpu"
 ALIGN = 4096  # each array starts on a page
 SAMPLES = 64  # pages of the model file the key's digest reads
-LANE_ARRAYS = ("quants", "scales", "mins", "supers", "fifths")
 log = logging.getLogger("tinypaged")
 
 
@@ -80,7 +79,7 @@ def _key(source: str | os.PathLike) -> dict:
             f.seek(st.st_size * i // SAMPLES)
             digest.update(f.read(ALIGN))
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "digest": digest.hexdigest(),
-            "version": LAYOUT_VERSION, "lanes": lanes.LANES_ISA}
+            "version": LAYOUT_VERSION, "lanes": LANES_ISA}
 
 
 class _Writer:
@@ -106,7 +105,7 @@ class _Writer:
             whole, start, stop = w.stack
             entry = {"form": "rows", "of": self.form(whole), "start": start, "stop": stop}
         elif isinstance(w, LanePacked):
-            entry = {"form": "lanes", "ggml_type": w.ggml_type, "shape": list(w.shape),
+            entry = {"form": "lanes", "kind": w.kind.code, "shape": list(w.shape),
                      "arrays": {n: self.array(getattr(w, n)) for n in LANE_ARRAYS}}
         elif isinstance(w, LinearWeight):
             entry = {"form": "linear", "kind": w.kind.code, "array": self.array(w.data)}
@@ -114,8 +113,6 @@ class _Writer:
             entry = {"form": "array", "array": self.array(w)}
         else:
             raise TypeError(f"cannot cache a {type(w).__name__}")
-        if getattr(w, "requantized_from", None) is not None:
-            entry["requantized_from"] = w.requantized_from
         self.entries.append(entry)
         self.index[id(w)] = len(self.entries) - 1
         return self.index[id(w)]
@@ -183,7 +180,7 @@ def _rebuild(entries: list, mapped: mmap.mmap, start: int) -> list:
             w = StackRows(whole, begin, end,
                           None if isinstance(whole, LanePacked) else stack_view(whole, begin, end))
         elif form == "lanes":
-            w = LanePacked(e["ggml_type"], tuple(e["shape"]),
+            w = LanePacked(KINDS[e["kind"]], tuple(e["shape"]),
                            **{n: array(spec) for n, spec in e["arrays"].items()})
         elif form == "linear":
             w = LinearWeight.of(KINDS[e["kind"]], array(e["array"]))
@@ -191,7 +188,5 @@ def _rebuild(entries: list, mapped: mmap.mmap, start: int) -> list:
             w = array(e["array"])
         else:
             raise ValueError(f"unknown form {form!r}")
-        if "requantized_from" in e:
-            w.requantized_from = e["requantized_from"]
         forms.append(w)
     return forms

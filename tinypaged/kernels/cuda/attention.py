@@ -13,7 +13,8 @@ from numba import config, cuda, float32
 
 from .bounded_jit import jit_bounded
 from .disk_cache import cached_kernel
-from .warp import FULL_MASK, warp_max, warp_sum
+from .exact import NEG_INF
+from .warp import FULL_MASK, WARP, warp_max, warp_sum
 
 MAX_HEAD_DIM = 128  # bound for shared per-head arrays
 PARTITION = 128  # decode: keys of one block (one block per row, KV head and partition)
@@ -23,18 +24,17 @@ GPU_CHUNK = 32
 CHUNK = 8 if config.ENABLE_CUDASIM else GPU_CHUNK
 LANES_PER_KEY = 8  # decode: threads that share one key's dimensions
 DECODE_THREADS = CHUNK * LANES_PER_KEY  # 256: a chunk's keys all loaded at once
-DECODE_WARPS = DECODE_THREADS // 32
+DECODE_WARPS = DECODE_THREADS // WARP
 DIMS_PER_LANE = MAX_HEAD_DIM // LANES_PER_KEY  # a thread's dimensions of its key: d = lane + 8n
 MAX_GROUP = 32  # decode: query heads a KV head serves (GQA)
 GROUP_DIMS = MAX_GROUP * MAX_HEAD_DIM  # decode: a group's accumulators, in shared memory
 MERGE_THREADS = 256  # merge_partitions: (dimension, partition group) pairs
-MERGE_WARPS = MERGE_THREADS // 32
+MERGE_WARPS = MERGE_THREADS // WARP
 Q_TILE = 16  # prefill: queries per block
 KV_TILE = 16  # prefill: keys staged in shared memory per step
 PREFILL_THREADS = 128
 PREFILL_BLOCKS_PER_SM = 6  # what its ~34 KB of shared memory allows; as a launch bound it
 #   keeps registers at or under 85 a thread so that registers do not lower it further
-NEG_INF = float32(-math.inf)
 
 
 @jit_bounded((DECODE_THREADS, 1))
@@ -83,7 +83,7 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_s
     if t < group:
         ml_s[t, 0], ml_s[t, 1] = NEG_INF, float32(0.0)
     c, lane = t // LANES_PER_KEY, t % LANES_PER_KEY
-    warp, key = t // 32, t % 32
+    warp, key = t // WARP, t % WARP
     s = token_seq[r]
     end = min(start + PARTITION, n_keys)
     for c0 in range(max(start, first - first % CHUNK), end, CHUNK):  # chunks with live keys
@@ -151,8 +151,8 @@ def _block_reduce(value, scratch, is_max):
     thread gets it. scratch: a shared array of MERGE_WARPS floats."""
     t = cuda.threadIdx.x
     value = warp_max(value) if is_max else warp_sum(value)
-    if t % 32 == 0:
-        scratch[t // 32] = value
+    if t % WARP == 0:
+        scratch[t // WARP] = value
     cuda.syncthreads()  # each warp's result written
     value = scratch[0]
     for w in range(1, MERGE_WARPS):

@@ -15,9 +15,10 @@ from numba import config, cuda
 
 from ...batch.step_logits import WHOLE_ROW
 from ...formats.packed import PackedWeight
+from ...formats.quant_kind import QK
 from ..reference import rope_tables as host_rope_tables
 from . import attention, elementwise, matmul
-from .device_packed import DevicePacked
+from .device_weights import DeviceFloat, DevicePacked
 from .logits import DeviceLogits, LogitsCopier
 from .memory import MetadataUploader, StepWorkspace
 from .toolkit import prepare_compiler
@@ -29,18 +30,6 @@ WORKSPACE_RESERVE = 2 << 30  # bytes kept out of the KV pool for step activation
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _decode(x) -> bool:
-    """Few enough rows of x for the decode GEMVs (else the tiled products)."""
-    return x.shape[0] <= matmul.GEMV_MAX_ROWS
-
-
-def _one_form(*weights) -> bool:
-    """Whether the matrices one fused kernel would read are all packed alike, or all
-    plain (a file may quantize gate and up, or q, k and v, differently)."""
-    kinds = {w.kind if isinstance(w, DevicePacked) else None for w in weights}
-    return len(kinds) == 1
 
 
 def free_device_memory() -> int:
@@ -110,8 +99,10 @@ class CudaBackend:
                 continue
             if isinstance(w, PackedWeight):
                 w = w.dequantize()
-            dtype = self.weight_dtype if w.ndim == 2 and name != EMBEDDING else np.float32
-            out[name] = cuda.to_device(np.ascontiguousarray(w, dtype=dtype))
+            if w.ndim == 2 and name != EMBEDDING:
+                out[name] = DeviceFloat(w, self.weight_dtype)
+            else:
+                out[name] = cuda.to_device(np.ascontiguousarray(w, dtype=np.float32))
         return out
 
     def load_prepared_weights(self, source) -> None:
@@ -192,7 +183,7 @@ class CudaBackend:
         products take), so that no round_activations launch precedes them."""
         out = self._empty(*x.shape)
         has_residual = residual is not None
-        do_round = self._packed and x.shape[1] % 32 == 0
+        do_round = self._packed and x.shape[1] % QK == 0
         rounded = self._empty(*x.shape) if do_round else self._no_round
         self._launch(elementwise.add_rms_norm, x.shape[0], elementwise.NORM_THREADS,
                      x, residual if has_residual else x, has_residual, weight, np.float32(eps),
@@ -220,9 +211,9 @@ class CudaBackend:
         return out
 
     def _input_for(self, x, weight):
-        """x, or x rounded to int8 blocks when weight is packed (as every backend's
-        packed products take it): the norm's rounded output when x is a norm's."""
-        if not isinstance(weight, DevicePacked):
+        """x, or x rounded to int8 blocks when weight's products take it so (a packed
+        kind, on every backend): the norm's rounded output when x is a norm's."""
+        if not weight.rounds_x:
             return x
         known = self._rounded.get(id(x))
         return known[1] if known is not None and known[0] is x else self.round_activations_of(x)
@@ -230,7 +221,7 @@ class CudaBackend:
     def round_activations_of(self, x):
         """x (M, K) as products with packed weights take it (reference.round_activations)."""
         out = self._empty(*x.shape)
-        n_blocks = x.shape[0] * x.shape[1] // 32
+        n_blocks = x.shape[0] * x.shape[1] // QK
         self._launch(elementwise.round_activations, ceil_div(n_blocks, elementwise.ROUND_THREADS),
                      elementwise.ROUND_THREADS, x, out)
         return out
@@ -239,64 +230,30 @@ class CudaBackend:
         return self._product(self._input_for(x, weight), weight, bias)
 
     def _product(self, x, weight, bias=None):
-        n_rows, n_out = x.shape[0], weight.shape[0]
-        out = self._empty(n_rows, n_out)
+        out = self._empty(x.shape[0], weight.shape[0])
         has_bias = bias is not None
-        bias = bias if has_bias else self._no_bias
-        if isinstance(weight, DevicePacked):
-            self._packed_product(x, weight, bias, has_bias, out)
-        elif _decode(x):
-            self._launch(matmul.gemv_rows, matmul.float_gemv_blocks(n_out), matmul.ROW_THREADS,
-                         x, weight, bias, has_bias, out)
-        else:
-            grid = (ceil_div(n_out, matmul.TILE), ceil_div(n_rows, matmul.TILE))
-            self._launch(matmul.matmul_tiled, grid, (matmul.TILE, matmul.TILE),
-                         x, weight, bias, has_bias, out)
+        weight.product(self._launch, x, bias if has_bias else self._no_bias, has_bias, out)
         return out
 
-    def _packed_product(self, x, w: DevicePacked, bias, has_bias, out):
-        """out = x @ W.T (+ bias) for a packed W: the packed GEMV for decode, else the
-        tiled product dequantizing W's tiles in shared memory."""
-        if _decode(x):
-            self._launch(w.decode_kernels[0], matmul.gemv_blocks(w.shape[0]), matmul.GEMV_THREADS,
-                         x, w.decode, bias, has_bias, out)
-        else:
-            grid = (ceil_div(w.shape[0], matmul.TILE), ceil_div(x.shape[0], matmul.TILE))
-            self._launch(w.tiled_kernel, grid, (matmul.TILE, matmul.TILE),
-                         x, w.tiled, bias, has_bias, out)
-
     def qkv_proj(self, x, wq, wk, wv, bq=None, bk=None, bv=None):
-        if not _one_form(wq, wk, wv) or (isinstance(wq, DevicePacked) and wq.decode_kernels[1] is None):
+        if not wq.fuses_with(wk, wv) or wq.kernels.qkv is None:
             return self.linear(x, wq, bq), self.linear(x, wk, bk), self.linear(x, wv, bv)
         x = self._input_for(x, wq)
-        if not _decode(x):
+        if x.shape[0] > matmul.GEMV_MAX_ROWS:
             return self._product(x, wq, bq), self._product(x, wk, bk), self._product(x, wv, bv)
-        q, k, v = (self._empty(x.shape[0], w.shape[0]) for w in (wq, wk, wv))
+        outs = tuple(self._empty(x.shape[0], w.shape[0]) for w in (wq, wk, wv))
         has_bias = bq is not None
-        bq, bk, bv = (b if has_bias else self._no_bias for b in (bq, bk, bv))
-        rows = wq.shape[0] + wk.shape[0] + wv.shape[0]
-        if isinstance(wq, DevicePacked):
-            self._launch(wq.decode_kernels[1], matmul.gemv_blocks(rows), matmul.GEMV_THREADS,
-                         x, wq.decode, wk.decode, wv.decode, bq, bk, bv, has_bias, q, k, v)
-        else:
-            self._launch(matmul.gemv_qkv, matmul.float_gemv_blocks(rows), matmul.ROW_THREADS,
-                         x, wq, wk, wv, bq, bk, bv, has_bias, q, k, v)
-        return q, k, v
+        wq.qkv(self._launch, x, wk, wv, (bq, bk, bv) if has_bias else (self._no_bias,) * 3, has_bias, outs)
+        return outs
 
     def gate_up_silu(self, x, w_gate, w_up):
-        if not _one_form(w_gate, w_up):
+        if not w_gate.fuses_with(w_up):
             return self.silu_mul(self.linear(x, w_gate), self.linear(x, w_up))
         x = self._input_for(x, w_gate)
-        if not _decode(x):
+        if x.shape[0] > matmul.GEMV_MAX_ROWS:
             return self.silu_mul(self._product(x, w_gate), self._product(x, w_up))
         out = self._empty(x.shape[0], w_gate.shape[0])
-        rows = w_gate.shape[0]
-        if isinstance(w_gate, DevicePacked):
-            self._launch(w_gate.decode_kernels[2], matmul.gemv_blocks(rows), matmul.GEMV_THREADS,
-                         x, w_gate.decode, w_up.decode, out)
-        else:
-            self._launch(matmul.gemv_gate_up_silu, matmul.float_gemv_blocks(rows), matmul.ROW_THREADS,
-                         x, w_gate, w_up, out)
+        w_gate.gate_up_silu(self._launch, x, w_up, out)
         return out
 
     def rope_write_kv(self, q, k, v, positions, cos_table, sin_table, k_cache, v_cache,

@@ -7,13 +7,14 @@ from numba import config, cuda, float32
 
 from .disk_cache import cached_kernel
 from .exact import add_rn, mul_rn, sub_rn
-from .warp import warp_max, warp_sum
+from ...formats.quant_kind import QK
+from .warp import WARP, warp_max, warp_sum
 
 # add_rms_norm: threads per token row (hidden up to 1024 in one pass); the simulator runs
 # a Python thread per CUDA thread, so it takes two warps (the cross-warp sum still runs)
 GPU_NORM_THREADS = 1024
 NORM_THREADS = 64 if config.ENABLE_CUDASIM else GPU_NORM_THREADS
-NORM_WARPS = NORM_THREADS // 32
+NORM_WARPS = NORM_THREADS // WARP
 ROW_THREADS = 32  # row-wise copies: threads per row
 
 
@@ -43,8 +44,8 @@ def add_rms_norm(x, residual, has_residual, weight, eps, out, rounded, do_round)
         ss += v * v
         kept, kept_weight = v, weight[i]  # (loaded with x: no second round trip)
     ss = warp_sum(ss)
-    if t % 32 == 0:
-        scratch[t // 32] = ss
+    if t % WARP == 0:
+        scratch[t // WARP] = ss
     cuda.syncthreads()  # every warp's sum written
     total = scratch[0]
     for w in range(1, NORM_WARPS):
@@ -190,7 +191,6 @@ def copy_blocks(k_pool, v_pool, pairs):
 
 
 ROUND_THREADS = 64  # round_activations: threads per block, one 32-value block of x each
-_ACTIVATION_BLOCK = 32
 HALF_EVEN = float32(12582912.0)  # 1.5 * 2^23: (v + this) - this rounds |v| < 2^22 half to even
 
 
@@ -200,13 +200,13 @@ def round_activations(x, out):
     32 values, d = max|x| / 127 and out = d * round-half-even(x / d). 1-D grid, one
     thread per block of 32 (M * K / 32 threads): two passes over 128 bytes."""
     g = cuda.grid(1)
-    per_row = x.shape[1] // _ACTIVATION_BLOCK
+    per_row = x.shape[1] // QK
     if g >= x.shape[0] * per_row:
         return
-    m, k0 = g // per_row, (g % per_row) * _ACTIVATION_BLOCK
+    m, k0 = g // per_row, (g % per_row) * QK
     amax = float32(0.0)
-    for k in range(k0, k0 + _ACTIVATION_BLOCK):
+    for k in range(k0, k0 + QK):
         amax = max(amax, abs(x[m, k]))
     d, inverse = block_step(amax)
-    for k in range(k0, k0 + _ACTIVATION_BLOCK):
+    for k in range(k0, k0 + QK):
         out[m, k] = to_step(x[m, k], d, inverse)

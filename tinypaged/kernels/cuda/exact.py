@@ -10,7 +10,11 @@ welcome: they are faster and, if anything, more accurate.
 On the simulator (plain Python on NumPy float32 scalars) nothing is ever fused, so
 the plain operators are the same arithmetic.
 """
+import math
+
 from numba import config, float32
+
+NEG_INF = float32(-math.inf)  # a score that counts for nothing
 
 if config.ENABLE_CUDASIM:
     def mul_rn(a, b):

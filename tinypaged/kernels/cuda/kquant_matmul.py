@@ -1,6 +1,6 @@
 """CUDA products with Q5_0, Q5_1 and K-quant (Q4_K, Q5_K, Q6_K) weights, read in the
 host's packed layout (formats/packed.py), never widened whole. A matrix is the tuple
-(quants, scales, mins, supers, highs, kind):
+(quants, scales, mins, supers, highs, code), code the kind's (QuantKind.code):
     quants  (N, K/2) uint8 nibbles: byte p holds weight p (low), p + K/2 (high)
     scales  Q5_x: (N, K/32) float16; Q4_K, Q5_K: (N, K/32) uint8 sc; Q6_K: (N, K/16) int8
     mins    Q5_1: (N, K/32) float16; Q4_K, Q5_K: (N, K/32) uint8 m; else a placeholder
@@ -21,32 +21,29 @@ backend's packed products take it; sums are float32.
 import numpy as np
 from numba import cuda, float32, int32
 
-from ...formats.quant_kind import Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
+from ...formats.quant_kind import QK, QK_K, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
 from .matmul import GEMV_MAX_ROWS, VEC, WARP, _warp_sum_rows, tiled_kernel
 from .packed_matmul import decode_kernel_family
 
-Q5_0_KIND, Q5_1_KIND, Q4_K_KIND, Q5_K_KIND, Q6_K_KIND = 3, 4, 5, 6, 7
-QK, QK_K = 32, 256  # weights a block, a super-block
-
 
 def _kind_functions(kind: int):
-    """(row_dots, weight) device functions for one kind, `kind` a compile-time
-    constant in them (the code of the other kinds compiled away: with all five in,
+    """(row_dots, weight) device functions for one kind, `kind` its QuantKind's code, a
+    compile-time constant in them (the code of the other kinds compiled away: with all five in,
     the fused q/k/v and gate/up GEMVs spilled registers)."""
 
     @cuda.jit(device=True, inline="always")
     def scale_and_min(w, n, c):
         """(scale, min) in float32 of the block of row n holding column c."""
         scales, mins, supers = w[1], w[2], w[3]
-        if kind == Q6_K_KIND:
+        if kind == Q6_K:
             s = float32(supers[n, c // QK_K, 0]) * float32(scales[n, c // 16])
             return s, float32(-32.0) * s
-        if kind == Q4_K_KIND or kind == Q5_K_KIND:
+        if kind == Q4_K or kind == Q5_K:
             b = c // QK
             return (float32(supers[n, c // QK_K, 0]) * float32(scales[n, b]),
                     -(float32(supers[n, c // QK_K, 1]) * float32(mins[n, b])))
         s = float32(scales[n, c // QK])
-        if kind == Q5_1_KIND:
+        if kind == Q5_1:
             return s, float32(mins[n, c // QK])
         return s, float32(-16.0) * s  # Q5_0
 
@@ -55,10 +52,10 @@ def _kind_functions(kind: int):
         """q's bits above the nibble for columns c .. c + 3 of row n (c a multiple of 4):
         bit v is bit 4 of column c + v's q, bit 4 + v its bit 5 (Q6_K only)."""
         highs = w[4]
-        if kind == Q4_K_KIND:
+        if kind == Q4_K:
             return int32(0)
         shift = c % 8
-        if kind == Q6_K_KIND:
+        if kind == Q6_K:
             at = 8 * (c // QK) + (c % QK) // 8  # the block's bit-4 plane; bit 5's 4 bytes on
             return ((int32(highs[n, at]) >> shift) & 15) | (((int32(highs[n, at + 4]) >> shift) & 15) << 4)
         return (int32(highs[n, c // 8]) >> shift) & 15
@@ -103,24 +100,22 @@ def _q(nibble, extra, v):
     return nibble | (((extra >> v) & 1) << 4) | (((extra >> (4 + v)) & 1) << 5)
 
 
-KINDS = (Q5_0_KIND, Q5_1_KIND, Q4_K_KIND, Q5_K_KIND, Q6_K_KIND)
-_FUNCTIONS = {kind: _kind_functions(kind) for kind in KINDS}
+_FUNCTIONS = {code: _kind_functions(code) for code in (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)}
 # (gemv, None, gate_up_silu): q, k and v go as three GEMVs (fused, they spilled registers)
-DECODE_KERNELS = {kind: decode_kernel_family(_FUNCTIONS[kind][0], fused_qkv=False) for kind in KINDS}
-TILED_KERNELS = {kind: tiled_kernel(_FUNCTIONS[kind][1]) for kind in KINDS}
+DECODE_KERNELS = {code: decode_kernel_family(row_dots, fused_qkv=False) for code, (row_dots, _) in _FUNCTIONS.items()}
+TILED_KERNELS = {code: tiled_kernel(weight) for code, (_, weight) in _FUNCTIONS.items()}
 
 
 def upload(packed) -> tuple:
-    """(kind, (quants, scales, mins, supers, highs) on the device) of a Q5_x or K-quant
-    PackedWeight: its arrays as they are, float16 bits viewed as float16, 1-element
-    placeholders for what the kind lacks."""
-    kind = {Q5_0: Q5_0_KIND, Q5_1: Q5_1_KIND, Q4_K: Q4_K_KIND, Q5_K: Q5_K_KIND,
-            Q6_K: Q6_K_KIND}[packed.ggml_type]
+    """(device arrays, the GEMVs' matrix, the tiled product's) of a Q5_x or K-quant
+    PackedWeight: (quants, scales, mins, supers, highs) as they are, float16 bits viewed
+    as float16, 1-element placeholders for what the kind lacks; both matrices are the
+    arrays and the kind's code."""
     k_quant = packed.supers is not None
     scales = packed.scales if k_quant else packed.scales.view(np.float16)
     mins = packed.mins if packed.mins is not None else np.zeros((1, 1), np.uint8)
-    mins = mins.view(np.float16) if kind == Q5_1_KIND else mins
+    mins = mins.view(np.float16) if packed.kind.code == Q5_1 else mins
     supers = packed.supers.view(np.float16) if k_quant else np.zeros((1, 1, 2), np.float16)
     highs = packed.highs if packed.highs is not None else np.zeros((1, 1), np.uint8)
-    return kind, tuple(cuda.to_device(np.ascontiguousarray(a))
-                       for a in (packed.quants, scales, mins, supers, highs))
+    arrays = tuple(cuda.to_device(np.ascontiguousarray(a)) for a in (packed.quants, scales, mins, supers, highs))
+    return arrays, (*arrays, packed.kind.code), (*arrays, packed.kind.code)

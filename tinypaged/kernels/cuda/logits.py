@@ -16,11 +16,11 @@ from numba import cuda, float32, int32
 
 from .disk_cache import cached_kernel
 from .elementwise import ROW_THREADS, gather_rows
-from .warp import FULL_MASK
+from .exact import NEG_INF
+from .warp import FULL_MASK, WARP
 
 TOP_THREADS = 256  # top_candidates: threads per row (8 warps)
-_TOP_WARPS = TOP_THREADS // 32
-NEG_INF = float32(-math.inf)
+_TOP_WARPS = TOP_THREADS // WARP
 POS_INF = float32(math.inf)
 
 
@@ -39,7 +39,7 @@ def top_candidates(logits, rows, k, out):
     L2, and nothing to sort. (ids below 2^24 are exact as float32: every vocabulary
     here.)"""
     b, t = cuda.blockIdx.x, cuda.threadIdx.x
-    lane, warp = t % 32, t // 32
+    lane, warp = t % WARP, t // WARP
     r = rows[b]
     n_vocab = logits.shape[1]
     shared_v = cuda.shared.array(_TOP_WARPS, float32)

@@ -17,11 +17,10 @@ from numba import config, cuda, float32
 
 from .bounded_jit import jit_bounded
 from .disk_cache import cached_kernel
-from .warp import warp_sum
+from .warp import WARP, warp_sum
 
 TILE = 16  # matmul_tiled: block (TILE, TILE), shared tiles TILE x TILE
 GEMV_MAX_ROWS = 8  # rows of x the decode path takes; beyond this, matmul_tiled
-WARP = 32
 GEMV_WARPS = 4  # gemv kernels: warps (one weight row each at a time) per block
 GEMV_THREADS = GEMV_WARPS * WARP
 VEC = 4  # consecutive weights a lane reads per step (8 bytes of float16)
@@ -29,8 +28,8 @@ SIMULATOR_GEMV_BLOCKS = 2  # gemv_blocks on the simulator
 GEMV_BOUNDS = (GEMV_THREADS, 8)  # 8 blocks of 128 threads an SM (50%): at most 64 registers
 # float GEMVs: warps that split one weight row (the simulator, a Python thread per CUDA
 # thread and Python shuffles, takes one: the GPU tests and the PTX hold the cross-warp sum)
-ROW_WARPS = 1 if config.ENABLE_CUDASIM else GEMV_WARPS
-ROW_THREADS = ROW_WARPS * WARP
+FLOAT_ROW_WARPS = 1 if config.ENABLE_CUDASIM else GEMV_WARPS
+FLOAT_ROW_THREADS = FLOAT_ROW_WARPS * WARP
 
 
 def tiled_kernel(weight):
@@ -107,12 +106,12 @@ def _store_rows(out, bias, has_bias, n, acc, lane, n_rows):
 def _block_row_dots(x, w, w2, n, acc, acc2, sums):
     """acc[m] (in every thread) = x[m] . W[n] for the rows m of x, and acc2[m] = x[m] .
     W2[n] when w2 is given (gate and up: both rows' loads in one pass), the block's
-    ROW_WARPS warps splitting the row: thread t takes the VEC consecutive weights at
-    32 VEC ROW_WARPS i + VEC t, so each warp reads 256 coalesced bytes a step and a
+    FLOAT_ROW_WARPS warps splitting the row: thread t takes the VEC consecutive weights at
+    32 VEC FLOAT_ROW_WARPS i + VEC t, so each warp reads 256 coalesced bytes a step and a
     576-wide row is two steps of a thread instead of five of a warp (fewer loads
     waiting on each other: the float GEMVs are bound by that latency at batch 1,
     not by bandwidth). Each warp's partial sums meet in a shfl_xor butterfly, then
-    the warps' in shared memory (sums: (2, ROW_WARPS, GEMV_MAX_ROWS)), in order.
+    the warps' in shared memory (sums: (2, FLOAT_ROW_WARPS, GEMV_MAX_ROWS)), in order.
     For one matrix, w2 is None and acc2 is acc (numba compiles the second one out)."""
     n_rows, width = x.shape
     t = cuda.threadIdx.x
@@ -121,7 +120,7 @@ def _block_row_dots(x, w, w2, n, acc, acc2, sums):
     for m in range(GEMV_MAX_ROWS):
         acc[m] = float32(0.0)
         acc2[m] = float32(0.0)
-    for k0 in range(t * VEC, width, ROW_THREADS * VEC):
+    for k0 in range(t * VEC, width, FLOAT_ROW_THREADS * VEC):
         for v in range(VEC):
             k = k0 + v
             if k < width:
@@ -136,7 +135,7 @@ def _block_row_dots(x, w, w2, n, acc, acc2, sums):
     _warp_sum_rows(acc, n_rows)
     if two:
         _warp_sum_rows(acc2, n_rows)
-    if ROW_WARPS == 1:  # (the simulator's: no other warp to add)
+    if FLOAT_ROW_WARPS == 1:  # (the simulator's: no other warp to add)
         return
     if lane == 0:
         for m in range(GEMV_MAX_ROWS):
@@ -147,7 +146,7 @@ def _block_row_dots(x, w, w2, n, acc, acc2, sums):
     for m in range(GEMV_MAX_ROWS):
         if m < n_rows:
             total, total2 = sums[0, 0, m], sums[1, 0, m]
-            for g in range(1, ROW_WARPS):
+            for g in range(1, FLOAT_ROW_WARPS):
                 total += sums[0, g, m]
                 total2 += sums[1, g, m]
             acc[m], acc2[m] = total, total2
@@ -159,7 +158,7 @@ def gemv_rows(x, w, bias, has_bias, out):
     """A block per W row (grid-stride over rows: block b owns rows b, b + blocks, ...;
     _block_row_dots); thread 0 writes its outputs. Traffic: W once, coalesced; x
     (M x K floats) from L1/L2 once per row."""
-    sums = cuda.shared.array((2, ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
+    sums = cuda.shared.array((2, FLOAT_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
     acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
     for n in range(cuda.blockIdx.x, w.shape[0], cuda.gridDim.x):
         _block_row_dots(x, w, None, n, acc, acc, sums)
@@ -170,7 +169,7 @@ def gemv_rows(x, w, bias, has_bias, out):
 def gemv_qkv(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out):
     """The q, k and v projections in one launch: blocks stride over Nq + 2 Nk rows;
     row g is row g of Wq, then of Wk, then of Wv (layout as gemv_rows)."""
-    sums = cuda.shared.array((2, ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
+    sums = cuda.shared.array((2, FLOAT_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
     nq, nk = wq.shape[0], wk.shape[0]
     acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
     for g in range(cuda.blockIdx.x, nq + 2 * nk, cuda.gridDim.x):
@@ -188,7 +187,7 @@ def gemv_qkv(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out):
 def gemv_gate_up_silu(x, w_gate, w_up, out):
     """The MLP's middle in one launch: out = silu(x @ Wg.T) * (x @ Wu.T); blocks stride
     over the I rows, each taking row n of both matrices (layout as gemv_rows)."""
-    sums = cuda.shared.array((2, ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
+    sums = cuda.shared.array((2, FLOAT_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
     gate = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
     up = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
     for n in range(cuda.blockIdx.x, w_gate.shape[0], cuda.gridDim.x):

@@ -1,11 +1,12 @@
 """CUDA products with packed weights, uploaded as the host holds them (formats/packed.py),
-never widened whole. A matrix goes to the kernels as one tuple (device_packed.py):
-    Q8_0, Q4_0, Q4_1   (quants, scales, mins, has_mins)
+never widened whole. A matrix goes to the kernels as one tuple (device_weights.py):
+    Q8_0, Q4_0, Q4_1   (quants, scales, mins, has_mins) to the GEMVs, (quants, scales,
+                       mins, code) to the tiled product, code the kind's QuantKind.code
         quants  (N, K) int8 (Q8_0, read by the GEMVs as (N, K/4) int32 words);
                 (N, K/2) uint8 (Q4_x: byte p holds weight p in its low nibble,
                 weight p + K/2 in its high one)
         scales  (N, K/32) float16, mins (N, K/32) float16 (Q4_1; a placeholder otherwise)
-    Q5_0, Q5_1, Q4_K, Q5_K, Q6_K   (quants, scales, mins, supers, highs, kind):
+    Q5_0, Q5_1, Q4_K, Q5_K, Q6_K   (quants, scales, mins, supers, highs, code):
         kquant_matmul.py
 Weight (n, k) = scale * q (Q8_0), scale * (q - 8) (Q4_0), scale * q + min (Q4_1).
 x comes rounded to int8 blocks already (elementwise.round_activations), as every
@@ -22,14 +23,13 @@ backend's packed products take it; products accumulate in float32.
 """
 import math
 
+import numpy as np
 from numba import cuda, float32, int32
 
+from ...formats.quant_kind import Q4_0, Q8_0, QK
 from .bounded_jit import jit_bounded
 from .matmul import (GEMV_BOUNDS, GEMV_MAX_ROWS, VEC, WARP, _first_warp_and_stride, _store_rows,
                      _warp_sum_rows, tiled_kernel)
-
-Q8_0_KIND, Q4_0_KIND, Q4_1_KIND = 0, 1, 2
-QK = 32  # weights per scale
 
 
 @cuda.jit(device=True, inline="always")
@@ -38,10 +38,10 @@ def _weight(w, n, k, half):
     fold)."""
     quants, scales, mins, kind = w
     scale = float32(scales[n, k // QK])
-    if kind == Q8_0_KIND:
+    if kind == Q8_0:
         return scale * float32(quants[n, k])
     q = int32(quants[n, k]) & 15 if k < half else int32(quants[n, k - half]) >> 4
-    if kind == Q4_0_KIND:
+    if kind == Q4_0:
         return scale * float32(q - 8)
     return scale * float32(q) + float32(mins[n, k // QK])
 
@@ -144,3 +144,16 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True):
 gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu = decode_kernel_family(_q8_0_row_dots)
 gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu = decode_kernel_family(_q4_row_dots)
 matmul_tiled_packed = tiled_kernel(_weight)
+
+
+def upload(packed) -> tuple:
+    """(device arrays, the GEMVs' matrix, the tiled product's) of a Q8_0 or Q4_x
+    PackedWeight: quants as they are (Q8_0's GEMVs read them as int32 words), float16
+    bits viewed as float16, a placeholder for the mins Q8_0 and Q4_0 lack."""
+    code = packed.kind.code
+    quants = cuda.to_device(packed.quants)
+    scales = cuda.to_device(packed.scales.view(np.float16))
+    mins = packed.mins if packed.mins is not None else np.zeros((1, 1), np.uint16)
+    mins = cuda.to_device(mins.view(np.float16))
+    words = quants.view(np.int32) if code == Q8_0 else quants
+    return (quants, scales, mins), (words, scales, mins, packed.kind.has_mins), (quants, scales, mins, code)

@@ -17,10 +17,11 @@ import sys
 
 from numba import cuda, types
 
+from ...formats.quant_kind import Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
 from . import attention, elementwise, kquant_matmul, logits, matmul, packed_matmul
 
-F32, F16, I32, I64 = types.float32, types.float16, types.int32, types.int64
-I8, U8 = types.int8, types.uint8
+f32, f16, i32, i64 = types.float32, types.float16, types.int32, types.int64
+i8, u8 = types.int8, types.uint8
 
 
 def arr(dtype, ndim):
@@ -28,37 +29,36 @@ def arr(dtype, ndim):
 
 
 def packed_families() -> list[tuple[str, tuple, object]]:
-    """(label, its decode kernels or its kquant_matmul kind, a matrix's tuple type) of
-    each packed family: Q8_0 (int32 words), Q4_x, and kquant_matmul's five kinds."""
-    def matrix(*arrays, flag=I64):
+    """(label, its decode kernels or its kind's code in kquant_matmul, a matrix's tuple
+    type) of each packed family: Q8_0 (int32 words), Q4_x, and kquant_matmul's five kinds."""
+    def matrix(*arrays, flag=i64):
         return types.Tuple((*arrays, flag))
-    k = kquant_matmul
-    placeholder = arr(U8, 2)  # (mins or highs a kind lacks)
+    placeholder = arr(u8, 2)  # (mins or highs a kind lacks)
     return [("q8_0", (packed_matmul.gemv_q8_0, packed_matmul.gemv_q8_0_qkv,
                       packed_matmul.gemv_q8_0_gate_up_silu),
-             matrix(arr(I32, 2), arr(F16, 2), arr(F16, 2), flag=types.boolean)),
+             matrix(arr(i32, 2), arr(f16, 2), arr(f16, 2), flag=types.boolean)),
             ("q4", (packed_matmul.gemv_q4, packed_matmul.gemv_q4_qkv, packed_matmul.gemv_q4_gate_up_silu),
-             matrix(arr(U8, 2), arr(F16, 2), arr(F16, 2), flag=types.boolean)),
-            ("q5_0", k.Q5_0_KIND, matrix(arr(U8, 2), arr(F16, 2), placeholder, arr(F16, 3), arr(U8, 2))),
-            ("q5_1", k.Q5_1_KIND, matrix(arr(U8, 2), arr(F16, 2), arr(F16, 2), arr(F16, 3), arr(U8, 2))),
-            ("q4_k", k.Q4_K_KIND, matrix(arr(U8, 2), arr(U8, 2), arr(U8, 2), arr(F16, 3), placeholder)),
-            ("q5_k", k.Q5_K_KIND, matrix(arr(U8, 2), arr(U8, 2), arr(U8, 2), arr(F16, 3), arr(U8, 2))),
-            ("q6_k", k.Q6_K_KIND, matrix(arr(U8, 2), arr(I8, 2), placeholder, arr(F16, 3), arr(U8, 2)))]
+             matrix(arr(u8, 2), arr(f16, 2), arr(f16, 2), flag=types.boolean)),
+            ("q5_0", Q5_0, matrix(arr(u8, 2), arr(f16, 2), placeholder, arr(f16, 3), arr(u8, 2))),
+            ("q5_1", Q5_1, matrix(arr(u8, 2), arr(f16, 2), arr(f16, 2), arr(f16, 3), arr(u8, 2))),
+            ("q4_k", Q4_K, matrix(arr(u8, 2), arr(u8, 2), arr(u8, 2), arr(f16, 3), placeholder)),
+            ("q5_k", Q5_K, matrix(arr(u8, 2), arr(u8, 2), arr(u8, 2), arr(f16, 3), arr(u8, 2))),
+            ("q6_k", Q6_K, matrix(arr(u8, 2), arr(i8, 2), placeholder, arr(f16, 3), arr(u8, 2)))]
 
 
 def signatures() -> list[tuple[str, object, tuple]]:
     """(label, kernel, argument types) for every kernel and dtype combination used."""
     sigs = []
-    for wname, wtype in (("f16", F16), ("f32", F32)):
-        mm = (arr(F32, 2), arr(wtype, 2), arr(F32, 1), types.boolean, arr(F32, 2))
-        qkv = (arr(F32, 2), arr(wtype, 2), arr(wtype, 2), arr(wtype, 2), arr(F32, 1),
-               arr(F32, 1), arr(F32, 1), types.boolean, arr(F32, 2), arr(F32, 2), arr(F32, 2))
+    for wname, wtype in (("f16", f16), ("f32", f32)):
+        mm = (arr(f32, 2), arr(wtype, 2), arr(f32, 1), types.boolean, arr(f32, 2))
+        qkv = (arr(f32, 2), arr(wtype, 2), arr(wtype, 2), arr(wtype, 2), arr(f32, 1),
+               arr(f32, 1), arr(f32, 1), types.boolean, arr(f32, 2), arr(f32, 2), arr(f32, 2))
         sigs += [(f"matmul_tiled[{wname}]", matmul.matmul_tiled, mm),
                  (f"gemv_rows[{wname}]", matmul.gemv_rows, mm),
                  (f"gemv_qkv[{wname}]", matmul.gemv_qkv, qkv),
                  (f"gemv_gate_up_silu[{wname}]", matmul.gemv_gate_up_silu,
-                  (arr(F32, 2), arr(wtype, 2), arr(wtype, 2), arr(F32, 2)))]
-    x, bias, flag = arr(F32, 2), arr(F32, 1), types.boolean
+                  (arr(f32, 2), arr(wtype, 2), arr(wtype, 2), arr(f32, 2)))]
+    x, bias, flag = arr(f32, 2), arr(f32, 1), types.boolean
     for qname, kernels, matrix in packed_families():
         gemv, qkv, gate_up = kquant_matmul.DECODE_KERNELS.get(kernels, kernels)
         sigs += [(f"gemv_{qname}", gemv, (x, matrix, bias, flag, x)),
@@ -66,41 +66,41 @@ def signatures() -> list[tuple[str, object, tuple]]:
         if qkv is not None:
             sigs.append((f"gemv_{qname}_qkv", qkv,
                          (x, matrix, matrix, matrix, bias, bias, bias, flag, x, x, x)))
-    for qname, qtype in (("q8_0", I8), ("q4", U8)):  # (the tiled product reads Q8_0 as bytes)
-        matrix = types.Tuple((arr(qtype, 2), arr(F16, 2), arr(F16, 2), I64))
+    for qname, qtype in (("q8_0", i8), ("q4", u8)):  # (the tiled product reads Q8_0 as bytes)
+        matrix = types.Tuple((arr(qtype, 2), arr(f16, 2), arr(f16, 2), i64))
         sigs.append((f"matmul_tiled_packed[{qname}]", packed_matmul.matmul_tiled_packed,
                      (x, matrix, bias, flag, x)))
     for qname, kind, matrix in packed_families()[2:]:
         sigs.append((f"matmul_tiled_packed[{qname}]", kquant_matmul.TILED_KERNELS[kind],
                      (x, matrix, bias, flag, x)))
-    q = arr(F32, 3)
-    for kv_name, kv_type in (("", F32), ("[kv-f16]", F16)):  # the KV pool's element type
+    q = arr(f32, 3)
+    for kv_name, kv_type in (("", f32), ("[kv-f16]", f16)):  # the KV pool's element type
         pool = arr(kv_type, 4)
-        attn = (q, pool, pool, arr(I32, 2), arr(I32, 1), arr(I32, 1))
+        attn = (q, pool, pool, arr(i32, 2), arr(i32, 1), arr(i32, 1))
         sigs += [
             ("paged_attention_decode" + kv_name, attention.paged_attention_decode,
-             (*attn, arr(I32, 1), F32, I32, F32, arr(F32, 4), arr(F32, 4), arr(F32, 3))),
+             (*attn, arr(i32, 1), f32, i32, f32, arr(f32, 4), arr(f32, 4), arr(f32, 3))),
             ("paged_attention_prefill" + kv_name, attention.paged_attention_prefill,
-             (*attn, arr(I32, 2), F32, I32, F32, arr(F32, 3))),
+             (*attn, arr(i32, 2), f32, i32, f32, arr(f32, 3))),
             ("rope_write_kv" + kv_name, elementwise.rope_write_kv,
-             (q, q, q, arr(I32, 1), arr(F32, 2), arr(F32, 2), pool, pool, arr(I32, 1))),
+             (q, q, q, arr(i32, 1), arr(f32, 2), arr(f32, 2), pool, pool, arr(i32, 1))),
             ("copy_blocks" + kv_name, elementwise.copy_blocks,
-             (arr(kv_type, 5), arr(kv_type, 5), arr(I32, 2))),
+             (arr(kv_type, 5), arr(kv_type, 5), arr(i32, 2))),
         ]
     sigs += [
         ("merge_partitions", attention.merge_partitions,
-         (arr(I32, 1), arr(I32, 1), I32, arr(F32, 4), arr(F32, 4), arr(F32, 3))),
+         (arr(i32, 1), arr(i32, 1), i32, arr(f32, 4), arr(f32, 4), arr(f32, 3))),
         ("add_rms_norm", elementwise.add_rms_norm,
-         (arr(F32, 2), arr(F32, 2), types.boolean, arr(F32, 1), F32, arr(F32, 2), arr(F32, 2),
+         (arr(f32, 2), arr(f32, 2), types.boolean, arr(f32, 1), f32, arr(f32, 2), arr(f32, 2),
           types.boolean)),
-        ("silu_mul", elementwise.silu_mul, (arr(F32, 2), arr(F32, 2), arr(F32, 2))),
-        ("scale", elementwise.scale, (arr(F32, 2), F32, arr(F32, 2))),
-        ("softcap", elementwise.softcap, (arr(F32, 2), F32, arr(F32, 2))),
-        ("gelu_tanh_mul", elementwise.gelu_tanh_mul, (arr(F32, 2), arr(F32, 2), arr(F32, 2))),
-        ("add", elementwise.add, (arr(F32, 2), arr(F32, 2), arr(F32, 2))),
-        ("gather_rows", elementwise.gather_rows, (arr(F32, 2), arr(I32, 1), arr(F32, 2))),
-        ("round_activations", elementwise.round_activations, (arr(F32, 2), arr(F32, 2))),
-        ("top_candidates", logits.top_candidates, (arr(F32, 2), arr(I32, 1), I64, arr(F32, 3))),
+        ("silu_mul", elementwise.silu_mul, (arr(f32, 2), arr(f32, 2), arr(f32, 2))),
+        ("scale", elementwise.scale, (arr(f32, 2), f32, arr(f32, 2))),
+        ("softcap", elementwise.softcap, (arr(f32, 2), f32, arr(f32, 2))),
+        ("gelu_tanh_mul", elementwise.gelu_tanh_mul, (arr(f32, 2), arr(f32, 2), arr(f32, 2))),
+        ("add", elementwise.add, (arr(f32, 2), arr(f32, 2), arr(f32, 2))),
+        ("gather_rows", elementwise.gather_rows, (arr(f32, 2), arr(i32, 1), arr(f32, 2))),
+        ("round_activations", elementwise.round_activations, (arr(f32, 2), arr(f32, 2))),
+        ("top_candidates", logits.top_candidates, (arr(f32, 2), arr(i32, 1), i64, arr(f32, 3))),
     ]
     return sigs
 
@@ -108,11 +108,11 @@ def signatures() -> list[tuple[str, object, tuple]]:
 def block_threads(label: str) -> int:
     """Threads per block the backend launches the kernel with (RoPE: a 128-wide head)."""
     name = label.split("[")[0]
-    return {"matmul_tiled": matmul.TILE * matmul.TILE, "gemv_rows": matmul.ROW_THREADS,
+    return {"matmul_tiled": matmul.TILE * matmul.TILE, "gemv_rows": matmul.FLOAT_ROW_THREADS,
             "matmul_tiled_packed": matmul.TILE * matmul.TILE,
             **{f"gemv_{q}{f}": matmul.GEMV_THREADS for q in ("q8_0", "q4", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
                for f in ("", "_qkv", "_gate_up_silu")},
-            "gemv_qkv": matmul.ROW_THREADS, "gemv_gate_up_silu": matmul.ROW_THREADS,
+            "gemv_qkv": matmul.FLOAT_ROW_THREADS, "gemv_gate_up_silu": matmul.FLOAT_ROW_THREADS,
             "paged_attention_decode": attention.DECODE_THREADS,
             "merge_partitions": attention.MERGE_THREADS,
             "paged_attention_prefill": attention.PREFILL_THREADS,

@@ -18,13 +18,14 @@ import math
 import re
 from dataclasses import dataclass
 
+from .warp import WARP
+
 REGISTERS_PER_SM = 65536
 REGISTER_UNIT = 256  # registers are given to a warp in these units
 SHARED_PER_SM = 228 * 1024
 SHARED_RESERVED_PER_BLOCK = 1024
 WARPS_PER_SM = 64
 BLOCKS_PER_SM = 32
-WARP = 32
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@ order of the additions is the same on every run (a butterfly of shfl_xor_sync),
 unlike atomics into shared memory."""
 from numba import cuda
 
-FULL_MASK = 0xFFFFFFFF
+WARP = 32  # threads a warp
+FULL_MASK = 0xFFFFFFFF  # every lane of a warp takes part
 
 
 @cuda.jit(device=True, inline="always")

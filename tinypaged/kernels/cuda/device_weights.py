@@ -1,0 +1,113 @@
+"""The weight matrices on the device, each with the kernels that read its kind: a
+float matrix (DeviceFloat: float16 or float32, matmul.py's kernels) or a packed one
+(DevicePacked: the host's PackedWeight arrays as they are, packed_matmul.py's
+kernels for Q8_0 and Q4_x, kquant_matmul.py's for Q5_x and the K-quants).
+
+Each launches its own products (`product`, and the fused q/k/v and gate/up GEMVs):
+the backend hands it a launch function and the arrays, never asks what it is. The
+kernels a packed kind reads are found once, in PACKED_KERNELS, by its QuantKind.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+
+from ...formats.quant_kind import F16, F32, KINDS, Q4_0, Q4_1, Q8_0
+from . import kquant_matmul, matmul, packed_matmul
+
+
+@dataclass(frozen=True)
+class MatrixKernels:
+    gemv: object  # (x, matrix, bias, has_bias, out): decode rows
+    qkv: object | None  # (x, wq, wk, wv, bq, bk, bv, has_bias, q, k, v): None, three GEMVs
+    gate_up_silu: object  # (x, w_gate, w_up, out)
+    tiled: object  # (x, matrix, bias, has_bias, out): prefill rows
+    gemv_blocks: object  # rows -> blocks of a GEMV launch
+    gemv_threads: int
+    upload: object = None  # packed: PackedWeight -> (device arrays, decode's matrix, tiled's)
+
+
+FLOAT_KERNELS = MatrixKernels(matmul.gemv_rows, matmul.gemv_qkv, matmul.gemv_gate_up_silu,
+                              matmul.matmul_tiled, matmul.float_gemv_blocks, matmul.FLOAT_ROW_THREADS)
+
+
+def _packed(family: tuple, tiled, upload) -> MatrixKernels:
+    return MatrixKernels(*family, tiled, matmul.gemv_blocks, matmul.GEMV_THREADS, upload)
+
+
+PACKED_KERNELS = {  # by QuantKind.code
+    Q8_0: _packed((packed_matmul.gemv_q8_0, packed_matmul.gemv_q8_0_qkv, packed_matmul.gemv_q8_0_gate_up_silu),
+                  packed_matmul.matmul_tiled_packed, packed_matmul.upload),
+    **{code: _packed((packed_matmul.gemv_q4, packed_matmul.gemv_q4_qkv, packed_matmul.gemv_q4_gate_up_silu),
+                     packed_matmul.matmul_tiled_packed, packed_matmul.upload) for code in (Q4_0, Q4_1)},
+    **{code: _packed(family, kquant_matmul.TILED_KERNELS[code], kquant_matmul.upload)
+       for code, family in kquant_matmul.DECODE_KERNELS.items()},
+}
+
+
+def _decode(x) -> bool:
+    """Few enough rows of x for the decode GEMVs (else the tiled products)."""
+    return x.shape[0] <= matmul.GEMV_MAX_ROWS
+
+
+class DeviceMatrix:
+    """What both forms share: kind, shape, nbytes (formats/weight.py), `kernels`, the
+    arguments their GEMVs (`decode`) and tiled product (`tiled`) take, and whether
+    their products take x rounded to int8 blocks (`rounds_x`)."""
+    __slots__ = ("kind", "shape", "kernels", "decode", "tiled", "arrays")
+    rounds_x = False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.arrays)
+
+    def fuses_with(self, *others) -> bool:
+        """Whether one fused kernel reads self and others alike (a file may quantize
+        gate and up, or q, k and v, differently)."""
+        return all(o.kind is self.kind and o.kernels is self.kernels for o in others)
+
+    def product(self, launch, x, bias, has_bias, out) -> None:
+        """out = x @ W.T (+ bias): the GEMV for decode rows, else the tiled product."""
+        if _decode(x):
+            launch(self.kernels.gemv, self.kernels.gemv_blocks(self.shape[0]), self.kernels.gemv_threads,
+                   x, self.decode, bias, has_bias, out)
+        else:
+            grid = (-(-self.shape[0] // matmul.TILE), -(-x.shape[0] // matmul.TILE))
+            launch(self.kernels.tiled, grid, (matmul.TILE, matmul.TILE), x, self.tiled, bias, has_bias, out)
+
+    def qkv(self, launch, x, wk, wv, biases, has_bias, outs) -> None:
+        """q, k, v = x @ (self, wk, wv).T (+ biases) in one GEMV launch (decode rows; the
+        three fuse: fuses_with, and kernels.qkv is not None)."""
+        rows = self.shape[0] + wk.shape[0] + wv.shape[0]
+        launch(self.kernels.qkv, self.kernels.gemv_blocks(rows), self.kernels.gemv_threads,
+               x, self.decode, wk.decode, wv.decode, *biases, has_bias, *outs)
+
+    def gate_up_silu(self, launch, x, w_up, out) -> None:
+        """out = silu(x @ self.T) * (x @ w_up.T) in one GEMV launch (decode rows)."""
+        launch(self.kernels.gate_up_silu, self.kernels.gemv_blocks(self.shape[0]),
+               self.kernels.gemv_threads, x, self.decode, w_up.decode, out)
+
+
+class DeviceFloat(DeviceMatrix):
+    """A float matrix (N, K) uploaded as dtype (float16 or float32)."""
+    __slots__ = ()
+
+    def __init__(self, weight: np.ndarray, dtype):
+        array = cuda.to_device(np.ascontiguousarray(weight, dtype=dtype))
+        self.kind = KINDS[F16 if np.dtype(dtype) == np.float16 else F32]
+        self.shape, self.kernels, self.arrays = array.shape, FLOAT_KERNELS, (array,)
+        self.decode = self.tiled = array
+
+
+class DevicePacked(DeviceMatrix):
+    """A PackedWeight's arrays on the device, as the host holds them (float16 scales and
+    mins as float16)."""
+    __slots__ = ()
+    rounds_x = True
+
+    def __init__(self, packed):
+        self.shape, self.kind = packed.shape, packed.kind
+        self.kernels = PACKED_KERNELS[packed.kind.code]
+        self.arrays, self.decode, self.tiled = self.kernels.upload(packed)
