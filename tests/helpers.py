@@ -134,7 +134,7 @@ class StepGate:
         self.open_event, self.reached = threading.Event(), threading.Event()
         if not closed:
             self.open_event.set()
-        real_run = llm.engine.runner.run
+        real_run = llm.engine.runner.forward
 
         def gated_run(batch, rows=None, needs=None):
             if close_when is not None and close_when(batch):
@@ -144,7 +144,7 @@ class StepGate:
                 self.open_event.wait()
             time.sleep(seconds)
             return real_run(batch, rows, needs)
-        monkeypatch.setattr(llm.engine.runner, "run", gated_run)
+        monkeypatch.setattr(llm.engine.runner, "forward", gated_run)
 
     def open(self) -> None:
         self.open_event.set()
@@ -219,9 +219,9 @@ def step_gate(llm, monkeypatch, closed: bool = False, seconds: float = 0.003,
 def slow_down(llm, monkeypatch, seconds: float = 0.003) -> None:
     """Every step takes a while, so that a long request is surely still running when
     a test cuts it off (stories260K decodes a token in ~0.1 ms)."""
-    real_run = llm.engine.runner.run
+    real_run = llm.engine.runner.forward
 
     def slow_run(batch, rows=None, needs=None):
         time.sleep(seconds)
         return real_run(batch, rows, needs)
-    monkeypatch.setattr(llm.engine.runner, "run", slow_run)
+    monkeypatch.setattr(llm.engine.runner, "forward", slow_run)

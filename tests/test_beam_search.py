@@ -59,7 +59,7 @@ def test_a_width_that_keeps_every_candidate_equals_exhaustive_search(six_token_m
 def test_shared_blocks_are_never_written_in_place(tiny):
     llm = LLM(tiny, block_size=4, num_blocks=200)
     engine = llm.engine
-    run = engine.runner.run
+    run = engine.runner.forward
     checks = []
 
     def checked_run(batch):
@@ -68,7 +68,7 @@ def test_shared_blocks_are_never_written_in_place(tiny):
             assert engine.block_manager.blocks[block].ref_count == 1
         checks.append(len(batch.decodes))
         return run(batch)
-    engine.runner.run = checked_run
+    engine.runner.forward = checked_run
     search = BeamSearch(engine, list(range(3, 30)), beam_width=4, max_tokens=12,
                         length_penalty=1.0, ignore_eos=True)
     shared_seen = False

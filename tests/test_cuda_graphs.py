@@ -47,13 +47,13 @@ def test_a_packed_decode_step_pads_rows_and_block_tables():
 
 def _record_logits(engine: LLMEngine) -> list[np.ndarray]:
     """Keeps a copy of every step's logits (whole rows: fetched for the record)."""
-    logits, run = [], engine.runner.run
+    logits, run = [], engine.runner.forward
 
     def recorded_run(batch, rows=None, needs=None):
         out = run(batch, rows, needs)
         logits.append(np.array(out.rows(list(range(len(out))))))
         return out
-    engine.runner.run = recorded_run
+    engine.runner.forward = recorded_run
     return logits
 
 

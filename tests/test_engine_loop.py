@@ -168,7 +168,7 @@ def test_a_failed_step_reaches_every_caller_in_it_and_the_engine_goes_on(stories
     params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
     prompts = [f"Once upon a time {i}" for i in range(6)]
     expected = [o.token_ids for o in stories.generate(prompts, params)]
-    runner, real_run, calls, in_failed_step = stories.engine.runner, stories.engine.runner.run, [], set()
+    runner, real_run, calls, in_failed_step = stories.engine.runner, stories.engine.runner.forward, [], set()
 
     def failing_run(batch, rows=None, needs=None):
         calls.append(1)
@@ -176,7 +176,7 @@ def test_a_failed_step_reaches_every_caller_in_it_and_the_engine_goes_on(stories
             in_failed_step.update(seq.request_id for seq, _ in batch.chunks)
             raise MemoryError("the device ran out of memory")
         return real_run(batch, rows, needs)
-    monkeypatch.setattr(runner, "run", failing_run)
+    monkeypatch.setattr(runner, "forward", failing_run)
     outcome = {}
 
     def caller(i):

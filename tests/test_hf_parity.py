@@ -312,10 +312,10 @@ def test_blocks_behind_a_window_go_back_to_the_pool(case, backend, new_tokens, t
     schedule = llm.engine.scheduler.schedule
 
     def recording_schedule():
-        batch = schedule()
-        if batch.decodes:
-            decode_steps.append((len(batch.decodes[0]), bm.num_blocks - bm.num_free_blocks))
-        return batch
+        plan = schedule()
+        if plan.batch.decodes:
+            decode_steps.append((len(plan.batch.decodes[0]), bm.num_blocks - bm.num_free_blocks))
+        return plan
     monkeypatch.setattr(llm.engine.scheduler, "schedule", recording_schedule)
     prompt = expected(case)[1][0].tolist()  # 40 tokens
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -365,13 +365,13 @@ def test_replayed_decode_steps_read_every_kv_groups_tables(tmp_path):
                                                 gpu_weight_dtype="float32",
                                                 cuda_graphs=cuda_graphs))
         assert engine.block_manager.num_groups == 3
-        logits, run = [], engine.runner.run
+        logits, run = [], engine.runner.forward
 
         def recorded_run(batch, rows=None, needs=None, run=run, logits=logits):
             out = run(batch, rows, needs)
             logits.append(np.array(out.rows(list(range(len(out))))))
             return out
-        engine.runner.run = recorded_run
+        engine.runner.forward = recorded_run
         released, release = [], engine.block_manager.release_behind
         engine.block_manager.release_behind = lambda seq: released.append(release(seq)) or released[-1]
         # 10 prompt tokens and 5 more: blocks of 4 behind a window of 8 go from position 12

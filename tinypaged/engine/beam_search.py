@@ -57,7 +57,7 @@ class BeamSearch:
             raise
 
     def _run(self, batch: ScheduledBatch) -> np.ndarray:
-        step_logits = self.engine.runner.run(batch)
+        step_logits = self.engine.runner.forward(batch)
         logits = step_logits.rows(list(range(len(step_logits))))  # (every row is used)
         for seq, n in batch.chunks:
             seq.num_computed_tokens += n

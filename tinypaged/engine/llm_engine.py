@@ -10,7 +10,7 @@ from ..kernels import get_backend
 from ..model.loading import load_model, requantized
 from ..model.paged_model import PagedKVCache, PagedModel
 from ..model.weights import quantize_matrices
-from ..outputs import KV_CACHE_FULL, RequestOutput
+from ..outputs import RequestOutput
 from ..prompts import normalize_prompt
 from ..sampling import SamplingParams
 from ..structured.grammar import Grammars
@@ -24,9 +24,7 @@ from .model_runner import ModelRunner
 from .postprocessor import Postprocessor
 from .request import PreparedRequest, Request
 from .sampler import Sampler
-from .scheduler import ScheduledBatch, Scheduler
-from .step_outcome import StepOutcome
-from .step_plan import StepPlan
+from .scheduler import Scheduler
 from .token_rules import TokenRules
 
 
@@ -64,11 +62,12 @@ class LLMEngine:
         check_pool_fits(num_blocks, bytes_per_block, ops.memory_available())
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching,
                                           windows=model.kv_groups.windows)
+        self.requests: dict[str, Request] = {}
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
-                                   config.max_num_batched_tokens)
+                                   config.max_num_batched_tokens, self.requests)
         kv = PagedKVCache(cfg, num_blocks, bs, ops, self.kv_cache_dtype)
-        self.runner = ModelRunner(model, kv, bs, decode_graphs(config, model, kv,
-                                                               self.max_model_len))
+        self.runner = ModelRunner(model, kv, self.block_manager,
+                                  decode_graphs(config, model, kv, self.max_model_len))
         unique = {id(w): w for w in model.w.values()}.values()  # a tied lm_head counts once
         self.weight_bytes = sum(int(w.nbytes) for w in unique)  # as the backend holds them
         self.backend_name = ops.name
@@ -78,11 +77,10 @@ class LLMEngine:
         # structured outputs: llguidance's tokenizer and compiled grammars, on first use
         self.grammars = Grammars(self.tokenizer, cfg.vocab_size, self.eos_token_ids,
                                  config.grammar_cache_memory)
-        self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.statistics = EngineStats(self.block_manager)
-        self.sampler = Sampler(self.requests, self.grammars)
-        self.postprocessor = Postprocessor(self.requests, self.scheduler, self.block_manager,
+        self.sampler = Sampler(self.requests, self.grammars, self.scheduler)
+        self.postprocessor = Postprocessor(self.requests, self.scheduler, self.statistics,
                                            self.eos_token_ids, self.max_model_len)
 
     def _load_model(self, model_dir, config: EngineConfig, ops) -> PagedModel:
@@ -208,36 +206,10 @@ class LLMEngine:
         blocks freed; the other requests go on (StepOutcome). An exception that
         escapes step() is a failure of the bookkeeping itself: the engine's state can
         no longer be trusted."""
-        batch = self.scheduler.schedule()
-        outcome = StepOutcome(self.requests, self.scheduler)
-        for seq in batch.out_of_memory:
-            outcome.finish(seq, KV_CACHE_FULL)
-        if batch:
-            self.statistics.count_step(batch)
-            plan = StepPlan(batch, self.requests)
-            try:
-                logits = self.runner.run(batch, plan.rows, plan.needs())
-            except Exception as e:
-                self._fail_batch(batch, e, outcome)
-            else:
-                self.statistics.note_peak(self.scheduler.running)  # before the finished leave
-                due = self.postprocessor.advance(plan, logits, outcome)
-                drawn = self.sampler.sample(due, logits, outcome)
-                self.postprocessor.append(drawn, outcome)
-            self.statistics.record_utilization(self.scheduler.running)
-        outputs = [r.output() for r in outcome.touched.values()]
-        for out in outputs:
-            if out.finished:
-                self.requests.pop(out.request_id, None)
-        return outputs
-
-    def _fail_batch(self, batch: ScheduledBatch, error: Exception, outcome: StepOutcome) -> None:
-        """The forward pass failed: every request in the batch fails. Blocks hashed for
-        this step's tokens hold garbage, so they leave the prefix cache first."""
-        for seq, _ in batch.chunks:
-            self.block_manager.forget_uncomputed(seq)
-        for seq, _ in batch.chunks:
-            outcome.fail(seq, error)
+        plan = self.scheduler.schedule()
+        logits = self.runner.run(plan)
+        drawn = self.sampler.sample(plan, logits)
+        return self.postprocessor.postprocess(plan, drawn)
 
     # -- statistics ---------------------------------------------------------------------
     def block_map(self) -> str:

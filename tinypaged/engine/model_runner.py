@@ -1,4 +1,5 @@
-"""ModelRunner: turns a scheduled batch into kernel inputs and runs the model."""
+"""ModelRunner: a planned step's forward pass: kernel inputs from the scheduled batch,
+the model run over the paged KV pool, and its tokens counted as computed."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,16 +7,41 @@ import numpy as np
 from ..batch.attention_metadata import AttentionMetadata
 from ..batch.step_logits import WHOLE_ROW, StepLogits
 from ..model.paged_model import PagedKVCache, PagedModel
+from .block_manager import BlockManager
 from .scheduler import ScheduledBatch
+from .step_plan import StepPlan
 
 
 class ModelRunner:
-    def __init__(self, model: PagedModel, kv: PagedKVCache, block_size: int,
+    def __init__(self, model: PagedModel, kv: PagedKVCache, block_manager: BlockManager,
                  decode_graphs=None):
         """decode_graphs: a CUDA DecodeGraphs that runs pure decode steps as recorded
         static steps (None: every step eager)."""
-        self.model, self.kv, self.block_size = model, kv, block_size
+        self.model, self.kv, self.block_manager = model, kv, block_manager
+        self.block_size = block_manager.block_size
         self.decode_graphs = decode_graphs
+
+    def run(self, plan: StepPlan) -> StepLogits | None:
+        """The plan's forward pass; then each chunk's tokens count as computed (its full
+        blocks join the prefix cache). None when there was nothing to run, or when the
+        forward failed: every request in the batch has then failed (plan.outcome)."""
+        if not plan:
+            return None
+        try:
+            logits = self.forward(plan.batch, plan.rows, plan.needs())
+        except Exception as e:
+            plan.outcome.fail_batch([seq for seq, _ in plan.batch.chunks], e)
+            return None
+        for chunk in plan.chunks:
+            seq = chunk.seq
+            if seq.is_finished:  # its request failed earlier in this loop
+                continue
+            try:
+                seq.num_computed_tokens += chunk.tokens
+                self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
+            except Exception as e:
+                plan.outcome.fail(seq, e)
+        return logits
 
     def prepare(self, batch: ScheduledBatch,
                 logits_rows: list[int] | None = None) -> tuple[np.ndarray, AttentionMetadata]:
@@ -29,8 +55,8 @@ class ModelRunner:
             logits_rows)
         return token_ids, meta
 
-    def run(self, batch: ScheduledBatch, logits_rows: list[int] | None = None,
-            needs: list[int] | None = None) -> StepLogits:
+    def forward(self, batch: ScheduledBatch, logits_rows: list[int] | None = None,
+                needs: list[int] | None = None) -> StepLogits:
         """Copy-on-write copies, then the forward pass: logits (R, vocab) in batch.chunks
         order, logits_rows[i] rows for chunk i (default: one each, its last token's),
         left where the backend computed them; needs[r] says what sampling needs of row

@@ -1,15 +1,11 @@
-"""Postprocessor: what a step computed, applied to its sequences. Before sampling,
-advance(): each chunk's tokens count as computed (its full blocks join the prefix
-cache), prompt logprobs are collected, and a prompt just finished forks its n - 1
-other samples; the samples due a token are returned. After sampling, append(): each
-token joins its sample, which ends on EOS or a stop token (both kept in the output,
-as vLLM keeps them), a stop string, a finished grammar, or its length."""
+"""Postprocessor: a step's drawn tokens applied to its sequences, and the step's
+outputs. Each token joins its sample, which ends on EOS or a stop token (both kept
+in the output, as vLLM keeps them), a stop string, a finished grammar, or its
+length; the step's figures go to EngineStats."""
 from __future__ import annotations
 
-from ..batch.step_logits import StepLogits
-from ..logprobs import token_logprobs
-from ..outputs import TokenLogprobs
-from .block_manager import BlockManager
+from ..outputs import RequestOutput, TokenLogprobs
+from .engine_stats import EngineStats
 from .request import Request
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -18,36 +14,28 @@ from .step_plan import StepPlan
 
 
 class Postprocessor:
-    def __init__(self, requests: dict[str, Request], scheduler: Scheduler,
-                 block_manager: BlockManager, eos_token_ids: set[int], max_model_len: int):
-        self.requests, self.scheduler, self.block_manager = requests, scheduler, block_manager
+    def __init__(self, requests: dict[str, Request], scheduler: Scheduler, statistics: EngineStats,
+                 eos_token_ids: set[int], max_model_len: int):
+        self.requests, self.scheduler, self.statistics = requests, scheduler, statistics
         self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
 
-    def advance(self, plan: StepPlan, logits: StepLogits,
-                outcome: StepOutcome) -> list[tuple[Sequence, int]]:
-        """Every chunk advanced; returns the samples due a token (a prompt just
-        finished, or a decode), each with its row of logits. A failure fails that
-        chunk's request alone."""
-        due = []
-        for chunk in plan.chunks:
-            seq = chunk.seq
-            if seq.is_finished:  # its request failed earlier in this loop
-                continue
-            request = self.requests[seq.request_id]
-            try:
-                first = seq.num_computed_tokens
-                seq.num_computed_tokens += chunk.tokens
-                self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
-                end = chunk.first_row + chunk.rows
-                if chunk.prompt_logprobs:
-                    self._collect_prompt_logprobs(request, logits.rows(list(range(chunk.first_row, end))),
-                                                  first)
-                if seq.num_computed_tokens == len(seq):  # not part-way through a prompt
-                    due += [(s, end - 1) for s in self._samples_of(seq)]
-                    outcome.touch(seq)
-            except Exception as e:
-                outcome.fail(seq, e)
-        return due
+    def postprocess(self, plan: StepPlan, drawn: list[tuple[Sequence, int, TokenLogprobs | None]]
+                    ) -> list[RequestOutput]:
+        """Each drawn token appended (a sample that ends gives its blocks back), the
+        step counted; returns the requests it changed, and forgets the finished ones
+        (their output is returned for the last time)."""
+        outcome = plan.outcome
+        if plan:
+            self.statistics.note_peak(self.scheduler.running)  # before the finished leave
+        self.append(drawn, outcome)
+        if plan:
+            self.statistics.count_step(plan.batch)
+            self.statistics.record_utilization(self.scheduler.running)
+        outputs = [r.output() for r in outcome.touched.values()]
+        for out in outputs:
+            if out.finished:
+                self.requests.pop(out.request_id, None)
+        return outputs
 
     def append(self, drawn: list[tuple[Sequence, int, TokenLogprobs | None]],
                outcome: StepOutcome) -> None:
@@ -91,27 +79,3 @@ class Postprocessor:
             return None
         return lambda text: (seq.num_output_tokens >= min_tokens
                              and (grammar is None or grammar.accepts(text)))
-
-    @staticmethod
-    def _collect_prompt_logprobs(request: Request, logits, first: int) -> None:
-        """logits (r, V) at positions first .. first + r - 1; position j predicts prompt
-        token j + 1. Positions already collected (before a preemption) are skipped."""
-        ids, collected = request.prompt_token_ids, request.prompt_logprobs
-        positions = [j for j in range(first, first + len(logits)) if len(collected) <= j + 1 < len(ids)]
-        if positions:
-            collected += token_logprobs(logits[[j - first for j in positions]],
-                                        [ids[j + 1] for j in positions],
-                                        request.params.prompt_logprobs)
-
-    def _samples_of(self, seq: Sequence) -> list[Sequence]:
-        """seq, and before its first token its n - 1 forks (sharing the prompt's blocks)."""
-        request = self.requests[seq.request_id]
-        samples = [seq]
-        if seq.num_output_tokens == 0 and len(request.seqs) < seq.params.n:
-            for i in range(1, seq.params.n):
-                child = seq.fork(i)
-                self.block_manager.fork(seq, child)
-                self.scheduler.add_forked(child)
-                request.add_sample(child)
-                samples.append(child)
-        return samples

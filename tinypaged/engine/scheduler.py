@@ -23,8 +23,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..outputs import KV_CACHE_FULL
 from .block_manager import BlockManager
+from .request import Request
 from .sequence import Sequence, SequenceStatus
+from .step_outcome import StepOutcome
+from .step_plan import StepPlan
 
 
 @dataclass(slots=True)
@@ -52,8 +56,9 @@ def seats(seq: Sequence) -> int:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int,
-                 max_num_batched_tokens: int):
-        self.block_manager = block_manager
+                 max_num_batched_tokens: int, requests: dict[str, Request]):
+        """requests: the engine's, by id (a plan reads what each request asks of a step)."""
+        self.block_manager, self.requests = block_manager, requests
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()  # may hold aborted (finished) sequences
@@ -85,7 +90,16 @@ class Scheduler:
         self.waiting_seats -= seats(seq)
         return seq
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self) -> StepPlan:
+        """The next step's plan (StepPlan over the ScheduledBatch that schedule_batch
+        picks); a sequence the pool cannot hold even alone finishes now."""
+        batch = self.schedule_batch()
+        plan = StepPlan(batch, self.requests, StepOutcome(self.requests, self))
+        for seq in batch.out_of_memory:
+            plan.outcome.finish(seq, KV_CACHE_FULL)
+        return plan
+
+    def schedule_batch(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         bm = self.block_manager
         budget = self.max_num_batched_tokens

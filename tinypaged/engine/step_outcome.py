@@ -3,12 +3,11 @@ ends inside a step (finished, or failed alone while the others go on)."""
 from __future__ import annotations
 
 from .request import Request
-from .scheduler import Scheduler
 from .sequence import Sequence
 
 
 class StepOutcome:
-    def __init__(self, requests: dict[str, Request], scheduler: Scheduler):
+    def __init__(self, requests: dict[str, Request], scheduler):
         self.requests, self.scheduler = requests, scheduler
         self.touched: dict[str, Request] = {}  # request id -> request, in the order touched
 
@@ -30,3 +29,11 @@ class StepOutcome:
             request.error, request.aborted = error, True
             for sample in self.scheduler.abort(request.seqs, "error"):
                 request.texts[sample.sample_index].finish()
+
+    def fail_batch(self, seqs: list[Sequence], error: Exception) -> None:
+        """The forward pass over seqs failed: each of their requests fails. Blocks hashed
+        for this step's tokens hold garbage, so they leave the prefix cache first."""
+        for seq in seqs:
+            self.scheduler.block_manager.forget_uncomputed(seq)
+        for seq in seqs:
+            self.fail(seq, error)

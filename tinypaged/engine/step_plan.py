@@ -1,15 +1,15 @@
-"""StepPlan: what a scheduled batch asks of the forward pass and of sampling, per
-chunk: how many rows of logits it needs, and what sampling needs of each row
-(batch/step_logits.py)."""
+"""StepPlan: one step's work as the scheduler planned it: the scheduled batch, what
+each chunk asks of the forward pass and of sampling (its rows of logits, and what
+sampling needs of each row: batch/step_logits.py), and the step's StepOutcome."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..batch.step_logits import NOT_NEEDED, WHOLE_ROW
 from .request import Request
-from .scheduler import ScheduledBatch
 from .sequence import Sequence
 from .step_logits import candidates_needed
+from .step_outcome import StepOutcome
 
 
 @dataclass(slots=True)
@@ -19,17 +19,23 @@ class PlannedChunk:
     rows: int  # of logits: every token's where its prompt logprobs are wanted, else the last's
     prompt_logprobs: bool
     first_row: int  # of its rows in the step's logits
+    completes: bool  # no token left to compute after it (a decode, a prompt's last chunk): a token is due
 
 
 class StepPlan:
-    def __init__(self, batch: ScheduledBatch, requests: dict[str, Request]):
-        self.batch = batch
+    def __init__(self, batch, requests: dict[str, Request], outcome: StepOutcome):
+        """batch: the scheduler's ScheduledBatch."""
+        self.batch, self.outcome = batch, outcome
         self.chunks: list[PlannedChunk] = []
         row = 0
         for seq, n in batch.chunks:
             want = requests[seq.request_id].wants_prompt_logprobs
-            self.chunks.append(PlannedChunk(seq, n, n if want else 1, want, row))
+            completes = seq.num_computed_tokens + n == len(seq)
+            self.chunks.append(PlannedChunk(seq, n, n if want else 1, want, row, completes))
             row += n if want else 1
+
+    def __bool__(self) -> bool:
+        return bool(self.batch)
 
     @property
     def rows(self) -> list[int]:
@@ -43,7 +49,7 @@ class StepPlan:
         for c in self.chunks:
             if c.prompt_logprobs:
                 needs += [WHOLE_ROW] * c.rows
-            elif c.seq.num_computed_tokens + c.tokens == len(c.seq):  # (forks share the row)
+            elif c.completes:  # (forks share the row)
                 needs.append(candidates_needed(c.seq.params))
             else:
                 needs.append(NOT_NEEDED)
