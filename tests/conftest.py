@@ -116,6 +116,26 @@ def stories_dir():
     return STORIES_DIR
 
 
+# The simulator runs a Python thread per CUDA thread: a step costs in proportion to the
+# weight rows it reads (stories260K: ~4,500 a step, 2-3 s). Its stand-in there reads a
+# quarter of them with stories260K's kinds of shapes (8 heads of 8 dimensions on 4 KV
+# heads, an MLP width that is no multiple of 64, rows packable as Q4_1), so every kernel
+# takes the same code paths.
+CUDA_STAND_IN = dict(hidden_size=64, intermediate_size=96, num_attention_heads=8,
+                     num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def cuda_model_dir(tmp_path_factory):
+    """The model the CUDA engine tests run: stories260K on a GPU, its stand-in (a seeded
+    random Llama, CUDA_STAND_IN) on the simulator."""
+    if HAS_GPU:
+        return STORIES_DIR
+    path = tmp_path_factory.mktemp("cuda") / "stand-in"
+    write_tiny_model(str(path), **CUDA_STAND_IN)
+    return path
+
+
 class ModelCopy:
     """A model folder copied into tmp_path, to be broken on purpose."""
 

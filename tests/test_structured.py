@@ -209,13 +209,13 @@ def test_forced_text_is_tokenized_as_the_model_would(source, stories_dir, reques
 
 
 @pytest.mark.cuda
-def test_on_the_cuda_backend_samples_match_too(stories_dir):
+def test_on_the_cuda_backend_samples_match_too(cuda_model_dir):
     """The GPU keeps logits on the device and fetches candidates; a constrained row is
     fetched whole and masked on the host. The simulator takes seconds a step, so one
     batch of a one-token constraint of each kind, sampled, beside a free request."""
     import json
     import re
-    llm = LLM(stories_dir, backend="cuda", num_blocks=64)
+    llm = LLM(cuda_model_dir, backend="cuda", num_blocks=64)
     assert llm.engine.backend_name == "cuda"
     checks = [(StructuredOutputs(json={"type": "integer", "minimum": 0, "maximum": 9}),
                lambda t: json.loads(t) in range(10)),
