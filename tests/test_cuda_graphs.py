@@ -157,8 +157,10 @@ def test_a_graph_mode_decode_step_is_one_launch_and_two_transfers(tmp_path):
 def test_a_context_growing_past_an_attention_partition_is_recorded_again(tmp_path):
     """Decode attention's grid has a power-of-two count of 128-key partitions; a step
     whose context crosses 128 keys runs a second recording of the same bucket
-    (sharing its workspace), with the merge kernel, equal to the eager step."""
-    write_tiny_model(str(tmp_path), max_position_embeddings=256)
+    (sharing its workspace), with the merge kernel, equal to the eager step. (One
+    narrow layer: the simulator's cost is the 125-token prompt's products.)"""
+    write_tiny_model(str(tmp_path), max_position_embeddings=256, num_hidden_layers=1, hidden_size=16,
+                     intermediate_size=16)
     runs = {}
     for cuda_graphs in (False, True):
         engine = LLMEngine(tmp_path, EngineConfig(backend="cuda", num_blocks=12,
