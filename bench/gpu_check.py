@@ -308,7 +308,7 @@ def end_to_end(model_dir):
             engine.step()  # prefill
             engine.step()  # the first decode step at this batch (recorded, in graph mode)
             steps, tokens = 0, 0
-            launches, graphs, transfers = ops.launches, ops.graph_launches, ops.transfers
+            launches, graphs, transfers = ops.launcher.launches, ops.launcher.graph_launches, ops.launcher.transfers
             start = time.perf_counter()
             while engine.has_unfinished():
                 outputs = engine.step()
@@ -322,15 +322,15 @@ def end_to_end(model_dir):
                 print(f"model decode, batch {batch}: no decode step ran", flush=True)
                 continue
             rate = tokens / (time.perf_counter() - start)
-            per_step = (ops.launches - launches) / steps
-            graph_steps = (ops.graph_launches - graphs) / steps
+            per_step = (ops.launcher.launches - launches) / steps
+            graph_steps = (ops.launcher.graph_launches - graphs) / steps
             nodes = max((len(s.recording) for s in getattr(engine.runner.decode_graphs, "steps",
                                                            {}).values()), default=0)
             kv_bytes = batch * 48 * kv_per_token  # ~48 tokens of context on average
             step_s = predicted_seconds(weight_bytes + kv_bytes, launches=per_step + graph_steps,
                                        graph_nodes=nodes * graph_steps)
-            if cuda_graphs and batch <= 8:  # the latency model (kernels/cuda/step_model.py)
-                from tinypaged.kernels.cuda.step_model import decode_step, predict
+            if cuda_graphs and batch <= 8:  # the latency model (kernels/cuda/tools/step_model.py)
+                from tinypaged.kernels.cuda.tools.step_model import decode_step, predict
                 step_s = predict(decode_step(
                     cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
                     cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size,
@@ -338,7 +338,7 @@ def end_to_end(model_dir):
             mode = "graph" if cuda_graphs else "eager"
             report(f"model decode, batch {batch}, {mode}", rate, "tokens/s",
                    f"{per_step:.0f} launches + {graph_steps:.0f} graph launches + "
-                   f"{(ops.transfers - transfers) / steps:.1f} copies a step",
+                   f"{(ops.launcher.transfers - transfers) / steps:.1f} copies a step",
                    predicted=batch / step_s)
         if cuda_graphs:
             step_kernel_times(engine)

@@ -47,9 +47,9 @@ def test_a_batch_1_decode_step_launches_at_most_10_kernels_per_layer(stories_dir
     engine, ops = llm.engine, llm.engine.runner.model.ops
     engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=3))
     engine.step()  # prefill
-    before = ops.launches
+    before = ops.launcher.launches
     engine.step()  # one decode step
-    per_layer = (ops.launches - before) / llm.config.num_hidden_layers
+    per_layer = (ops.launcher.launches - before) / llm.config.num_hidden_layers
     assert per_layer <= 10, per_layer  # 8 per layer + 5 per step here
 
 
@@ -131,7 +131,7 @@ def test_samples_take_candidates_found_on_the_device_and_draw_what_whole_rows_dr
             ops = llm.engine.runner.model.ops
             ops.reduce_logits = reduce
             outs = llm.generate(prompts, params)
-            runs[reduce] = [[o.token_ids for o in out.outputs] for out in outs], ops.bytes_to_host
+            runs[reduce] = [[o.token_ids for o in out.outputs] for out in outs], ops.launcher.bytes_to_host
     (reduced, reduced_bytes), (whole, whole_bytes) = runs[True], runs[False]
     assert reduced == whole
     # rows: 3 in the prefill step (the two samples of the second prompt share its row),

@@ -80,7 +80,7 @@ def test_replayed_steps_equal_eager_steps_token_for_token(cuda_model_dir):
     (eager_logits, eager_out, _), (graph_logits, graph_out, engine) = runs[False], runs[True]
     assert graph_out == eager_out and [len(graph_out[r]) for r in "ab"] == [5, 3]
     _assert_same_steps(graph_logits, eager_logits)
-    assert engine.runner.model.ops.replays >= 2  # a step of each bucket run again
+    assert engine.runner.model.ops.launcher.replays >= 2  # a step of each bucket run again
     assert {bucket for bucket, _ in engine.runner.decode_graphs.steps} == {1, 2}  # 2, then 1
 
 
@@ -124,7 +124,7 @@ def test_replayed_steps_equal_eager_steps_through_growth_forks_and_preemption(ti
     assert len(graph_out) == 4 and len(graph_out["c"]) == 2
     _assert_same_steps(graph_logits, eager_logits)
     graphs = graph_engine.runner.decode_graphs
-    assert graph_engine.runner.model.ops.replays >= 5  # most decode steps were replays
+    assert graph_engine.runner.model.ops.launcher.replays >= 5  # most decode steps were replays
     assert len({bucket for bucket, _ in graphs.steps}) >= 3  # the batch moved through buckets
     for engine in (eager_engine, graph_engine):
         assert engine.scheduler.num_preemptions > 0
@@ -145,10 +145,10 @@ def test_a_graph_mode_decode_step_is_one_launch_and_two_transfers(tmp_path):
         engine.step()  # prefill
         engine.step()  # the first decode step (recorded, in graph mode)
         ops = engine.runner.model.ops
-        before = np.array([ops.launches, ops.graph_launches, ops.replays, ops.transfers])
+        before = np.array([ops.launcher.launches, ops.launcher.graph_launches, ops.launcher.replays, ops.launcher.transfers])
         engine.step()
-        per_step[cuda_graphs] = tuple(np.array([ops.launches, ops.graph_launches, ops.replays,
-                                                ops.transfers]) - before)
+        per_step[cuda_graphs] = tuple(np.array([ops.launcher.launches, ops.launcher.graph_launches, ops.launcher.replays,
+                                                ops.launcher.transfers]) - before)
     # (+1: the greedy sample's argmax, found on the device; only it comes back)
     assert per_step[False] == (246, 0, 0, 2)
     assert per_step[True] == ((1, 1, 1, 2) if cuda_usable() else (246, 0, 1, 2))
@@ -176,7 +176,7 @@ def test_a_context_growing_past_an_attention_partition_is_recorded_again(tmp_pat
     graphs = engine.runner.decode_graphs
     assert set(graphs.steps) == {(1, 1), (1, 2)}  # up to 128 keys, then past them
     assert graphs.steps[1, 1].recording.workspace is graphs.steps[1, 2].recording.workspace
-    assert engine.runner.model.ops.replays >= 2
+    assert engine.runner.model.ops.launcher.replays >= 2
 
 
 def _eager_logits_of_five_tokens(model_dir) -> list:
@@ -209,11 +209,11 @@ def test_a_captured_graph_is_one_launch_and_replays_the_eager_steps(tiny_model_d
     engine.step()  # the first decode step: recorded, then captured
     ops = engine.runner.model.ops
     assert len(captured) == 1 and captured[0] > 0
-    before = (ops.launches, ops.graph_launches, ops.replays)
+    before = (ops.launcher.launches, ops.launcher.graph_launches, ops.launcher.replays)
     engine.step()
     # one graph launch, plus the greedy sample's argmax launched from the host
-    assert (ops.launches - before[0], ops.graph_launches - before[1],
-            ops.replays - before[2]) == (1, 1, 1)
+    assert (ops.launcher.launches - before[0], ops.launcher.graph_launches - before[1],
+            ops.launcher.replays - before[2]) == (1, 1, 1)
     while engine.has_unfinished():
         engine.step()
     _assert_same_steps(logits, _eager_logits_of_five_tokens(tiny_model_dir))
@@ -236,5 +236,5 @@ def test_a_failed_capture_warns_once_and_replays_kernel_by_kernel(tiny_model_dir
             engine.step()
     assert len([w for w in warned if "capture failed" in str(w.message)]) == 1
     ops = engine.runner.model.ops
-    assert ops.replays >= 3 and ops.graph_launches == 0
+    assert ops.launcher.replays >= 3 and ops.launcher.graph_launches == 0
     _assert_same_steps(logits, _eager_logits_of_five_tokens(tiny_model_dir))

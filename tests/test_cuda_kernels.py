@@ -235,10 +235,10 @@ def test_split_k_decode_attention_over_long_contexts(gpu, head_dim, window):
     want = reference.paged_attention(q, k_cache, v_cache, meta, window)
     _, dev_meta = gpu.prepare_inputs(np.zeros(meta.num_tokens, np.int64), meta)
     assert attention.PARTITION == 128 and dev_meta.decode_partitions == 4
-    before = gpu.launches
+    before = gpu.launcher.launches
     got = gpu.paged_attention(cuda.to_device(q), cuda.to_device(k_cache), cuda.to_device(v_cache),
                               dev_meta, window).copy_to_host()
-    assert gpu.launches - before == 2  # the split kernel and the merge
+    assert gpu.launcher.launches - before == 2  # the split kernel and the merge
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
@@ -317,15 +317,15 @@ def test_with_packed_weights_the_norm_also_writes_its_output_rounded():
     out, _ = gpu.add_rms_norm(cuda.to_device(x), dev_residual, cuda.to_device(weight), 1e-5)
     want, _ = reference.add_rms_norm(x, residual, weight, 1e-5)
     np.testing.assert_allclose(out.copy_to_host(), want, **TOL)
-    before = gpu.launches
+    before = gpu.launcher.launches
     rounded = gpu._input_for(out, dev["w"])
-    assert gpu.launches == before  # no rounding launch: the norm wrote it
+    assert gpu.launcher.launches == before  # no rounding launch: the norm wrote it
     np.testing.assert_array_equal(rounded.copy_to_host(),
                                   reference.round_activations(out.copy_to_host()))
     other = cuda.to_device(out.copy_to_host())  # not a norm's output: rounded by a launch
     np.testing.assert_array_equal(gpu._input_for(other, dev["w"]).copy_to_host(),
                                   rounded.copy_to_host())
-    assert gpu.launches == before + 1
+    assert gpu.launcher.launches == before + 1
 
 
 # -- the logits' way back (issue 18, B7) --------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The static resource report (kernels/cuda/resources.py): ptxas's figures through
+"""The static resource report (kernels/cuda/tools/resources.py): ptxas's figures through
 nvJitLink, and the occupancy arithmetic, checked without a GPU."""
 import json
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tinypaged.kernels.cuda.resources import KernelResources
+from tinypaged.kernels.cuda.tools.resources import KernelResources
 
 pytestmark = [pytest.mark.cuda, pytest.mark.ptx]  # compiled on the CPU: no GPU needed
 
@@ -26,7 +26,7 @@ def test_occupancy_takes_the_first_limit(threads, registers, shared, want):
 
 SCRIPT = r"""
 from numba import cuda, float32, types
-from tinypaged.kernels.cuda.resources import measure
+from tinypaged.kernels.cuda.tools.resources import measure
 
 def spilled(x, out):  # an array indexed by a runtime value lives in local memory
     acc = cuda.local.array(64, dtype=float32)
@@ -67,7 +67,7 @@ def test_ptxas_figures_show_a_local_array_and_shared_memory():
 @pytest.fixture(scope="module")
 def audit():
     """Every kernel compiled once for sm_90: PTX size, float64 instructions, resources."""
-    return json.loads(run_without_simulator("-m", "tinypaged.kernels.cuda.ptx", "--audit"))
+    return json.loads(run_without_simulator("-m", "tinypaged.kernels.cuda.tools.ptx", "--audit"))
 
 
 def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
@@ -122,7 +122,7 @@ def test_the_kernels_that_promise_the_references_bits_fuse_nothing(audit):
 
 
 def test_the_float64_count_sees_a_float64_division():
-    from tinypaged.kernels.cuda.ptx import float64_instructions
+    from tinypaged.kernels.cuda.tools.ptx import float64_instructions
 
     ptx = "\tdiv.rn.f64 \t%fd3, %fd1, %fd2;\n\tcvt.rn.f32.f64 \t%f2, %fd3;\n\tadd.f32 %f1, %f2, %f3;"
     assert float64_instructions(ptx) == 2

@@ -1,9 +1,9 @@
-"""The decode step's latency model (kernels/cuda/step_model.py): its kernels are the
+"""The decode step's latency model (kernels/cuda/tools/step_model.py): its kernels are the
 ones a recorded step launches, and the design it describes reaches the goal of
 issue 33 (SmolLM2, batch 1, graph mode: >= 1,000 tokens/s) under its assumptions."""
 import pytest
 
-from tinypaged.kernels.cuda.step_model import ASSUMPTIONS, KernelCost, decode_step, predict
+from tinypaged.kernels.cuda.tools.step_model import ASSUMPTIONS, KernelCost, decode_step, predict
 
 SMOLLM2 = dict(hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64, intermediate=1536,
                vocab=49152)
@@ -41,7 +41,7 @@ def test_batches_past_the_gemv_steps_are_refused():
 
 
 def test_the_resource_report_prints_the_model_for_a_config(tmp_path):
-    """`python -m tinypaged.kernels.cuda.ptx --step-model DIR [BATCH [CONTEXT]]`: a
+    """`python -m tinypaged.kernels.cuda.tools.ptx --step-model DIR [BATCH [CONTEXT]]`: a
     config.json's shapes (SmolLM2's here), the table, the assumptions, the verdict."""
     import json
     import re
@@ -50,7 +50,7 @@ def test_the_resource_report_prints_the_model_for_a_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({
         "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
         "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152}))
-    result = subprocess.run([sys.executable, "-m", "tinypaged.kernels.cuda.ptx", "--step-model",
+    result = subprocess.run([sys.executable, "-m", "tinypaged.kernels.cuda.tools.ptx", "--step-model",
                              str(tmp_path), "1", "48"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "assumptions: node_us=0.51" in result.stdout

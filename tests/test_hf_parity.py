@@ -383,7 +383,7 @@ def test_replayed_decode_steps_read_every_kv_groups_tables(tmp_path):
         assert sum(released) == 2  # block 0 of both sliding groups, mid-run
         runs[cuda_graphs] = logits, engine
     (eager, _), (replayed, engine) = runs[False], runs[True]
-    assert engine.runner.model.ops.replays >= 3
+    assert engine.runner.model.ops.launcher.replays >= 3
     assert engine.block_manager.num_free_blocks == 40 and len(eager) == len(replayed)
     for step, (got, want) in enumerate(zip(replayed, eager)):
         np.testing.assert_array_equal(got, want, err_msg=f"step {step}")

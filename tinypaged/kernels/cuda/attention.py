@@ -287,3 +287,25 @@ def paged_attention_prefill(q, k_cache, v_cache, block_tables, positions, token_
     for e in range(t, nq * head_dim, PREFILL_THREADS):
         qi, d = e // head_dim, e % head_dim
         out[r0 + qi, h, d] = acc[qi, d] / l_s[qi]
+
+
+def launch_decode(launch, args, meta, scale, window, cap, out) -> None:
+    """Split-K decode attention through `launch` (the backend's Launcher): a block per
+    (row, KV head, partition of PARTITION keys), all of a partition's keys loaded at
+    once; partitions merged by log-sum-exp when there are several. args: (q, k_cache,
+    v_cache, block_tables, positions, token_seq) as the kernels take them."""
+    q, k_cache = args[0], args[1]
+    n_rows, n_heads, head_dim = meta.num_decode, q.shape[1], q.shape[2]
+    group = n_heads // k_cache.shape[2]
+    if group > MAX_GROUP:
+        raise ValueError(f"a GQA group of {group} query heads per KV head exceeds the "
+                         f"decode kernel's MAX_GROUP={MAX_GROUP}")
+    parts = meta.decode_partitions
+    # (one partition writes out directly; the partials are then placeholders)
+    part_acc = launch.empty(n_rows, n_heads, parts, head_dim) if parts > 1 else launch.empty(1, 1, 1, 1)
+    part_ml = launch.empty(n_rows, n_heads, parts, 2) if parts > 1 else launch.empty(1, 1, 1, 2)
+    launch(paged_attention_decode, (n_rows, k_cache.shape[2], parts), DECODE_THREADS, *args,
+           meta.decode_rows, scale, window, cap, part_acc, part_ml, out)
+    if parts > 1:
+        launch(merge_partitions, (n_rows, n_heads), MERGE_THREADS, meta.positions, meta.decode_rows,
+               window, part_acc, part_ml, out)

@@ -59,14 +59,14 @@ class DecodeGraphs:
             step = self.steps[bucket, partitions] = RecordedStep(
                 self.inputs[bucket], partitions, StepRecording(self.workspaces[bucket]))
         step.inputs.upload(token_ids, meta)
-        self.ops.transfers += 1
+        self.ops.launcher.transfers += 1
         if step.logits is None:
             self._record(step)
         else:  # counted as they happen: a graph, or its kernels launched one by one
             launches = step.recording.launch()
-            self.ops.launches += launches
-            self.ops.graph_launches += launches == 0
-            self.ops.replays += 1
+            self.ops.launcher.launches += launches
+            self.ops.launcher.graph_launches += launches == 0
+            self.ops.launcher.replays += 1
         return step.logits[:len(token_ids)]  # (the sampler takes what it needs of them)
 
     def _record(self, step: RecordedStep) -> None:

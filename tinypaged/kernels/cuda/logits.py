@@ -106,10 +106,10 @@ class LogitsCopier:
     """The logits' way back for one CUDA backend, in buffers reused step after step:
     device arrays for gathered rows, candidates and row indices (never the step
     workspace: the logits themselves live there), page-locked host arrays for the
-    copies. Launches and copies are counted on the backend."""
+    copies. Launches and copies go through (and are counted by) the backend's launcher."""
 
-    def __init__(self, backend):
-        self.backend = backend
+    def __init__(self, launcher):
+        self.launcher = launcher
         self._buffers = {}  # by name
         self._iota = None  # 0, 1, 2, ... on the device
 
@@ -121,10 +121,10 @@ class LogitsCopier:
             src = logits[:n]
         else:
             src = self._reused("_gathered", (n, vocab), np.float32)
-            self.backend._launch(gather_rows, n, ROW_THREADS, logits, self._row_indices(rows),
+            self.launcher(gather_rows, n, ROW_THREADS, logits, self._row_indices(rows),
                                  src)
-        self.backend.transfers += 1
-        self.backend.bytes_to_host += n * vocab * 4
+        self.launcher.transfers += 1
+        self.launcher.bytes_to_host += n * vocab * 4
         if not pinned:
             return src.copy_to_host()
         host = self._pinned_host("_whole_rows", (n, vocab))
@@ -135,10 +135,10 @@ class LogitsCopier:
         """(len(rows), k, 2): the k most likely (value, id) of each row, found on the
         device, one launch and one small copy (logits.top_candidates)."""
         out = self._reused("_top", (len(rows), k, 2), np.float32)
-        self.backend._launch(top_candidates, len(rows), TOP_THREADS, logits,
+        self.launcher(top_candidates, len(rows), TOP_THREADS, logits,
                              self._row_indices(rows), k, out)
-        self.backend.transfers += 1
-        self.backend.bytes_to_host += out.size * 4
+        self.launcher.transfers += 1
+        self.launcher.bytes_to_host += out.size * 4
         host = self._pinned_host("_top_host", (len(rows), k, 2))
         out.copy_to_host(host)
         return host
@@ -153,7 +153,7 @@ class LogitsCopier:
             return self._iota[:n]
         indices = self._reused("_indices", (n,), np.int32)
         indices.copy_to_device(np.asarray(rows, dtype=np.int32))
-        self.backend.transfers += 1
+        self.launcher.transfers += 1
         return indices
 
     def _reused(self, name: str, shape: tuple, dtype):

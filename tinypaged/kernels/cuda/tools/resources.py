@@ -2,7 +2,7 @@
 spills and shared memory from ptxas (through nvJitLink, sm_90 SASS), and the
 theoretical occupancy they allow on an H100 / H200.
 
-`python -m tinypaged.kernels.cuda.ptx --resources` prints the table. A stack frame
+`python -m tinypaged.kernels.cuda.tools.ptx --resources` prints the table. A stack frame
 is a local-memory array (slow, off-chip); occupancy is the share of the SM's 64
 warp slots the kernel's blocks can fill at once, the first of its limits:
 
@@ -18,7 +18,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from .warp import WARP
+from ..warp import WARP
 
 REGISTERS_PER_SM = 65536
 REGISTER_UNIT = 256  # registers are given to a warp in these units

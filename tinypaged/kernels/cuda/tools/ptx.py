@@ -1,6 +1,6 @@
 """Compile every CUDA kernel to PTX for a compute capability, without a GPU.
 
-`python -m tinypaged.kernels.cuda.ptx [MAJOR.MINOR]` prints one line per kernel
+`python -m tinypaged.kernels.cuda.tools.ptx [MAJOR.MINOR]` prints one line per kernel
 and signature: name, weight dtype, PTX size. `--resources` instead compiles each
 to sm_90 SASS and prints its registers, stack frame, spills, shared memory and
 theoretical occupancy (resources.py); `--audit` prints all of it, with each
@@ -17,8 +17,8 @@ import sys
 
 from numba import cuda, types
 
-from ...formats.quant_kind import Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
-from . import attention, elementwise, kquant_matmul, logits, matmul, packed_matmul
+from ....formats.quant_kind import Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
+from .. import attention, elementwise, kquant_matmul, logits, matmul, packed_matmul
 
 f32, f16, i32, i64 = types.float32, types.float16, types.int32, types.int64
 i8, u8 = types.int8, types.uint8

@@ -55,10 +55,10 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
     """The kernels of one batch-`batch` decode step of a Llama-shaped model at
     `context` keys, as this backend's design launches them (float weights of
     weight_bytes each, float32 KV pool and activations)."""
-    from .attention import GPU_CHUNK as CHUNK  # (not the simulator's)
-    from .attention import LANES_PER_KEY, MERGE_THREADS, PARTITION
-    from .elementwise import GPU_NORM_THREADS as NORM_THREADS  # (not the simulator's)
-    from .matmul import GEMV_MAX_ROWS, GEMV_THREADS, VEC
+    from ..attention import GPU_CHUNK as CHUNK  # (not the simulator's)
+    from ..attention import LANES_PER_KEY, MERGE_THREADS, PARTITION
+    from ..elementwise import GPU_NORM_THREADS as NORM_THREADS  # (not the simulator's)
+    from ..matmul import GEMV_MAX_ROWS, GEMV_THREADS, VEC
     if batch > GEMV_MAX_ROWS:
         raise ValueError(f"batch={batch}: the model covers the GEMV steps (batch <= "
                          f"{GEMV_MAX_ROWS}); larger batches run the tiled product")

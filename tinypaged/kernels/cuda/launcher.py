@@ -1,0 +1,51 @@
+"""Launcher: every kernel launch of a CUDA backend goes through it. It owns the step
+workspace that launches' outputs are carved from, the recording a launch joins while
+a decode step is recorded for replay (step_recording.py), and the counts that tests
+and benchmarks read: launches from the host, replays, graph launches, transfers and
+the bytes of logits copied back."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from .memory import StepWorkspace
+
+
+class Launcher:
+    def __init__(self):
+        self.workspace = StepWorkspace()
+        self.launches = 0  # kernel launches from the host (a recording's first run, and a
+        #   replay without a graph, too)
+        self.replays = 0  # recorded steps run again
+        self.graph_launches = 0  # of those, the ones launched as one CUDA graph (on a GPU)
+        self.transfers = 0  # host <-> device copies of step inputs, logits and CoW pairs
+        self.bytes_to_host = 0  # of logits and candidates copied back
+        self._recording = None  # the StepRecording that launches are added to, if any
+
+    def __call__(self, kernel, grid, block, *args) -> None:
+        self.launches += 1
+        if self._recording is not None:
+            self._recording.add(kernel, grid, block, args)
+        kernel[grid, block](*args)
+
+    def empty(self, *shape):
+        """A float32 device array of shape from the step's workspace."""
+        return self.workspace.take(shape)
+
+    def new_step(self) -> None:
+        """A step's inputs go up: its workspace starts empty."""
+        self.workspace.reset()
+        self.transfers += 1
+
+    @contextmanager
+    def recording(self, recording):
+        """Within: every launch also goes into `recording` (cleared first), and
+        activations come from the recording's own workspace, so the arrays its
+        launches name stay theirs."""
+        assert self._recording is None, "recordings do not nest"
+        recording.clear()
+        recording.workspace.reset()
+        eager_workspace, self.workspace, self._recording = self.workspace, recording.workspace, recording
+        try:
+            yield recording
+        finally:
+            self.workspace, self._recording = eager_workspace, None
