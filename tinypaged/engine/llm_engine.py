@@ -11,7 +11,6 @@ from ..model.loading import load_model, requantized
 from ..model.paged_model import PagedKVCache, PagedModel
 from ..model.weights import quantize_matrices
 from ..outputs import RequestOutput
-from ..prompts import normalize_prompt
 from ..sampling import SamplingParams
 from ..structured.grammar import Grammars
 from ..tokenizer import Tokenizer
@@ -23,6 +22,7 @@ from .load_thread import on_own_thread
 from .model_runner import ModelRunner
 from .postprocessor import Postprocessor
 from .request import PreparedRequest, Request
+from .request_check import RequestCheck
 from .sampler import Sampler
 from .scheduler import Scheduler
 from .token_rules import TokenRules
@@ -77,6 +77,8 @@ class LLMEngine:
         # structured outputs: llguidance's tokenizer and compiled grammars, on first use
         self.grammars = Grammars(self.tokenizer, cfg.vocab_size, self.eos_token_ids,
                                  config.grammar_cache_memory)
+        self.check = RequestCheck(self.tokenizer, cfg.vocab_size, self.max_model_len,
+                                  config.max_num_seqs, self.block_manager, self.grammars)
         self._ids = itertools.count()
         self.statistics = EngineStats(self.block_manager)
         self.sampler = Sampler(self.requests, self.grammars, self.scheduler)
@@ -116,29 +118,11 @@ class LLMEngine:
         return self.add_prepared(self.prepare_request(prompt, params), request_id)
 
     def prepare_request(self, prompt, params: SamplingParams | None = None) -> PreparedRequest:
-        """Check a request and tokenize its prompt, touching no engine state (so any
-        thread may call it). Raises TypeError or ValueError naming what is wrong. The
-        request keeps its own checked copy of params (SamplingParams.checked)."""
-        if params is None:
-            params = SamplingParams()
-        elif not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        else:
-            params = params.checked()  # catches fields changed after construction
-        prompt = normalize_prompt(prompt)
-        ids = self.prompt_ids(prompt)
-        if params.n > self.config.max_num_seqs:
-            raise ValueError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
-        vocab = self.model_config.vocab_size
-        for name, tokens in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids),
-                             ("allowed_token_ids", params.allowed_token_ids or [])):
-            bad = [t for t in tokens if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"{name}: token id {bad[0]} is out of range [0, {vocab})")
-        grammar = None
-        if params.structured_outputs is not None:  # compiled here: a bad one queues nothing
-            grammar = self.grammars.compile(params.structured_outputs)
-        return PreparedRequest(prompt if isinstance(prompt, str) else None, ids, params, grammar)
+        """RequestCheck.prepare (touches no engine state: any thread may call it)."""
+        return self.check.prepare(prompt, params)
+
+    def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        return self.check.prompt_ids(prompt)
 
     def add_prepared(self, prepared: PreparedRequest, request_id: str | None = None) -> str:
         request_id = str(next(self._ids)) if request_id is None else request_id
@@ -151,31 +135,6 @@ class LLMEngine:
         self.requests[request_id] = request
         self.scheduler.add(request.seqs[0])
         return request_id
-
-    def prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        """A normalized prompt's token ids (see prompts.normalize_prompt), checked against
-        the vocabulary, max_model_len and the pool."""
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt is empty: give at least one character of text")
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = list(prompt)
-            bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
-            if bad:
-                raise ValueError(f"prompt token id {bad[0]} is out of range "
-                                 f"[0, {self.model_config.vocab_size})")
-        if not ids:
-            raise ValueError("prompt is empty: it encodes to no tokens")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is "
-                             f"{self.max_model_len} tokens, leaving no room to generate")
-        # admission takes the prompt's blocks and the first output token's, in every KV group
-        need = self.block_manager.num_groups * blocks_for(len(ids) + 1, self.config.block_size)
-        if need > self.block_manager.num_blocks:
-            raise ValueError(f"prompt of {len(ids)} tokens needs {need} KV blocks; the pool "
-                             f"has only {self.block_manager.num_blocks}")
-        return ids
 
     def abort(self, request_id: str) -> RequestOutput:
         """Stop a request now; its blocks go back to the pool. Returns its last output
