@@ -13,11 +13,9 @@ import os
 from dataclasses import dataclass, field
 
 from ..kernels.rope import NO_ROPE, Rope, rope_from_config
-from .decoder_block import LAYOUTS
 from .families import FAMILIES
-from .family import LAYER_TYPES
+from .family import LAYER_TYPES, Family
 
-SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 # what a checkpoint's "dtype" (or older "torch_dtype") may say; others read as float32
 CHECKPOINT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -76,26 +74,22 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     sliding_window: int | None = None  # tokens a sliding layer attends to (itself included)
     layer_types: tuple[str, ...] = ()  # per layer, one of LAYER_TYPES; (): all full
-    # how other families differ from Llama (family.py; each family's file says why)
-    qk_norm: str | None = None  # RMSNorm of q and k: "head" (each head) or "full" (all heads)
-    norm_layout: str = "pre"  # decoder_block.LAYOUTS: where the norms sit
+    # what attention, the embeddings and the file's shapes take from the config (each
+    # family's file says which it sets); how its layer goes is the family's own (family.py)
     rope_layers: tuple[bool, ...] = ()  # per layer, whether it rotates q and k; (): all do
     embedding_scale: float = 1.0  # embeddings times this
     attention_scale: float | None = None  # scores times this; None: 1 / sqrt(head_dim)
-    residual_scale: float = 1.0  # each block's output times this, before the residual add
-    logit_scale: float = 1.0  # logits times this
     fused_projections: bool = False  # the file holds qkv_proj and gate_up_proj (Phi-3)
-    activation: str = "silu"  # the MLP's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
-    norm_offset: float = 0.0  # RMSNorm weights as stored are w - offset (Gemma: 1 + w)
     local_rope: Rope | None = None  # the sliding layers' RoPE where it differs (Gemma 3)
     attn_softcap: float | None = None  # scores as cap * tanh(score / cap) (Gemma 2)
     final_softcap: float | None = None  # logits as cap * tanh(logit / cap) (Gemma 2)
     dtype: str = "float32"  # the checkpoint's precision, one of CHECKPOINT_DTYPES (GGUF: float16)
+    settings: dict = field(default_factory=dict)  # a family's own values, read by its file alone
 
     def __post_init__(self):
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
+        if self.architecture not in FAMILIES:
             raise ValueError(f"architecture {self.architecture!r} is not supported "
-                             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+                             f"(supported: {', '.join(FAMILIES)})")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
             if getattr(self, name) <= 0:
@@ -121,15 +115,13 @@ class ModelConfig:
         if self.rope_layers and len(self.rope_layers) != self.num_hidden_layers:
             raise ValueError(f"rope_layers names {len(self.rope_layers)} layers, but "
                              f"num_hidden_layers={self.num_hidden_layers}")
-        if self.norm_layout not in LAYOUTS:
-            raise ValueError(f"norm_layout={self.norm_layout!r} is not one of {tuple(LAYOUTS)}")
-        if self.activation not in ("silu", "gelu_tanh"):
-            raise ValueError(f"activation={self.activation!r} is not 'silu' or 'gelu_tanh'")
         for name in ("attn_softcap", "final_softcap"):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be positive")
-        if self.qk_norm not in (None, "head", "full"):
-            raise ValueError(f"qk_norm={self.qk_norm!r} is not None, 'head' or 'full'")
+
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.architecture]
 
     def uses_rope(self, layer: int) -> bool:
         return not self.rope_layers or self.rope_layers[layer]
@@ -181,9 +173,9 @@ class ModelConfig:
             raise ValueError(f"{where}: 'architectures' must be a list of names, e.g. "
                              f"[\"LlamaForCausalLM\"], got {archs!r}")
         arch = archs[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
+        if arch not in FAMILIES:
             raise ValueError(f"{where}: architecture {arch!r} is not supported "
-                             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+                             f"(supported: {', '.join(FAMILIES)})")
         check_keys(cfg, arch, where)
         act = cfg.get("hidden_act", "silu")
         if act != "silu" and not FAMILIES[arch].reads_activation:

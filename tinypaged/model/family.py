@@ -1,10 +1,11 @@
-"""Family: what one architecture reads from config.json beyond the keys every family
-shares (config.COMMON_KEYS), how its forward pass differs from Llama's (as
-ModelConfig fields that decoder_block.py reads: norm_layout, qk_norm, rope_layers,
-the multipliers...), and how llama.cpp's GGUF files hold it (GGUFArchitecture).
+"""Family: one architecture, all in one place: the config.json keys it reads beyond
+those every family shares (config.COMMON_KEYS), its decoder layer (built from
+layer.py's pieces), what it folds into its weights at load, and how llama.cpp's GGUF
+files hold it (GGUFArchitecture).
 
 Llama, Mistral and Qwen2 are here (they differ in biases and windows only); every
-other family is a small file beside this one, registered in families.py.
+other family is a small file beside this one, registered in families.py. A new
+family is its file and a line there.
 """
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .gguf_names import GGUFArchitecture
+from .layer import pre_norm
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def no_fold(weights: dict, cfg, from_gguf: bool) -> dict:
+    return weights
 
 
 @dataclass(frozen=True)
@@ -23,6 +29,11 @@ class Family:
     read: Callable  # (reader: config._Reader, layers: int) -> {ModelConfig field: value}
     reads_activation: bool = False  # else hidden_act must be silu (config.py checks)
     gguf: GGUFArchitecture | None = None  # how llama.cpp's files hold it (gguf_names.py)
+    layer: Callable = pre_norm  # (pieces, x, residual) -> (x, residual): layer.py
+    # (weights, cfg, from_gguf) -> weights: what loading folds into them (Granite's logit
+    # scale into the final norm), so that no op runs for it
+    fold: Callable = no_fold
+    hf_norm_offset: float = 0.0  # a HF folder stores its norms as w - this (Gemma: 1)
 
 
 def no_mlp_bias(get) -> None:

@@ -1,8 +1,9 @@
 """Gemma (1): Llama with a GeGLU MLP (GELU's tanh form), RMSNorm weights stored as
-w - 1 (the norm multiplies by 1 + w; the loader adds the 1, weights.py), and
+w - 1 (the norm multiplies by 1 + w; loading adds the 1: hf_norm_offset), and
 embeddings scaled by sqrt(hidden_size). The helpers serve Gemma 2 and 3 too."""
 from .family import Family, attention_biases
 from .gguf_names import GGUFArchitecture
+from .layer import pre_norm
 
 GELU_TANH = "gelu_pytorch_tanh"
 
@@ -13,8 +14,7 @@ def gemma_basics(get) -> dict:
         raise ValueError(f"{get.where}: use_bidirectional_attention=true (an encoder's "
                          f"attention) is not supported")
     hidden = get.integer("hidden_size", positive=True)
-    return {**attention_biases(get), "activation": "gelu_tanh", "norm_offset": 1.0,
-            "embedding_scale": hidden ** 0.5}
+    return {**attention_biases(get), "embedding_scale": hidden ** 0.5}
 
 
 def gelu_tanh(get, keys: tuple[str, ...], legacy: tuple[str, ...] = ()) -> None:
@@ -57,7 +57,12 @@ def gguf_config(gguf, arch: str, config: dict) -> dict:
     return out
 
 
+def layer(p, x, residual):
+    return pre_norm(p, x, residual, activation="gelu_tanh")
+
+
 GGUF_KEYS = frozenset({"attention.sliding_window", "attn_logit_softcapping", "final_logit_softcapping"})
 GEMMA = Family("GemmaForCausalLM",
                frozenset({"attention_bias", "hidden_activation", "use_bidirectional_attention"}),
-               read, reads_activation=True, gguf=GGUFArchitecture("gemma", False, {}, config=gguf_config))
+               read, reads_activation=True, gguf=GGUFArchitecture("gemma", False, {}, config=gguf_config),
+               layer=layer, hf_norm_offset=1.0)

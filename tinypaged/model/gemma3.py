@@ -9,6 +9,7 @@ from ..kernels.rope import rope_from_config, rope_from_parameters
 from .family import Family, layer_types, window
 from .gemma import GGUF_KEYS, gelu_tanh, gemma_basics, gguf_config, optional_positive
 from .gguf_names import QK_NORMS, SANDWICH, GGUFArchitecture
+from .layer import sandwich
 
 GLOBAL_THETA, LOCAL_THETA = 1_000_000.0, 10_000.0
 
@@ -42,13 +43,16 @@ def read(get, layers: int) -> dict:
         raise ValueError(f"{get.where}: query_pre_attn_scalar={scalar:g} must be positive")
     pattern = get.integer("sliding_window_pattern", get.cfg.get("_sliding_window_pattern", 6),
                           positive=True)
-    return {**gemma_basics(get), "norm_layout": "sandwich", "qk_norm": "head",
-            "attention_scale": scalar ** -0.5, "sliding_window": window(get),
+    return {**gemma_basics(get), "attention_scale": scalar ** -0.5, "sliding_window": window(get),
             "layer_types": layer_types(get, layers, ["sliding_attention" if (i + 1) % pattern else
                                                      "full_attention" for i in range(layers)]),
             "attn_softcap": optional_positive(get, "attn_logit_softcapping", None),
             "final_softcap": optional_positive(get, "final_logit_softcapping", None),
             **ropes(get)}
+
+
+def layer(p, x, residual):  # Gemma 2's, each head of q and k normed (by 1 + w)
+    return sandwich(p, x, residual, qk_norm="head", activation="gelu_tanh")
 
 
 GEMMA3 = Family("Gemma3ForCausalLM",
@@ -61,4 +65,5 @@ GEMMA3 = Family("Gemma3ForCausalLM",
                 gguf=GGUFArchitecture("gemma3", False, {**SANDWICH, **QK_NORMS}, GGUF_KEYS,
                                       lambda gguf, arch, config: {
                                           **gguf_config(gguf, arch, config), "sliding_window_pattern": 6,
-                                          "rope_local_base_freq": LOCAL_THETA}))
+                                          "rope_local_base_freq": LOCAL_THETA}),
+                layer=layer, hf_norm_offset=1.0)

@@ -52,8 +52,8 @@ def convert_gguf(path: str | os.PathLike, out_dir: str | os.PathLike,
             w = unpermute_rows(w, cfg.num_attention_heads)
         elif permuted and name.endswith(("attn_k.weight", "attn_k.bias")):
             w = unpermute_rows(w, cfg.num_key_value_heads)
-        if cfg.norm_offset and target.endswith("norm.weight"):
-            w = w - np.float32(cfg.norm_offset)  # a HF folder stores Gemma's norms as w - 1
+        if cfg.family.hf_norm_offset and target.endswith("norm.weight"):
+            w = w - np.float32(cfg.family.hf_norm_offset)  # a HF folder stores Gemma's norms as w - 1
         tensors[target] = w.astype(np.float16) if np.abs(w).max() <= F16_MAX else w
         if (i + 1) % 50 == 0 or i + 1 == len(wanted):
             log(f"dequantised {i + 1}/{len(wanted)} tensors")

@@ -1,7 +1,10 @@
 """Granite: Llama with four multipliers. Embeddings are scaled by
 embedding_multiplier, each block's output by residual_multiplier before it joins
 the residual stream, the attention scores by attention_multiplier (in place of
-1/sqrt(head_dim)), and the logits divided by logits_scaling."""
+1/sqrt(head_dim)), and the logits divided by logits_scaling (folded at load into the
+final norm's weight: the logits are lm_head(norm(x)), linear in it)."""
+import numpy as np
+
 from .family import Family, attention_biases, no_mlp_bias
 from .gguf_names import GGUFArchitecture
 
@@ -16,9 +19,25 @@ def read(get, layers: int) -> dict:
         return value
 
     return {**attention_biases(get), "embedding_scale": positive("embedding_multiplier"),
-            "residual_scale": positive("residual_multiplier"),
             "attention_scale": positive("attention_multiplier"),
-            "logit_scale": 1.0 / positive("logits_scaling")}
+            "settings": {"residual_multiplier": positive("residual_multiplier"),
+                         "logits_scaling": positive("logits_scaling")}}
+
+
+def layer(p, x, residual):
+    """Llama's, each block's output scaled as it joins the stream."""
+    scale = p.cfg.settings["residual_multiplier"]
+    h, residual = p.add_norm(x, residual, "input_layernorm")
+    x = p.scale(p.attention(h), scale)
+    h, residual = p.add_norm(x, residual, "post_attention_layernorm")
+    return p.scale(p.mlp(h), scale), residual
+
+
+def fold(weights: dict, cfg, from_gguf: bool) -> dict:
+    """The logits' division, into the final norm's weight (float32)."""
+    norm = weights["model.norm.weight"]
+    weights["model.norm.weight"] = (norm * np.float32(1.0 / cfg.settings["logits_scaling"])).astype(np.float32)
+    return weights
 
 
 def gguf_config(gguf, arch: str, config: dict) -> dict:
@@ -40,4 +59,5 @@ GRANITE = Family("GraniteForCausalLM",
                             "residual_multiplier", "attention_multiplier"}), read,
                  gguf=GGUFArchitecture("granite", True, {},
                                        frozenset({"embedding_scale", "residual_scale", "logit_scale",
-                                                  "attention.scale"}), gguf_config))
+                                                  "attention.scale"}), gguf_config),
+                 layer=layer, fold=fold)

@@ -1,6 +1,6 @@
 """A model file read whole: a HF folder or a GGUF file, to (config, checked weights)
-with the load-time folds every backend relies on (Gemma's norm offset, Granite's
-logit scale) and non-finite values refused."""
+with the load-time folds every backend relies on (a HF folder's norm offset, the
+family's own folds: Family.fold) and non-finite values refused."""
 from __future__ import annotations
 
 import os
@@ -30,7 +30,7 @@ def load_model(model_dir: str | os.PathLike,
         cfg = ModelConfig.from_json(model_dir)
         weights = offset_norms(load_weights(model_dir, cfg), cfg)
     check_finite(weights, model_dir)
-    return cfg, scale_logits(weights, cfg)
+    return cfg, cfg.family.fold(weights, cfg, from_gguf=model_dir.lower().endswith(".gguf"))
 
 
 def requantized(model_dir: str | os.PathLike) -> dict[str, str]:
@@ -52,20 +52,13 @@ def check_finite(weights: dict, where: str) -> None:
 
 
 def offset_norms(weights: dict, cfg: ModelConfig) -> dict:
-    """Gemma's norms multiply by 1 + w: the 1 added once here (float32), so every
-    backend's RMSNorm is the plain one. (llama.cpp's converter adds it when writing a
-    GGUF file: GGUF weights come as they are.)"""
-    if cfg.norm_offset:
+    """A HF folder's norms as its family stores them, w - hf_norm_offset (Gemma's
+    multiply by 1 + w): the offset added once here (float32), so every backend's
+    RMSNorm is the plain one. (llama.cpp's converter adds it when writing a GGUF
+    file: GGUF weights come as they are.)"""
+    offset = cfg.family.hf_norm_offset
+    if offset:
         for name in weights:
             if name.endswith("norm.weight"):
-                weights[name] = weights[name].astype(np.float32) + np.float32(cfg.norm_offset)
-    return weights
-
-
-def scale_logits(weights: dict, cfg: ModelConfig) -> dict:
-    """Granite's logit multiplier, folded into the final norm's weight (the logits are
-    lm_head(norm(x)), linear in it): no op on the logits at run time."""
-    if cfg.logit_scale != 1.0:
-        norm = weights["model.norm.weight"]
-        weights["model.norm.weight"] = (norm * np.float32(cfg.logit_scale)).astype(np.float32)
+                weights[name] = weights[name].astype(np.float32) + np.float32(offset)
     return weights

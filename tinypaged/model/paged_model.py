@@ -1,9 +1,8 @@
 """The paged forward: one straight-line pass over a flat batch of tokens.
 
-Each layer is decoder_block.py's (the norms' places, the q/k norm and the
-multipliers by which the families differ; the family files say which sets what);
-here is what makes it paged: attention reads and writes the KV pool through the
-block tables. A RoPE per layer (none: SmolLM3; local and global: Gemma 3), sliding
+Each layer is its family's (family.layer, built from layer.py's pieces); here is
+what makes it paged: attention reads and writes the KV pool through the block
+tables. A RoPE per layer (none: SmolLM3; local and global: Gemma 3), sliding
 windows, GeGLU and the softcaps come from ModelConfig.
 
 The batch mixes prefill chunks and decode tokens of many sequences; where each
@@ -16,7 +15,7 @@ import numpy as np
 
 from ..batch.attention_metadata import AttentionMetadata
 from .config import ModelConfig
-from .decoder_block import decoder_layer, final_norm, qk_norms
+from .layer import LayerPieces, final_norm, qk_norms
 from .kv_groups import KVGroups
 
 
@@ -83,10 +82,11 @@ class PagedModel:
         residual = None
         metas = [meta.for_group(g) for g in range(self.kv_groups.num_groups)]
 
-        def attention(layer: int, h):  # with its KV group's tables and slots
-            return self._attention(layer, h, metas[self.kv_groups.group_of[layer]], kv)
+        def attention(layer: int, h, qk_norm):  # with its KV group's tables and slots
+            return self._attention(layer, h, qk_norm, metas[self.kv_groups.group_of[layer]], kv)
         for layer in range(cfg.num_hidden_layers):
-            x, residual = decoder_layer(ops, cfg, w, layer, x, residual, attention, self._mlp)
+            pieces = LayerPieces(ops, cfg, w, layer, attention, self._mlp)
+            x, residual = cfg.family.layer(pieces, x, residual)
 
         rows = meta.logits_indices  # (S,): only these tokens need logits
         h = final_norm(ops, cfg, w, ops.gather_rows(x, rows),
@@ -94,7 +94,7 @@ class PagedModel:
         logits = ops.linear(h, w["lm_head.weight"])  # (R, vocab)
         return logits if cfg.final_softcap is None else ops.softcap(logits, cfg.final_softcap)
 
-    def _attention(self, layer: int, h, meta, kv: PagedKVCache):
+    def _attention(self, layer: int, h, qk_norm: str | None, meta, kv: PagedKVCache):
         """h (T, H) -> o_proj(attention) (T, H); writes the layer's K/V to the pool."""
         cfg, w, ops = self.cfg, self.w, self.ops
         n_tokens = len(h)
@@ -103,7 +103,7 @@ class PagedModel:
         biases = [w[a + f"{n}_proj.bias"] for n in "qkv"] if cfg.attention_bias else [None] * 3
         q, k, v = ops.qkv_proj(h, w[a + "q_proj.weight"], w[a + "k_proj.weight"],
                                w[a + "v_proj.weight"], *biases)  # (T, n_heads * D), (T, n_kv * D) x 2
-        q, k = qk_norms(ops, cfg, w, a, q, k)
+        q, k = qk_norms(ops, cfg, w, a, qk_norm, q, k)
         cos, sin = self.rope_tables[layer]
         slot = self.kv_groups.slot_of[layer]
         q = ops.rope_write_kv(q.reshape(n_tokens, n_heads, head_dim),
@@ -115,9 +115,9 @@ class PagedModel:
         return ops.linear(attn.reshape(n_tokens, n_heads * head_dim), w[a + "o_proj.weight"],
                           w[a + "o_proj.bias"] if cfg.o_proj_bias else None)
 
-    def _mlp(self, p: str, h):
+    def _mlp(self, p: str, h, activation: str):
         """h (T, H) -> down(act(gate(h)) * up(h)) (T, H); act SiLU or GELU (tanh)."""
         w, ops = self.w, self.ops
-        gate_up = ops.gate_up_gelu if self.cfg.activation == "gelu_tanh" else ops.gate_up_silu
+        gate_up = ops.gate_up_gelu if activation == "gelu_tanh" else ops.gate_up_silu
         act = gate_up(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"])
         return ops.linear(act, w[p + "mlp.down_proj.weight"])  # act: (T, I)

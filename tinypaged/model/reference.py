@@ -1,7 +1,7 @@
 """The dense forward with a contiguous KV cache: the model-level oracle.
 
-Clarity beats speed here: the layers are decoder_block.py's, as the paged forward
-runs them, over the ops of `kernels/reference.py`; attention is plain causal
+Clarity beats speed here: the layers are their family's (family.layer), as the paged
+forward runs them, over the ops of `kernels/reference.py`; attention is plain causal
 attention over the cache, and every product is x @ W.T in the model's dtype
 (float32 by default; float64 for checking other code against).
 """
@@ -12,7 +12,7 @@ import numpy as np
 from ..formats.weight import is_packed
 from ..kernels import reference as ops
 from .config import ModelConfig
-from .decoder_block import decoder_layer, final_norm, qk_norms
+from .layer import LayerPieces, final_norm, qk_norms
 
 
 class DenseKVCache:
@@ -66,14 +66,14 @@ class ReferenceModel:
         end = start + n_tokens
         n_heads, n_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
 
-        def attention(layer: int, h: np.ndarray) -> np.ndarray:
+        def attention(layer: int, h: np.ndarray, qk_norm: str | None) -> np.ndarray:
             p = f"model.layers.{layer}.self_attn."
             q = self._product(h, p + "q_proj.weight")  # (T, n_heads * D)
             k = self._product(h, p + "k_proj.weight")  # (T, n_kv * D)
             v = self._product(h, p + "v_proj.weight")
             if cfg.attention_bias:
                 q, k, v = (t + w[p + f"{n}_proj.bias"] for t, n in zip((q, k, v), "qkv"))
-            q, k = qk_norms(ops, cfg, w, p, q, k)
+            q, k = qk_norms(ops, cfg, w, p, qk_norm, q, k)
             q, k = q.reshape(n_tokens, n_heads, head_dim), k.reshape(n_tokens, n_kv, head_dim)
             cos, sin = ops.rope_cos_sin(positions, head_dim, cfg.rope_of(layer), self.dtype)  # (T, D)
             q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
@@ -86,10 +86,10 @@ class ReferenceModel:
             out = self._product(attn.reshape(n_tokens, n_heads * head_dim), p + "o_proj.weight")
             return out + w[p + "o_proj.bias"] if cfg.o_proj_bias else out
 
-        def mlp(p: str, h: np.ndarray) -> np.ndarray:
+        def mlp(p: str, h: np.ndarray, activation: str) -> np.ndarray:
             gate = self._product(h, p + "mlp.gate_proj.weight")  # (T, I)
             up = self._product(h, p + "mlp.up_proj.weight")
-            act = ops.gelu_tanh_mul if cfg.activation == "gelu_tanh" else ops.silu_mul
+            act = ops.gelu_tanh_mul if activation == "gelu_tanh" else ops.silu_mul
             return self._product(act(gate, up), p + "mlp.down_proj.weight")
 
         x = w["model.embed_tokens.weight"][ids]  # (T, H)
@@ -97,7 +97,7 @@ class ReferenceModel:
             x = ops.scale(x, cfg.embedding_scale)
         residual = None
         for layer in range(cfg.num_hidden_layers):
-            x, residual = decoder_layer(ops, cfg, w, layer, x, residual, attention, mlp)
+            x, residual = cfg.family.layer(LayerPieces(ops, cfg, w, layer, attention, mlp), x, residual)
         cache.length = end
 
         if not all_logits:

@@ -10,39 +10,21 @@ from ..formats.packed import PackedWeight
 from ..formats.safetensors_io import read_model_tensors
 from ..formats.weight_dict import LAYER_NAME, convert_matrices
 from .config import ModelConfig
-from .decoder_block import LAYOUTS
-
-
+from .layer import TensorList
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF tensor name -> shape, for every tensor the forward pass reads."""
-    h, i = cfg.hidden_size, cfg.intermediate_size
+    """HF tensor name -> shape, for every tensor the forward pass reads: the embedding,
+    the final norm, the head, and what each layer of the family's reads (its layer run
+    on pieces that only note the tensors: layer.TensorList)."""
+    h = cfg.hidden_size
     shapes = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
     for layer in range(cfg.num_hidden_layers):
-        p = f"model.layers.{layer}."
-        shapes.update({p + f"{norm}.weight": (h,) for norm in LAYOUTS[cfg.norm_layout].norms})
-        if cfg.qk_norm is not None:
-            head = cfg.qk_norm == "head"
-            shapes.update({p + "self_attn.q_norm.weight": (cfg.head_dim if head else cfg.q_size,),
-                           p + "self_attn.k_norm.weight": (cfg.head_dim if head else cfg.kv_size,)})
-        shapes.update({
-            p + "self_attn.q_proj.weight": (cfg.q_size, h),
-            p + "self_attn.k_proj.weight": (cfg.kv_size, h),
-            p + "self_attn.v_proj.weight": (cfg.kv_size, h),
-            p + "self_attn.o_proj.weight": (h, cfg.q_size),
-            p + "mlp.gate_proj.weight": (i, h),
-            p + "mlp.up_proj.weight": (i, h),
-            p + "mlp.down_proj.weight": (h, i),
-        })
-        if cfg.attention_bias:
-            shapes.update({p + "self_attn.q_proj.bias": (cfg.q_size,),
-                           p + "self_attn.k_proj.bias": (cfg.kv_size,),
-                           p + "self_attn.v_proj.bias": (cfg.kv_size,)})
-        if cfg.o_proj_bias:
-            shapes[p + "self_attn.o_proj.bias"] = (h,)
+        tensors = TensorList(cfg, layer)
+        cfg.family.layer(tensors, None, None)
+        shapes.update(tensors.shapes)
     return shapes
 
 
