@@ -27,7 +27,8 @@ every block of every row: bench/NOTES.md). Laid out once at load:
 G = ceil(N / 16); the last group's missing rows are zeros (their outputs dropped).
 The bytes held are the PackedWeight's, give or take those rows.
 
-The products (lanes_product.py) give every row the same bits whatever the batch
+lane_packed.LanePacked holds a laid-out matrix; its products (lanes_product.py, whose
+IR reads HIGH_BIT_BYTES here) give every row the same bits whatever the batch
 (LANES.md: the float steps, blocks in order); the tests hold them to an oracle.
 Every CPU and every packed kind: the byte dot is AVX-512 VNNI's, AVX2's, or plain
 LLVM vectors (byte_dot.LANES_ISA).
