@@ -4,6 +4,7 @@ import pytest
 
 from tinypaged.batch.attention_metadata import AttentionMetadata
 from tinypaged.kernels import cpu, reference
+from tinypaged.kernels.cpu.cache_ops import keys_from_rows
 
 RTOL = ATOL = 2e-5  # float32, different summation order
 
@@ -76,6 +77,12 @@ def test_rope_tables_in_slabs_are_the_dense_tables_first_halves_bit_for_bit():
         assert cos.dtype == np.float32 and cos.flags.c_contiguous
 
 
+def on_cpu(q, k_cache, *rest):
+    """Attention's arguments with K in the CPU backend's layout (cache_ops.py: transposed
+    in each block), from a pool held as rows as the reference holds it."""
+    return (q, keys_from_rows(k_cache), *rest)
+
+
 def random_paged_batch(rng, block_size, n_kv, head_dim, context_lens, n_new):
     """A pool with ragged block tables (shuffled block ids), filled with random K/V."""
     tables, next_free = [], list(rng.permutation(64))
@@ -103,7 +110,7 @@ def test_paged_attention_decode_and_prefill(block_size, n_heads, n_kv, window, s
     k_cache, v_cache, meta = random_paged_batch(rng, block_size, n_kv, 8, context_lens, n_new)
     q = rand(rng, meta.num_tokens, n_heads, 8)
     args = (q, k_cache, v_cache, meta, window, scores_scale, softcap)
-    np.testing.assert_allclose(cpu.paged_attention(*args), reference.paged_attention(*args),
+    np.testing.assert_allclose(cpu.paged_attention(*on_cpu(*args)), reference.paged_attention(*args),
                                rtol=RTOL, atol=ATOL)
 
 
@@ -118,7 +125,7 @@ def test_paged_attention_of_a_few_decode_tokens(context_lens, n_heads, n_kv):
     q = rand(rng, meta.num_tokens, n_heads, 8)
     for window in (None, 7):
         args = (q, k_cache, v_cache, meta, window)
-        np.testing.assert_allclose(cpu.paged_attention(*args), reference.paged_attention(*args),
+        np.testing.assert_allclose(cpu.paged_attention(*on_cpu(*args)), reference.paged_attention(*args),
                                    rtol=RTOL, atol=ATOL)
 
 
@@ -135,7 +142,7 @@ def test_paged_attention_tiles_and_key_splits(split_keys, window, softcap, n_hea
     k_cache, v_cache, meta = random_paged_batch(rng, 16, n_kv, head_dim, context_lens, n_new)
     q = rand(rng, meta.num_tokens, n_heads, head_dim)
     args = (q, k_cache, v_cache, meta, window, None, softcap)
-    np.testing.assert_allclose(cpu.paged_attention(*args, split_keys=split_keys),
+    np.testing.assert_allclose(cpu.paged_attention(*on_cpu(*args), split_keys=split_keys),
                                reference.paged_attention(*args), rtol=RTOL, atol=ATOL)
 
 
@@ -152,7 +159,8 @@ def test_a_long_decode_context_is_split_over_the_cores_and_merged():
     want = reference.paged_attention(q, k, v, meta)
     assert 700 > SPLIT_KEYS
     for split in (SPLIT_KEYS, 31):
-        got = cpu.paged_attention(q, k.view(np.uint16), v.view(np.uint16), meta, split_keys=split)
+        got = cpu.paged_attention(q, keys_from_rows(k.view(np.uint16)), v.view(np.uint16), meta,
+                                  split_keys=split)
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
@@ -189,29 +197,30 @@ def test_rope_write_kv_equals_rope_then_write():
     cos, sin = reference.rope_tables(32, 8, 10000.0)
     q, k, v = rand(rng, 5, 4, 8), rand(rng, 5, 2, 8), rand(rng, 5, 2, 8)
     positions, slots = rng.integers(0, 32, 5), rng.permutation(24)[:5]
-    pools = [np.zeros((6, 4, 2, 8), np.float32) for _ in range(4)]
+    pools = [*cpu.allocate_kv((6, 4, 2, 8)), *reference.allocate_kv((6, 4, 2, 8))]
     got_q = cpu.rope_write_kv(q, k, v, positions, cos, sin, pools[0], pools[1], slots)
     want_q = reference.rope(q, positions, cos, sin)
     reference.write_kv(pools[2], pools[3], reference.rope(k, positions, cos, sin), v, slots)
     np.testing.assert_allclose(got_q, want_q, rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(pools[0], pools[2], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(pools[0], keys_from_rows(pools[2]), rtol=RTOL, atol=ATOL)
     np.testing.assert_array_equal(pools[1], pools[3])
 
 
 @pytest.mark.parametrize("block_size", [1, 16])
 def test_write_kv_and_copy_blocks(block_size):
     rng = np.random.default_rng(block_size)
-    pools = [np.zeros((2, 8, block_size, 2, 4), np.float32) for _ in range(4)]  # (L, blocks, ...)
+    shape = (2, 8, block_size, 2, 4)  # (L, blocks, ...)
+    pools = [*cpu.allocate_kv(shape), *reference.allocate_kv(shape)]
     slots = rng.permutation(8 * block_size)[:6]
     k, v = rand(rng, 6, 2, 4), rand(rng, 6, 2, 4)
     cpu.write_kv(pools[0][1], pools[1][1], k, v, slots)
     reference.write_kv(pools[2][1], pools[3][1], k, v, slots)
-    np.testing.assert_array_equal(pools[0], pools[2])
+    np.testing.assert_array_equal(pools[0], keys_from_rows(pools[2]))
     np.testing.assert_array_equal(pools[1], pools[3])
     pairs = [(int(slots[0] // block_size), 7), (2, 3)]
     cpu.copy_blocks(pools[0], pools[1], pairs)
     reference.copy_blocks(pools[2], pools[3], pairs)
-    np.testing.assert_array_equal(pools[0], pools[2])
+    np.testing.assert_array_equal(pools[0], keys_from_rows(pools[2]))
     np.testing.assert_array_equal(pools[0][:, 7], pools[0][:, pairs[0][0]])
 
 
@@ -319,7 +328,7 @@ def test_a_float16_pool_rounds_on_write_and_widens_on_read():
     k, v = rand(rng, meta.num_tokens, 2, 8) * 300, rand(rng, meta.num_tokens, 2, 8)  # rounding shows
     cpu.write_kv(k_bits[0], v_bits[0], k, v, meta.slot_mapping)
     reference.write_kv(k_half[0], v_half[0], k, v, meta.slot_mapping)
-    np.testing.assert_array_equal(k_bits.view(np.float16), k_half)
+    np.testing.assert_array_equal(k_bits.view(np.float16), keys_from_rows(k_half))
     np.testing.assert_array_equal(v_bits.view(np.float16), v_half)
     assert not np.array_equal(k_half[0].astype(np.float32).reshape(-1, 2, 8)[meta.slot_mapping], k)
     q = rand(rng, meta.num_tokens, 4, 8) / 300

@@ -85,9 +85,9 @@ def _run_chunk(c, chunks, q, k_cache, v_cache, block_tables, positions, token_se
     """Work items c, c + chunks, ... (each (item, KV head)), with `own` as scratch:
     each writes its rows' outputs, or its partials for the merge."""
     n_heads, head_dim = q.shape[1], q.shape[2]
-    n_kv = k_cache.shape[2]
+    n_kv = v_cache.shape[2]
     group = n_heads // n_kv
-    # own: q_t, kbuf, vbuf, scores, acc, best, top, total, lanes
+    # own: q_t, kbuf, vbuf, scores, acc, best, top, total, lanes, block_scores
     q_t, at = own[:head_dim * max(rows, FEW_ROWS)], head_dim * max(rows, FEW_ROWS)
     kbuf = own[at:at + KEYS * head_dim].reshape(KEYS, head_dim)
     kbuf[:, :] = 0.0  # (score_tile reads whole passes of 8 keys: finite values)
@@ -99,6 +99,8 @@ def _run_chunk(c, chunks, q, k_cache, v_cache, block_tables, positions, token_se
     at += n_scores + rows * head_dim
     best, top, total = own[at:at + rows], own[at + rows:at + 2 * rows], own[at + 2 * rows:at + 3 * rows]
     lanes = own[at + 3 * rows:at + 3 * rows + 16]
+    at += 3 * rows + 16
+    block_scores = own[at:at + FEW_ROWS * 16].reshape(FEW_ROWS, 16)
     for w in range(c, len(items) * n_kv, chunks):
         item, kvh = w // n_kv, w % n_kv
         i, k0, k1, partial = items[item, 0], items[item, 1], items[item, 2], items[item, 3]
@@ -109,8 +111,8 @@ def _run_chunk(c, chunks, q, k_cache, v_cache, block_tables, positions, token_se
             acc = acc_rows[:n_rows * head_dim].reshape(n_rows, head_dim)
             attend_few(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, scale,
                        window, softcap, q_t[:n_rows * head_dim].reshape(n_rows, head_dim),
-                       kbuf, scores[:FEW_ROWS * split].reshape(FEW_ROWS, split), lanes, top,
-                       total, acc)
+                       kbuf, block_scores, scores[:FEW_ROWS * split].reshape(FEW_ROWS, split),
+                       lanes, top, total, acc)
         else:
             padded = -(-n_rows // 16) * 16
             acc = acc_rows[:padded * head_dim].reshape(padded, head_dim)
@@ -164,7 +166,7 @@ def _paged_attention(q, k_cache, v_cache, block_tables, positions, token_seq, sc
     to analyse.)"""
     chunks = N_CHUNKS
     n_heads, head_dim = q.shape[1], q.shape[2]
-    n_kv = k_cache.shape[2]
+    n_kv = v_cache.shape[2]
     group = n_heads // n_kv
     starts, lens, items, n_partials = _plan(positions, token_seq, window, tile, split)
     part_top = np.empty((n_partials, n_heads), np.float32)
@@ -174,7 +176,8 @@ def _paged_attention(q, k_cache, v_cache, block_tables, positions, token_seq, sc
     rows = -(-tile * group // 16) * 16  # a tile's rows, padded to whole vectors
     # each chunk's scratch, one allocation for all (9 a chunk cost a decode step ~20 us)
     per_chunk = (head_dim * max(rows, FEW_ROWS) + 2 * KEYS * head_dim
-                 + max(KEYS * rows, FEW_ROWS * split) + rows * head_dim + 3 * rows + 16)
+                 + max(KEYS * rows, FEW_ROWS * split) + rows * head_dim + 3 * rows + 16
+                 + FEW_ROWS * 16)
     scratch = np.empty((chunks, per_chunk), np.float32)
     for c in prange(chunks):  # work items dealt round-robin: long and short ones mix
         # (c is int64 where numba types the loop, uint64 in the loop's own kernel: one
@@ -195,7 +198,7 @@ def paged_attention(q, k_cache, v_cache, meta, window=None, scores_scale=None, s
     n_heads, head_dim = q.shape[1], q.shape[2]
     scale = np.float32(1.0 / np.sqrt(head_dim) if scores_scale is None else scores_scale)
     args = (q, k_cache, v_cache, meta.block_tables, meta.positions, meta.token_seq, scale,
-            window or 0, np.float32(softcap or 0.0), tile_tokens(n_heads, k_cache.shape[2], head_dim),
+            window or 0, np.float32(softcap or 0.0), tile_tokens(n_heads, v_cache.shape[2], head_dim),
             split_keys, out)
     if not blas_in_use():  # (numba's thread-count calls take a lock: ~5 us a pair)
         _paged_attention(*args)

@@ -1,7 +1,17 @@
-"""LLVM IR for the two products of a many-row attention item (attention_items.py):
-scores = K q for a tile's rows, and acc += weights V. Written as small register-blocked
-matrix products, because numba's loops keep their running sums in memory: each FMA
-then also loads and stores a sum, and the item ran at ~7 multiply-adds a cycle.
+"""LLVM IR for the products of attention items (attention_items.py): scores = K q for a
+tile's rows, and acc += weights V. Written as small register-blocked matrix products,
+because numba's loops keep their running sums in memory: each FMA then also loads and
+stores a sum, and the item ran at ~7 multiply-adds a cycle.
+
+    key_scores    a few rows' (a decode token's group) scores against one block's 16
+                  keys, read from the pool as it holds K (transposed: D x 16 a block
+                  and head, cache_ops.py): per d, one load of 16 keys' values (float16
+                  widened in the register) and a broadcast of each row's q give one FMA
+                  a row into 16 sums held in a register. No sum across lanes.
+    weigh_keys    those rows' acc (rows, D) += weights . V over a block's keys, V read
+                  from the pool's rows (float16 widened in the register): per key, a load
+                  of its row's vectors and a broadcast of each row's weight, the rows'
+                  sums held in registers across the keys.
 
     score_tile    scores (KEYS, Rp) = kbuf (KEYS, D) . q_t (D, Rp): 16 rows in the lanes
                   of a vector, 8 keys a pass: per d, one load of q_t and 8 broadcasts of
@@ -40,6 +50,137 @@ def _shape(context, builder, array_type, array, axis):
 def _fma(builder):
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(FLOATS, [FLOATS] * 3),
                                           "llvm.fma.v16f32")
+
+
+MAX_KEY_ROWS = 8  # key_scores' rows at most: one register of sums each
+
+
+@intrinsic
+def key_scores(typingctx, q_rows, n_rows, k_block, scores, col):
+    """scores[r, col + j] = sum_d q_rows[r, d] * K[d, j] for r < n_rows (1 .. 8) and the
+    16 keys j of k_block (D, 16): the pool's float32 values or float16 bits (uint16)."""
+    if not (_float_matrix(q_rows) and _float_matrix(scores) and k_block.ndim == 2
+            and c_array(k_block, (types.float32, types.uint16))):
+        return None
+    half = k_block.dtype == types.uint16
+    signature = types.void(q_rows, types.intp, k_block, scores, types.intp)
+
+    def codegen(context, builder, sig, args):
+        q_arr, n_rows, k_arr, s_arr, col = args
+        t_q, _, t_k, t_s, _ = sig.args
+        head_dim = _shape(context, builder, t_k, k_arr, 0)
+        q_width, s_width = _shape(context, builder, t_q, q_arr, 1), _shape(context, builder, t_s, s_arr, 1)
+        fma = _fma(builder)
+        halves = ir.VectorType(ir.HalfType(), LANES)
+
+        def keys_of(d):
+            """Row d of the block: the 16 keys' values of dimension d, as float32."""
+            if half:
+                bits = builder.load(pointer(context, builder, t_k, k_arr, builder.mul(d, index(LANES)),
+                                            ir.VectorType(ir.IntType(16), LANES)), align=2)
+                return builder.fpext(builder.bitcast(bits, halves), FLOATS)
+            return builder.load(pointer(context, builder, t_k, k_arr, builder.mul(d, index(LANES)), FLOATS),
+                                align=4)
+
+        def rows_of(rows):
+            """The code for exactly `rows` rows: their sums stay in registers."""
+            sums = [cgutils.alloca_once_value(builder, ir.Constant(FLOATS, [0.0] * LANES))
+                    for _ in range(rows)]
+            with cgutils.for_range(builder, head_dim) as dims:
+                keys = keys_of(dims.index)
+                for r, s in enumerate(sums):
+                    q = builder.load(pointer(context, builder, t_q, q_arr,
+                                             builder.add(builder.mul(index(r), q_width), dims.index)))
+                    builder.store(builder.call(fma, [splat(builder, q, FLOATS), keys, builder.load(s)]), s)
+            for r, s in enumerate(sums):
+                at = builder.add(builder.mul(index(r), s_width), col)
+                builder.store(builder.load(s), pointer(context, builder, t_s, s_arr, at, FLOATS), align=4)
+
+        done = builder.append_basic_block("key_scores.done")
+        choose = builder.switch(n_rows, done)
+        for rows in range(1, MAX_KEY_ROWS + 1):
+            case = builder.append_basic_block(f"key_scores.rows{rows}")
+            choose.add_case(index(rows), case)
+            builder.position_at_end(case)
+            rows_of(rows)
+            builder.branch(done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+    return signature, codegen
+
+
+def _pool_vector(context, builder, array_type, array, at, half: bool):
+    """16 values of a KV pool from element `at` (flat), as float32: float16 bits widened."""
+    if half:
+        bits = builder.load(pointer(context, builder, array_type, array, at,
+                                    ir.VectorType(ir.IntType(16), LANES)), align=2)
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), LANES)), FLOATS)
+    return builder.load(pointer(context, builder, array_type, array, at, FLOATS), align=4)
+
+
+@intrinsic
+def weigh_keys(typingctx, weights, col, n_rows, v_block, kvh, first, n_keys, acc):
+    """acc[r, :] += sum_{j < n_keys} weights[r, col + j] * V[first + j, kvh, :] for r <
+    n_rows (1 .. 8); v_block (block_size, n_kv, D) the pool's block (float32, or float16
+    bits as uint16), acc (>= n_rows, D) float32, D a multiple of 16."""
+    if not (_float_matrix(weights) and _float_matrix(acc) and v_block.ndim == 3
+            and c_array(v_block, (types.float32, types.uint16))):
+        return None
+    half = v_block.dtype == types.uint16
+    signature = types.void(weights, types.intp, types.intp, v_block, types.intp, types.intp,
+                           types.intp, acc)
+
+    def codegen(context, builder, sig, args):
+        w_arr, col, n_rows, v_arr, kvh, first, n_keys, a_arr = args
+        t_w, _, _, t_v, _, _, _, t_a = sig.args
+        n_kv, head_dim = _shape(context, builder, t_v, v_arr, 1), _shape(context, builder, t_v, v_arr, 2)
+        w_width = _shape(context, builder, t_w, w_arr, 1)
+        fma = _fma(builder)
+
+        def rows_of(rows):
+            columns = max(1, min(VECTORS_A_PASS, (2 * VECTORS_A_PASS * 4) // (rows + 4)))  # sums in registers
+
+            def pass_of(c0, width):
+                at_acc = [[pointer(context, builder, t_a, a_arr,
+                                   builder.add(builder.mul(index(r), head_dim),
+                                               builder.mul(builder.add(c0, index(c)), index(LANES))), FLOATS)
+                           for c in range(width)] for r in range(rows)]
+                sums = [[cgutils.alloca_once_value(builder, builder.load(at_acc[r][c], align=4))
+                         for c in range(width)] for r in range(rows)]
+                with cgutils.for_range(builder, n_keys) as keys:
+                    j = keys.index
+                    row_at = builder.mul(builder.add(builder.mul(builder.add(first, j), n_kv), kvh), head_dim)
+                    values = [_pool_vector(context, builder, t_v, v_arr,
+                                           builder.add(row_at, builder.mul(builder.add(c0, index(c)), index(LANES))),
+                                           half) for c in range(width)]
+                    for r in range(rows):
+                        at = builder.add(builder.mul(index(r), w_width), builder.add(col, j))
+                        weight = splat(builder, builder.load(pointer(context, builder, t_w, w_arr, at)), FLOATS)
+                        for c in range(width):
+                            builder.store(builder.call(fma, [weight, values[c], builder.load(sums[r][c])]),
+                                          sums[r][c])
+                for r in range(rows):
+                    for c in range(width):
+                        builder.store(builder.load(sums[r][c]), at_acc[r][c], align=4)
+
+            vectors = builder.udiv(head_dim, index(LANES))
+            whole = builder.udiv(vectors, index(columns))
+            with cgutils.for_range(builder, whole) as passes:
+                pass_of(builder.mul(passes.index, index(columns)), columns)
+            with cgutils.for_range(builder, builder.urem(vectors, index(columns))) as rest:
+                pass_of(builder.add(builder.mul(whole, index(columns)), rest.index), 1)
+
+        done = builder.append_basic_block("weigh_keys.done")
+        choose = builder.switch(n_rows, done)
+        for rows in range(1, MAX_KEY_ROWS + 1):
+            case = builder.append_basic_block(f"weigh_keys.rows{rows}")
+            choose.add_case(index(rows), case)
+            builder.position_at_end(case)
+            rows_of(rows)
+            builder.branch(done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+    return signature, codegen
 
 
 @intrinsic

@@ -4,17 +4,19 @@ score (top), the sum of e^(score - top) (total) and the sum of those weights tim
 (acc), for the caller to divide or to merge with other key ranges.
 
 Few rows (a decode token's group): two passes over the range, every loop vectorised
-over keys or D: the scores of all its keys (a split's fit in L1), their max and
+over keys or D: the scores of all its keys (a split's fit in L1; a block's 16 keys a
+vector, read as the pool holds K, transposed: attention_ir.key_scores), their max and
 weights, then V. Many rows (a prefill tile): KEYS keys at a time with an online
 softmax, every loop vectorised over rows (q transposed once), so each K/V row read
-serves the whole tile.
+serves the whole tile. (The pools' layouts: cache_ops.py.)
 """
 import numpy as np
 from numba import float32, njit
 
-from .attention_ir import score_tile, weigh_values
+from .attention_ir import key_scores, score_tile, weigh_keys, weigh_values
 from .common import kv_widen
 from .fast_exp import exp32
+from .vector_ir import LANES
 
 NO_SCORE = float32(-3.0e38)  # a masked score; finite, as fastmath assumes no infinities
 KEYS = 16  # keys a pass of the many-row item
@@ -23,9 +25,17 @@ FEW_ROWS = 8  # fewer rows than this take the two-pass item
 
 @njit(fastmath=True, inline="always")
 def _widen_row(pool, block, offset, kvh, row):
-    """One key's D values of this KV head, as float32, into row (L1)."""
+    """One key's D values of this KV head from the V pool, as float32, into row (L1)."""
     for d in range(row.shape[0]):
         row[d] = kv_widen(pool[block, offset, kvh, d])
+
+
+@njit(fastmath=True, inline="always")
+def _widen_key(pool, block, offset, kvh, row):
+    """One key's D values of this KV head from the K pool (transposed: the key's
+    column), as float32, into row (L1)."""
+    for d in range(row.shape[0]):
+        row[d] = kv_widen(pool[block, kvh, d, offset])
 
 
 @njit(fastmath=True, inline="always")
@@ -70,34 +80,40 @@ def _accumulate_v(acc_row, weights, vbuf, n_keys):
 
 @njit(fastmath=True)
 def attend_few(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, scale, window,
-               softcap, q_rows, kbuf, scores, lanes, top, total, acc):
+               softcap, q_rows, kbuf, block_scores, scores, lanes, top, total, acc):
     """Rows t0 .. t0 + n_tok - 1 x this KV head's group against keys k0 .. k1 - 1 (at most
     scores.shape[1]): scores, then weights, then V. q_rows (rows, D), kbuf (KEYS, D),
-    scores (FEW_ROWS, keys), lanes (16,) are scratch. (Hot loops index views with their
-    loop variables alone: an index numba cannot prove non-negative, as at + i, stops
-    LLVM vectorising the loop: 4.2 against 0.8 ns an element.)"""
+    block_scores (FEW_ROWS, 16), scores (FEW_ROWS, keys), lanes (16,) are scratch. (Hot
+    loops index views with their loop variables alone: an index numba cannot prove
+    non-negative, as at + i, stops LLVM vectorising the loop: 4.2 against 0.8 ns an
+    element.)"""
     n_heads, head_dim = q.shape[1], q.shape[2]
-    block_size = k_cache.shape[1]
-    group = n_heads // k_cache.shape[2]
+    block_size = v_cache.shape[1]
+    group = n_heads // v_cache.shape[2]
     rows, n = n_tok * group, k1 - k0
     for r in range(rows):
         q_row = q[t0 + r // group, kvh * group + r % group]
         for d in range(head_dim):
             q_rows[r, d] = q_row[d] * scale
     key = k0
-    while key < k1:  # scores: KEYS keys' rows widened into L1, dotted with every query row
+    while key < k1:  # scores: a block's keys at a time, as the pool holds them
         block, offset = table[key // block_size], key % block_size
-        n_keys = min(KEYS, block_size - offset, k1 - key)
-        for j in range(n_keys):
-            _widen_row(k_cache, block, offset + j, kvh, kbuf[j])
-        for r in range(rows):
-            q_row, out = q_rows[r], scores[r, key - k0:key - k0 + n_keys]
-            for j in range(n_keys):
-                k_row = kbuf[j]
-                dot = float32(0.0)
-                for d in range(head_dim):
-                    dot += q_row[d] * k_row[d]
-                out[j] = dot
+        n_keys = min(block_size - offset, k1 - key)
+        keys = k_cache[block, kvh]  # (D, block_size)
+        if block_size == LANES:  # the whole block's 16 scores of each row, in registers
+            key_scores(q_rows, rows, keys, block_scores, 0)
+            for r in range(rows):
+                out, got = scores[r, key - k0:key - k0 + n_keys], block_scores[r, offset:offset + n_keys]
+                for j in range(n_keys):
+                    out[j] = got[j]
+        else:
+            for r in range(rows):
+                q_row, out = q_rows[r], scores[r, key - k0:key - k0 + n_keys]
+                for j in range(n_keys):
+                    dot = float32(0.0)
+                    for d in range(head_dim):
+                        dot += q_row[d] * kv_widen(keys[d, offset + j])
+                    out[j] = dot
         key += n_keys
     for r in range(rows):
         row, position = scores[r, :n], positions[t0 + r // group]
@@ -118,13 +134,16 @@ def attend_few(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, sc
         top[r], total[r] = best, weight
         acc[r, :] = 0.0
     key = k0
-    while key < k1:  # V: KEYS keys' rows widened into L1, added to every query row's sum
+    while key < k1:  # V: a block's keys at a time, into every query row's sum
         block, offset = table[key // block_size], key % block_size
         n_keys = min(KEYS, block_size - offset, k1 - key)
-        for j in range(n_keys):
-            _widen_row(v_cache, block, offset + j, kvh, kbuf[j])
-        for r in range(rows):
-            _accumulate_v(acc[r], scores[r, key - k0:key - k0 + n_keys], kbuf, n_keys)
+        if head_dim % LANES == 0:  # the rows' sums in registers across the keys
+            weigh_keys(scores, key - k0, rows, v_cache[block], kvh, offset, n_keys, acc)
+        else:  # rows widened into L1 first
+            for j in range(n_keys):
+                _widen_row(v_cache, block, offset + j, kvh, kbuf[j])
+            for r in range(rows):
+                _accumulate_v(acc[r], scores[r, key - k0:key - k0 + n_keys], kbuf, n_keys)
         key += n_keys
 
 
@@ -137,8 +156,8 @@ def attend_many(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, s
     q and weights zero (acc: (Rp, D)). Where D is a multiple of 16 the two products
     are attention_ir's register-blocked kernels, else plain loops."""
     n_heads, head_dim = q.shape[1], q.shape[2]
-    block_size = k_cache.shape[1]
-    group = n_heads // k_cache.shape[2]
+    block_size = v_cache.shape[1]
+    group = n_heads // v_cache.shape[2]
     rows, padded = n_tok * group, q_t.shape[1]
     blocked = head_dim % 16 == 0
     q_t[:, :] = 0.0
@@ -154,7 +173,7 @@ def attend_many(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, s
         block, offset = table[key // block_size], key % block_size
         n_keys = min(KEYS, block_size - offset, k1 - key)
         for j in range(n_keys):  # this KV head's rows of the block, in L1, float32
-            _widen_row(k_cache, block, offset + j, kvh, kbuf[j])
+            _widen_key(k_cache, block, offset + j, kvh, kbuf[j])
             _widen_row(v_cache, block, offset + j, kvh, vbuf[j])
         if blocked:  # a key's scores for every row
             score_tile(q_t, kbuf, n_keys, scores)
