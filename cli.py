@@ -258,6 +258,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
                         default=ENGINE_DEFAULTS["kv_cache_dtype"],
                         help="KV pool element type (float16: twice the tokens in the same memory; "
+                        "int8: nearly four times, llama.cpp's q8_0 rows, on the CPU; "
                         "auto: float16 for GGUF files and float16/bfloat16 folders)")
     parser.add_argument("--no-cuda-graphs", action="store_true",
                         help="CUDA: launch every decode step's kernels from Python instead "

@@ -273,4 +273,6 @@ def test_kv_cache_dtype_on_the_command_line(tiny_model_dir):
         "hello there", SamplingParams(max_tokens=6, temperature=0))
     assert result.stdout == expected[0].text + "\n"
     assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir, "--kv-cache-dtype",
-                                  "int8"), "invalid choice: 'int8'")
+                                  "int4"), "invalid choice: 'int4'")
+    assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir, "--kv-cache-dtype",
+                                  "int8"), "head_dim=8 is not a multiple of 32: use float16")

@@ -335,3 +335,51 @@ def test_a_float16_pool_rounds_on_write_and_widens_on_read():
     np.testing.assert_allclose(cpu.paged_attention(q, k_bits[0], v_bits[0], meta),
                                reference.paged_attention(q, k_half[0], v_half[0], meta),
                                rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("block_size, head_dim, n_heads, n_kv", [(16, 64, 9, 3), (16, 256, 4, 1),
+                                                                 (4, 32, 4, 2), (16, 32, 12, 2)])
+def test_an_int8_pool_holds_the_references_rows_and_attends_as_it_does(block_size, head_dim, n_heads,
+                                                                       n_kv):
+    """kv_cache_dtype="int8": the CPU writes kernels/kv_q8.py's rows bit for bit (K's block
+    transposed, its scales' bytes in its last rows), and attention over them, decode
+    (the registers' path: key_scores and weigh_keys applying each block's scales) and
+    prefill, equals the reference's over its own int8 pool; block size 4 takes the
+    loops of a key at a time."""
+    rng = np.random.default_rng(head_dim + block_size)
+    shape = (1, 64, block_size, n_kv, head_dim)
+    (k_pool, v_pool), (k_rows, v_rows) = cpu.allocate_kv(shape, np.int8), reference.allocate_kv(shape, np.int8)
+    context = [60, 130, 7] if block_size == 16 else [20, 33, 7]
+    tables, free = [], list(rng.permutation(64))
+    for n in context:
+        tables.append([int(free.pop()) for _ in range(-(-n // block_size))])
+    prefill = AttentionMetadata.build([(t, 0, n) for t, n in zip(tables, context)], block_size)
+    k, v = rand(rng, prefill.num_tokens, n_kv, head_dim), rand(rng, prefill.num_tokens, n_kv, head_dim)
+    cpu.write_kv(k_pool[0], v_pool[0], k, v, prefill.slot_mapping)
+    reference.write_kv(k_rows[0], v_rows[0], k, v, prefill.slot_mapping)
+    assert np.array_equal(k_pool, keys_from_rows(k_rows)) and np.array_equal(v_pool, v_rows)
+    decode = AttentionMetadata.build([(t, n - 1, n) for t, n in zip(tables, context)], block_size)
+    for meta in (prefill, decode):
+        q = rand(rng, meta.num_tokens, n_heads, head_dim)
+        np.testing.assert_allclose(cpu.paged_attention(q, k_pool[0], v_pool[0], meta),
+                                   reference.paged_attention(q, k_rows[0], v_rows[0], meta),
+                                   rtol=RTOL, atol=ATOL)
+
+
+def test_rope_write_kv_into_an_int8_pool_rounds_the_rotated_keys():
+    """Each rotated key is rounded to its int8 row as it is stored: the rows held equal
+    the reference's rounding of rope(k), but where the two rotations' last bits put a
+    value on the other side of a rounding step (one step at most)."""
+    from tinypaged.kernels.kv_q8 import dequantize_rows
+    rng = np.random.default_rng(5)
+    cos, sin = reference.rope_tables(32, 64, 10000.0)
+    q, k, v = rand(rng, 5, 4, 64), rand(rng, 5, 2, 64), rand(rng, 5, 2, 64)
+    positions, slots = rng.integers(0, 32, 5), rng.permutation(24)[:5]
+    (k_pool, v_pool), (k_rows, v_rows) = cpu.allocate_kv((6, 4, 2, 64), np.int8), \
+        reference.allocate_kv((6, 4, 2, 64), np.int8)
+    cpu.rope_write_kv(q, k, v, positions, cos, sin, k_pool, v_pool, slots)
+    reference.write_kv(k_rows, v_rows, reference.rope(k, positions, cos, sin), v, slots)
+    assert np.array_equal(v_pool, v_rows)
+    got, want = dequantize_rows(np.moveaxis(k_pool, -1, -3)), dequantize_rows(k_rows)
+    step = np.abs(want).reshape(6, 4, 2, 2, 32).max(axis=-1).repeat(32, axis=-1) / 127
+    assert (np.abs(got - want) <= step * 1.01 + 1e-7).all() and np.mean(got == want) > 0.99

@@ -141,3 +141,10 @@ def test_samples_take_candidates_found_on_the_device_and_draw_what_whole_rows_dr
     # candidates alone: (value, id) pairs, as many a row as the step's largest top_k + 1
     # (a fifth of whole rows of 512, a third of the stand-in's 262)
     assert reduced_bytes <= rows * 41 * 2 * 4 < whole_bytes / (5 if vocab >= 512 else 3)
+
+
+def test_an_int8_kv_cache_is_refused_by_name_on_the_gpu(cuda_model_dir):
+    """The CUDA kernels read float32 and float16 pools; kv_cache_dtype="int8" is the
+    CPU backend's (kernels/kv_q8.py), and asking the GPU for it is one clear error."""
+    with pytest.raises(ValueError, match="kv_cache_dtype='int8' is not held by the cuda backend"):
+        LLM(cuda_model_dir, backend="cuda", num_blocks=16, kv_cache_dtype="int8")

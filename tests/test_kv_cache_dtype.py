@@ -26,7 +26,8 @@ def test_the_checkpoint_precision_is_read_from_config_json(declared, read):
     ("auto", "float32", "float32"), ("float32", "float16", "float32"),
     ("float16", "float32", "float16")])
 def test_auto_is_resolved_from_the_checkpoint_and_a_choice_wins(requested, checkpoint, taken):
-    assert kv_cache_dtype(requested, checkpoint) == taken
+    from tinypaged.kernels import cpu
+    assert kv_cache_dtype(requested, checkpoint, 64, cpu) == taken
 
 
 def _engine(path, **kwargs) -> LLM:
@@ -57,3 +58,56 @@ def test_a_gguf_file_gets_a_float16_pool_as_llama_cpp_gives_it(tmp_path):
     write_tiny_llama_gguf(path)
     assert _engine(path).engine.kv_cache_dtype == "float16"
     assert _engine(path, kv_cache_dtype="float32").engine.kv_cache_dtype == "float32"
+
+
+# -- kv_cache_dtype="int8": kernels/kv_q8.py's rows ------------------------------------
+
+INT8_MODEL = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1)  # head_dim 32
+
+
+def test_int8_rows_hold_each_block_of_32_within_half_a_step():
+    """kv_q8's spec: q8_0's rounding, a float16 scale per 32 values, every value held
+    within half a step of its block's, plus what the scale's rounding to float16 moves
+    it (at most 127 times that rounding)."""
+    import numpy as np
+
+    from tinypaged.kernels.kv_q8 import dequantize_rows, quantize_rows, row_width
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 3, 64)).astype(np.float32) * np.float32(10.0) ** rng.integers(-3, 3, (5, 3, 1))
+    x[0, 0, :32] = 0.0  # a block of zeros: scale 0, values 0
+    rows = quantize_rows(x)
+    assert rows.shape == (5, 3, row_width(64)) == (5, 3, 68) and rows.dtype == np.int8
+    held = dequantize_rows(rows)
+    step = np.abs(x.reshape(5, 3, 2, 32)).max(axis=-1, keepdims=True) / np.float32(127)
+    stored = np.ascontiguousarray(rows[..., 64:]).view(np.float16).astype(np.float32)[..., None]
+    bound = 0.5 * step + 127 * np.abs(stored - step) + 1e-7
+    assert (np.abs(held - x).reshape(5, 3, 2, 32) <= bound).all()
+    assert (held[0, 0, :32] == 0).all()
+
+
+def test_int8_pool_holds_nearly_four_times_the_tokens_and_gives_the_references_tokens(tmp_path):
+    """The same memory holds 128 / 34 times float32's blocks (head_dim 32: 32 values and 2
+    bytes of scale a row); greedy decoding on the CPU's int8 pool equals the reference
+    backend's on its own int8 pool, through prefix sharing and parallel samples'
+    copy-on-write."""
+    write_tiny_model(str(tmp_path), **INT8_MODEL)
+    wide = _engine(tmp_path, kv_cache_dtype="float32")
+    narrow = _engine(tmp_path, kv_cache_dtype="int8")
+    assert narrow.engine.block_manager.num_blocks == wide.engine.block_manager.num_blocks * 128 // 34
+    oracle = LLM(str(tmp_path), backend="reference", block_size=4, kv_cache_memory=POOL,
+                 kv_cache_dtype="int8")
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    sampled = SamplingParams(temperature=0.9, seed=5, n=2, max_tokens=6, ignore_eos=True)
+    shared = [5, 9, 14, 3, 27, 8, 40, 41, 42]  # two whole blocks of 4 shared by both prompts
+    prompts = [shared + [7], shared + [11, 12]]
+    for params in (greedy, sampled):
+        got = [[c.token_ids for c in o.outputs] for o in narrow.generate(prompts, params)]
+        want = [[c.token_ids for c in o.outputs] for o in oracle.generate(prompts, params)]
+        assert got == want
+    assert narrow.stats()["prefix_cache_hit_tokens"] > 0
+
+
+def test_int8_is_refused_where_a_head_does_not_split_into_blocks_of_32(tmp_path):
+    write_tiny_model(str(tmp_path))  # head_dim 8
+    with pytest.raises(ValueError, match="head_dim=8 is not a multiple of 32: use float16"):
+        _engine(tmp_path, kv_cache_dtype="int8")

@@ -13,16 +13,23 @@ from __future__ import annotations
 import math
 
 from ..config import EngineConfig, format_bytes
+from ..kernels.kv_q8 import check_head_dim
 from ..model.kv_groups import KVGroups
 
 PREFIX_CACHE_MARGIN = 0.25  # extra blocks, as a share of the live work, for cached prefixes
 HOST_BYTES_PER_BLOCK = 256  # the block manager's Python bookkeeping per block (Block + free list)
 
 
-def kv_cache_dtype(requested: str, checkpoint_dtype: str) -> str:
+def kv_cache_dtype(requested: str, checkpoint_dtype: str, head_dim: int, backend) -> str:
     """The pool's element type: as requested, or for "auto" the checkpoint's own
     precision as near as the pool holds it (float16 for float16 and bfloat16 folders
-    and for GGUF files, as llama.cpp and vLLM keep them; float32 for float32 ones)."""
+    and for GGUF files, as llama.cpp and vLLM keep them; float32 for float32 ones).
+    int8 (kv_q8.py) where the backend holds it and head_dim takes its blocks of 32."""
+    if requested == "int8":
+        if "int8" not in backend.kv_cache_dtypes:
+            raise ValueError(f"kv_cache_dtype='int8' is not held by the {backend.name} backend "
+                             f"(it holds {', '.join(backend.kv_cache_dtypes)}); the CPU backend holds it")
+        check_head_dim(head_dim)
     if requested != "auto":
         return requested
     return "float16" if checkpoint_dtype in ("float16", "bfloat16") else "float32"

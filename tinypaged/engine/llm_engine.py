@@ -55,7 +55,7 @@ class LLMEngine:
         model = on_own_thread(lambda: self._load_model(model_dir, config, ops))
         self.tokenizer = Tokenizer(model_dir)
         cfg, bs = self.model_config, config.block_size
-        self.kv_cache_dtype = kv_cache_dtype(config.kv_cache_dtype, cfg.dtype)
+        self.kv_cache_dtype = kv_cache_dtype(config.kv_cache_dtype, cfg.dtype, cfg.head_dim, ops)
         bytes_per_block = PagedKVCache.bytes_per_block(cfg, bs, self.kv_cache_dtype)
         num_blocks = pool_blocks(config, bytes_per_block, self.max_model_len,
                                  ops.default_kv_memory, model.kv_groups)

@@ -12,6 +12,7 @@ import numpy as np
 from ..batch.step_logits import HostLogits
 from ..formats.quant_kind import QK
 from ..formats.weight import is_packed
+from .kv_q8 import KV_INT8, dequantize_rows, quantize_rows, row_width
 from .rope import Rope
 
 
@@ -92,17 +93,28 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 name = "reference"
 
 
+kv_cache_dtypes = ("float32", "float16", "int8")  # the pools this backend holds
+
 # -- paged KV cache ops -------------------------------------------------------
 # A layer's pool: k_cache, v_cache (num_blocks, block_size, n_kv, D); slot s is
-# block s // block_size, offset s % block_size.
+# block s // block_size, offset s % block_size. An int8 pool holds kv_q8.py's rows
+# (num_blocks, block_size, n_kv, D + D/16).
 
 def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
              slot_mapping: np.ndarray) -> None:
     """Store k, v (T, n_kv, D) of T tokens at their slots."""
     block_size = k_cache.shape[1]
     blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
+    if k_cache.dtype == KV_INT8:
+        k, v = quantize_rows(k), quantize_rows(v)
     k_cache[blocks, offsets] = k
     v_cache[blocks, offsets] = v
+
+
+def kv_values(cache: np.ndarray) -> np.ndarray:
+    """The values a pool holds, (num_blocks, block_size, n_kv, D): an int8 pool's rows
+    dequantized, else the pool itself."""
+    return dequantize_rows(cache) if cache.dtype == KV_INT8 else cache
 
 
 def first_key(position: int, window: int | None) -> int:
@@ -122,6 +134,7 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
     per sequence) and prefill over a cached prefix plus new tokens alike.
     """
     block_tables, positions, token_seq = meta.block_tables, meta.positions, meta.token_seq
+    k_cache, v_cache = kv_values(k_cache), kv_values(v_cache)
     block_size, n_kv, head_dim = k_cache.shape[1:]
     # (causal_attention divides by sqrt(D): another scale is folded into q)
     if scores_scale is not None:
@@ -209,7 +222,10 @@ def save_prepared_weights(source, weights: dict) -> None:
 
 
 def allocate_kv(shape: tuple[int, ...], dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
-    """The KV pool, K and V of `shape` (n_layers, num_blocks, block_size, n_kv, D)."""
+    """The KV pool, K and V of `shape` (n_layers, num_blocks, block_size, n_kv, D); int8:
+    kv_q8.py's rows in place of the D values."""
+    if np.dtype(dtype) == KV_INT8:
+        shape = (*shape[:-1], row_width(shape[-1]))
     return np.zeros(shape, dtype=dtype), np.zeros(shape, dtype=dtype)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..batch.attention_metadata import AttentionMetadata
+from ..kernels.kv_q8 import KV_INT8, row_width
 from .config import ModelConfig
 from .layer import LayerPieces, final_norm, qk_norms
 from .kv_groups import KVGroups
@@ -21,10 +22,11 @@ from .kv_groups import KVGroups
 
 class PagedKVCache:
     """The KV pool: K and V of shape (layers_per_group, num_blocks, block_size, n_kv, D),
-    allocated once by the backend (host or device memory), in float32 or float16
-    (dtype: half the bytes a token; values rounded to float16 when written, widened
-    to float32 when attention reads them). Layer l keeps its K/V in k[slot_of[l]],
-    in the blocks of its KV group's table (kv_groups.py); with one group, slot l."""
+    allocated once by the backend (host or device memory, in the backend's layout), in
+    float32, float16 (half the bytes a token; values rounded to float16 when written,
+    widened to float32 when attention reads them) or int8 (kernels/kv_q8.py's rows: a
+    scale per 32 values). Layer l keeps its K/V in k[slot_of[l]], in the blocks of its
+    KV group's table (kv_groups.py); with one group, slot l."""
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, ops,
                  dtype: str = "float32"):
@@ -32,12 +34,13 @@ class PagedKVCache:
                  cfg.num_key_value_heads, cfg.head_dim)
         self.dtype = np.dtype(dtype)
         self.k, self.v = ops.allocate_kv(shape, self.dtype)
-        self.nbytes = 2 * int(np.prod(shape)) * self.dtype.itemsize
+        self.nbytes = num_blocks * self.bytes_per_block(cfg, block_size, dtype)
 
     @staticmethod
     def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: str = "float32") -> int:
-        per_token = 2 * KVGroups.of(cfg).layers_per_group * cfg.num_key_value_heads * cfg.head_dim
-        return per_token * block_size * np.dtype(dtype).itemsize
+        dtype = np.dtype(dtype)
+        row = row_width(cfg.head_dim) if dtype == KV_INT8 else cfg.head_dim * dtype.itemsize
+        return 2 * KVGroups.of(cfg).layers_per_group * cfg.num_key_value_heads * row * block_size
 
 
 class PagedModel:

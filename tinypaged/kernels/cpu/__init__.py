@@ -16,6 +16,7 @@ from .stacks import stack_layer_matrices, stacked_linear
 from .weight_cache import load_prepared_weights, save_prepared_weights
 
 name = "cpu"
+kv_cache_dtypes = ("float32", "float16", "int8")  # the pools this backend holds
 __all__ = ["name", "use_in_this_thread", "default_kv_memory", "memory_available", "prepare_weights", "load_prepared_weights", "save_prepared_weights", "allocate_kv",
            "prepare_inputs", "step_workspace", "to_host", "logits_for_sampling", "rope_tables", "embedding", "add_rms_norm", "rms_norm", "linear",
            "qkv_proj", "gate_up_silu", "rope_write_kv", "paged_attention", "silu_mul",

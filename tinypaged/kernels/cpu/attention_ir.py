@@ -29,6 +29,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ..kv_q8 import KV_BLOCK
 from .common import HAS_AVX512
 from .vector_ir import FLOATS, LANES, c_array, index, pointer, splat
 
@@ -58,40 +59,49 @@ MAX_KEY_ROWS = 8  # key_scores' rows at most: one register of sums each
 @intrinsic
 def key_scores(typingctx, q_rows, n_rows, k_block, scores, col):
     """scores[r, col + j] = sum_d q_rows[r, d] * K[d, j] for r < n_rows (1 .. 8) and the
-    16 keys j of k_block (D, 16): the pool's float32 values or float16 bits (uint16)."""
+    16 keys j of k_block: the pool's block of one KV head, (D, 16) float32 values or
+    float16 bits (uint16), or (D + D/16, 16) int8 (kv_q8.py's rows, transposed: the
+    scores of each 32 dimensions times the keys' scales). D = q_rows.shape[1]."""
     if not (_float_matrix(q_rows) and _float_matrix(scores) and k_block.ndim == 2
-            and c_array(k_block, (types.float32, types.uint16))):
+            and c_array(k_block, (types.float32, types.uint16, types.int8))):
         return None
-    half = k_block.dtype == types.uint16
     signature = types.void(q_rows, types.intp, k_block, scores, types.intp)
 
     def codegen(context, builder, sig, args):
         q_arr, n_rows, k_arr, s_arr, col = args
         t_q, _, t_k, t_s, _ = sig.args
-        head_dim = _shape(context, builder, t_k, k_arr, 0)
         q_width, s_width = _shape(context, builder, t_q, q_arr, 1), _shape(context, builder, t_s, s_arr, 1)
         fma = _fma(builder)
-        halves = ir.VectorType(ir.HalfType(), LANES)
+        quantized = t_k.dtype == types.int8
 
-        def keys_of(d):
-            """Row d of the block: the 16 keys' values of dimension d, as float32."""
-            if half:
-                bits = builder.load(pointer(context, builder, t_k, k_arr, builder.mul(d, index(LANES)),
-                                            ir.VectorType(ir.IntType(16), LANES)), align=2)
-                return builder.fpext(builder.bitcast(bits, halves), FLOATS)
-            return builder.load(pointer(context, builder, t_k, k_arr, builder.mul(d, index(LANES)), FLOATS),
-                                align=4)
+        def partial(sums, d0, d1):
+            """sums[r] += sum over d0 <= d < d1 of q[r, d] * K[d, :]."""
+            with cgutils.for_range_slice(builder, d0, d1, index(1)) as (d, _):
+                keys = _pool_vector(context, builder, t_k, k_arr, builder.mul(d, index(LANES)), t_k.dtype)
+                for r, s in enumerate(sums):
+                    q = builder.load(pointer(context, builder, t_q, q_arr,
+                                             builder.add(builder.mul(index(r), q_width), d)))
+                    builder.store(builder.call(fma, [splat(builder, q, FLOATS), keys, builder.load(s)]), s)
 
         def rows_of(rows):
             """The code for exactly `rows` rows: their sums stay in registers."""
-            sums = [cgutils.alloca_once_value(builder, ir.Constant(FLOATS, [0.0] * LANES))
-                    for _ in range(rows)]
-            with cgutils.for_range(builder, head_dim) as dims:
-                keys = keys_of(dims.index)
-                for r, s in enumerate(sums):
-                    q = builder.load(pointer(context, builder, t_q, q_arr,
-                                             builder.add(builder.mul(index(r), q_width), dims.index)))
-                    builder.store(builder.call(fma, [splat(builder, q, FLOATS), keys, builder.load(s)]), s)
+            def zeros():
+                return [cgutils.alloca_once_value(builder, ir.Constant(FLOATS, [0.0] * LANES))
+                        for _ in range(rows)]
+            sums = zeros()
+            if not quantized:
+                partial(sums, index(0), q_width)
+            else:  # each 32 dimensions' dot, times the keys' scales (rows D + 2c, D + 2c + 1)
+                chunk = zeros()
+                with cgutils.for_range(builder, builder.udiv(q_width, index(KV_BLOCK))) as blocks:
+                    c = blocks.index
+                    for s in chunk:
+                        builder.store(ir.Constant(FLOATS, [0.0] * LANES), s)
+                    partial(chunk, builder.mul(c, index(KV_BLOCK)), builder.mul(builder.add(c, index(1)), index(KV_BLOCK)))
+                    at = builder.mul(builder.add(q_width, builder.mul(c, index(2))), index(LANES))
+                    scale = _scales_of_keys(context, builder, t_k, k_arr, at)
+                    for s, part in zip(sums, chunk):
+                        builder.store(builder.call(fma, [builder.load(part), scale, builder.load(s)]), s)
             for r, s in enumerate(sums):
                 at = builder.add(builder.mul(index(r), s_width), col)
                 builder.store(builder.load(s), pointer(context, builder, t_s, s_arr, at, FLOATS), align=4)
@@ -109,32 +119,71 @@ def key_scores(typingctx, q_rows, n_rows, k_block, scores, col):
     return signature, codegen
 
 
-def _pool_vector(context, builder, array_type, array, at, half: bool):
-    """16 values of a KV pool from element `at` (flat), as float32: float16 bits widened."""
-    if half:
+def _pool_vector(context, builder, array_type, array, at, dtype):
+    """16 values of a KV pool from element `at` (flat), as float32: float16 bits widened,
+    int8 values (kv_q8.py's, before their scale) converted."""
+    if dtype == types.uint16:
         bits = builder.load(pointer(context, builder, array_type, array, at,
                                     ir.VectorType(ir.IntType(16), LANES)), align=2)
         return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), LANES)), FLOATS)
+    if dtype == types.int8:
+        values = builder.load(pointer(context, builder, array_type, array, at,
+                                      ir.VectorType(ir.IntType(8), LANES)), align=1)
+        return builder.sitofp(values, FLOATS)
     return builder.load(pointer(context, builder, array_type, array, at, FLOATS), align=4)
+
+
+def _half_of_bytes(builder, low, high):
+    """float32 of float16s given as their low and high bytes (int8 vectors, or scalars)."""
+    vector = isinstance(low.type, ir.VectorType)
+    shorts = ir.VectorType(ir.IntType(16), LANES) if vector else ir.IntType(16)
+    halfs = ir.VectorType(ir.HalfType(), LANES) if vector else ir.HalfType()
+    eight = ir.Constant(shorts, [8] * LANES) if vector else ir.Constant(shorts, 8)
+    bits = builder.or_(builder.zext(low, shorts), builder.shl(builder.zext(high, shorts), eight))
+    return builder.fpext(builder.bitcast(bits, halfs), FLOATS if vector else ir.FloatType())
+
+
+def _scales_of_keys(context, builder, array_type, array, at):
+    """The 16 keys' scales whose low bytes are the row at flat element `at` of an int8 K
+    block (their high bytes the next row), as float32."""
+    row = ir.VectorType(ir.IntType(8), LANES)
+    low = builder.load(pointer(context, builder, array_type, array, at, row), align=1)
+    high = builder.load(pointer(context, builder, array_type, array, builder.add(at, index(LANES)), row),
+                        align=1)
+    return _half_of_bytes(builder, low, high)
 
 
 @intrinsic
 def weigh_keys(typingctx, weights, col, n_rows, v_block, kvh, first, n_keys, acc):
     """acc[r, :] += sum_{j < n_keys} weights[r, col + j] * V[first + j, kvh, :] for r <
-    n_rows (1 .. 8); v_block (block_size, n_kv, D) the pool's block (float32, or float16
-    bits as uint16), acc (>= n_rows, D) float32, D a multiple of 16."""
+    n_rows (1 .. 8); v_block (block_size, n_kv, W) the pool's block (float32, float16 bits
+    as uint16, or int8: kv_q8.py's rows, W = D + D/16), acc (>= n_rows, D) float32, D a
+    multiple of 16."""
     if not (_float_matrix(weights) and _float_matrix(acc) and v_block.ndim == 3
-            and c_array(v_block, (types.float32, types.uint16))):
+            and c_array(v_block, (types.float32, types.uint16, types.int8))):
         return None
-    half = v_block.dtype == types.uint16
     signature = types.void(weights, types.intp, types.intp, v_block, types.intp, types.intp,
                            types.intp, acc)
 
     def codegen(context, builder, sig, args):
         w_arr, col, n_rows, v_arr, kvh, first, n_keys, a_arr = args
         t_w, _, _, t_v, _, _, _, t_a = sig.args
-        n_kv, head_dim = _shape(context, builder, t_v, v_arr, 1), _shape(context, builder, t_v, v_arr, 2)
+        n_kv, row_width = _shape(context, builder, t_v, v_arr, 1), _shape(context, builder, t_v, v_arr, 2)
+        head_dim = _shape(context, builder, t_a, a_arr, 1)
         w_width = _shape(context, builder, t_w, w_arr, 1)
+
+        def values_of(row_at, vector):
+            """Vector `vector` (16 values) of the V row at flat element row_at, as float32:
+            an int8 row's values times their block's scale."""
+            values = _pool_vector(context, builder, t_v, v_arr,
+                                  builder.add(row_at, builder.mul(vector, index(LANES))), t_v.dtype)
+            if t_v.dtype != types.int8:
+                return values
+            block = builder.udiv(builder.mul(vector, index(LANES)), index(KV_BLOCK))  # (its scale's)
+            scale_at = builder.add(row_at, builder.add(head_dim, builder.mul(block, index(2))))
+            low = builder.load(pointer(context, builder, t_v, v_arr, scale_at))
+            high = builder.load(pointer(context, builder, t_v, v_arr, builder.add(scale_at, index(1))))
+            return builder.fmul(values, splat(builder, _half_of_bytes(builder, low, high), FLOATS))
         fma = _fma(builder)
 
         def rows_of(rows):
@@ -149,10 +198,8 @@ def weigh_keys(typingctx, weights, col, n_rows, v_block, kvh, first, n_keys, acc
                          for c in range(width)] for r in range(rows)]
                 with cgutils.for_range(builder, n_keys) as keys:
                     j = keys.index
-                    row_at = builder.mul(builder.add(builder.mul(builder.add(first, j), n_kv), kvh), head_dim)
-                    values = [_pool_vector(context, builder, t_v, v_arr,
-                                           builder.add(row_at, builder.mul(builder.add(c0, index(c)), index(LANES))),
-                                           half) for c in range(width)]
+                    row_at = builder.mul(builder.add(builder.mul(builder.add(first, j), n_kv), kvh), row_width)
+                    values = [values_of(row_at, builder.add(c0, index(c))) for c in range(width)]
                     for r in range(rows):
                         at = builder.add(builder.mul(index(r), w_width), builder.add(col, j))
                         weight = splat(builder, builder.load(pointer(context, builder, t_w, w_arr, at)), FLOATS)

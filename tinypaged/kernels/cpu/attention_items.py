@@ -11,10 +11,12 @@ softmax, every loop vectorised over rows (q transposed once), so each K/V row re
 serves the whole tile. (The pools' layouts: cache_ops.py.)
 """
 import numpy as np
-from numba import float32, njit
+from numba import float32, njit, types
+from numba.extending import overload
 
+from ..kv_q8 import KV_BLOCK
 from .attention_ir import key_scores, score_tile, weigh_keys, weigh_values
-from .common import kv_widen
+from .common import f16_bits_to_f32, kv_widen
 from .fast_exp import exp32
 from .vector_ir import LANES
 
@@ -23,19 +25,47 @@ KEYS = 16  # keys a pass of the many-row item
 FEW_ROWS = 8  # fewer rows than this take the two-pass item
 
 
-@njit(fastmath=True, inline="always")
 def _widen_row(pool, block, offset, kvh, row):
     """One key's D values of this KV head from the V pool, as float32, into row (L1)."""
-    for d in range(row.shape[0]):
-        row[d] = kv_widen(pool[block, offset, kvh, d])
 
 
-@njit(fastmath=True, inline="always")
 def _widen_key(pool, block, offset, kvh, row):
     """One key's D values of this KV head from the K pool (transposed: the key's
     column), as float32, into row (L1)."""
-    for d in range(row.shape[0]):
-        row[d] = kv_widen(pool[block, kvh, d, offset])
+
+
+@njit(fastmath=True, inline="always")
+def _widen_q8(values, row):
+    """A kv_q8.py row (D values, then D/16 bytes of scales; a strided view of the pool
+    may hold it) as its D float32 values, into row."""
+    head_dim = row.shape[0]
+    for c in range(head_dim // KV_BLOCK):
+        bits = (np.int32(values[head_dim + 2 * c]) & 255) | ((np.int32(values[head_dim + 2 * c + 1]) & 255) << 8)
+        scale = f16_bits_to_f32(np.uint16(bits))
+        for d in range(c * KV_BLOCK, (c + 1) * KV_BLOCK):
+            row[d] = float32(values[d]) * scale
+
+
+@overload(_widen_row, inline="always")
+def _widen_row_of(pool, block, offset, kvh, row):
+    if pool.dtype == types.int8:
+        return lambda pool, block, offset, kvh, row: _widen_q8(pool[block, offset, kvh], row)
+
+    def widen(pool, block, offset, kvh, row):
+        for d in range(row.shape[0]):
+            row[d] = kv_widen(pool[block, offset, kvh, d])
+    return widen
+
+
+@overload(_widen_key, inline="always")
+def _widen_key_of(pool, block, offset, kvh, row):
+    if pool.dtype == types.int8:
+        return lambda pool, block, offset, kvh, row: _widen_q8(pool[block, kvh, :, offset], row)
+
+    def widen(pool, block, offset, kvh, row):
+        for d in range(row.shape[0]):
+            row[d] = kv_widen(pool[block, kvh, d, offset])
+    return widen
 
 
 @njit(fastmath=True, inline="always")
@@ -99,21 +129,23 @@ def attend_few(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, sc
     while key < k1:  # scores: a block's keys at a time, as the pool holds them
         block, offset = table[key // block_size], key % block_size
         n_keys = min(block_size - offset, k1 - key)
-        keys = k_cache[block, kvh]  # (D, block_size)
+        keys = k_cache[block, kvh]  # (D, block_size); int8: (D + D/16, block_size)
         if block_size == LANES:  # the whole block's 16 scores of each row, in registers
             key_scores(q_rows, rows, keys, block_scores, 0)
             for r in range(rows):
                 out, got = scores[r, key - k0:key - k0 + n_keys], block_scores[r, offset:offset + n_keys]
                 for j in range(n_keys):
                     out[j] = got[j]
-        else:
-            for r in range(rows):
-                q_row, out = q_rows[r], scores[r, key - k0:key - k0 + n_keys]
-                for j in range(n_keys):
+        else:  # a key at a time, widened into L1
+            for j in range(n_keys):
+                _widen_key(k_cache, block, offset + j, kvh, kbuf[0])
+                k_row = kbuf[0]
+                for r in range(rows):
+                    q_row = q_rows[r]
                     dot = float32(0.0)
                     for d in range(head_dim):
-                        dot += q_row[d] * kv_widen(keys[d, offset + j])
-                    out[j] = dot
+                        dot += q_row[d] * k_row[d]
+                    scores[r, key - k0 + j] = dot
         key += n_keys
     for r in range(rows):
         row, position = scores[r, :n], positions[t0 + r // group]

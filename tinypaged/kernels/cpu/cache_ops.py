@@ -6,12 +6,16 @@ so a block's keys' values of one dimension lie side by side and decode attention
 scores 16 keys in the lanes of one vector (attention_ir.key_scores), with no sum
 across lanes; V keeps the rows (n_layers, num_blocks, block_size, n_kv, D) that its
 weighted sum reads. A float16 pool is held as its uint16 bits (numba's CPU target
-has no float16): writes round with kv_narrow, attention widens with kv_widen.
+has no float16): writes round with kv_narrow, attention widens with kv_widen. An int8
+pool holds kv_q8.py's rows (D values, then their scales' bytes) in place of D values:
+K's block then (n_kv, D + D/16, block_size), its last rows the keys' scales' bytes.
 """
 import numpy as np
+from numba import float32, int8
 
 from ...jit_cache import cached_njit
-from .common import kv_narrow
+from ..kv_q8 import KV_BLOCK, KV_INT8, row_width
+from .common import f32_to_f16_bits, kv_narrow
 from .elementwise import rope_row
 
 
@@ -19,6 +23,8 @@ def allocate_kv(shape: tuple[int, ...], dtype=np.float32) -> tuple[np.ndarray, n
     """K and V pools for `shape` (n_layers, num_blocks, block_size, n_kv, D): V of that
     shape, K transposed in each block (keys_layout); float32, or float16 as uint16 bits."""
     held = np.uint16 if np.dtype(dtype) == np.float16 else np.dtype(dtype)
+    if held == KV_INT8:
+        shape = (*shape[:-1], row_width(shape[-1]))
     return np.zeros(keys_layout(shape), dtype=held), np.zeros(shape, dtype=held)
 
 
@@ -46,7 +52,36 @@ def _write_kv(k_cache, v_cache, k, v, slot_mapping):
 
 def write_kv(k_cache, v_cache, k, v, slot_mapping):
     """Store k, v (T, n_kv, D) at pool slots slot_mapping (T,)."""
-    _write_kv(k_cache, v_cache, k, v, slot_mapping)
+    (_write_kv_q8 if k_cache.dtype == KV_INT8 else _write_kv)(k_cache, v_cache, k, v, slot_mapping)
+
+
+@cached_njit(error_model="numpy")
+def store_q8(x, out):
+    """out (D + D/16,) int8, a strided view if need be = x (D,) float32 as kv_q8.py's row:
+    per block of 32, d = max|x| / 127, q = round-half-even(x * (1 / d)), then the
+    scales' float16 bytes (the same float32 steps as kv_q8.quantize_rows)."""
+    head_dim = x.shape[0]
+    for c in range(head_dim // KV_BLOCK):
+        amax = float32(0.0)
+        for i in range(c * KV_BLOCK, (c + 1) * KV_BLOCK):
+            amax = max(amax, abs(x[i]))
+        d = float32(amax / float32(127.0))  # (numba divides in float64: round once)
+        inverse = float32(float32(1.0) / d) if d > 0 else float32(0.0)
+        for i in range(c * KV_BLOCK, (c + 1) * KV_BLOCK):
+            out[i] = int8(np.rint(x[i] * inverse))
+        bits = np.int32(f32_to_f16_bits(d))
+        out[head_dim + 2 * c] = int8(bits & 255)
+        out[head_dim + 2 * c + 1] = int8(bits >> 8)
+
+
+@cached_njit(error_model="numpy")
+def _write_kv_q8(k_cache, v_cache, k, v, slot_mapping):
+    block_size = v_cache.shape[1]
+    for t in range(len(slot_mapping)):
+        block, offset = slot_mapping[t] // block_size, slot_mapping[t] % block_size
+        for h in range(k.shape[1]):
+            store_q8(k[t, h], k_cache[block, h, :, offset])
+            store_q8(v[t, h], v_cache[block, offset, h])
 
 
 @cached_njit(fastmath=True)
@@ -68,9 +103,27 @@ def _rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, s
                 v_row[d] = kv_narrow(v[t, h, d], v_cache)
 
 
+@cached_njit(fastmath=True, error_model="numpy")
+def _rope_write_kv_q8(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping,
+                      q_out):
+    """_rope_write_kv into an int8 pool: each rotated k row quantized as it is stored."""
+    block_size = v_cache.shape[1]
+    rotated = np.empty(k.shape[2], np.float32)
+    for t in range(len(slot_mapping)):
+        p = positions[t]
+        for h in range(q.shape[1]):
+            rope_row(q[t, h], cos_table[p], sin_table[p], q_out[t, h])
+        block, offset = slot_mapping[t] // block_size, slot_mapping[t] % block_size
+        for h in range(k.shape[1]):
+            rope_row(k[t, h], cos_table[p], sin_table[p], rotated)
+            store_q8(rotated, k_cache[block, h, :, offset])
+            store_q8(v[t, h], v_cache[block, offset, h])
+
+
 def rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping):
     """Rotate q (T, n_heads, D) and k (T, n_kv, D), store k and v at their slots;
     returns the rotated q (reference.rope_write_kv)."""
     q_out = np.empty_like(q)
-    _rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping, q_out)
+    write = _rope_write_kv_q8 if k_cache.dtype == KV_INT8 else _rope_write_kv
+    write(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping, q_out)
     return q_out

@@ -27,6 +27,7 @@ def ceil_div(a: int, b: int) -> int:
 
 class CudaBackend(DeviceMemory):
     name = "cuda"
+    kv_cache_dtypes = ("float32", "float16")  # (the kernels read these pools)
 
     def __init__(self, weight_dtype=np.float16):
         super().__init__(weight_dtype)
