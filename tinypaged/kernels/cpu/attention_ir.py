@@ -56,6 +56,20 @@ def _fma(builder):
 MAX_KEY_ROWS = 8  # key_scores' rows at most: one register of sums each
 
 
+def _for_each_row_count(builder, n_rows, code_for):
+    """code_for(rows) for each count 1 .. MAX_KEY_ROWS, the one run chosen by n_rows (a
+    switch): each count's sums are registers of their own."""
+    done = builder.append_basic_block("rows.done")
+    choose = builder.switch(n_rows, done)
+    for rows in range(1, MAX_KEY_ROWS + 1):
+        case = builder.append_basic_block(f"rows.{rows}")
+        choose.add_case(index(rows), case)
+        builder.position_at_end(case)
+        code_for(rows)
+        builder.branch(done)
+    builder.position_at_end(done)
+
+
 @intrinsic
 def key_scores(typingctx, q_rows, n_rows, k_block, scores, col):
     """scores[r, col + j] = sum_d q_rows[r, d] * K[d, j] for r < n_rows (1 .. 8) and the
@@ -106,15 +120,7 @@ def key_scores(typingctx, q_rows, n_rows, k_block, scores, col):
                 at = builder.add(builder.mul(index(r), s_width), col)
                 builder.store(builder.load(s), pointer(context, builder, t_s, s_arr, at, FLOATS), align=4)
 
-        done = builder.append_basic_block("key_scores.done")
-        choose = builder.switch(n_rows, done)
-        for rows in range(1, MAX_KEY_ROWS + 1):
-            case = builder.append_basic_block(f"key_scores.rows{rows}")
-            choose.add_case(index(rows), case)
-            builder.position_at_end(case)
-            rows_of(rows)
-            builder.branch(done)
-        builder.position_at_end(done)
+        _for_each_row_count(builder, n_rows, rows_of)
         return context.get_dummy_value()
     return signature, codegen
 
@@ -217,15 +223,7 @@ def weigh_keys(typingctx, weights, col, n_rows, v_block, kvh, first, n_keys, acc
             with cgutils.for_range(builder, builder.urem(vectors, index(columns))) as rest:
                 pass_of(builder.add(builder.mul(whole, index(columns)), rest.index), 1)
 
-        done = builder.append_basic_block("weigh_keys.done")
-        choose = builder.switch(n_rows, done)
-        for rows in range(1, MAX_KEY_ROWS + 1):
-            case = builder.append_basic_block(f"weigh_keys.rows{rows}")
-            choose.add_case(index(rows), case)
-            builder.position_at_end(case)
-            rows_of(rows)
-            builder.branch(done)
-        builder.position_at_end(done)
+        _for_each_row_count(builder, n_rows, rows_of)
         return context.get_dummy_value()
     return signature, codegen
 
