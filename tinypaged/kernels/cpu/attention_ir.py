@@ -125,6 +125,21 @@ def key_scores(typingctx, q_rows, n_rows, k_block, scores, col):
     return signature, codegen
 
 
+def _add_weighted(builder, fma, sums, weights, values) -> None:
+    """sums[r][c] += weights[r] * values[c] (a float32 weight a row, vectors of V)."""
+    for r, weight in enumerate(weights):
+        weight = splat(builder, weight, FLOATS)
+        for c, value in enumerate(values):
+            builder.store(builder.call(fma, [weight, value, builder.load(sums[r][c])]), sums[r][c])
+
+
+def _store_sums(builder, sums, at) -> None:
+    """The sums held in registers (allocas) back to their places in acc."""
+    for row, places in zip(sums, at):
+        for s, place in zip(row, places):
+            builder.store(builder.load(s), place, align=4)
+
+
 def _pool_vector(context, builder, array_type, array, at, dtype):
     """16 values of a KV pool from element `at` (flat), as float32: float16 bits widened,
     int8 values (kv_q8.py's, before their scale) converted."""
@@ -206,15 +221,10 @@ def weigh_keys(typingctx, weights, col, n_rows, v_block, kvh, first, n_keys, acc
                     j = keys.index
                     row_at = builder.mul(builder.add(builder.mul(builder.add(first, j), n_kv), kvh), row_width)
                     values = [values_of(row_at, builder.add(c0, index(c))) for c in range(width)]
-                    for r in range(rows):
-                        at = builder.add(builder.mul(index(r), w_width), builder.add(col, j))
-                        weight = splat(builder, builder.load(pointer(context, builder, t_w, w_arr, at)), FLOATS)
-                        for c in range(width):
-                            builder.store(builder.call(fma, [weight, values[c], builder.load(sums[r][c])]),
-                                          sums[r][c])
-                for r in range(rows):
-                    for c in range(width):
-                        builder.store(builder.load(sums[r][c]), at_acc[r][c], align=4)
+                    weights = [builder.load(pointer(context, builder, t_w, w_arr, builder.add(
+                        builder.mul(index(r), w_width), builder.add(col, j)))) for r in range(rows)]
+                    _add_weighted(builder, fma, sums, weights, values)
+                _store_sums(builder, sums, at_acc)
 
             vectors = builder.udiv(head_dim, index(LANES))
             whole = builder.udiv(vectors, index(columns))
@@ -297,15 +307,10 @@ def weigh_values(typingctx, scores, vbuf, n_keys, acc):
                                                 builder.add(builder.mul(j, v_width),
                                                             builder.mul(builder.add(c0, index(c)), index(LANES))),
                                                 FLOATS), align=4) for c in range(columns)]
-                for r in range(ROWS_A_PASS):
-                    at = builder.add(builder.mul(j, s_width), builder.add(r0, index(r)))
-                    weight = splat(builder, builder.load(pointer(context, builder, t_s, s_arr, at)), FLOATS)
-                    for c in range(columns):
-                        builder.store(builder.call(fma, [weight, values[c], builder.load(sums[r][c])]),
-                                      sums[r][c])
-            for r in range(ROWS_A_PASS):
-                for c in range(columns):
-                    builder.store(builder.load(sums[r][c]), at_acc[r][c], align=4)
+                weights = [builder.load(pointer(context, builder, t_s, s_arr, builder.add(
+                    builder.mul(j, s_width), builder.add(r0, index(r))))) for r in range(ROWS_A_PASS)]
+                _add_weighted(builder, fma, sums, weights, values)
+            _store_sums(builder, sums, at_acc)
 
         vectors = builder.udiv(head_dim, index(LANES))
         wide = builder.icmp_unsigned("==", builder.urem(vectors, index(VECTORS_A_PASS)), index(0))
