@@ -38,6 +38,7 @@ from numba import cuda  # noqa: E402
 from tinypaged.batch.attention_metadata import AttentionMetadata  # noqa: E402
 from tinypaged.kernels.cuda.backend import CudaBackend  # noqa: E402
 from tinypaged.kernels.cuda.device_weights import DeviceFloat  # noqa: E402
+from tinypaged.kernels.kv_q8 import quantize_rows  # noqa: E402
 from tinypaged.pull import is_model_folder  # noqa: E402
 
 ROWS = []
@@ -217,19 +218,23 @@ def launch_costs():
 
 def attention_decode(copy_gbps):
     for batch, ctx in ((2, 32), (1, 140)) if TINY else ((64, 1024), (1, 8192)):
-        _attention_row(copy_gbps, batch, ctx)
+        for pool_dtype in ("float32", "float16", "int8"):
+            _attention_row(copy_gbps, batch, ctx, pool_dtype)
 
 
-def _attention_row(copy_gbps, batch, ctx):
+def _attention_row(copy_gbps, batch, ctx, pool_dtype):
     gpu = CudaBackend()
-    # SmolLM2's attention shape; the rehearsal's fewer heads and dimensions take the same
-    # code paths (the 140 keys still span two partitions)
-    bs, n_heads, n_kv, d = (16, 4, 2, 16) if TINY else (16, 9, 3, 64)
+    # SmolLM2's attention shape; the rehearsal's fewer heads take the same code paths
+    # (the 140 keys still span two partitions; 32 dimensions: one int8 block a row)
+    bs, n_heads, n_kv, d = (16, 4, 2, 32) if TINY else (16, 9, 3, 64)
     blocks_per_seq = -(-ctx // bs)
     n_blocks = batch * blocks_per_seq
     rng = np.random.default_rng(0)
-    k = cuda.to_device(rng.standard_normal((n_blocks, bs, n_kv, d), dtype=np.float32))
-    v = cuda.to_device(rng.standard_normal((n_blocks, bs, n_kv, d), dtype=np.float32))
+    k_pool, v_pool = gpu.allocate_kv((1, n_blocks, bs, n_kv, d), np.dtype(pool_dtype))
+    values = rng.standard_normal((2, 1, n_blocks, bs, n_kv, d), dtype=np.float32)
+    host = quantize_rows(values) if pool_dtype == "int8" else values.astype(pool_dtype)
+    gpu.kv_pool.copy_to_device(host)
+    k, v = k_pool[0], v_pool[0]
     perm = rng.permutation(n_blocks)
     tables = [list(perm[i * blocks_per_seq:(i + 1) * blocks_per_seq]) for i in range(batch)]
     meta = AttentionMetadata.build([(t, ctx - 1, ctx) for t in tables], bs)
@@ -237,10 +242,10 @@ def _attention_row(copy_gbps, batch, ctx):
     q = cuda.to_device(rng.standard_normal((batch, n_heads, d), dtype=np.float32))
 
     seconds, launches = device_seconds(gpu, lambda: gpu.paged_attention(q, k, v, dev_meta))
-    unique = 2 * batch * ctx * n_kv * d * 4  # every K and V element of the batch's contexts
+    unique = 2 * batch * ctx * n_kv * host.shape[-1] * host.itemsize  # the contexts' K/V bytes
     gbps = unique / seconds / 1e9
     want = predicted_seconds(unique, launches=0, graph_nodes=launches)
-    report(f"paged attention decode, {batch} x {ctx} ctx", gbps, "GB/s",
+    report(f"paged attention decode, {batch} x {ctx} ctx, {pool_dtype} pool", gbps, "GB/s",
            f"{gbps / copy_gbps:.0%} of copy bandwidth; {seconds * 1e6:.0f} us "
            f"(predicted {want * 1e6:.0f}); {dev_meta.decode_partitions} partitions",
            predicted=unique / want / 1e9)

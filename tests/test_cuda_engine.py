@@ -1,6 +1,9 @@
 """The whole engine on the CUDA backend: the simulator without a GPU (a stand-in for
 stories260K: conftest.cuda_model_dir), stories260K and real-model checks on a GPU."""
+import numpy as np
 import pytest
+from conftest import CUDA_STAND_IN
+from helpers import write_tiny_model
 
 from tinypaged import LLM, SamplingParams
 from tinypaged.kernels.cuda import cuda_usable
@@ -143,8 +146,22 @@ def test_samples_take_candidates_found_on_the_device_and_draw_what_whole_rows_dr
     assert reduced_bytes <= rows * 41 * 2 * 4 < whole_bytes / (5 if vocab >= 512 else 3)
 
 
-def test_an_int8_kv_cache_is_refused_by_name_on_the_gpu(cuda_model_dir):
-    """The CUDA kernels read float32 and float16 pools; kv_cache_dtype="int8" is the
-    CPU backend's (kernels/kv_q8.py), and asking the GPU for it is one clear error."""
-    with pytest.raises(ValueError, match="kv_cache_dtype='int8' is not held by the cuda backend"):
-        LLM(cuda_model_dir, backend="cuda", num_blocks=16, kv_cache_dtype="int8")
+def test_an_int8_kv_cache_on_the_gpu_generates_the_cpu_backends_tokens(tmp_path):
+    """kv_cache_dtype="int8" (kv_q8.py's rows) on both backends: K/V quantized alike when
+    written, read alike; a model whose heads are 32 wide (a scale per head and token)."""
+    write_tiny_model(str(tmp_path), **{**CUDA_STAND_IN, "num_attention_heads": 2,
+                                       "num_key_value_heads": 1})
+    cpu = LLM(tmp_path, backend="cpu", num_blocks=16, kv_cache_dtype="int8").generate(PROMPT, GREEDY)[0]
+    with LLM(tmp_path, backend="cuda", num_blocks=16, kv_cache_dtype="int8",
+             gpu_weight_dtype="float32") as llm:
+        assert llm.engine.runner.kv.dtype == np.int8
+        gpu = llm.generate(PROMPT, GREEDY)[0]
+    assert len(gpu.token_ids) == 5
+    assert gpu.token_ids == cpu.token_ids, (gpu.text, cpu.text)
+
+
+def test_a_head_wider_than_the_kernels_take_is_refused_when_the_pool_is_made(tmp_path):
+    write_tiny_model(str(tmp_path), **{**CUDA_STAND_IN, "hidden_size": 256, "num_attention_heads": 1,
+                                       "num_key_value_heads": 1})
+    with pytest.raises(ValueError, match="head_dim=256 exceeds the CUDA kernels' MAX_HEAD_DIM=128"):
+        LLM(tmp_path, backend="cuda", num_blocks=16)

@@ -302,6 +302,63 @@ def test_a_float16_pool_rounds_on_write_and_widens_on_read(gpu):
     np.testing.assert_allclose(dev_q.copy_to_host(), want_q, **TOL)
 
 
+@pytest.mark.parametrize("head_dim", [32, 96])  # one block of 32 a row; three (a half-warp idle)
+def test_rope_writes_an_int8_pool_as_kv_q8_rows_bit_for_bit(gpu, head_dim):
+    """kv_cache_dtype="int8" on the device: rope_write_kv_q8 stores kv_q8.py's rows (the
+    values, then the float16 scales' bytes), bit for bit as the reference's int8 pool;
+    the rotated q as the float kernel's; a padding row (position -1) writes nothing."""
+    rng = np.random.default_rng(head_dim)
+    cos, sin = reference.rope_tables(40, head_dim, 10000.0)
+    q, k, v = rand(rng, 4, 3, head_dim), rand(rng, 4, 1, head_dim) * 30, rand(rng, 4, 1, head_dim)
+    k[1, 0, :32] = 0  # a block of zeros: scale 0, values 0
+    positions, slots = np.array([5, 0, 39, -1], np.int32), np.array([9, 2, 14, 3], np.int32)
+    k_want, v_want = reference.allocate_kv((1, 4, 4, 1, head_dim), np.int8)
+    want_q = reference.rope_write_kv(q[:3], k[:3], v[:3], positions[:3], cos, sin, k_want[0],
+                                     v_want[0], slots[:3])
+    k_pool, v_pool = gpu.allocate_kv((1, 4, 4, 1, head_dim), np.int8)
+    gpu.kv_pool.copy_to_device(np.zeros(gpu.kv_pool.shape, np.int8))
+    got_q = gpu.rope_write_kv(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
+                              cuda.to_device(positions), cuda.to_device(cos), cuda.to_device(sin),
+                              k_pool[0], v_pool[0], cuda.to_device(slots))
+    np.testing.assert_array_equal(got_q.copy_to_host()[:3], want_q)
+    np.testing.assert_array_equal(got_q.copy_to_host()[3], q[3])  # (padding: untouched)
+    np.testing.assert_array_equal(k_pool.copy_to_host(), k_want)
+    np.testing.assert_array_equal(v_pool.copy_to_host(), v_want)
+
+
+def test_attention_reads_an_int8_pool_as_the_reference_and_blocks_copy_with_their_scales(gpu):
+    """Decode (two partitions) and prefill attention over an int8 pool read its rows as
+    reference.kv_values dequantizes them; copy-on-write copies a block's scales with
+    its values."""
+    rng = np.random.default_rng(23)
+    head_dim, shape = 32, (1, 24, 16, 2, 32)
+    cos, sin = reference.rope_tables(160, head_dim, 10000.0)
+    meta = AttentionMetadata.build([(list(range(10)), 0, 150), ([20], 0, 5)], 16)
+    n = meta.num_tokens
+    q, k, v = rand(rng, n, 4, head_dim), rand(rng, n, 2, head_dim), rand(rng, n, 2, head_dim)
+    k_want, v_want = reference.allocate_kv(shape, np.int8)
+    want_q = reference.rope_write_kv(q, k, v, meta.positions, cos, sin, k_want[0], v_want[0],
+                                     meta.slot_mapping)
+    k_pool, v_pool = gpu.allocate_kv(shape, np.int8)
+    gpu.kv_pool.copy_to_device(np.zeros(gpu.kv_pool.shape, np.int8))
+    _, dev_meta = gpu.prepare_inputs(np.zeros(n, np.int64), meta)
+    gpu.rope_write_kv(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), dev_meta.positions,
+                      cuda.to_device(cos), cuda.to_device(sin), k_pool[0], v_pool[0],
+                      dev_meta.slot_mapping)
+    want = reference.paged_attention(want_q, k_want[0], v_want[0], meta)
+    got = gpu.paged_attention(cuda.to_device(want_q), k_pool[0], v_pool[0], dev_meta)
+    np.testing.assert_allclose(got.copy_to_host(), want, rtol=1e-4, atol=1e-5)
+    decode = AttentionMetadata.build([(list(range(10)), 149, 150), ([20], 4, 5)], 16)
+    _, dev_decode = gpu.prepare_inputs(np.zeros(2, np.int64), decode)
+    assert dev_decode.decode_partitions == 2
+    got = gpu.paged_attention(cuda.to_device(want_q[[149, 154]]), k_pool[0], v_pool[0], dev_decode)
+    np.testing.assert_allclose(got.copy_to_host(), want[[149, 154]], rtol=1e-4, atol=1e-5)
+    gpu.copy_blocks(k_pool, v_pool, [(20, 23), (3, 21)])
+    reference.copy_blocks(k_want, v_want, [(20, 23), (3, 21)])
+    np.testing.assert_array_equal(k_pool.copy_to_host(), k_want)
+    np.testing.assert_array_equal(v_pool.copy_to_host(), v_want)
+
+
 def test_with_packed_weights_the_norm_also_writes_its_output_rounded():
     """The norm's rounded output (one warp step per 32-value block, max by shuffles)
     is reference.round_activations of its output, bit for bit, and the packed product

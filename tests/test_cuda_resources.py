@@ -75,7 +75,7 @@ def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
                  for d in ("f16", "f32")}
     per_pool = {f"{k}{pool}" for k in ("paged_attention_decode", "paged_attention_prefill",
                                         "rope_write_kv", "copy_blocks")
-                for pool in ("", "[kv-f16]")}  # float32 and float16 KV pools
+                for pool in ("", "[kv-f16]", "[kv-int8]")}  # float32, float16 and int8 KV pools
     wide = ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k")  # (no fused q/k/v: kquant_matmul.py)
     packed = {f"gemv_{q}{form}" for q in ("q8_0", "q4") for form in ("", "_qkv", "_gate_up_silu")}
     packed |= {f"gemv_{q}{form}" for q in wide for form in ("", "_gate_up_silu")}
@@ -90,9 +90,9 @@ def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
     assert all(0 < r["occupancy"] <= 1 for r in audit.values())
     decode = {label: r for label, r in audit.items()
               if label.startswith(("gemv", "paged_attention_decode", "merge_partitions"))}
-    # 3 GEMVs x (f16, f32, Q8_0, Q4_x), 2 x (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), attention x 2
+    # 3 GEMVs x (f16, f32, Q8_0, Q4_x), 2 x (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), attention x 3
     # pools, merge
-    assert len(decode) == 25
+    assert len(decode) == 26
     for label, r in decode.items():
         # issue 11's bar for decode kernels: registers only, at least half the SM's threads;
         # decode attention hides latency by its loads in flight (every key of a partition
@@ -101,7 +101,8 @@ def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
         assert r["stack"] == 0 and r["spills"] == 0 and r["occupancy"] >= bar, label
     top = audit["top_candidates"]  # the sampler's candidates: registers only, full occupancy
     assert top["stack"] == 0 and top["spills"] == 0 and top["occupancy"] >= 0.5
-    for label in ("paged_attention_prefill", "paged_attention_prefill[kv-f16]"):
+    for label in ("paged_attention_prefill", "paged_attention_prefill[kv-f16]",
+                  "paged_attention_prefill[kv-int8]"):
         assert audit[label]["spills"] == 0 and audit[label]["occupancy"] >= 0.37  # was 19%
 
 
@@ -116,7 +117,7 @@ def test_the_kernels_that_promise_the_references_bits_fuse_nothing(audit):
     """NVVM fuses a*b + c into one FMA, which rounds once where NumPy rounds twice
     (issue 18, B2: round_activations' v * inverse + HALF_EVEN and RoPE's write of K
     held bit for bit only by luck of the seed). Their arithmetic is exact.py's."""
-    exact = ["round_activations", "rope_write_kv", "rope_write_kv[kv-f16]"]
+    exact = ["round_activations", "rope_write_kv", "rope_write_kv[kv-f16]", "rope_write_kv[kv-int8]"]
     assert {label: audit[label]["fma_instructions"] for label in exact} == dict.fromkeys(exact, 0)
     assert audit["gemv_rows[f32]"]["fma_instructions"] > 0  # (the count sees FMAs)
 

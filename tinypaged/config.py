@@ -64,7 +64,7 @@ class EngineConfig:
     quantization: str | None = None  # "q8_0", "q4_0", "q4_1": quantize float matrices at load
     cuda_graphs: bool | None = None  # CUDA: replay recorded decode steps; None: on with a GPU
     kv_cache_dtype: str = "auto"  # "float16": half the bytes a token, twice the blocks;
-    #   "int8": a quarter, plus a scale per 32 values (kernels/kv_q8.py; the CPU backend's);
+    #   "int8": a quarter, plus a scale per 32 values (kernels/kv_q8.py);
     #   "auto": float16 for float16 / bfloat16 checkpoints and GGUF files, else float32
     layout_cache: bool = True  # CPU: keep a GGUF's prepared weights beside it
     #   (<file>.tinypaged-cpu) and map them on the next load (kernels/cpu/weight_cache.py)

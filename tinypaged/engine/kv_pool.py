@@ -28,7 +28,7 @@ def kv_cache_dtype(requested: str, checkpoint_dtype: str, head_dim: int, backend
     if requested == "int8":
         if "int8" not in backend.kv_cache_dtypes:
             raise ValueError(f"kv_cache_dtype='int8' is not held by the {backend.name} backend "
-                             f"(it holds {', '.join(backend.kv_cache_dtypes)}); the CPU backend holds it")
+                             f"(it holds {', '.join(backend.kv_cache_dtypes)})")
         check_head_dim(head_dim)
     if requested != "auto":
         return requested

@@ -14,7 +14,7 @@ from numba import cuda
 
 from ...batch.step_logits import WHOLE_ROW
 from ...formats.quant_kind import QK
-from . import attention, elementwise, matmul
+from . import attention, elementwise, kv_rows, matmul
 from .device_memory import DeviceMemory
 from .launcher import Launcher
 from .logits import DeviceLogits, LogitsCopier
@@ -27,7 +27,7 @@ def ceil_div(a: int, b: int) -> int:
 
 class CudaBackend(DeviceMemory):
     name = "cuda"
-    kv_cache_dtypes = ("float32", "float16")  # (the kernels read these pools)
+    kv_cache_dtypes = ("float32", "float16", "int8")  # (the kernels read these pools: kv_rows.py)
 
     def __init__(self, weight_dtype=np.float16):
         super().__init__(weight_dtype)
@@ -159,8 +159,12 @@ class CudaBackend(DeviceMemory):
     def rope_write_kv(self, q, k, v, positions, cos_table, sin_table, k_cache, v_cache,
                       slot_mapping):
         grid = (q.shape[0], q.shape[1] + k.shape[1])
-        self.launcher(elementwise.rope_write_kv, grid, max(1, q.shape[2] // 2),
-                      q, k, v, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping)
+        if kv_rows.is_q8(k_cache):
+            kernel, threads = kv_rows.rope_write_kv_q8, kv_rows.rope_write_threads(q.shape[2])
+        else:
+            kernel, threads = elementwise.rope_write_kv, max(1, q.shape[2] // 2)
+        self.launcher(kernel, grid, threads, q, k, v, positions, cos_table, sin_table, k_cache,
+                      v_cache, slot_mapping)
         return q  # rotated in place
 
     def paged_attention(self, q, k_cache, v_cache, meta, window=None, scores_scale=None,
@@ -176,7 +180,7 @@ class CudaBackend(DeviceMemory):
         if meta.num_decode:
             attention.launch_decode(self.launcher, args, meta, scale, window, cap, out)
         if meta.num_tiles:
-            self.launcher(attention.paged_attention_prefill, (meta.num_tiles, q.shape[1]),
+            self.launcher(attention.PREFILL[kv_rows.pool_form(k_cache)], (meta.num_tiles, q.shape[1]),
                           attention.PREFILL_THREADS, *args, meta.prefill_tiles, scale, window, cap,
                           out)
         return out
@@ -197,5 +201,6 @@ class CudaBackend(DeviceMemory):
         pairs_dev = self._pairs[:len(pairs)]
         pairs_dev.copy_to_device(pairs)
         self.launcher.transfers += 1
+        k_pool, v_pool = kv_rows.pool_rows(k_pool), kv_rows.pool_rows(v_pool)
         self.launcher(elementwise.copy_blocks, (len(pairs), k_pool.shape[0]), elementwise.ROW_THREADS,
                       k_pool, v_pool, pairs_dev)

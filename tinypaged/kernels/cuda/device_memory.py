@@ -10,8 +10,10 @@ import numpy as np
 from numba import config, cuda
 
 from ...formats.packed import PackedWeight
+from ..kv_q8 import KV_INT8, row_width
 from ..reference import rope_tables as host_rope_tables
 from .device_weights import DeviceFloat, DevicePacked
+from .kv_rows import MAX_HEAD_DIM, Q8Pool
 from .toolkit import prepare_compiler
 
 EMBEDDING = "model.embed_tokens.weight"
@@ -81,8 +83,15 @@ class DeviceMemory:
 
     def allocate_kv(self, shape: tuple[int, ...], dtype=np.float32):
         """One device allocation holding K and V: (2, n_layers, num_blocks, block_size, n_kv, D),
-        float32 or float16 (the kernels widen on read, round on write)."""
-        self.kv_pool = cuda.device_array((2, *shape), dtype=np.dtype(dtype))
+        float32 or float16 (the kernels widen on read, round on write); int8: kv_q8.py's
+        rows in place of the D values, K and V each a Q8Pool (kv_rows.py)."""
+        if shape[-1] > MAX_HEAD_DIM:
+            raise ValueError(f"head_dim={shape[-1]} exceeds the CUDA kernels' MAX_HEAD_DIM={MAX_HEAD_DIM}")
+        dtype = np.dtype(dtype)
+        if dtype == KV_INT8:
+            self.kv_pool = cuda.device_array((2, *shape[:-1], row_width(shape[-1])), dtype=dtype)
+            return Q8Pool(self.kv_pool[0]), Q8Pool(self.kv_pool[1])
+        self.kv_pool = cuda.device_array((2, *shape), dtype=dtype)
         return self.kv_pool[0], self.kv_pool[1]
 
     def rope_tables(self, max_positions: int, head_dim: int, rope):

@@ -77,11 +77,23 @@ def block_step(amax):
 
 
 @cuda.jit(device=True, inline="always")
-def to_step(v, d, inverse):
-    """v as d * round-half-even(v / d), all in float32 (reference.round_activations),
+def to_int_step(v, inverse):
+    """round-half-even(v / d) (a float holding an integer of -127..127), in float32,
     never fused (exact.py: v * inverse + HALF_EVEN as one FMA would round differently)."""
-    scaled = mul_rn(v, inverse)
-    return mul_rn(d, sub_rn(add_rn(scaled, HALF_EVEN), HALF_EVEN))
+    return sub_rn(add_rn(mul_rn(v, inverse), HALF_EVEN), HALF_EVEN)
+
+
+@cuda.jit(device=True, inline="always")
+def to_step(v, d, inverse):
+    """v as d * round-half-even(v / d), all in float32 (reference.round_activations)."""
+    return mul_rn(d, to_int_step(v, inverse))
+
+
+@cuda.jit(device=True, inline="always")
+def rotate_pair(a, b, c, s):
+    """Rotate-half RoPE of the pair (a, b) by the angle whose cosine and sine are c, s;
+    products rounded before they are summed, as the reference (exact.py)."""
+    return sub_rn(mul_rn(a, c), mul_rn(b, s)), add_rn(mul_rn(b, c), mul_rn(a, s))
 
 
 @cached_kernel()
@@ -98,18 +110,14 @@ def rope_write_kv(q, k, v, positions, cos_table, sin_table, k_cache, v_cache, sl
         return
     c, s = cos_table[p, i], sin_table[p, i]
     n_heads = q.shape[1]
-    # (products rounded before they are summed, as the reference: exact.py)
     if j < n_heads:
-        a, b = q[t, j, i], q[t, j, i + half]
-        q[t, j, i] = sub_rn(mul_rn(a, c), mul_rn(b, s))
-        q[t, j, i + half] = add_rn(mul_rn(b, c), mul_rn(a, s))
+        q[t, j, i], q[t, j, i + half] = rotate_pair(q[t, j, i], q[t, j, i + half], c, s)
     else:
         kvh = j - n_heads
         block_size = k_cache.shape[1]
         block, offset = slot_mapping[t] // block_size, slot_mapping[t] % block_size
-        a, b = k[t, kvh, i], k[t, kvh, i + half]
-        k_cache[block, offset, kvh, i] = sub_rn(mul_rn(a, c), mul_rn(b, s))
-        k_cache[block, offset, kvh, i + half] = add_rn(mul_rn(b, c), mul_rn(a, s))
+        k_cache[block, offset, kvh, i], k_cache[block, offset, kvh, i + half] = rotate_pair(
+            k[t, kvh, i], k[t, kvh, i + half], c, s)
         v_cache[block, offset, kvh, i] = v[t, kvh, i]
         v_cache[block, offset, kvh, i + half] = v[t, kvh, i + half]
 

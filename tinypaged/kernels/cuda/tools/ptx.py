@@ -18,7 +18,7 @@ import sys
 from numba import cuda, types
 
 from ....formats.quant_kind import Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
-from .. import attention, elementwise, kquant_matmul, logits, matmul, packed_matmul
+from .. import attention, elementwise, kquant_matmul, kv_rows, logits, matmul, packed_matmul
 
 f32, f16, i32, i64 = types.float32, types.float16, types.int32, types.int64
 i8, u8 = types.int8, types.uint8
@@ -74,15 +74,18 @@ def signatures() -> list[tuple[str, object, tuple]]:
         sigs.append((f"matmul_tiled_packed[{qname}]", kquant_matmul.TILED_KERNELS[kind],
                      (x, matrix, bias, flag, x)))
     q = arr(f32, 3)
-    for kv_name, kv_type in (("", f32), ("[kv-f16]", f16)):  # the KV pool's element type
-        pool = arr(kv_type, 4)
+    q8_layer = types.Tuple((arr(i8, 4), types.Array(f16, 4, "A")))  # kv_rows.py's (rows, scales)
+    for kv_name, kv_type, pool in (("", f32, arr(f32, 4)), ("[kv-f16]", f16, arr(f16, 4)),
+                                   ("[kv-int8]", i8, q8_layer)):  # the KV pool's form
+        form = "q8" if kv_type == i8 else ""  # (kv_rows.POOL_READS' keys)
         attn = (q, pool, pool, arr(i32, 2), arr(i32, 1), arr(i32, 1))
+        rope = kv_rows.rope_write_kv_q8 if form else elementwise.rope_write_kv
         sigs += [
-            ("paged_attention_decode" + kv_name, attention.paged_attention_decode,
+            ("paged_attention_decode" + kv_name, attention.DECODE[form],
              (*attn, arr(i32, 1), f32, i32, f32, arr(f32, 4), arr(f32, 4), arr(f32, 3))),
-            ("paged_attention_prefill" + kv_name, attention.paged_attention_prefill,
+            ("paged_attention_prefill" + kv_name, attention.PREFILL[form],
              (*attn, arr(i32, 2), f32, i32, f32, arr(f32, 3))),
-            ("rope_write_kv" + kv_name, elementwise.rope_write_kv,
+            ("rope_write_kv" + kv_name, rope,
              (q, q, q, arr(i32, 1), arr(f32, 2), arr(f32, 2), pool, pool, arr(i32, 1))),
             ("copy_blocks" + kv_name, elementwise.copy_blocks,
              (arr(kv_type, 5), arr(kv_type, 5), arr(i32, 2))),
@@ -116,7 +119,7 @@ def block_threads(label: str) -> int:
             "paged_attention_decode": attention.DECODE_THREADS,
             "merge_partitions": attention.MERGE_THREADS,
             "paged_attention_prefill": attention.PREFILL_THREADS,
-            "add_rms_norm": elementwise.NORM_THREADS, "rope_write_kv": attention.MAX_HEAD_DIM // 2,
+            "add_rms_norm": elementwise.NORM_THREADS, "rope_write_kv": kv_rows.rope_write_threads(kv_rows.MAX_HEAD_DIM),
             "silu_mul": 256, "scale": 256, "add": 256, "gelu_tanh_mul": 256, "softcap": 256, "gather_rows": elementwise.ROW_THREADS,
             "copy_blocks": elementwise.ROW_THREADS,
             "round_activations": elementwise.ROUND_THREADS,
