@@ -130,7 +130,6 @@ def _group_product(x_rows: int, half_group: bool = False):
                                                  f"llvm.fma.v{width}f32")
             totals = [cgutils.alloca_once_value(builder, ir.Constant(floats, [0.0] * width))
                       for _ in range(x_rows)]
-            row_length = builder.mul(n_blocks, index(32))  # x's row length: rows follow each other
             if half_group:  # (through an empty asm: a count LLVM cannot see, or it unrolls
                 # the 8 rows' loop and takes the rows one after another again)
                 chunk_count = builder.asm(ir.FunctionType(index(0).type, [index(0).type]), "", "=r,0",
@@ -183,15 +182,14 @@ def _group_product(x_rows: int, half_group: bool = False):
                         column_chunk = builder.add(builder.mul(b, index(CHUNKS_PER_BLOCK)), c_at)
                         w = _or_high_bits(context, builder, t[10], f_arr, f_at, column_chunk, w, q6)
                     half = c // 4 if q6 else c % 2 if x_rows == 1 else 0
+                    # x's rows side by side (interleave_rows): a chunk's 4 columns of every row
+                    # in one line at one base, the rest immediates (rows K apart, K a power of
+                    # two from 4,096, met in one L1 set and evicted each other: half the rate)
+                    x_chunk = builder.add(builder.add(x_at, builder.mul(b, index(32 * x_rows))),
+                                          builder.mul(c_at, index(4 * x_rows)))
                     for i in range(x_rows):
-                        if half_group:  # one base a chunk, the rest immediates (12 rows'
-                            x_quad = builder.add(builder.add(x_at, builder.mul(b, index(32 * x_rows))),
-                                                 builder.add(builder.mul(c_at, index(4 * x_rows)),
-                                                             index(4 * i)))  # pointers spilled)
-                        else:
-                            x_quad = builder.add(builder.add(x_at, builder.mul(index(i), row_length)),
-                                                 builder.add(builder.mul(b, index(32)), index(4 * c)))
-                        quad = builder.load(pointer(context, builder, t[2], x_arr, x_quad, IR_I32), align=1)
+                        quad = builder.load(pointer(context, builder, t[2], x_arr,
+                                                    builder.add(x_chunk, index(4 * i)), IR_I32), align=1)
                         dots[i][half].add(w, splat(builder, quad, ints))
                 # half a group: a block's 8 chunks in a loop (4 bits: their int16 sums cannot
                 # overflow), each row's sums carried in a register. Unrolled, LLVM took the
@@ -217,10 +215,7 @@ def _group_product(x_rows: int, half_group: bool = False):
                 else:
                     scale, low = scale_and_min(b, builder.add(s_at, builder.mul(b, index(LANES))))
                 for i in range(x_rows):
-                    if half_group:
-                        at = builder.add(builder.add(row_at, builder.mul(b, index(x_rows))), index(i))
-                    else:
-                        at = builder.add(builder.add(row_at, builder.mul(index(i), n_blocks)), b)
+                    at = builder.add(builder.add(row_at, builder.mul(b, index(x_rows))), index(i))
                     x_scale = splat(builder, builder.load(pointer(context, builder, t[12], dx_arr, at)),
                                     floats)
                     if q6:
@@ -301,9 +296,9 @@ sums of 16 values, block b's at [2 (row_at + b) + h], and the block's dot is
 sa (S_a - 32 xa) + sb (S_b - 32 xb), exact (LANES.md has the float steps).
 quants int8: Q8_0; uint8 the others."""
 group_gemm = _group_product(X_ROWS)
-group_gemm.__doc__ = """group_gemv for X_ROWS consecutive rows of x (x_at: the first's values, row_at:
-its first block; each next row K values and K/32 blocks on): acc[16 i .. 16 i + 15] is
-row i's product."""
+group_gemm.__doc__ = """group_gemv for X_ROWS rows of x, side by side as interleave_rows lays out a pass
+(x_at, row_at: the pass's first value and block): acc[16 i .. 16 i + 15] is row i's
+product."""
 
 
 WIDE_ROWS = 16  # rows of x a pass of group_gemm_wide

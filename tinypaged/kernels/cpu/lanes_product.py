@@ -9,8 +9,9 @@ lanes_ir.group_gemv on each, one row of x at a time. More rows: lanes_ir.group_g
 made unsigned in registers and taken by the 16 rows' vpdpbusd (AVX2: vpmaddubsw,
 byte_dot.py); the group stays in L1 for the next pass, the next group's bytes are
 prefetched. On AVX2 the 4-bit kinds take each half of a group apart, 12 rows of x a
-pass (_gemm_lanes_by_halves), x's rows interleaved for it per call (M x K bytes);
-nothing else is copied or transposed per call.
+pass (_gemm_lanes_by_halves). x's rows of a pass are laid side by side per call (M x K
+bytes: rows K apart, K a power of two from 4,096, fall in one L1 set and evict each
+other); nothing else is copied or transposed per call.
 """
 import numpy as np
 from numba import prange, types
@@ -110,16 +111,16 @@ def _gemm_lanes(kind, xq, dx, qsum, quants, scales, mins, supers, fifths, out):
     multiple of 8 (zero rows after M); dx, qsum (M8, K/32) its scales and sums.
     Threads take groups of 16 rows; each group is multiplied by 16 rows of x at a
     time (then 8, where M8 leaves 8 over) while its bytes are in L1 (made unsigned in
-    registers, chunk by chunk, each pass), the next group's prefetched."""
+    registers, chunk by chunk, each pass), the next group's prefetched. x's rows of a
+    pass lie side by side (interleave_rows): a chunk's x is one cache line."""
     n_out = out.shape[1]
     padded_rows, width = xq.shape
     wide_end = padded_rows - padded_rows % WIDE_ROWS  # rows taken 16 at a time; 8 after
     n_blocks = width // QK
     n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
-    q_flat, x_flat, s_flat, m_flat = quants.reshape(-1), xq.reshape(-1), scales.reshape(-1), _flat(mins)
-    f_flat, u_flat = _flat(fifths), _flat(supers)
-    dx_flat, out_flat = dx.reshape(-1), out.reshape(-1)
-    sums_flat = _x_sums(kind, xq, qsum).reshape(-1)
+    q_flat, s_flat, m_flat = quants.reshape(-1), scales.reshape(-1), _flat(mins)
+    f_flat, u_flat, out_flat = _flat(fifths), _flat(supers), out.reshape(-1)
+    x_flat, dx_flat, sums_flat = _interleaved(kind, xq, dx, qsum, WIDE_ROWS)
     for c in prange(N_CHUNKS):
         acc = np.empty(WIDE_ROWS * LANES, dtype=np.float32)
         last = (c + 1) * n_groups // N_CHUNKS - 1
@@ -150,30 +151,42 @@ def _gemm_lanes(kind, xq, dx, qsum, quants, scales, mins, supers, fifths, out):
 
 
 @cached_njit()
-def _pass_rows(left):
-    """Rows of x the next pass of _gemm_lanes_by_halves takes, `left` (a multiple of 4,
-    at least 8) still to go: HALF_ROWS, or 8 where 8 or 16 are left."""
+def _pass_rows(left, widest):
+    """Rows of x the next pass takes, `left` (a multiple of 8) still to go: for
+    _gemm_lanes (widest WIDE_ROWS) 16, or 8 where fewer are left; for
+    _gemm_lanes_by_halves (widest HALF_ROWS) 12, or 8 where 8 or 16 are left."""
+    if widest == WIDE_ROWS:
+        return WIDE_ROWS if left >= WIDE_ROWS else X_ROWS
     return X_ROWS if left == X_ROWS or left == 2 * X_ROWS else HALF_ROWS
 
 
 @cached_njit()
-def interleave_rows(a, unit):
+def interleave_rows(a, unit, widest):
     """a (M8, L) flat, pass by pass (_pass_rows), each pass's rows side by side, `unit`
     values at a time: the pass of `tile` rows from m0 holds a[m0 + i, unit v + e] at
-    m0 L + unit (tile v + i) + e. So a pass's reads of a block are at one base plus
-    immediates (lanes_ir.group_half_gemm). On this thread: a few parallel launches a
-    product cost SmolLM2's 32-row step more than the copy (M x L bytes) does."""
+    m0 L + unit (tile v + i) + e. So a pass's reads of a chunk are one line, at one base
+    plus immediates (lanes_ir._group_product). On this thread: a few parallel launches
+    a product cost SmolLM2's 32-row step more than the copy (M x L bytes) does."""
     rows, length = a.shape
     out = np.empty(rows * length, a.dtype)
     m0 = 0
     while m0 < rows:
-        tile = _pass_rows(rows - m0)
+        tile = _pass_rows(rows - m0, widest)
         for v in range(length // unit):
             for i in range(tile):
                 for e in range(unit):
                     out[m0 * length + unit * (tile * v + i) + e] = a[m0 + i, unit * v + e]
         m0 += tile
     return out
+
+
+@cached_njit()
+def _interleaved(kind, xq, dx, qsum, widest):
+    """x's values, scales and sums as the GEMM's passes read them (interleave_rows), flat."""
+    n_blocks = xq.shape[1] // QK
+    sums = _x_sums(kind, xq, qsum)
+    return (interleave_rows(xq.view(np.int32), 1, widest).view(np.int8),  # (4 bytes at a time)
+            interleave_rows(dx, 1, widest), interleave_rows(sums, sums.shape[1] // n_blocks, widest))
 
 
 @cached_njit(parallel=True)
@@ -187,10 +200,7 @@ def _gemm_lanes_by_halves(kind, xq, dx, qsum, quants, scales, mins, supers, fift
     n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
     q_flat, s_flat, m_flat = quants.reshape(-1), scales.reshape(-1), _flat(mins)
     f_flat, u_flat = _flat(fifths), _flat(supers)
-    sums = _x_sums(kind, xq, qsum)
-    x_flat = interleave_rows(xq.view(np.int32), 1).view(np.int8)  # (4 bytes at a time)
-    dx_flat = interleave_rows(dx, 1)
-    sums_flat = interleave_rows(sums, sums.shape[1] // n_blocks)
+    x_flat, dx_flat, sums_flat = _interleaved(kind, xq, dx, qsum, HALF_ROWS)
     for c in prange(N_CHUNKS):
         acc = np.empty(HALF_ROWS * HALF, dtype=np.float32)
         last = (c + 1) * n_groups // N_CHUNKS - 1
@@ -204,7 +214,7 @@ def _gemm_lanes_by_halves(kind, xq, dx, qsum, quants, scales, mins, supers, fift
                 s_at, u_at = g * _per_group(scales) + HALF * h, g * _per_group(supers) + HALF * h
                 m0 = 0
                 while m0 < padded_rows and rows > 0:
-                    if _pass_rows(padded_rows - m0) == X_ROWS:
+                    if _pass_rows(padded_rows - m0, HALF_ROWS) == X_ROWS:
                         group_half_gemm_8(kind, q_flat, q_at, x_flat, m0 * width, n_blocks, s_flat, m_flat,
                                           s_at, u_flat, u_at, f_flat, f_at, dx_flat, sums_flat,
                                           m0 * n_blocks, acc)
