@@ -159,7 +159,7 @@ class CudaBackend(DeviceMemory):
     def rope_write_kv(self, q, k, v, positions, cos_table, sin_table, k_cache, v_cache,
                       slot_mapping):
         grid = (q.shape[0], q.shape[1] + k.shape[1])
-        if kv_rows.is_q8(k_cache):
+        if kv_rows.pool_form(k_cache) == "q8":
             kernel, threads = kv_rows.rope_write_kv_q8, kv_rows.rope_write_threads(q.shape[2])
         else:
             kernel, threads = elementwise.rope_write_kv, max(1, q.shape[2] // 2)

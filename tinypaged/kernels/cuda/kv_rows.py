@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int8
 
-from ..kv_q8 import KV_BLOCK, KV_INT8
+from ..kv_q8 import KV_BLOCK
 from .disk_cache import cached_kernel
 from .elementwise import block_step, rotate_pair, to_int_step
 from .warp import FULL_MASK, WARP
@@ -34,18 +34,12 @@ class Q8Pool:
         head_dim = (rows.shape[4] * KV_BLOCK) // (KV_BLOCK + 2)  # (the simulator takes no [-1])
         scales = rows.view(np.float16)[:, :, :, :, head_dim // 2:]
         self.layers = [(rows[i], scales[i]) for i in range(rows.shape[0])]  # (made once)
-        self.dtype, self.shape = KV_INT8, rows.shape
 
     def __getitem__(self, layer):
         return self.layers[layer]
 
     def copy_to_host(self) -> np.ndarray:
         return self.rows.copy_to_host()
-
-
-def is_q8(pool) -> bool:
-    """A layer's int8 pool (the (rows, scales) pair), or a whole one (Q8Pool)."""
-    return isinstance(pool, (tuple, Q8Pool))
 
 
 def layer_rows(pool):
@@ -83,8 +77,8 @@ POOL_READS = {"": (float_value, float_rows), "q8": (q8_value, q8_rows)}  # form 
 
 
 def pool_form(pool) -> str:
-    """The key of POOL_READS that reads this layer's pool."""
-    return "q8" if is_q8(pool) else ""
+    """The key of POOL_READS that reads this layer's pool (a (rows, scales) pair: int8)."""
+    return "q8" if isinstance(pool, tuple) else ""
 
 
 @cuda.jit(device=True, inline="always")
