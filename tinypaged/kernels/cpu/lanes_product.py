@@ -21,7 +21,7 @@ from ...formats.quant_kind import QK, Q6_K
 from ...jit_cache import cached_njit
 from .activations import quantize_activations
 from .byte_dot import LANES_ISA
-from .common import N_CHUNKS, PACKED_GEMV_MAX_ROWS
+from .common import N_CHUNKS, PACKED_GEMV_CHUNKS, PACKED_GEMV_MAX_ROWS
 from .kind_arg import QuantKindType, kind_arg
 from .lanes_ir import (HALF_ROWS, WIDE_ROWS, group_gemm, group_gemm_wide, group_gemv, group_half_gemm,
                        group_half_gemm_8, prefetch, store_lanes)
@@ -85,7 +85,7 @@ def _x_sums_by_kind(kind, xq, qsum):
 def _gemv_lanes(kind, x, quants, scales, mins, supers, fifths, out):
     """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W laid out (lanes.py),
     of the kind `kind` (kind_arg.py).
-    Threads take groups of 16 rows, spread evenly over N_CHUNKS ranges."""
+    Threads take groups of 16 rows, spread evenly over PACKED_GEMV_CHUNKS ranges."""
     xq, dx, qsum = quantize_activations(x, len(x))
     n_rows, width = x.shape
     n_out = out.shape[1]
@@ -94,9 +94,9 @@ def _gemv_lanes(kind, x, quants, scales, mins, supers, fifths, out):
     q_flat, x_flat, s_flat, m_flat = quants.reshape(-1), xq.reshape(-1), scales.reshape(-1), _flat(mins)
     f_flat, u_flat = _flat(fifths), _flat(supers)
     dx_flat, sums_flat = dx.reshape(-1), _x_sums(kind, xq, qsum).reshape(-1)
-    for c in prange(N_CHUNKS):
+    for c in prange(PACKED_GEMV_CHUNKS):
         acc = np.empty(LANES, dtype=np.float32)
-        for g in range(c * n_groups // N_CHUNKS, (c + 1) * n_groups // N_CHUNKS):
+        for g in range(c * n_groups // PACKED_GEMV_CHUNKS, (c + 1) * n_groups // PACKED_GEMV_CHUNKS):
             for m in range(n_rows):
                 group_gemv(kind, q_flat, g * group_bytes, x_flat, m * width, n_blocks, s_flat, m_flat,
                            g * _per_group(scales), u_flat, g * _per_group(supers), f_flat,
