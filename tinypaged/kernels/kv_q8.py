@@ -24,6 +24,11 @@ def row_width(head_dim: int) -> int:
     return head_dim + 2 * (head_dim // KV_BLOCK)
 
 
+def head_dim_of(width: int) -> int:
+    """The head_dim whose rows are `width` int8 elements (row_width's inverse)."""
+    return (width * KV_BLOCK) // (KV_BLOCK + 2)
+
+
 def check_head_dim(head_dim: int) -> None:
     if head_dim % KV_BLOCK:
         raise ValueError(f"kv_cache_dtype='int8' keeps a scale per {KV_BLOCK} values of a head, and "
@@ -44,7 +49,7 @@ def quantize_rows(x: np.ndarray) -> np.ndarray:
 
 def dequantize_rows(rows: np.ndarray) -> np.ndarray:
     """rows (..., D + D/16) int8 -> the values they hold (..., D) float32."""
-    head_dim = (rows.shape[-1] * KV_BLOCK) // (KV_BLOCK + 2)
+    head_dim = head_dim_of(rows.shape[-1])
     q = rows[..., :head_dim].astype(np.float32)
     scales = np.ascontiguousarray(rows[..., head_dim:]).view(np.float16).astype(np.float32)
     return (q.reshape(*rows.shape[:-1], head_dim // KV_BLOCK, KV_BLOCK) * scales[..., None]).reshape(q.shape)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int8
 
-from ..kv_q8 import KV_BLOCK
+from ..kv_q8 import KV_BLOCK, head_dim_of
 from .disk_cache import cached_kernel
 from .elementwise import block_step, rotate_pair, to_int_step
 from .warp import FULL_MASK, WARP
@@ -31,7 +31,7 @@ class Q8Pool:
 
     def __init__(self, rows):
         self.rows = rows
-        head_dim = (rows.shape[4] * KV_BLOCK) // (KV_BLOCK + 2)  # (the simulator takes no [-1])
+        head_dim = head_dim_of(rows.shape[4])  # (the simulator's shapes take no [-1])
         scales = rows.view(np.float16)[:, :, :, :, head_dim // 2:]
         self.layers = [(rows[i], scales[i]) for i in range(rows.shape[0])]  # (made once)
 
