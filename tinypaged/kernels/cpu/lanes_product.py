@@ -115,6 +115,7 @@ def _gemm_lanes(kind, xq, dx, qsum, quants, scales, mins, supers, fifths, out):
     pass lie side by side (interleave_rows): a chunk's x is one cache line."""
     n_out = out.shape[1]
     padded_rows, width = xq.shape
+    wide_end = padded_rows - padded_rows % WIDE_ROWS  # rows taken 16 at a time; 8 after
     n_blocks = width // QK
     n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
     q_flat, s_flat, m_flat = quants.reshape(-1), scales.reshape(-1), _flat(mins)
@@ -129,7 +130,7 @@ def _gemm_lanes(kind, xq, dx, qsum, quants, scales, mins, supers, fifths, out):
             rows = min(LANES, n_out - g * LANES)
             m0 = 0
             while m0 < padded_rows:
-                if _pass_rows(padded_rows - m0, WIDE_ROWS) == WIDE_ROWS:  # (as x was laid out)
+                if m0 < wide_end:
                     group_gemm_wide(kind, q_flat, g * group_bytes, x_flat, m0 * width, n_blocks, s_flat,
                                     m_flat, g * _per_group(scales), u_flat, g * _per_group(supers),
                                     f_flat, g * _per_group(fifths), dx_flat, sums_flat,
