@@ -134,38 +134,50 @@ def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
                           want["model.embed_tokens.weight"][0][tokens])
 
 
-GENERIC_CHECK = """
+ISA_CHECK = """
 import sys
 import numpy as np
 from tinypaged.formats.packed import PackedWeight
 from tinypaged.kernels.cpu.byte_dot import LANES_ISA
 from tinypaged.kernels.cpu.lane_packed import LanePacked
 from tinypaged.kernels.cpu.linear import linear
-data = np.load(sys.argv[1])
-arrays = [data[n] if n in data else None for n in ("quants", "scales", "mins", "supers", "highs")]
-laid = LanePacked.of(PackedWeight(int(data["kind"]), tuple(data["shape"]), *arrays))
-for rows in (1, 9):
-    assert np.array_equal(linear(data[f"x{rows}"], laid), data[f"out{rows}"]), rows
+for path in sys.argv[1:]:
+    data = np.load(path)
+    arrays = [data[n] if n in data else None for n in ("quants", "scales", "mins", "supers", "highs")]
+    laid = LanePacked.of(PackedWeight(int(data["kind"]), tuple(data["shape"]), *arrays))
+    for rows in ROWS:
+        assert np.array_equal(linear(data[f"x{rows}"], laid), data[f"out{rows}"]), (path, rows)
 print(LANES_ISA)
 """
+ROWS = (1, 9, 33)  # the GEMV; the GEMM's narrow pass alone; its every pass (AVX2 halves: 12, 12, 8, 8)
+# an instruction set this CPU can run but does not choose, numba compiling for a CPU it names
+OTHER_ISAS = {"generic": ({"NUMBA_CPU_NAME": "x86-64"}, ("Q5_K",)),
+              "avx2": ({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma,+f16c"},
+                       ("Q8_0", "Q4_K", "Q5_1", "Q6_K"))}
 
 
-@pytest.mark.skipif(LANES_ISA == "generic", reason="this CPU runs the generic byte dot in every test")
-def test_the_generic_byte_dot_gives_this_cpus_bits(tmp_path):
-    """A CPU without AVX2 dots bytes in plain LLVM vectors (byte_dot.py). numba compiling
-    for a generic x86-64 (its own NUMBA_CPU_NAME setting) takes that path: its GEMV and
-    GEMM give this CPU's bits. Q5_K: nibbles, fifth bits, 6-bit scales and mins."""
+@pytest.mark.parametrize("isa", OTHER_ISAS)
+def test_every_instruction_set_gives_this_cpus_bits(isa, tmp_path):
+    """The byte dot and the passes of another instruction set (byte_dot.py: AVX2's
+    vpmaddubsw, or plain LLVM vectors for a CPU without AVX2), compiled by numba for a
+    CPU it names, give this CPU's bits: the GEMV and the GEMM's every pass. Q8_0's signed
+    bytes, AVX2's halves of a group (Q4_K), Q5's and Q6_K's high bits in bytes."""
+    if isa == LANES_ISA or (isa == "avx2" and LANES_ISA == "generic"):
+        pytest.skip(f"this CPU runs {LANES_ISA} in every test and cannot run {isa} beside it")
+    env, kinds = OTHER_ISAS[isa]
     rng = np.random.default_rng(35)
-    weight = random_packed(rng, Q5_K, 16, 512)
-    data = {"kind": Q5_K, "shape": np.array(weight.shape)}
-    data.update({n: getattr(weight, n) for n in ("quants", "scales", "mins", "supers", "highs")
-                 if getattr(weight, n) is not None})
-    for rows in (1, 9):  # the GEMV, the GEMM
-        data[f"x{rows}"] = random_activations(rng, rows, 512)
-        data[f"out{rows}"] = linear(data[f"x{rows}"], LanePacked.of(weight))
-    np.savez(tmp_path / "case.npz", **data)
-    done = subprocess.run([sys.executable, "-c", GENERIC_CHECK, str(tmp_path / "case.npz")],
-                          capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "NUMBA_CPU_NAME": "x86-64"})
+    cases = []
+    for kind in kinds:
+        weight = random_packed(rng, KINDS[kind], 24, 512)
+        data = {"kind": KINDS[kind], "shape": np.array(weight.shape)}
+        data.update({n: getattr(weight, n) for n in ("quants", "scales", "mins", "supers", "highs")
+                     if getattr(weight, n) is not None})
+        for rows in ROWS:
+            data[f"x{rows}"] = random_activations(rng, rows, 512)
+            data[f"out{rows}"] = linear(data[f"x{rows}"], LanePacked.of(weight))
+        np.savez(tmp_path / f"{kind}.npz", **data)
+        cases.append(str(tmp_path / f"{kind}.npz"))
+    done = subprocess.run([sys.executable, "-c", ISA_CHECK.replace("ROWS", repr(ROWS))] + cases,
+                          capture_output=True, text=True, timeout=900, env={**os.environ, **env})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["generic"]
+    assert done.stdout.split() == [isa]

@@ -20,13 +20,22 @@ def _compiled_for_host() -> bool:
     return numba_config.CPU_NAME in (None, "host")
 
 
-_FEATURES = llvm.get_host_cpu_features() if _compiled_for_host() else {}
+def _features() -> dict:
+    """This CPU's features, or under NUMBA_CPU_NAME those NUMBA_CPU_FEATURES names with a
+    "+" (so the AVX2 kernels can be compiled and run on an AVX-512 machine: tests)."""
+    if _compiled_for_host():
+        return llvm.get_host_cpu_features()
+    named = (numba_config.CPU_FEATURES or "").split(",")
+    return {name[1:]: True for name in named if name.startswith("+")}
+
+
+_FEATURES = _features()
 # vpdpbusd on 512- and 256-bit vectors: the kernels that name it have a generic twin
 HAS_VNNI = bool(_FEATURES.get("avx512vnni", False) and _FEATURES.get("avx512vl", False))
 # vpmaddubsw / vpmaddwd on 256-bit vectors, vfmadd and vcvtph2ps: the lanes kernels' AVX2 form
 HAS_AVX2 = all(_FEATURES.get(name, False) for name in ("avx2", "fma", "f16c"))
 # 32 vector registers of 512 bits (register-blocked kernels size their sums by it); under
-# NUMBA_CPU_NAME (features unknown) the smaller AVX2 shapes, right for either
+# NUMBA_CPU_NAME without avx512f named, the smaller AVX2 shapes, right for either
 HAS_AVX512 = bool(_FEATURES.get("avx512f", False))
 
 
