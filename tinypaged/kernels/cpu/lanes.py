@@ -14,22 +14,19 @@ every block of every row: bench/NOTES.md). Laid out once at load:
     mins    (G, K/32, 16) float16 bits (Q4_1, Q5_1); Q4_K and Q5_K: the 6-bit m
     supers  (G, K/128, 16) float16 bits, Q4_K and Q5_K: super-block s's d at [g, 2s, j],
             its dmin at [g, 2s + 1, j]; Q6_K (G, K/256, 16): its d
-    Q6_K:   quants as Q4_x (q's low 4 bits), scales (G, K/16, 16) int8 sub-scales,
-            fifths (G, K/4, 16): bit 4's mask of a chunk, then bit 5's
-    fifths  (G, K/4, 8) Q5_x's fifth bits: for the 4 columns 4v .. 4v + 3, a 64-bit
-            mask whose bit 4j + t is row j's column 4v + t, the byte of a 64-byte
-            chunk that the bit goes to (a masked move puts 16 there, one step)
-    With AVX2 (HIGH_BIT_BYTES) the high bits are kept in bytes instead, as the
-    chunks' bytes: fifths (G, K/32, 64) for Q5, (G, K/16, 64) for Q6_K, where byte
-    4j + t of v holds row j's high bits of column 4(S v + s) + t at bit s (Q5,
-    S = 8) or bits 2s, 2s + 1 (Q6_K, S = 4). A shift and an and put a chunk's in
-    place; expanding a 64-bit mask costs AVX2 ~11 ops a chunk.
+    Q6_K:   quants as Q4_x (q's low 4 bits), scales (G, K/16, 16) int8 sub-scales
+    fifths  the high bits (Q5_x's and Q5_K's fifth, Q6_K's bits 4 and 5) in bytes laid
+            as a chunk's: (G, K/32, 64) for Q5, (G, K/16, 64) for Q6_K, where byte
+            4j + t of v holds row j's high bits of column 4(S v + s) + t at bit s (Q5,
+            S = 8) or bits 2s, 2s + 1 (Q6_K, S = 4). A shift and an and put a chunk's
+            in place (AVX-512 VNNI: 12-35% faster than a 64-bit mask a chunk moved in
+            by a masked select; AVX2 has no such move: bench/NOTES.md).
 G = ceil(N / 16); the last group's missing rows are zeros (their outputs dropped).
 The bytes held are the PackedWeight's, give or take those rows.
 
-lane_packed.LanePacked holds a laid-out matrix; its products (lanes_product.py, whose
-IR reads HIGH_BIT_BYTES here) give every row the same bits whatever the batch
-(LANES.md: the float steps, blocks in order); the tests hold them to an oracle.
+lane_packed.LanePacked holds a laid-out matrix; its products (lanes_product.py) give
+every row the same bits whatever the batch (LANES.md: the float steps, blocks in
+order); the tests hold them to an oracle.
 Every CPU and every packed kind: the byte dot is AVX-512 VNNI's, AVX2's, or plain
 LLVM vectors (byte_dot.LANES_ISA).
 """
@@ -41,10 +38,7 @@ from numba import prange
 from ...formats.packed import PackedWeight
 from ...formats.quant_kind import QuantKind
 from ...jit_cache import cached_njit
-from .byte_dot import LANES_ISA
 from .vector_ir import LANES
-
-HIGH_BIT_BYTES = LANES_ISA != "vnni"  # high bits (Q5, Q6_K) in bytes, not chunk masks (AVX-512's)
 
 
 def _grouped(a: np.ndarray, inner: int = 1) -> np.ndarray:
@@ -83,38 +77,8 @@ def _regroup(groups, chunks):
                 out[c * LANES + j] = rows[j * chunks + c]
 
 
-def _lane_masks(weight: PackedWeight) -> np.ndarray:
-    """A packed weight's high bits (Q5_x's and Q5_K's fifth; Q6_K's bits 4 and 5,
-    formats/packed.py's layouts) as chunk masks (G, K/4, 8 a plane): for each group and
-    4-column chunk v, the 64-bit mask whose bit 4j + t is row j's column 4v + t."""
-    n, k = weight.shape
-    q6 = weight.kind.high_bits == 2  # (Q6_K)
-    out = np.zeros((-(-n // LANES), k // 4, 16 if q6 else 8), np.uint8)
-    _fill_lane_masks(weight.highs, n, k, q6, out)
-    return out
-
-
-@cached_njit(parallel=True)
-def _fill_lane_masks(highs, n, k, q6, out):
-    planes = 2 if q6 else 1
-    for g in prange(out.shape[0]):
-        for v in range(k // 4):
-            for p in range(planes):
-                mask = np.uint64(0)
-                for j in range(min(LANES, n - g * LANES)):
-                    row = highs[g * LANES + j]
-                    for t in range(4):
-                        c = 4 * v + t
-                        # Q6_K: per 32 columns, 4 bytes of bit 4, then 4 of bit 5
-                        byte = row[8 * (c // 32) + 4 * p + (c % 32) // 8] if q6 else row[c // 8]
-                        if (byte >> (c % 8)) & 1:
-                            mask |= np.uint64(1) << np.uint64(4 * j + t)
-                for i in range(8):
-                    out[g, v, 8 * p + i] = np.uint8((mask >> np.uint64(8 * i)) & np.uint64(255))
-
-
 def _high_bit_bytes(weight: PackedWeight) -> np.ndarray:
-    """A packed weight's high bits in bytes (the module's docstring: HIGH_BIT_BYTES)."""
+    """A packed weight's high bits in bytes (the module's docstring: fifths)."""
     n, k = weight.shape
     planes = weight.kind.high_bits
     out = np.zeros((-(-n // LANES), k // (32 // planes), 4 * LANES), np.uint8)
@@ -148,8 +112,7 @@ def lay_out(weight: PackedWeight, in_place: bool = False) -> dict:
             "scales": _grouped(weight.scales)[..., 0].copy(),
             "mins": None if weight.mins is None else _grouped(weight.mins)[..., 0].copy(),
             "supers": supers,
-            "fifths": None if weight.highs is None else
-            _high_bit_bytes(weight) if HIGH_BIT_BYTES else _lane_masks(weight)}
+            "fifths": None if weight.highs is None else _high_bit_bytes(weight)}
 
 
 def packed_rows(kind: QuantKind, shape: tuple[int, int], laid: dict, rows) -> PackedWeight:
@@ -159,8 +122,7 @@ def packed_rows(kind: QuantKind, shape: tuple[int, int], laid: dict, rows) -> Pa
     quants, fifths = laid["quants"][g, :, j, :].reshape(len(rows), -1), laid["fifths"]
     highs = None
     if fifths is not None:
-        planes = _rows_of_bit_bytes(fifths, kind.high_bits, g, j) if fifths.shape[2] == 4 * LANES else \
-            [_rows_of_masks(fifths[..., at:at + 8], g, j) for at in range(0, fifths.shape[2], 8)]
+        planes = _rows_of_bit_bytes(fifths, kind.high_bits, g, j)
         if kind.high_bits == 2:  # Q6_K, per block: bit 4's 4 bytes, then bit 5's
             highs = np.stack([np.packbits(p.reshape(len(rows), -1, 32), axis=2, bitorder="little")
                               for p in planes], axis=2).reshape(len(rows), -1)
@@ -173,16 +135,8 @@ def packed_rows(kind: QuantKind, shape: tuple[int, int], laid: dict, rows) -> Pa
                         highs)
 
 
-def _rows_of_masks(masks: np.ndarray, g: np.ndarray, j: np.ndarray) -> np.ndarray:
-    """(G, K/4, 8) chunk masks -> the bits of rows (g, j), (r, K) in column order. Only
-    the rows' own groups are read and unpacked."""
-    bits = np.unpackbits(masks[g], axis=2, bitorder="little")  # (r, K/4, 64)
-    picked = bits.reshape(len(g), bits.shape[1], LANES, 4)[np.arange(len(g)), :, j, :]
-    return picked.reshape(len(g), -1)  # (r, K/4, 4) -> (r, K)
-
-
 def _rows_of_bit_bytes(fifths: np.ndarray, planes: int, g: np.ndarray, j: np.ndarray) -> list[np.ndarray]:
-    """High bits kept in bytes (HIGH_BIT_BYTES) -> each plane's bits of rows (g, j), (r,
+    """High bits kept in bytes (fifths) -> each plane's bits of rows (g, j), (r,
     K) in column order. Only the rows' own bytes are read."""
     quads = fifths[g].reshape(len(g), -1, LANES, 4)[np.arange(len(g)), :, j, :]  # (r, v, t)
     shifts = planes * np.arange(8 // planes, dtype=np.uint8)[None, None, :, None]  # (s)

@@ -6,8 +6,8 @@ unsigned, times 4 of x's int8 values, broadcast: a vpdpbusd, or AVX2's steps in
 byte_dot.py) give the 16 rows' integer dots; the block's float32 steps then run on
 the 16 lanes at once, in their order, and are fused into the 16 sums with x's scale
 (LANES.md). Each lane computes its row's float steps in order, with no sum across
-lanes and no serial chain of adds per row. Q5_x's fifth bits come from a 64-bit mask a chunk
-(lanes.py), put in place by one masked move (select) and or-ed into the nibbles.
+lanes and no serial chain of adds per row. The high bits (Q5, Q6_K) come from bytes
+laid as a chunk's (lanes.py), put in place by a shift and an and, or-ed into the nibbles.
 """
 from llvmlite import ir
 from numba import types
@@ -16,13 +16,10 @@ from numba.extending import intrinsic
 
 from ...formats.quant_kind import Q6_K, Q8_0
 from .byte_dot import BlockDot, signed_bytes_direct
-from .lanes import HIGH_BIT_BYTES
 from .kind_arg import QuantKindType
 from .vector_ir import IR_F32, FLOATS, IR_I32, INTS, LANES, X_ROWS, c_array, index, pointer, splat
 
 CHUNKS_PER_BLOCK = 8  # 4 columns a chunk, 32 a block
-_MASK = ir.VectorType(ir.IntType(1), 4 * LANES)
-_CHUNK_BYTES = ir.VectorType(ir.IntType(8), 4 * LANES)
 _WORDS = ir.VectorType(ir.IntType(16), 2 * LANES)
 
 
@@ -46,28 +43,9 @@ def _flat(array_type, dtypes) -> bool:
     return c_array(array_type, dtypes) and array_type.ndim == 1
 
 
-def _or_fifths(context, builder, fifths_type, fifths, at, nibbles, value=16):
-    """nibbles (a chunk's 64 bytes as INTS) with value added where the chunk's bit mask
-    (8 bytes at fifths[at]) has its bit set (16: Q5's fifth bits; 32: Q6_K's sixth)."""
-    bits = builder.load(pointer(context, builder, fifths_type, fifths, at, ir.IntType(64)), align=1)
-    added = builder.select(builder.bitcast(bits, _MASK), ir.Constant(_CHUNK_BYTES, [value] * 4 * LANES),
-                           ir.Constant(_CHUNK_BYTES, [0] * 4 * LANES))
-    return builder.or_(nibbles, builder.bitcast(added, INTS))
-
-
-def _or_high_bits(context, builder, fifths_type, fifths, f_at, chunk, nibbles, q6):
-    """nibbles with the column chunk's high bits added: Q5's fifth (8 bytes of mask a
-    chunk), or Q6_K's fifth and sixth (16 bytes: bit 4's mask, then bit 5's)."""
-    at = builder.add(f_at, builder.mul(chunk, index(16 if q6 else 8)))
-    w = _or_fifths(context, builder, fifths_type, fifths, at, nibbles)
-    if q6:
-        w = _or_fifths(context, builder, fifths_type, fifths, builder.add(at, index(8)), w, 32)
-    return w
-
-
 def _or_bit_bytes(context, builder, fifths_type, fifths, f_at, b, c, nibbles, q6):
     """nibbles (chunk c of block b, 64 bytes as INTS) with its high bits added, from
-    bytes (lanes.HIGH_BIT_BYTES): Q5's fifth (16), Q6_K's bits 4 and 5 (16, 32). The
+    bytes (lanes.py's fifths): Q5's fifth (16), Q6_K's bits 4 and 5 (16, 32). The
     64 bytes holding them, shifted so that chunk c's land on bit 4 (and 5) (16-bit
     shifts: what crosses a byte is masked off), and-ed with 0x10 (0x30)."""
     planes = 2 if q6 else 1
@@ -171,16 +149,13 @@ def _group_product(x_rows: int, half_group: bool = False):
                     w = read(builder.load(pointer(context, builder, t[0], q_arr, at, ints), align=1))
                     if x_rows == 1:  # (a chunk is a cache line)
                         _prefetch_line(context, builder, t[0], q_arr, builder.add(at, ahead))
-                    if with_fifths and HIGH_BIT_BYTES:
+                    if with_fifths:
                         w = _or_bit_bytes(context, builder, t[10], f_arr, f_at, b, c, w, q6)
                         if x_rows == 1 and c % (4 if q6 else 8) == 0:  # a new line of high bits
                             line = builder.add(builder.mul(b, index(2 if q6 else 1)), index(c // 4))
                             far = AHEAD // 2 if q6 else AHEAD // 4  # (their share of the bytes)
                             _prefetch_line(context, builder, t[10], f_arr, builder.add(
                                 f_at, builder.add(builder.mul(line, index(4 * LANES)), index(far))))
-                    elif with_fifths:
-                        column_chunk = builder.add(builder.mul(b, index(CHUNKS_PER_BLOCK)), c_at)
-                        w = _or_high_bits(context, builder, t[10], f_arr, f_at, column_chunk, w, q6)
                     half = c // 4 if q6 else c % 2 if x_rows == 1 else 0
                     # x's rows side by side (interleave_rows): a chunk's 4 columns of every row
                     # in one line at one base, the rest immediates (rows K apart, K a power of
@@ -289,9 +264,9 @@ xq[x_at], its block scales and sums dx[row_at + b], qsum[row_at + b] (int32; flo
 for the kinds with mins); the group's scales (and mins) of block b at
 scales[s_at + 16 b + j]: float16 bits, or with supers given (Q4_K, Q5_K) 6-bit
 integers times the super-block's d (and dmin) at supers[u_at + 32 (b / 8) (+ 16) + j];
-Q5_x's and Q5_K's fifth-bit masks from fifths[f_at] (flat, or None). Q6_K (int8
+Q5_x's and Q5_K's fifth bits in bytes from fifths[f_at] (flat, or None). Q6_K (int8
 scales: two sub-scales a block at scales[s_at + 16 (2b + h) + j], d at
-supers[u_at + 16 (b / 8) + j], both bit masks in fifths): qsum holds 32 times x's
+supers[u_at + 16 (b / 8) + j], bits 4 and 5 in fifths): qsum holds 32 times x's
 sums of 16 values, block b's at [2 (row_at + b) + h], and the block's dot is
 sa (S_a - 32 xa) + sb (S_b - 32 xb), exact (LANES.md has the float steps).
 quants int8: Q8_0; uint8 the others."""

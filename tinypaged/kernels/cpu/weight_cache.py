@@ -33,7 +33,7 @@ from .linear import LinearWeight
 from .stack_rows import StackRows
 from .stacks import stack_view
 
-LAYOUT_VERSION = 3  # raise when a prepared form's arrays change meaning
+LAYOUT_VERSION = 4  # raise when a prepared form's arrays change meaning
 MAGIC = b"tinypaged-weights\n"
 SUFFIX = ".tinypaged-cpu"
 ALIGN = 4096  # each array starts on a page
