@@ -82,7 +82,7 @@ def main() -> None:
         raw = rng.integers(0, 256, 64 * 512 // kind.block * kind.block_bytes, dtype=np.uint8)
         laid = LanePacked.of(PackedWeight.from_bytes(raw, ggml_type, (64, 512)))
         fresh = njit(parallel=True)(lanes_product._gemv_lanes.py_func)  # (the cached one shows no assembly)
-        fresh(kind_arg(kind), x, laid.quants, laid.scales, laid.mins, laid.supers, laid.fifths,
+        fresh(kind_arg(kind), x, (laid.quants, laid.scales, laid.mins, laid.supers, laid.fifths),
               np.empty((1, 64), np.float32))
         asm = fresh.overloads[fresh.signatures[-1]].library.get_asm_str()
         ops = collections.Counter(re.findall(r"^\s+(v\w+)", asm, re.M))

@@ -70,7 +70,7 @@ def test_a_change_in_a_compiled_in_module_recompiles_the_kernel(tmp_path):
 def test_the_lanes_products_digest_covers_their_ir_modules():
     from tinypaged import jit_cache
     closure = {os.path.basename(p) for p in jit_cache._closure("tinypaged.kernels.cpu.lanes_product")}
-    assert {"lanes_ir.py", "byte_dot.py", "vector_ir.py", "lanes.py"} <= closure
+    assert {"lanes_ir.py", "byte_dot.py", "vector_ir.py", "kind_arg.py"} <= closure
     attention = {os.path.basename(p) for p in jit_cache._closure("tinypaged.kernels.cpu.attention")}
     assert {"attention_items.py", "attention_ir.py", "fast_exp.py"} <= attention
     assert len(sources_digest("tinypaged.kernels.cpu.lanes_product")) == 64

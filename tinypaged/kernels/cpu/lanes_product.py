@@ -28,31 +28,64 @@ from .lanes_ir import (HALF_ROWS, WIDE_ROWS, group_gemm, group_gemm_wide, group_
 from .out_arrays import output_array
 from .vector_ir import LANES, X_ROWS
 
-HALF = LANES // 2  # a group's rows in one AVX2 register
+
+def _by_halves(kind) -> bool:
+    """Whether the GEMM takes a group's halves (8 rows, one ymm) apart: AVX2 and the
+    4-bit kinds (lanes_ir.group_half_gemm)."""
+    return LANES_ISA == "avx2" and kind.bits == 4
 
 
-def _per_group(array):
-    """Elements of a laid-out array a group holds (array[0].size), 0 for None."""
+def _halves(kind):
+    """2 where the GEMM takes a group's halves apart (_by_halves), else 1."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
-@overload(_per_group, inline="always")
-def _per_group_or_none(array):
-    if isinstance(array, types.NoneType):
-        return lambda array: 0
-    return lambda array: array[0].size
+@overload(_halves, inline="always")
+def _halves_of(kind):
+    if isinstance(kind, QuantKindType):
+        halves = 2 if _by_halves(kind.kind) else 1
+        return lambda kind: halves
 
 
-def _flat(array):
-    """array flat, or None for None (a kind without those arrays)."""
+def _by_group(array):
+    """A laid-out array (lanes.py) as (G, its elements a group), None for None (a kind
+    without that array)."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
-@overload(_flat, inline="always")
-def _flat_or_none(array):
+@overload(_by_group, inline="always")
+def _by_group_or_none(array):
     if isinstance(array, types.NoneType):
         return lambda array: None
-    return lambda array: array.reshape(-1)
+    return lambda array: array.reshape(array.shape[0], -1)
+
+
+def _view(array, g, start):
+    """Group g's part of _by_group's array from element `start`; None for None."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(_view, inline="always")
+def _view_or_none(array, g, start):
+    if isinstance(array, types.NoneType):
+        return lambda array, g, start: None
+    return lambda array, g, start: array[g, start:]
+
+
+@cached_njit(inline="always")
+def _group_views(w, g, half):
+    """The views lanes_ir's products take of W's arrays by group (quants, scales, mins,
+    supers, fifths: _by_group's) for group g, from half `half`'s first lane (half 1:
+    lane 8; 4 bytes a lane in a chunk of quants or fifths, 1 element in the others)."""
+    lanes = half * (LANES // 2)
+    return (_view(w[0], g, 4 * lanes), _view(w[1], g, lanes), _view(w[2], g, lanes), _view(w[3], g, lanes),
+            _view(w[4], g, 4 * lanes))
+
+
+@cached_njit(inline="always")
+def _by_groups(w):
+    """W's laid-out arrays (lanes.py) as _group_views takes them."""
+    return _by_group(w[0]), _by_group(w[1]), _by_group(w[2]), _by_group(w[3]), _by_group(w[4])
 
 
 def _x_sums(kind, xq, qsum):
@@ -81,80 +114,95 @@ def _x_sums_by_kind(kind, xq, qsum):
     return halves
 
 
+def _group_pass(kind, tile, n_blocks, w, x, acc):
+    """One pass: a group's views w times `tile` rows of x's views x (lanes_ir)."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(_group_pass, inline="always")
+def _group_pass_by_form(kind, tile, n_blocks, w, x, acc):
+    if not isinstance(kind, QuantKindType):
+        return None
+    if _by_halves(kind.kind):
+        def half_group(kind, tile, n_blocks, w, x, acc):
+            if tile == X_ROWS:
+                group_half_gemm_8(kind, n_blocks, w, x, acc)
+            else:
+                group_half_gemm(kind, n_blocks, w, x, acc)
+        return half_group
+
+    def whole_group(kind, tile, n_blocks, w, x, acc):
+        if tile == WIDE_ROWS:
+            group_gemm_wide(kind, n_blocks, w, x, acc)
+        else:
+            group_gemm(kind, n_blocks, w, x, acc)
+    return whole_group
+
+
 @cached_njit(parallel=True)
-def _gemv_lanes(kind, x, quants, scales, mins, supers, fifths, out):
-    """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W laid out (lanes.py),
-    of the kind `kind` (kind_arg.py).
-    Threads take groups of 16 rows, spread evenly over PACKED_GEMV_CHUNKS ranges."""
+def _gemv_lanes(kind, x, w, out):
+    """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W's laid-out arrays w
+    (lanes.py), of the kind `kind` (kind_arg.py). Threads take groups of 16 rows,
+    spread evenly over PACKED_GEMV_CHUNKS ranges."""
     xq, dx, qsum = quantize_activations(x, len(x))
-    n_rows, width = x.shape
-    n_out = out.shape[1]
-    n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
-    n_blocks = width // QK
-    q_flat, x_flat, s_flat, m_flat = quants.reshape(-1), xq.reshape(-1), scales.reshape(-1), _flat(mins)
-    f_flat, u_flat = _flat(fifths), _flat(supers)
-    dx_flat, sums_flat = dx.reshape(-1), _x_sums(kind, xq, qsum).reshape(-1)
+    sums = _x_sums(kind, xq, qsum)
+    n_groups, n_blocks, n_out = w[0].shape[0], x.shape[1] // QK, out.shape[1]
+    by_group = _by_groups(w)
     for c in prange(PACKED_GEMV_CHUNKS):
         acc = np.empty(LANES, dtype=np.float32)
         for g in range(c * n_groups // PACKED_GEMV_CHUNKS, (c + 1) * n_groups // PACKED_GEMV_CHUNKS):
-            for m in range(n_rows):
-                group_gemv(kind, q_flat, g * group_bytes, x_flat, m * width, n_blocks, s_flat, m_flat,
-                           g * _per_group(scales), u_flat, g * _per_group(supers), f_flat,
-                           g * _per_group(fifths), dx_flat, sums_flat, m * n_blocks, acc)
+            group = _group_views(by_group, g, 0)
+            for m in range(len(x)):
+                group_gemv(kind, n_blocks, group, (xq[m], dx[m], sums[m]), acc)
                 for j in range(min(LANES, n_out - g * LANES)):
                     out[m, g * LANES + j] = acc[j]
 
 
 @cached_njit(parallel=True)
-def _gemm_lanes(kind, xq, dx, qsum, quants, scales, mins, supers, fifths, out):
-    """out (M, N) for laid-out W; xq (M8, K) x's int8 values, M8 = M rounded up to a
-    multiple of 8 (zero rows after M); dx, qsum (M8, K/32) its scales and sums.
-    Threads take groups of 16 rows; each group is multiplied by 16 rows of x at a
-    time (then 8, where M8 leaves 8 over) while its bytes are in L1 (made unsigned in
-    registers, chunk by chunk, each pass), the next group's prefetched. x's rows of a
-    pass lie side by side (interleave_rows): a chunk's x is one cache line."""
-    n_out = out.shape[1]
-    padded_rows, width = xq.shape
-    wide_end = padded_rows - padded_rows % WIDE_ROWS  # rows taken 16 at a time; 8 after
-    n_blocks = width // QK
-    n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
-    q_flat, s_flat, m_flat = quants.reshape(-1), scales.reshape(-1), _flat(mins)
-    f_flat, u_flat, out_flat = _flat(fifths), _flat(supers), out.reshape(-1)
-    x_flat, dx_flat, sums_flat = _interleaved(kind, xq, dx, qsum, WIDE_ROWS)
+def _gemm_lanes(kind, xq, dx, qsum, w, out):
+    """out (M, N) for W's laid-out arrays w; xq (M8, K) x's int8 values, M8 = M
+    rounded up to a multiple of 8 (zero rows after M); dx, qsum (M8, K/32) its scales
+    and sums. Threads take groups of 16 rows (AVX2's 4-bit kinds: each half apart);
+    each is multiplied by WIDE_ROWS (HALF_ROWS) rows of x at a time, 8 where
+    _pass_rows says, while its bytes are in L1 (unpacked in registers, chunk by chunk,
+    each pass), the next group's prefetched. x's rows of a pass lie side by side
+    (interleave_rows): a chunk's x is one cache line."""
+    n_out, (padded_rows, width) = out.shape[1], xq.shape
+    halves = _halves(kind)
+    lanes, widest = LANES // halves, HALF_ROWS if halves == 2 else WIDE_ROWS
+    n_groups, group_bytes, n_blocks = w[0].shape[0], w[0][0].size, width // QK
+    q_flat, out_flat = w[0].reshape(-1), out.reshape(-1)
+    x_values, x_scales, x_sums = _interleaved(kind, xq, dx, qsum, widest)
+    sums_a_row, by_group = x_sums.size // padded_rows, _by_groups(w)
     for c in prange(N_CHUNKS):
-        acc = np.empty(WIDE_ROWS * LANES, dtype=np.float32)
+        acc = np.empty(widest * lanes, dtype=np.float32)
         last = (c + 1) * n_groups // N_CHUNKS - 1
         for g in range(c * n_groups // N_CHUNKS, last + 1):
             if g < last:  # the next group's bytes arrive while this one is multiplied
                 prefetch(q_flat, (g + 1) * group_bytes, (g + 2) * group_bytes)
-            rows = min(LANES, n_out - g * LANES)
-            m0 = 0
-            while m0 < padded_rows:
-                if m0 < wide_end:
-                    group_gemm_wide(kind, q_flat, g * group_bytes, x_flat, m0 * width, n_blocks, s_flat,
-                                    m_flat, g * _per_group(scales), u_flat, g * _per_group(supers),
-                                    f_flat, g * _per_group(fifths), dx_flat, sums_flat,
-                                    m0 * n_blocks, acc)
-                    tile = WIDE_ROWS
-                else:
-                    group_gemm(kind, q_flat, g * group_bytes, x_flat, m0 * width, n_blocks, s_flat, m_flat,
-                               g * _per_group(scales), u_flat, g * _per_group(supers), f_flat,
-                               g * _per_group(fifths), dx_flat, sums_flat, m0 * n_blocks, acc)
-                    tile = X_ROWS
-                for i in range(min(tile, out.shape[0] - m0)):
-                    if rows == LANES:
-                        store_lanes(acc, i * LANES, out_flat, (m0 + i) * n_out + g * LANES)
-                    else:
-                        for j in range(rows):
-                            out[m0 + i, g * LANES + j] = acc[i * LANES + j]
-                m0 += tile
+            for h in range(halves):
+                lane0 = g * LANES + h * lanes
+                rows = min(lanes, n_out - lane0)
+                group = _group_views(by_group, g, h)
+                m0 = 0
+                while m0 < padded_rows and rows > 0:
+                    tile = _pass_rows(padded_rows - m0, widest)
+                    x = (x_values[m0 * width:], x_scales[m0 * n_blocks:], x_sums[m0 * sums_a_row:])
+                    _group_pass(kind, tile, n_blocks, group, x, acc)
+                    for i in range(min(tile, out.shape[0] - m0)):
+                        if rows == LANES:
+                            store_lanes(acc, i * LANES, out_flat, (m0 + i) * n_out + lane0)
+                        else:
+                            for j in range(rows):
+                                out[m0 + i, lane0 + j] = acc[i * lanes + j]
+                    m0 += tile
 
 
 @cached_njit()
 def _pass_rows(left, widest):
-    """Rows of x the next pass takes, `left` (a multiple of 8) still to go: for
-    _gemm_lanes (widest WIDE_ROWS) 16, or 8 where fewer are left; for
-    _gemm_lanes_by_halves (widest HALF_ROWS) 12, or 8 where 8 or 16 are left."""
+    """Rows of x the next pass takes, `left` (a multiple of 8) still to go: widest
+    WIDE_ROWS: 16, or 8 where fewer are left; widest HALF_ROWS: 12, or 8 where 8 or 16
+    are left."""
     if widest == WIDE_ROWS:
         return WIDE_ROWS if left >= WIDE_ROWS else X_ROWS
     return X_ROWS if left == X_ROWS or left == 2 * X_ROWS else HALF_ROWS
@@ -165,8 +213,8 @@ def interleave_rows(a, unit, widest):
     """a (M8, L) flat, pass by pass (_pass_rows), each pass's rows side by side, `unit`
     values at a time: the pass of `tile` rows from m0 holds a[m0 + i, unit v + e] at
     m0 L + unit (tile v + i) + e. So a pass's reads of a chunk are one line, at one base
-    plus immediates (lanes_ir._group_product). On this thread: a few parallel launches
-    a product cost SmolLM2's 32-row step more than the copy (M x L bytes) does."""
+    plus immediates (lanes_ir). On this thread: a few parallel launches a product cost
+    SmolLM2's 32-row step more than the copy (M x L bytes) does."""
     rows, length = a.shape
     out = np.empty(rows * length, a.dtype)
     m0 = 0
@@ -189,57 +237,13 @@ def _interleaved(kind, xq, dx, qsum, widest):
             interleave_rows(dx, 1, widest), interleave_rows(sums, sums.shape[1] // n_blocks, widest))
 
 
-@cached_njit(parallel=True)
-def _gemm_lanes_by_halves(kind, xq, dx, qsum, quants, scales, mins, supers, fifths, out):
-    """_gemm_lanes for AVX2 and the 4-bit kinds: a group's halves (8 rows) apart,
-    HALF_ROWS rows of x a pass (8 where 8 or 16 are left), so that a pass's sums stay
-    in registers (lanes_ir.HALF_ROWS)."""
-    n_out = out.shape[1]
-    padded_rows, width = xq.shape
-    n_blocks = width // QK
-    n_groups, group_bytes = quants.shape[0], quants.shape[1] * LANES * 4
-    q_flat, s_flat, m_flat = quants.reshape(-1), scales.reshape(-1), _flat(mins)
-    f_flat, u_flat = _flat(fifths), _flat(supers)
-    x_flat, dx_flat, sums_flat = _interleaved(kind, xq, dx, qsum, HALF_ROWS)
-    for c in prange(N_CHUNKS):
-        acc = np.empty(HALF_ROWS * HALF, dtype=np.float32)
-        last = (c + 1) * n_groups // N_CHUNKS - 1
-        for g in range(c * n_groups // N_CHUNKS, last + 1):
-            if g < last:  # the next group's bytes arrive while this one is multiplied
-                prefetch(q_flat, (g + 1) * group_bytes, (g + 2) * group_bytes)
-            for h in range(2):
-                lane0 = g * LANES + h * HALF
-                rows = min(HALF, n_out - lane0)
-                q_at, f_at = g * group_bytes + 4 * HALF * h, g * _per_group(fifths) + 4 * HALF * h
-                s_at, u_at = g * _per_group(scales) + HALF * h, g * _per_group(supers) + HALF * h
-                m0 = 0
-                while m0 < padded_rows and rows > 0:
-                    if _pass_rows(padded_rows - m0, HALF_ROWS) == X_ROWS:
-                        group_half_gemm_8(kind, q_flat, q_at, x_flat, m0 * width, n_blocks, s_flat, m_flat,
-                                          s_at, u_flat, u_at, f_flat, f_at, dx_flat, sums_flat,
-                                          m0 * n_blocks, acc)
-                        tile = X_ROWS
-                    else:
-                        group_half_gemm(kind, q_flat, q_at, x_flat, m0 * width, n_blocks, s_flat, m_flat,
-                                        s_at, u_flat, u_at, f_flat, f_at, dx_flat, sums_flat,
-                                        m0 * n_blocks, acc)
-                        tile = HALF_ROWS
-                    for i in range(min(tile, out.shape[0] - m0)):
-                        for j in range(rows):
-                            out[m0 + i, lane0 + j] = acc[i * HALF + j]
-                    m0 += tile
-
-
 def lanes_product(x: np.ndarray, weight) -> np.ndarray:
     """round_activations(x) (M, K) @ W.T for a LanePacked W -> (M, N)."""
     out = output_array(len(x), weight.shape[0])
-    kind, arrays = kind_arg(weight.kind), (weight.quants, weight.scales, weight.mins, weight.supers,
-                                           weight.fifths)
+    kind, w = kind_arg(weight.kind), (weight.quants, weight.scales, weight.mins, weight.supers, weight.fifths)
     if len(x) <= PACKED_GEMV_MAX_ROWS:
-        _gemv_lanes(kind, x, *arrays, out)
+        _gemv_lanes(kind, x, w, out)
     else:
         xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
-        # (AVX2: the 4-bit kinds take a group's halves apart: lanes_ir.HALF_ROWS)
-        gemm = _gemm_lanes_by_halves if LANES_ISA == "avx2" and weight.kind.bits == 4 else _gemm_lanes
-        gemm(kind, xq, dx, qsum, *arrays, out)
+        _gemm_lanes(kind, xq, dx, qsum, w, out)
     return out
