@@ -37,6 +37,9 @@ def code_lines(source: str, within: tuple[int, int] | None = None) -> int:
                 and node.body and isinstance(node.body[0], ast.Expr) \
                 and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str):
             docstrings.update(range(node.body[0].lineno, node.body[0].end_lineno + 1))
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute) \
+                and node.targets[0].attr == "__doc__" and isinstance(node.value, ast.Constant):
+            docstrings.update(range(node.lineno, node.end_lineno + 1))  # (f.__doc__ = "...": a docstring)
     lines = set()
     skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
             tokenize.ENCODING, tokenize.ENDMARKER)

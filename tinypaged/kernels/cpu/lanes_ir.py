@@ -207,7 +207,7 @@ def _group_product(x_rows: int, half_group: bool = False):
                 chunk_count = builder.asm(ir.FunctionType(index(0).type, [index(0).type]), "", "=r,0",
                                           [index(CHUNKS_PER_BLOCK)], False)
 
-            def block(b, chunk0, high, ahead=index(AHEAD)):
+            def block(b, chunk0, high, ahead):
                 """Block b of the rows, from their chunks chunk0 .. chunk0 + 7 (low or high
                 nibbles), times each row of x; one row: the chunks `ahead` bytes on hinted
                 into the caches."""
@@ -259,16 +259,15 @@ def _group_product(x_rows: int, half_group: bool = False):
                     term = epilogue.term(prepared, dots[i], at)
                     builder.store(builder.call(epilogue.fma, [x_scale, term, builder.load(totals[i])]), totals[i])
 
-            if k.code == Q8_0:
-                with cgutils.for_range(builder, blocks) as loop:
-                    block(loop.index, builder.mul(loop.index, index(CHUNKS_PER_BLOCK)), False)
-            else:  # low nibbles: blocks 0 .. nb/2 - 1; high nibbles: the rest, from the same chunks
-                upper = builder.lshr(blocks, index(1))
-                with cgutils.for_range(builder, upper) as loop:
-                    block(loop.index, builder.mul(loop.index, index(CHUNKS_PER_BLOCK)), False)
-                with cgutils.for_range(builder, upper) as loop:  # (ahead: the next group's)
-                    block(builder.add(loop.index, upper), builder.mul(loop.index, index(CHUNKS_PER_BLOCK)),
-                          True, builder.mul(blocks, index(4 * LANES * CHUNKS_PER_BLOCK // 2)))
+            # Q8_0: a block's chunks after another's. The nibble kinds: blocks 0 .. nb/2 - 1 in
+            # the low nibbles, the rest in the high ones of the same chunks (hinting the next
+            # group's bytes: the hardware prefetcher follows the first pass only)
+            upper = builder.lshr(blocks, index(1))
+            next_group = builder.mul(blocks, index(4 * LANES * CHUNKS_PER_BLOCK // 2))
+            for count, high in [(blocks, False)] if k.code == Q8_0 else [(upper, False), (upper, True)]:
+                with cgutils.for_range(builder, count) as loop:
+                    block(builder.add(loop.index, upper) if high else loop.index,
+                          builder.mul(loop.index, index(CHUNKS_PER_BLOCK)), high, next_group if high else index(AHEAD))
             for i in range(x_rows):
                 out = pointer(context, builder, sig.args[4], args[4], index(i * width), floats)
                 builder.store(builder.load(totals[i]), out, align=4)
@@ -308,23 +307,16 @@ group_half_gemm_8.__doc__ = "group_half_gemm for X_ROWS rows of x."
 
 
 @intrinsic
-def prefetch(typingctx, array, start, stop):
-    """Hints the cache lines of array's elements start .. stop - 1 (flat, C-contiguous)
-    into the caches (llvm.prefetch: a read, kept close), so that a group's bytes
-    arrive while the group before it is multiplied."""
+def prefetch_line(typingctx, array, at):
+    """Hints the cache line holding array[at] (flat, C-contiguous) into the caches
+    (llvm.prefetch: a read, kept close)."""
     if not c_array(array, tuple(types.number_domain)) or array.ndim != 1:
         return None
 
     def codegen(context, builder, sig, args):
-        arr, start, stop = args
-        size = context.get_abi_sizeof(context.get_data_type(sig.args[0].dtype))
-        length = builder.mul(builder.sub(stop, start), index(size))
-        lines = builder.udiv(builder.add(length, index(63)), index(64))
-        with cgutils.for_range(builder, lines) as loop:
-            at = builder.add(start, builder.udiv(builder.mul(loop.index, index(64)), index(size)))
-            _prefetch_line(builder, pointer(context, builder, sig.args[0], arr, at))
+        _prefetch_line(builder, pointer(context, builder, sig.args[0], args[0], args[1]))
         return context.get_dummy_value()
-    return types.void(array, types.intp, types.intp), codegen
+    return types.void(array, types.intp), codegen
 
 
 @intrinsic

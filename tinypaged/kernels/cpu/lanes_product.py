@@ -24,7 +24,7 @@ from .byte_dot import LANES_ISA
 from .common import N_CHUNKS, PACKED_GEMV_CHUNKS, PACKED_GEMV_MAX_ROWS
 from .kind_arg import QuantKindType, kind_arg
 from .lanes_ir import (HALF_ROWS, WIDE_ROWS, group_gemm, group_gemm_wide, group_gemv, group_half_gemm,
-                       group_half_gemm_8, prefetch, store_lanes)
+                       group_half_gemm_8, prefetch_line, store_lanes)
 from .out_arrays import output_array
 from .vector_ir import LANES, X_ROWS
 
@@ -179,7 +179,8 @@ def _gemm_lanes(kind, xq, dx, qsum, w, out):
         last = (c + 1) * n_groups // N_CHUNKS - 1
         for g in range(c * n_groups // N_CHUNKS, last + 1):
             if g < last:  # the next group's bytes arrive while this one is multiplied
-                prefetch(q_flat, (g + 1) * group_bytes, (g + 2) * group_bytes)
+                for at in range((g + 1) * group_bytes, (g + 2) * group_bytes, 64):
+                    prefetch_line(q_flat, at)
             for h in range(halves):
                 lane0 = g * LANES + h * lanes
                 rows = min(lanes, n_out - lane0)
