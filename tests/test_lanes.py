@@ -80,7 +80,7 @@ def test_every_batch_gives_a_row_the_oracles_bits(kind, n_out, width):
     weight = random_packed(rng, KINDS[kind], n_out, width)
     laid = LanePacked.of(weight)
     w = weight.dequantize().astype(np.float64)
-    for rows in (1, 2, 3, 8, 9, 33):  # the GEMV (up to 2), then the GEMM: 8 rows, 16, 16 + 16 + 8
+    for rows in (1, 2, 3, 8, 9, 33):  # the GEMV (up to 2), then the GEMM's passes: 4; 8; 8 + 4; 16 + 16 + 4
         x = random_activations(rng, rows, width)
         got = linear(x, laid)
         assert np.array_equal(got, oracle_product(x, weight))
@@ -149,7 +149,7 @@ for path in sys.argv[1:]:
         assert np.array_equal(linear(data[f"x{rows}"], laid), data[f"out{rows}"]), (path, rows)
 print(LANES_ISA)
 """
-ROWS = (1, 9, 33)  # the GEMV; the GEMM's narrow pass alone; its every pass (AVX2 halves: 12, 12, 8, 8)
+ROWS = (1, 3, 9, 17, 33)  # the GEMV; the GEMM's passes: 4; 8 + 4; 16 + 4 (AVX2 halves: 12 + 8); 16 + 16 + 4
 # an instruction set this CPU can run but does not choose, numba compiling for a CPU it names
 OTHER_ISAS = {"generic": ({"NUMBA_CPU_NAME": "x86-64"}, ("Q5_K",)),
               "avx2": ({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma,+f16c"},

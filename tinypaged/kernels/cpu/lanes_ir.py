@@ -24,6 +24,7 @@ CHUNKS_PER_BLOCK = 8  # 4 columns a chunk, 32 a block
 W_VIEWS = ("quants", "scales", "mins", "supers", "fifths")  # a group's, from its first lane
 X_VIEWS = ("values", "scales", "sums")  # a pass's rows of x: int8 values, dx, block sums
 WIDE_ROWS = 16  # rows of x a pass of group_gemm_wide
+FEW_ROWS = 4  # rows of x the shortest GEMM pass takes: 3-4 rows (a speculative step's) cost ~ a GEMV
 HALF_ROWS = 12  # rows of x a pass of group_half_gemm (AVX2, 4-bit kinds)
 _WORDS = ir.VectorType(ir.IntType(16), 2 * LANES)
 
@@ -211,8 +212,9 @@ def _group_product(x_rows: int, half_group: bool = False):
                 """Block b of the rows, from their chunks chunk0 .. chunk0 + 7 (low or high
                 nibbles), times each row of x; one row: the chunks `ahead` bytes on hinted
                 into the caches."""
-                # Q6_K: the block's halves apart; one row of x: even and odd chunks apart, two
-                # chains of vpdpbusd instead of one of eight (its latency bound the GEMV: 3x)
+                # Q6_K: the block's halves apart; up to FEW_ROWS rows of x: even and odd chunks
+                # apart, two chains of vpdpbusd a row, not one of eight (its latency bound the
+                # GEMV: 3x)
                 dots = [[BlockDot(builder, w_max, signed_bytes_direct() and k.code == Q8_0, width)
                          for _ in range(2)] for _ in range(x_rows)]
 
@@ -220,14 +222,14 @@ def _group_product(x_rows: int, half_group: bool = False):
                     """Chunk c (an int; None in a loop) at c_at (IR) times each row of x."""
                     at = builder.add(chunk0, c_at)
                     w = _unpack(builder, k, w_views, width, at, high, b, c)
-                    if x_rows == 1:  # (a chunk is a cache line; a line of high bits: a new one)
+                    if x_rows <= X_ROWS:  # (a chunk is a cache line; a line of high bits: a new one)
                         _prefetch_line(builder, w_views.address(
                             "quants", builder.add(builder.mul(at, index(4 * LANES)), ahead), None))
                         if k.high_bits and c % (8 // k.high_bits) == 0:
                             line = builder.add(builder.mul(b, index(k.high_bits)), index(c // 4))
                             _prefetch_line(builder, w_views.address("fifths", builder.add(
                                 builder.mul(line, index(4 * LANES)), index(AHEAD * k.high_bits // 4)), None))
-                    half = c // 4 if k.code == Q6_K else c % 2 if x_rows == 1 else 0
+                    half = c // 4 if k.code == Q6_K else c % 2 if x_rows <= FEW_ROWS and not half_group else 0
                     # x's rows side by side: a chunk's 4 columns of every row in one line at
                     # one base, the rest immediates (rows K apart, K a power of two from
                     # 4,096, met in one L1 set and evicted each other: half the rate)
@@ -282,6 +284,8 @@ group_gemv.__doc__ = """acc[0 .. 15] = the product of a group's 16 rows of a wei
 (kind_arg.py: one machine code per kind; the views must be that kind's, w_dtypes)
 with one row of x, n_blocks blocks of 32 long: w the group's W_VIEWS, x the row's
 X_VIEWS (LANES.md has the float steps)."""
+group_gemm_4 = _group_product(FEW_ROWS)
+group_gemm_4.__doc__ = "group_gemm for FEW_ROWS rows of x."
 group_gemm = _group_product(X_ROWS)
 group_gemm.__doc__ = """group_gemv for X_ROWS rows of x, side by side as interleave_rows lays out a pass:
 acc[16 i .. 16 i + 15] is row i's product."""
@@ -304,6 +308,8 @@ group_half_gemm.__doc__ = """group_gemm for half a group of a 4-bit kind (w: vie
 and HALF_ROWS rows of x: acc[8 i .. 8 i + 7] is row i's product. AVX2 only."""
 group_half_gemm_8 = _group_product(X_ROWS, half_group=True)
 group_half_gemm_8.__doc__ = "group_half_gemm for X_ROWS rows of x."
+group_half_gemm_4 = _group_product(FEW_ROWS, half_group=True)
+group_half_gemm_4.__doc__ = "group_half_gemm for FEW_ROWS rows of x."
 
 
 @intrinsic

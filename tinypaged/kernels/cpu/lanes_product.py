@@ -4,14 +4,14 @@ The weight's kind is each kernel's first argument (kind_arg.py): one machine cod
 per kind, which checks that the arrays it is handed are that kind's.
 
 Threads take groups of 16 rows. Decode (M <= PACKED_GEMV_MAX_ROWS rows of x):
-lanes_ir.group_gemv on each, one row of x at a time. More rows: lanes_ir.group_gemm_wide,
-16 rows of x a pass (group_gemm for 8 left over), each chunk of the group's bytes
-made unsigned in registers and taken by the 16 rows' vpdpbusd (AVX2: vpmaddubsw,
-byte_dot.py); the group stays in L1 for the next pass, the next group's bytes are
-prefetched. On AVX2 the 4-bit kinds take each half of a group apart, 12 rows of x a
-pass (_gemm_lanes_by_halves). x's rows of a pass are laid side by side per call (M x K
-bytes: rows K apart, K a power of two from 4,096, fall in one L1 set and evict each
-other); nothing else is copied or transposed per call.
+lanes_ir.group_gemv on each, one row of x at a time. More rows: the GEMM, x padded to
+a multiple of 4 rows and taken 16 rows a pass (group_gemm_wide; 8 or 4 for what is
+left: _pass_rows), each chunk of the group's bytes unpacked in registers once for all
+the pass's rows (vpdpbusd; AVX2: vpmaddubsw, byte_dot.py); the group stays in L1 for
+the next pass, the next group's bytes are prefetched. On AVX2 the 4-bit kinds take
+each half of a group apart, 12 rows of x a pass. x's rows of a pass are laid side by
+side per call (M x K bytes: rows K apart, K a power of two from 4,096, fall in one L1
+set and evict each other); nothing else is copied or transposed per call.
 """
 import numpy as np
 from numba import prange, types
@@ -23,8 +23,8 @@ from .activations import quantize_activations
 from .byte_dot import LANES_ISA
 from .common import N_CHUNKS, PACKED_GEMV_CHUNKS, PACKED_GEMV_MAX_ROWS
 from .kind_arg import QuantKindType, kind_arg
-from .lanes_ir import (HALF_ROWS, WIDE_ROWS, group_gemm, group_gemm_wide, group_gemv, group_half_gemm,
-                       group_half_gemm_8, prefetch_line, store_lanes)
+from .lanes_ir import (FEW_ROWS, HALF_ROWS, WIDE_ROWS, group_gemm, group_gemm_4, group_gemm_wide, group_gemv,
+                       group_half_gemm, group_half_gemm_4, group_half_gemm_8, prefetch_line, store_lanes)
 from .out_arrays import output_array
 from .vector_ir import LANES, X_ROWS
 
@@ -125,7 +125,9 @@ def _group_pass_by_form(kind, tile, n_blocks, w, x, acc):
         return None
     if _by_halves(kind.kind):
         def half_group(kind, tile, n_blocks, w, x, acc):
-            if tile == X_ROWS:
+            if tile == FEW_ROWS:
+                group_half_gemm_4(kind, n_blocks, w, x, acc)
+            elif tile == X_ROWS:
                 group_half_gemm_8(kind, n_blocks, w, x, acc)
             else:
                 group_half_gemm(kind, n_blocks, w, x, acc)
@@ -134,6 +136,8 @@ def _group_pass_by_form(kind, tile, n_blocks, w, x, acc):
     def whole_group(kind, tile, n_blocks, w, x, acc):
         if tile == WIDE_ROWS:
             group_gemm_wide(kind, n_blocks, w, x, acc)
+        elif tile == FEW_ROWS:
+            group_gemm_4(kind, n_blocks, w, x, acc)
         else:
             group_gemm(kind, n_blocks, w, x, acc)
     return whole_group
@@ -160,10 +164,10 @@ def _gemv_lanes(kind, x, w, out):
 
 @cached_njit(parallel=True)
 def _gemm_lanes(kind, xq, dx, qsum, w, out):
-    """out (M, N) for W's laid-out arrays w; xq (M8, K) x's int8 values, M8 = M
-    rounded up to a multiple of 8 (zero rows after M); dx, qsum (M8, K/32) its scales
+    """out (M, N) for W's laid-out arrays w; xq (M4, K) x's int8 values, M4 = M
+    rounded up to a multiple of 4 (zero rows after M); dx, qsum (M4, K/32) its scales
     and sums. Threads take groups of 16 rows (AVX2's 4-bit kinds: each half apart);
-    each is multiplied by WIDE_ROWS (HALF_ROWS) rows of x at a time, 8 where
+    each is multiplied by WIDE_ROWS (HALF_ROWS) rows of x at a time, 8 or 4 where
     _pass_rows says, while its bytes are in L1 (unpacked in registers, chunk by chunk,
     each pass), the next group's prefetched. x's rows of a pass lie side by side
     (interleave_rows): a chunk's x is one cache line."""
@@ -174,11 +178,16 @@ def _gemm_lanes(kind, xq, dx, qsum, w, out):
     q_flat, out_flat = w[0].reshape(-1), out.reshape(-1)
     x_values, x_scales, x_sums = _interleaved(kind, xq, dx, qsum, widest)
     sums_a_row, by_group = x_sums.size // padded_rows, _by_groups(w)
-    for c in prange(N_CHUNKS):
+    # FEW_ROWS rows: streamed as the GEMV streams W (a few long ranges, each chunk's
+    # bytes hinted AHEAD on by the pass itself); more: N_CHUNKS ranges, each group's
+    # successor hinted whole while the group is multiplied
+    streamed = padded_rows <= X_ROWS
+    chunks = PACKED_GEMV_CHUNKS if streamed else N_CHUNKS
+    for c in prange(chunks):
         acc = np.empty(widest * lanes, dtype=np.float32)
-        last = (c + 1) * n_groups // N_CHUNKS - 1
-        for g in range(c * n_groups // N_CHUNKS, last + 1):
-            if g < last:  # the next group's bytes arrive while this one is multiplied
+        last = (c + 1) * n_groups // chunks - 1
+        for g in range(c * n_groups // chunks, last + 1):
+            if g < last and not streamed:
                 for at in range((g + 1) * group_bytes, (g + 2) * group_bytes, 64):
                     prefetch_line(q_flat, at)
             for h in range(halves):
@@ -201,9 +210,11 @@ def _gemm_lanes(kind, xq, dx, qsum, w, out):
 
 @cached_njit()
 def _pass_rows(left, widest):
-    """Rows of x the next pass takes, `left` (a multiple of 8) still to go: widest
-    WIDE_ROWS: 16, or 8 where fewer are left; widest HALF_ROWS: 12, or 8 where 8 or 16
-    are left."""
+    """Rows of x the next pass takes, `left` (a multiple of 4) still to go: 4 where 4
+    are left; else widest WIDE_ROWS: 16, or 8 where fewer are left; widest HALF_ROWS:
+    12, or 8 where 8 or 16 are left."""
+    if left == FEW_ROWS:
+        return FEW_ROWS
     if widest == WIDE_ROWS:
         return WIDE_ROWS if left >= WIDE_ROWS else X_ROWS
     return X_ROWS if left == X_ROWS or left == 2 * X_ROWS else HALF_ROWS
@@ -211,7 +222,7 @@ def _pass_rows(left, widest):
 
 @cached_njit()
 def interleave_rows(a, unit, widest):
-    """a (M8, L) flat, pass by pass (_pass_rows), each pass's rows side by side, `unit`
+    """a (M4, L) flat, pass by pass (_pass_rows), each pass's rows side by side, `unit`
     values at a time: the pass of `tile` rows from m0 holds a[m0 + i, unit v + e] at
     m0 L + unit (tile v + i) + e. So a pass's reads of a chunk are one line, at one base
     plus immediates (lanes_ir). On this thread: a few parallel launches a product cost
@@ -245,6 +256,6 @@ def lanes_product(x: np.ndarray, weight) -> np.ndarray:
     if len(x) <= PACKED_GEMV_MAX_ROWS:
         _gemv_lanes(kind, x, w, out)
     else:
-        xq, dx, qsum = quantize_activations(x, -(-len(x) // X_ROWS) * X_ROWS)
+        xq, dx, qsum = quantize_activations(x, -(-len(x) // FEW_ROWS) * FEW_ROWS)
         _gemm_lanes(kind, xq, dx, qsum, w, out)
     return out
