@@ -16,16 +16,25 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ...formats.quant_kind import Q6_K, Q8_0, QuantKind
-from .byte_dot import BlockDot, signed_bytes_direct
+from .byte_dot import LANES_ISA, BlockDot, signed_bytes_direct
 from .kind_arg import QuantKindType
 from .vector_ir import IR_F32, IR_I32, FLOATS, LANES, X_ROWS, c_array, index, pointer, splat
 
 CHUNKS_PER_BLOCK = 8  # 4 columns a chunk, 32 a block
 W_VIEWS = ("quants", "scales", "mins", "supers", "fifths")  # a group's, from its first lane
 X_VIEWS = ("values", "scales", "sums")  # a pass's rows of x: int8 values, dx, block sums
-WIDE_ROWS = 16  # rows of x a pass of group_gemm_wide
-FEW_ROWS = 4  # rows of x the shortest GEMM pass takes: 3-4 rows (a speculative step's) cost ~ a GEMV
-HALF_ROWS = 12  # rows of x a pass of group_half_gemm (AVX2, 4-bit kinds)
+# Rows of x a GEMM pass takes: WIDE_ROWS: each chunk of the group loaded and unpacked
+# once for 16 rows' vpdpbusd; 16 accumulators and the chunk still fit the 32 zmm
+# registers (32 rows spill). With AVX2 they spill to the stack, but the chunk's
+# unpacking is shared by more rows: 4 or 8 rows a pass were slower (Q6_K 49 and 64
+# against 72 GMAC/s, Q4_K 98 and 112 against 114). FEW_ROWS: 3-4 rows (a speculative
+# step's) at about a GEMV's cost. AVX2, 4-bit kinds: a group's halves (8 rows, one ymm)
+# apart, HALF_ROWS rows of x a pass, each row's int16 sums in a register beside the
+# chunk and its product. 16 rows of both halves spill ~230 loads and stores a block.
+# Zen 2, Q4_K, 32 rows: 120 -> 130 GMAC/s (12 rows alone 69 a core; without the float
+# epilogue that all blocks need, 108: vpmaddubsw's port). Q5 and Q6_K flush their int16
+# sums every 4 or 2 chunks, and ran slower this way: they keep whole groups.
+WIDE_ROWS, FEW_ROWS, HALF_ROWS = 16, 4, 12
 _WORDS = ir.VectorType(ir.IntType(16), 2 * LANES)
 
 # The GEMV hints the bytes AHEAD bytes past the chunk it reads (the high bits as far on
@@ -178,138 +187,128 @@ class _Q6Epilogue(_Epilogue):
         return builder.fmul(d, builder.call(self.fma, [centred[0], subs[0], builder.fmul(centred[1], subs[1])]))
 
 
-def _group_product(x_rows: int, half_group: bool = False):
-    """The intrinsic for one group's 16 rows (half_group: 8 of them, AVX2's 4-bit kinds)
-    times x_rows rows of x: (kind, n_blocks, w views, x views, acc). Each chunk of the
-    group is unpacked once, in registers, and taken by every row of x."""
+def by_halves(k: QuantKind) -> bool:
+    """Whether a GEMM pass takes a group's halves (8 rows, one ymm) apart: AVX2 and the
+    4-bit kinds (their int16 sums of a block's 8 chunks cannot overflow), below."""
+    return LANES_ISA == "avx2" and k.bits == 4
+
+
+# The row counts of x a pass takes (lanes_product._pass_rows): a whole group, or AVX2's
+# half groups (a GEMV row is always a whole group's)
+WHOLE_PASSES, HALF_PASSES = (1, FEW_ROWS, X_ROWS, WIDE_ROWS), (FEW_ROWS, X_ROWS, HALF_ROWS)
+
+
+@intrinsic
+def group_product(typingctx, kind, rows, n_blocks, w, x, acc):
+    """acc[width i .. width i + width - 1] = the product of a group's rows (width 16; 8
+    where by_halves) of a weight of kind `kind` (kind_arg.py: one machine code per kind;
+    the views must be that kind's, w_dtypes) with row i of x, for `rows` rows of x
+    (WHOLE_PASSES or HALF_PASSES; 1: 16 lanes) side by side as interleave_rows lays
+    them out, n_blocks blocks of 32 long: w the group's W_VIEWS (from the half's first
+    lane), x the pass's X_VIEWS (LANES.md has the float steps)."""
+    if not isinstance(kind, QuantKindType):
+        return None
+    k = kind.kind  # the views must be the ones lanes.py lays out for it
+    if not (_views_of(w, w_dtypes(k)) and _views_of(x, x_dtypes(k)) and c_array(acc, (types.float32,))
+            and acc.ndim == 1 and isinstance(rows, types.Integer) and isinstance(n_blocks, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        w_views = _Views(context, builder, W_VIEWS, sig.args[3], args[3])
+        x_views = _Views(context, builder, X_VIEWS, sig.args[4], args[4])
+        done = builder.append_basic_block("pass_done")
+        cases = builder.switch(args[1], done)  # (one arm a row count; LLVM folds a constant)
+        for x_rows in sorted(set(WHOLE_PASSES + (HALF_PASSES if by_halves(k) else ()))):
+            arm = builder.append_basic_block(f"rows_{x_rows}")
+            cases.add_case(ir.Constant(args[1].type, x_rows), arm)
+            builder.position_at_end(arm)
+            half_group = by_halves(k) and x_rows > 1
+            _pass(context, builder, k, x_rows, half_group, args[2], w_views, x_views, sig.args[5], args[5])
+            builder.branch(done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+    return types.void(kind, types.intp, types.intp, w, x, acc), codegen
+
+
+def _pass(context, builder, k: QuantKind, x_rows: int, half_group: bool, blocks, w_views, x_views, acc_type, acc):
+    """One pass's IR: the group's rows (half_group: 8 of them) times x_rows rows of x. Each
+    chunk of the group is unpacked once, in registers, and taken by every row of x."""
     width = LANES // 2 if half_group else LANES
     floats = ir.VectorType(IR_F32, width)
+    w_max = 128 if k.code == Q8_0 and signed_bytes_direct() else 255 if k.code == Q8_0 \
+        else (16 << k.high_bits) - 1  # a byte's largest
+    epilogue = (_Q6Epilogue if k.code == Q6_K else _Epilogue)(builder, k, w_views, x_views, width)
+    totals = [cgutils.alloca_once_value(builder, ir.Constant(floats, [0.0] * width)) for _ in range(x_rows)]
+    if half_group:  # (through an empty asm: a count LLVM cannot see, or it unrolls
+        # the 8 rows' loop and takes the rows one after another again)
+        chunk_count = builder.asm(ir.FunctionType(index(0).type, [index(0).type]), "", "=r,0",
+                                  [index(CHUNKS_PER_BLOCK)], False)
 
-    def product(typingctx, kind, n_blocks, w, x, acc):
-        if not isinstance(kind, QuantKindType):
-            return None
-        k = kind.kind  # the views must be the ones lanes.py lays out for it
-        if not (_views_of(w, w_dtypes(k)) and _views_of(x, x_dtypes(k)) and c_array(acc, (types.float32,))
-                and acc.ndim == 1 and isinstance(n_blocks, types.Integer)):
-            return None
-        if half_group and k.bits != 4:  # (int16 sums of a block's 8 chunks cannot overflow)
-            return None
-        w_max = 128 if k.code == Q8_0 and signed_bytes_direct() else 255 if k.code == Q8_0 \
-            else (16 << k.high_bits) - 1  # a byte's largest
+    def block(b, chunk0, high, ahead):
+        """Block b of the rows, from their chunks chunk0 .. chunk0 + 7 (low or high
+        nibbles), times each row of x; one row: the chunks `ahead` bytes on hinted
+        into the caches."""
+        # Q6_K: the block's halves apart; up to FEW_ROWS rows of x: even and odd chunks
+        # apart, two chains of vpdpbusd a row, not one of eight (its latency bound the
+        # GEMV: 3x)
+        dots = [[BlockDot(builder, w_max, signed_bytes_direct() and k.code == Q8_0, width)
+                 for _ in range(2)] for _ in range(x_rows)]
 
-        def codegen(context, builder, sig, args):
-            blocks = args[1]
-            w_views = _Views(context, builder, W_VIEWS, sig.args[2], args[2])
-            x_views = _Views(context, builder, X_VIEWS, sig.args[3], args[3])
-            epilogue = (_Q6Epilogue if k.code == Q6_K else _Epilogue)(builder, k, w_views, x_views, width)
-            totals = [cgutils.alloca_once_value(builder, ir.Constant(floats, [0.0] * width)) for _ in range(x_rows)]
-            if half_group:  # (through an empty asm: a count LLVM cannot see, or it unrolls
-                # the 8 rows' loop and takes the rows one after another again)
-                chunk_count = builder.asm(ir.FunctionType(index(0).type, [index(0).type]), "", "=r,0",
-                                          [index(CHUNKS_PER_BLOCK)], False)
-
-            def block(b, chunk0, high, ahead):
-                """Block b of the rows, from their chunks chunk0 .. chunk0 + 7 (low or high
-                nibbles), times each row of x; one row: the chunks `ahead` bytes on hinted
-                into the caches."""
-                # Q6_K: the block's halves apart; up to FEW_ROWS rows of x: even and odd chunks
-                # apart, two chains of vpdpbusd a row, not one of eight (its latency bound the
-                # GEMV: 3x)
-                dots = [[BlockDot(builder, w_max, signed_bytes_direct() and k.code == Q8_0, width)
-                         for _ in range(2)] for _ in range(x_rows)]
-
-                def chunk(c, c_at):
-                    """Chunk c (an int; None in a loop) at c_at (IR) times each row of x."""
-                    at = builder.add(chunk0, c_at)
-                    w = _unpack(builder, k, w_views, width, at, high, b, c)
-                    if x_rows <= X_ROWS:  # (a chunk is a cache line; a line of high bits: a new one)
-                        _prefetch_line(builder, w_views.address(
-                            "quants", builder.add(builder.mul(at, index(4 * LANES)), ahead), None))
-                        if k.high_bits and c % (8 // k.high_bits) == 0:
-                            line = builder.add(builder.mul(b, index(k.high_bits)), index(c // 4))
-                            _prefetch_line(builder, w_views.address("fifths", builder.add(
-                                builder.mul(line, index(4 * LANES)), index(AHEAD * k.high_bits // 4)), None))
-                    half = c // 4 if k.code == Q6_K else c % 2 if x_rows <= FEW_ROWS and not half_group else 0
-                    # x's rows side by side: a chunk's 4 columns of every row in one line at
-                    # one base, the rest immediates (rows K apart, K a power of two from
-                    # 4,096, met in one L1 set and evicted each other: half the rate)
-                    x_chunk = builder.add(builder.mul(b, index(32 * x_rows)), builder.mul(c_at, index(4 * x_rows)))
-                    for i in range(x_rows):
-                        quad = x_views.load("values", builder.add(x_chunk, index(4 * i)), IR_I32)
-                        dots[i][half].add(w, splat(builder, quad, w.type))
-                # half a group: a block's 8 chunks in a loop, each row's int16 sums carried
-                # in a register. Unrolled, LLVM took the rows one after another with the 8
-                # chunks held: 3/4 of this form's rate
-                if half_group:
-                    carried = [cgutils.alloca_once_value(builder, row[0].zero_pending()) for row in dots]
-                    with cgutils.for_range(builder, chunk_count) as loop:
-                        for row, sums in zip(dots, carried):
-                            row[0].resume(builder.load(sums))
-                        chunk(None, loop.index)
-                        for row, sums in zip(dots, carried):
-                            builder.store(row[0].pending, sums)
-                    for row, sums in zip(dots, carried):
-                        row[0].resume(builder.load(sums))
-                else:
-                    for c in range(CHUNKS_PER_BLOCK):
-                        chunk(c, index(c))
-                dots = [[dot.result() for dot in row] for row in dots]
-                prepared = epilogue.prepare(b)
-                for i in range(x_rows):
-                    at = builder.add(builder.mul(b, index(x_rows)), index(i))
-                    x_scale = splat(builder, x_views.load("scales", at, None, align=4), floats)
-                    term = epilogue.term(prepared, dots[i], at)
-                    builder.store(builder.call(epilogue.fma, [x_scale, term, builder.load(totals[i])]), totals[i])
-
-            # Q8_0: a block's chunks after another's. The nibble kinds: blocks 0 .. nb/2 - 1 in
-            # the low nibbles, the rest in the high ones of the same chunks (hinting the next
-            # group's bytes: the hardware prefetcher follows the first pass only)
-            upper = builder.lshr(blocks, index(1))
-            next_group = builder.mul(blocks, index(4 * LANES * CHUNKS_PER_BLOCK // 2))
-            for count, high in [(blocks, False)] if k.code == Q8_0 else [(upper, False), (upper, True)]:
-                with cgutils.for_range(builder, count) as loop:
-                    block(builder.add(loop.index, upper) if high else loop.index,
-                          builder.mul(loop.index, index(CHUNKS_PER_BLOCK)), high, next_group if high else index(AHEAD))
+        def chunk(c, c_at):
+            """Chunk c (an int; None in a loop) at c_at (IR) times each row of x."""
+            at = builder.add(chunk0, c_at)
+            w = _unpack(builder, k, w_views, width, at, high, b, c)
+            if x_rows <= X_ROWS:  # (a chunk is a cache line; a line of high bits: a new one)
+                _prefetch_line(builder, w_views.address(
+                    "quants", builder.add(builder.mul(at, index(4 * LANES)), ahead), None))
+                if k.high_bits and c % (8 // k.high_bits) == 0:
+                    line = builder.add(builder.mul(b, index(k.high_bits)), index(c // 4))
+                    _prefetch_line(builder, w_views.address("fifths", builder.add(
+                        builder.mul(line, index(4 * LANES)), index(AHEAD * k.high_bits // 4)), None))
+            half = c // 4 if k.code == Q6_K else c % 2 if x_rows <= FEW_ROWS and not half_group else 0
+            # x's rows side by side: a chunk's 4 columns of every row in one line at
+            # one base, the rest immediates (rows K apart, K a power of two from
+            # 4,096, met in one L1 set and evicted each other: half the rate)
+            x_chunk = builder.add(builder.mul(b, index(32 * x_rows)), builder.mul(c_at, index(4 * x_rows)))
             for i in range(x_rows):
-                out = pointer(context, builder, sig.args[4], args[4], index(i * width), floats)
-                builder.store(builder.load(totals[i]), out, align=4)
-            return context.get_dummy_value()
-        return types.void(kind, types.intp, w, x, acc), codegen
-    product.__name__ = product.__qualname__ = f"group_product_{x_rows}{'_half' if half_group else ''}"
-    return intrinsic(product)
+                quad = x_views.load("values", builder.add(x_chunk, index(4 * i)), IR_I32)
+                dots[i][half].add(w, splat(builder, quad, w.type))
+        # half a group: a block's 8 chunks in a loop, each row's int16 sums carried
+        # in a register. Unrolled, LLVM took the rows one after another with the 8
+        # chunks held: 3/4 of this form's rate
+        if half_group:
+            carried = [cgutils.alloca_once_value(builder, row[0].zero_pending()) for row in dots]
+            with cgutils.for_range(builder, chunk_count) as loop:
+                for row, sums in zip(dots, carried):
+                    row[0].resume(builder.load(sums))
+                chunk(None, loop.index)
+                for row, sums in zip(dots, carried):
+                    builder.store(row[0].pending, sums)
+            for row, sums in zip(dots, carried):
+                row[0].resume(builder.load(sums))
+        else:
+            for c in range(CHUNKS_PER_BLOCK):
+                chunk(c, index(c))
+        dots = [[dot.result() for dot in row] for row in dots]
+        prepared = epilogue.prepare(b)
+        for i in range(x_rows):
+            at = builder.add(builder.mul(b, index(x_rows)), index(i))
+            x_scale = splat(builder, x_views.load("scales", at, None, align=4), floats)
+            term = epilogue.term(prepared, dots[i], at)
+            builder.store(builder.call(epilogue.fma, [x_scale, term, builder.load(totals[i])]), totals[i])
 
-
-group_gemv = _group_product(1)
-group_gemv.__doc__ = """acc[0 .. 15] = the product of a group's 16 rows of a weight of kind `kind`
-(kind_arg.py: one machine code per kind; the views must be that kind's, w_dtypes)
-with one row of x, n_blocks blocks of 32 long: w the group's W_VIEWS, x the row's
-X_VIEWS (LANES.md has the float steps)."""
-group_gemm_4 = _group_product(FEW_ROWS)
-group_gemm_4.__doc__ = "group_gemm for FEW_ROWS rows of x."
-group_gemm = _group_product(X_ROWS)
-group_gemm.__doc__ = """group_gemv for X_ROWS rows of x, side by side as interleave_rows lays out a pass:
-acc[16 i .. 16 i + 15] is row i's product."""
-group_gemm_wide = _group_product(WIDE_ROWS)
-group_gemm_wide.__doc__ = """group_gemm for WIDE_ROWS rows of x: each chunk of the group loaded and unpacked
-once for 16 rows' vpdpbusd; 16 accumulators and the chunk still fit the 32 zmm
-registers (32 rows spill). With AVX2 they spill to the stack, but the chunk's
-unpacking is shared by more rows: 4 or 8 rows a pass were slower (Q6_K 49 and 64
-against 72 GMAC/s, Q4_K 98 and 112 against 114). The same bits."""
-
-# AVX2, 4-bit kinds: a group's halves (8 rows, one ymm) apart, HALF_ROWS rows of x a
-# pass (8 where 8 or 16 are left), each row's int16 sums in a register beside the chunk
-# and its product, x's 4 bytes at one base plus immediates. 16 rows of both halves
-# (group_gemm_wide) spill ~230 loads and stores a block. Zen 2, Q4_K, 32 rows: 120 ->
-# 130 GMAC/s (12 rows alone 69 a core; without the float epilogue that all blocks need,
-# 108: vpmaddubsw's port). Q5 and Q6_K flush their int16 sums every 4 or 2 chunks, and
-# ran slower this way: they keep group_gemm_wide.
-group_half_gemm = _group_product(HALF_ROWS, half_group=True)
-group_half_gemm.__doc__ = """group_gemm for half a group of a 4-bit kind (w: views from the half's first lane)
-and HALF_ROWS rows of x: acc[8 i .. 8 i + 7] is row i's product. AVX2 only."""
-group_half_gemm_8 = _group_product(X_ROWS, half_group=True)
-group_half_gemm_8.__doc__ = "group_half_gemm for X_ROWS rows of x."
-group_half_gemm_4 = _group_product(FEW_ROWS, half_group=True)
-group_half_gemm_4.__doc__ = "group_half_gemm for FEW_ROWS rows of x."
+    # Q8_0: a block's chunks after another's. The nibble kinds: blocks 0 .. nb/2 - 1 in
+    # the low nibbles, the rest in the high ones of the same chunks (hinting the next
+    # group's bytes: the hardware prefetcher follows the first pass only)
+    upper = builder.lshr(blocks, index(1))
+    next_group = builder.mul(blocks, index(4 * LANES * CHUNKS_PER_BLOCK // 2))
+    for count, high in [(blocks, False)] if k.code == Q8_0 else [(upper, False), (upper, True)]:
+        with cgutils.for_range(builder, count) as loop:
+            block(builder.add(loop.index, upper) if high else loop.index,
+                  builder.mul(loop.index, index(CHUNKS_PER_BLOCK)), high, next_group if high else index(AHEAD))
+    for i in range(x_rows):
+        out = pointer(context, builder, acc_type, acc, index(i * width), floats)
+        builder.store(builder.load(totals[i]), out, align=4)
 
 
 @intrinsic

@@ -4,9 +4,8 @@ The weight's kind is each kernel's first argument (kind_arg.py): one machine cod
 per kind, which checks that the arrays it is handed are that kind's.
 
 Threads take groups of 16 rows. Decode (M <= PACKED_GEMV_MAX_ROWS rows of x):
-lanes_ir.group_gemv on each, one row of x at a time. More rows: the GEMM, x padded to
-a multiple of 4 rows and taken 16 rows a pass (group_gemm_wide; 8 or 4 for what is
-left: _pass_rows), each chunk of the group's bytes unpacked in registers once for all
+lanes_ir.group_product on each, one row of x at a time. More rows: the GEMM, x padded
+to a multiple of 4 rows and taken 16 rows a pass (8 or 4 for what is left: _pass_rows), each chunk of the group's bytes unpacked in registers once for all
 the pass's rows (vpdpbusd; AVX2: vpmaddubsw, byte_dot.py); the group stays in L1 for
 the next pass, the next group's bytes are prefetched. On AVX2 the 4-bit kinds take
 each half of a group apart, 12 rows of x a pass. x's rows of a pass are laid side by
@@ -20,30 +19,22 @@ from numba.extending import overload
 from ...formats.quant_kind import QK, Q6_K
 from ...jit_cache import cached_njit
 from .activations import quantize_activations
-from .byte_dot import LANES_ISA
 from .common import N_CHUNKS, PACKED_GEMV_CHUNKS, PACKED_GEMV_MAX_ROWS
 from .kind_arg import QuantKindType, kind_arg
-from .lanes_ir import (FEW_ROWS, HALF_ROWS, WIDE_ROWS, group_gemm, group_gemm_4, group_gemm_wide, group_gemv,
-                       group_half_gemm, group_half_gemm_4, group_half_gemm_8, prefetch_line, store_lanes)
+from .lanes_ir import FEW_ROWS, HALF_ROWS, WIDE_ROWS, by_halves, group_product, prefetch_line, store_lanes
 from .out_arrays import output_array
 from .vector_ir import LANES, X_ROWS
 
 
-def _by_halves(kind) -> bool:
-    """Whether the GEMM takes a group's halves (8 rows, one ymm) apart: AVX2 and the
-    4-bit kinds (lanes_ir.group_half_gemm)."""
-    return LANES_ISA == "avx2" and kind.bits == 4
-
-
 def _halves(kind):
-    """2 where the GEMM takes a group's halves apart (_by_halves), else 1."""
+    """2 where a GEMM pass takes a group's halves apart (lanes_ir.by_halves), else 1."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
 @overload(_halves, inline="always")
 def _halves_of(kind):
     if isinstance(kind, QuantKindType):
-        halves = 2 if _by_halves(kind.kind) else 1
+        halves = 2 if by_halves(kind.kind) else 1
         return lambda kind: halves
 
 
@@ -114,35 +105,6 @@ def _x_sums_by_kind(kind, xq, qsum):
     return halves
 
 
-def _group_pass(kind, tile, n_blocks, w, x, acc):
-    """One pass: a group's views w times `tile` rows of x's views x (lanes_ir)."""
-    raise NotImplementedError("numba-only: see the overload below")
-
-
-@overload(_group_pass, inline="always")
-def _group_pass_by_form(kind, tile, n_blocks, w, x, acc):
-    if not isinstance(kind, QuantKindType):
-        return None
-    if _by_halves(kind.kind):
-        def half_group(kind, tile, n_blocks, w, x, acc):
-            if tile == FEW_ROWS:
-                group_half_gemm_4(kind, n_blocks, w, x, acc)
-            elif tile == X_ROWS:
-                group_half_gemm_8(kind, n_blocks, w, x, acc)
-            else:
-                group_half_gemm(kind, n_blocks, w, x, acc)
-        return half_group
-
-    def whole_group(kind, tile, n_blocks, w, x, acc):
-        if tile == WIDE_ROWS:
-            group_gemm_wide(kind, n_blocks, w, x, acc)
-        elif tile == FEW_ROWS:
-            group_gemm_4(kind, n_blocks, w, x, acc)
-        else:
-            group_gemm(kind, n_blocks, w, x, acc)
-    return whole_group
-
-
 @cached_njit(parallel=True)
 def _gemv_lanes(kind, x, w, out):
     """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W's laid-out arrays w
@@ -157,7 +119,7 @@ def _gemv_lanes(kind, x, w, out):
         for g in range(c * n_groups // PACKED_GEMV_CHUNKS, (c + 1) * n_groups // PACKED_GEMV_CHUNKS):
             group = _group_views(by_group, g, 0)
             for m in range(len(x)):
-                group_gemv(kind, n_blocks, group, (xq[m], dx[m], sums[m]), acc)
+                group_product(kind, 1, n_blocks, group, (xq[m], dx[m], sums[m]), acc)
                 for j in range(min(LANES, n_out - g * LANES)):
                     out[m, g * LANES + j] = acc[j]
 
@@ -198,7 +160,7 @@ def _gemm_lanes(kind, xq, dx, qsum, w, out):
                 while m0 < padded_rows and rows > 0:
                     tile = _pass_rows(padded_rows - m0, widest)
                     x = (x_values[m0 * width:], x_scales[m0 * n_blocks:], x_sums[m0 * sums_a_row:])
-                    _group_pass(kind, tile, n_blocks, group, x, acc)
+                    group_product(kind, tile, n_blocks, group, x, acc)
                     for i in range(min(tile, out.shape[0] - m0)):
                         if rows == LANES:
                             store_lanes(acc, i * LANES, out_flat, (m0 + i) * n_out + lane0)
