@@ -10,10 +10,11 @@ by side). What differs by kind is written once, in two places: `_unpack` (a chun
 `_Epilogue`s (a block's integer dots to the float term LANES.md's contract adds).
 The byte dot itself is byte_dot.BlockDot, one per instruction set.
 """
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from ...formats.quant_kind import Q6_K, Q8_0, QuantKind
 from .byte_dot import LANES_ISA, BlockDot, signed_bytes_direct
@@ -53,8 +54,35 @@ def w_dtypes(k: QuantKind) -> tuple:
 
 
 def x_dtypes(k: QuantKind) -> tuple:
-    """The dtype of each of X_VIEWS for kind k (sums: lanes_product._x_sums)."""
+    """The dtype of each of X_VIEWS for kind k (sums: x_sums)."""
     return types.int8, types.float32, types.float32 if k.has_mins else types.int32
+
+
+def x_sums(kind, xq, qsum):
+    """What the products read as x's block sums (X_VIEWS' sums): qsum (M, K/32) as
+    float32 for the kinds with mins (exact: |qsum| <= 32 * 127; their kernel only
+    multiplies it by the min), qsum itself for the kinds whose dot subtracts an offset
+    times it, or for Q6_K 32 times its sums of 16 values (M, K/16): the 32 its q carry
+    above q - 32."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(x_sums, inline="always")
+def _x_sums_by_kind(kind, xq, qsum):
+    if not isinstance(kind, QuantKindType):
+        return None
+    if kind.kind.has_mins:
+        return lambda kind, xq, qsum: qsum.astype(np.float32)
+    if kind.code != Q6_K:
+        return lambda kind, xq, qsum: qsum
+
+    def halves(kind, xq, qsum):
+        sums = np.zeros((xq.shape[0], xq.shape[1] // 16), dtype=np.int32)
+        for m in range(xq.shape[0]):
+            for i in range(xq.shape[1]):
+                sums[m, i >> 4] += np.int32(32) * np.int32(xq[m, i])
+        return sums
+    return halves
 
 
 def _views_of(tuple_type, dtypes) -> bool:

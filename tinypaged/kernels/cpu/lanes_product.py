@@ -16,12 +16,13 @@ import numpy as np
 from numba import prange, types
 from numba.extending import overload
 
-from ...formats.quant_kind import QK, Q6_K
+from ...formats.quant_kind import QK
 from ...jit_cache import cached_njit
 from .activations import quantize_activations
 from .common import N_CHUNKS, PACKED_GEMV_CHUNKS, PACKED_GEMV_MAX_ROWS
 from .kind_arg import QuantKindType, kind_arg
-from .lanes_ir import FEW_ROWS, HALF_ROWS, WIDE_ROWS, by_halves, group_product, prefetch_line, store_lanes
+from .lanes_ir import (FEW_ROWS, HALF_ROWS, WIDE_ROWS, by_halves, group_product, prefetch_line, store_lanes,
+                       x_sums)
 from .out_arrays import output_array
 from .vector_ir import LANES, X_ROWS
 
@@ -79,39 +80,13 @@ def _by_groups(w):
     return _by_group(w[0]), _by_group(w[1]), _by_group(w[2]), _by_group(w[3]), _by_group(w[4])
 
 
-def _x_sums(kind, xq, qsum):
-    """What the kernels read as x's block sums: qsum (M, K/32) as float32 for the kinds
-    with mins (exact: |qsum| <= 32 * 127; their kernel only multiplies it by the min),
-    qsum itself for the kinds whose dot subtracts an offset times it, or for Q6_K 32
-    times its sums of 16 values (M, K/16): the 32 its q carry above q - 32."""
-    raise NotImplementedError("numba-only: see the overload below")
-
-
-@overload(_x_sums, inline="always")
-def _x_sums_by_kind(kind, xq, qsum):
-    if not isinstance(kind, QuantKindType):
-        return None
-    if kind.kind.has_mins:
-        return lambda kind, xq, qsum: qsum.astype(np.float32)
-    if kind.code != Q6_K:
-        return lambda kind, xq, qsum: qsum
-
-    def halves(kind, xq, qsum):
-        sums = np.zeros((xq.shape[0], xq.shape[1] // 16), dtype=np.int32)
-        for m in range(xq.shape[0]):
-            for i in range(xq.shape[1]):
-                sums[m, i >> 4] += np.int32(32) * np.int32(xq[m, i])
-        return sums
-    return halves
-
-
 @cached_njit(parallel=True)
 def _gemv_lanes(kind, x, w, out):
     """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W's laid-out arrays w
     (lanes.py), of the kind `kind` (kind_arg.py). Threads take groups of 16 rows,
     spread evenly over PACKED_GEMV_CHUNKS ranges."""
     xq, dx, qsum = quantize_activations(x, len(x))
-    sums = _x_sums(kind, xq, qsum)
+    sums = x_sums(kind, xq, qsum)
     n_groups, n_blocks, n_out = w[0].shape[0], x.shape[1] // QK, out.shape[1]
     by_group = _by_groups(w)
     for c in prange(PACKED_GEMV_CHUNKS):
@@ -206,7 +181,7 @@ def interleave_rows(a, unit, widest):
 def _interleaved(kind, xq, dx, qsum, widest):
     """x's values, scales and sums as the GEMM's passes read them (interleave_rows), flat."""
     n_blocks = xq.shape[1] // QK
-    sums = _x_sums(kind, xq, qsum)
+    sums = x_sums(kind, xq, qsum)
     return (interleave_rows(xq.view(np.int32), 1, widest).view(np.int8),  # (4 bytes at a time)
             interleave_rows(dx, 1, widest), interleave_rows(sums, sums.shape[1] // n_blocks, widest))
 
