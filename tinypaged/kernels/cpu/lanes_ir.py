@@ -28,14 +28,14 @@ X_VIEWS = ("values", "scales", "sums")  # a pass's rows of x: int8 values, dx, b
 # once for 16 rows' vpdpbusd; 16 accumulators and the chunk still fit the 32 zmm
 # registers (32 rows spill). With AVX2 they spill to the stack, but the chunk's
 # unpacking is shared by more rows: 4 or 8 rows a pass were slower (Q6_K 49 and 64
-# against 72 GMAC/s, Q4_K 98 and 112 against 114). FEW_ROWS: 3-4 rows (a speculative
+# against 72 GMAC/s, Q4_K 98 and 112 against 114). SHORT_ROWS: 3-4 rows (a speculative
 # step's) at about a GEMV's cost. AVX2, 4-bit kinds: a group's halves (8 rows, one ymm)
 # apart, HALF_ROWS rows of x a pass, each row's int16 sums in a register beside the
 # chunk and its product. 16 rows of both halves spill ~230 loads and stores a block.
 # Zen 2, Q4_K, 32 rows: 120 -> 130 GMAC/s (12 rows alone 69 a core; without the float
 # epilogue that all blocks need, 108: vpmaddubsw's port). Q5 and Q6_K flush their int16
 # sums every 4 or 2 chunks, and ran slower this way: they keep whole groups.
-WIDE_ROWS, FEW_ROWS, HALF_ROWS = 16, 4, 12
+WIDE_ROWS, SHORT_ROWS, HALF_ROWS = 16, 4, 12
 _WORDS = ir.VectorType(ir.IntType(16), 2 * LANES)
 
 # The GEMV hints the bytes AHEAD bytes past the chunk it reads (the high bits as far on
@@ -223,7 +223,7 @@ def by_halves(k: QuantKind) -> bool:
 
 # The row counts of x a pass takes (lanes_product._pass_rows): a whole group, or AVX2's
 # half groups (a GEMV row is always a whole group's)
-WHOLE_PASSES, HALF_PASSES = (1, FEW_ROWS, X_ROWS, WIDE_ROWS), (FEW_ROWS, X_ROWS, HALF_ROWS)
+WHOLE_PASSES, HALF_PASSES = (1, SHORT_ROWS, X_ROWS, WIDE_ROWS), (SHORT_ROWS, X_ROWS, HALF_ROWS)
 
 
 @intrinsic
@@ -276,7 +276,7 @@ def _pass(context, builder, k: QuantKind, x_rows: int, half_group: bool, blocks,
         """Block b of the rows, from their chunks chunk0 .. chunk0 + 7 (low or high
         nibbles), times each row of x; one row: the chunks `ahead` bytes on hinted
         into the caches."""
-        # Q6_K: the block's halves apart; up to FEW_ROWS rows of x: even and odd chunks
+        # Q6_K: the block's halves apart; up to SHORT_ROWS rows of x: even and odd chunks
         # apart, two chains of vpdpbusd a row, not one of eight (its latency bound the
         # GEMV: 3x)
         dots = [[BlockDot(builder, w_max, signed_bytes_direct() and k.code == Q8_0, width)
@@ -293,7 +293,7 @@ def _pass(context, builder, k: QuantKind, x_rows: int, half_group: bool, blocks,
                     line = builder.add(builder.mul(b, index(k.high_bits)), index(c // 4))
                     _prefetch_line(builder, w_views.address("fifths", builder.add(
                         builder.mul(line, index(4 * LANES)), index(AHEAD * k.high_bits // 4)), None))
-            half = c // 4 if k.code == Q6_K else c % 2 if x_rows <= FEW_ROWS and not half_group else 0
+            half = c // 4 if k.code == Q6_K else c % 2 if x_rows <= SHORT_ROWS and not half_group else 0
             # x's rows side by side: a chunk's 4 columns of every row in one line at
             # one base, the rest immediates (rows K apart, K a power of two from
             # 4,096, met in one L1 set and evicted each other: half the rate)

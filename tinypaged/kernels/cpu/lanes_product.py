@@ -21,7 +21,7 @@ from ...jit_cache import cached_njit
 from .activations import quantize_activations
 from .common import N_CHUNKS, PACKED_GEMV_CHUNKS, PACKED_GEMV_MAX_ROWS
 from .kind_arg import QuantKindType, kind_arg
-from .lanes_ir import (FEW_ROWS, HALF_ROWS, WIDE_ROWS, by_halves, group_product, prefetch_line, store_lanes,
+from .lanes_ir import (SHORT_ROWS, HALF_ROWS, WIDE_ROWS, by_halves, group_product, prefetch_line, store_lanes,
                        x_sums)
 from .out_arrays import output_array
 from .vector_ir import LANES, X_ROWS
@@ -115,7 +115,7 @@ def _gemm_lanes(kind, xq, dx, qsum, w, out):
     q_flat, out_flat = w[0].reshape(-1), out.reshape(-1)
     x_values, x_scales, x_sums = _interleaved(kind, xq, dx, qsum, widest)
     sums_a_row, by_group = x_sums.size // padded_rows, _by_groups(w)
-    # FEW_ROWS rows: streamed as the GEMV streams W (a few long ranges, each chunk's
+    # SHORT_ROWS rows: streamed as the GEMV streams W (a few long ranges, each chunk's
     # bytes hinted AHEAD on by the pass itself); more: N_CHUNKS ranges, each group's
     # successor hinted whole while the group is multiplied
     streamed = padded_rows <= X_ROWS
@@ -150,8 +150,8 @@ def _pass_rows(left, widest):
     """Rows of x the next pass takes, `left` (a multiple of 4) still to go: 4 where 4
     are left; else widest WIDE_ROWS: 16, or 8 where fewer are left; widest HALF_ROWS:
     12, or 8 where 8 or 16 are left."""
-    if left == FEW_ROWS:
-        return FEW_ROWS
+    if left == SHORT_ROWS:
+        return SHORT_ROWS
     if widest == WIDE_ROWS:
         return WIDE_ROWS if left >= WIDE_ROWS else X_ROWS
     return X_ROWS if left == X_ROWS or left == 2 * X_ROWS else HALF_ROWS
@@ -193,6 +193,6 @@ def lanes_product(x: np.ndarray, weight) -> np.ndarray:
     if len(x) <= PACKED_GEMV_MAX_ROWS:
         _gemv_lanes(kind, x, w, out)
     else:
-        xq, dx, qsum = quantize_activations(x, -(-len(x) // FEW_ROWS) * FEW_ROWS)
+        xq, dx, qsum = quantize_activations(x, -(-len(x) // SHORT_ROWS) * SHORT_ROWS)
         _gemm_lanes(kind, xq, dx, qsum, w, out)
     return out
