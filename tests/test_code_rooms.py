@@ -46,3 +46,27 @@ f.__doc__ = """An attached docstring
 on two lines."""
 '''
     assert code_lines.code_lines(source) == 3  # import, def, return
+
+
+def _files_naming(names: set) -> dict:
+    """name -> the package's files whose code (not comments or strings) names it."""
+    import io
+    import tokenize
+    found = {name: set() for name in names}
+    for path in (ROOT / "tinypaged").rglob("*.py"):
+        for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            if token.type == tokenize.NAME and token.string in names:
+                found[token.string].add(str(path.relative_to(ROOT)))
+    return found
+
+
+# A kind's code lives in <= 4 files: its row of the kind table, its format (kquant.py,
+# packed.py or ggml_quant.py), and what differs in each backend's product (lanes_ir.py,
+# the CUDA kernels). Q8_0 and Q4_x are not there yet (5-8 files: the engine's
+# --quantize names, the requantize target, CUDA's own Q8_0/Q4_x decode table):
+# bench/NOTES.md, the fourteenth session.
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"])
+def test_a_kind_lives_in_at_most_four_files(kind):
+    files = _files_naming({kind})[kind]
+    assert "tinypaged/formats/quant_kind.py" in files
+    assert len(files) <= 4, sorted(files)

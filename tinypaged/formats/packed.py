@@ -43,8 +43,8 @@ from __future__ import annotations
 import numpy as np
 
 from .ggml_quant import quantize
-from .kquant_unpack import unpack_q45_k, unpack_q6_k
-from .quant_kind import GGML_TYPE_NAMES, KINDS, QuantKind, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QK, QK_K
+from . import kquant
+from .quant_kind import GGML_TYPE_NAMES, KINDS, QuantKind, Q4_1, Q5_0, Q5_1, Q8_0, QK
 
 ROW_ARRAYS = ("quants", "scales", "mins", "supers", "highs")  # a PackedWeight's arrays, rows first
 
@@ -95,8 +95,8 @@ class PackedWeight:
             raise ValueError(f"a {GGML_TYPE_NAMES.get(ggml_type, ggml_type)} matrix of {k} "
                              f"columns cannot be kept packed (Q8_0: a multiple of 32 columns; "
                              f"Q4_0, Q4_1, Q5_0, Q5_1: of 64; Q4_K, Q5_K, Q6_K: of 256)")
-        if KINDS[ggml_type].is_k_quant:
-            return cls._from_k_quant(raw, ggml_type, shape)
+        if KINDS[ggml_type].is_k_quant:  # (kquant.py: the K-quants' formats)
+            return cls(ggml_type, shape, *kquant.split(raw, ggml_type, shape))
         head = KINDS[ggml_type].block_bytes - (QK if ggml_type == Q8_0 else QK // 2)  # d, m, qh
         blocks = np.asarray(raw, dtype=np.uint8).reshape(n, k // QK, -1)  # (N, K/32, bytes)
         scales = np.ascontiguousarray(blocks[:, :, 0:2]).view(np.uint16)[:, :, 0]
@@ -110,23 +110,6 @@ class PackedWeight:
             if ggml_type in (Q5_0, Q5_1) else None  # qh: block b's bits, little-endian
         values = np.concatenate([body & 15, body >> 4], axis=2).reshape(n, k)  # GGUF order
         return cls(ggml_type, shape, _nibble_pairs(values), scales, mins, highs=highs)
-
-    @classmethod
-    def _from_k_quant(cls, raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> "PackedWeight":
-        n, k = shape
-        blocks = np.asarray(raw, dtype=np.uint8).reshape(n * k // QK_K, KINDS[ggml_type].block_bytes)
-        quants = np.empty((n, k // 2), np.uint8)
-        if ggml_type == Q6_K:
-            highs, scales = np.empty((n, k // 4), np.uint8), np.empty((n, k // 16), np.int8)
-            supers = np.empty((n, k // QK_K, 1), np.uint16)
-            unpack_q6_k(blocks, quants, highs, scales, supers)
-            return cls(Q6_K, shape, quants, scales, None, supers, highs)
-        scales, mins = np.empty((n, k // QK), np.uint8), np.empty((n, k // QK), np.uint8)
-        supers = np.empty((n, k // QK_K, 2), np.uint16)
-        fifths = ggml_type == Q5_K
-        highs = np.empty((n, k // 8) if fifths else (1, 1), np.uint8)
-        unpack_q45_k(blocks, quants, scales, mins, supers, highs, fifths)
-        return cls(ggml_type, shape, quants, scales, mins, supers, highs if fifths else None)
 
     @classmethod
     def quantize(cls, w: np.ndarray, ggml_type: int, rows_at_once: int = 2048) -> "PackedWeight":
@@ -151,27 +134,16 @@ class PackedWeight:
         if self.ggml_type == Q8_0:
             return q.astype(np.float32)
         q = np.concatenate([q & 15, q >> 4], axis=1)
-        if self.ggml_type == Q6_K:  # the two bit planes of each block
-            highs = self.highs[rows]
-            planes = np.unpackbits(highs.reshape(len(highs), -1, 2, 4), axis=3, bitorder="little")
-            q = q | (planes[:, :, 0] << 4).reshape(q.shape) | (planes[:, :, 1] << 5).reshape(q.shape)
-        elif self.highs is not None:  # the fifth bits, column order
-            q = q | (np.unpackbits(self.highs[rows], axis=1, bitorder="little") << 4)
+        if self.highs is not None:  # the bits above the nibble
+            q = q | kquant.high_values(self.kind, self.highs[rows])
         return q.astype(np.float32)
 
     def dequantize(self, rows=slice(None)) -> np.ndarray:
         """float32 (r, K) of the selected rows (all by default): the reference."""
         q = self.values(rows)
-        if self.ggml_type == Q6_K:  # (d * sc) * (q - 32), as gguf's dequantizer rounds
-            d = np.repeat(self.supers[rows][:, :, 0].view(np.float16).astype(np.float32),
-                          QK_K // 16, axis=1)
-            scale = np.repeat(d * self.scales[rows].astype(np.float32), 16, axis=1)
-            return scale * (q - np.float32(32))
-        if self.ggml_type in (Q4_K, Q5_K):  # (d * sc) * q - dmin * m, as gguf's dequantizer rounds
-            d, dmin = (np.repeat(self.supers[rows][:, :, i].view(np.float16).astype(np.float32),
-                                 QK_K // QK, axis=1) for i in (0, 1))
-            scale = np.repeat(d * self.scales[rows].astype(np.float32), QK, axis=1)
-            return scale * q - np.repeat(dmin * self.mins[rows].astype(np.float32), QK, axis=1)
+        if self.kind.is_k_quant:
+            return kquant.weights(self.kind, q, self.scales[rows], None if self.mins is None else self.mins[rows],
+                                  self.supers[rows])
         scale = np.repeat(self.scales[rows].view(np.float16).astype(np.float32), QK, axis=1)
         if self.ggml_type == Q8_0:
             return scale * q

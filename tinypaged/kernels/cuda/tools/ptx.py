@@ -17,7 +17,7 @@ import sys
 
 from numba import cuda, types
 
-from ....formats.quant_kind import Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
+from ....formats.quant_kind import KINDS
 from .. import attention, elementwise, kquant_matmul, kv_rows, logits, matmul, packed_matmul
 
 f32, f16, i32, i64 = types.float32, types.float16, types.int32, types.int64
@@ -34,16 +34,17 @@ def packed_families() -> list[tuple[str, tuple, object]]:
     def matrix(*arrays, flag=i64):
         return types.Tuple((*arrays, flag))
     placeholder = arr(u8, 2)  # (mins or highs a kind lacks)
-    return [("q8_0", (packed_matmul.gemv_q8_0, packed_matmul.gemv_q8_0_qkv,
-                      packed_matmul.gemv_q8_0_gate_up_silu),
-             matrix(arr(i32, 2), arr(f16, 2), arr(f16, 2), flag=types.boolean)),
-            ("q4", (packed_matmul.gemv_q4, packed_matmul.gemv_q4_qkv, packed_matmul.gemv_q4_gate_up_silu),
-             matrix(arr(u8, 2), arr(f16, 2), arr(f16, 2), flag=types.boolean)),
-            ("q5_0", Q5_0, matrix(arr(u8, 2), arr(f16, 2), placeholder, arr(f16, 3), arr(u8, 2))),
-            ("q5_1", Q5_1, matrix(arr(u8, 2), arr(f16, 2), arr(f16, 2), arr(f16, 3), arr(u8, 2))),
-            ("q4_k", Q4_K, matrix(arr(u8, 2), arr(u8, 2), arr(u8, 2), arr(f16, 3), placeholder)),
-            ("q5_k", Q5_K, matrix(arr(u8, 2), arr(u8, 2), arr(u8, 2), arr(f16, 3), arr(u8, 2))),
-            ("q6_k", Q6_K, matrix(arr(u8, 2), arr(i8, 2), placeholder, arr(f16, 3), arr(u8, 2)))]
+    families = [("q8_0", (packed_matmul.gemv_q8_0, packed_matmul.gemv_q8_0_qkv,
+                          packed_matmul.gemv_q8_0_gate_up_silu),
+                 matrix(arr(i32, 2), arr(f16, 2), arr(f16, 2), flag=types.boolean)),
+                ("q4", (packed_matmul.gemv_q4, packed_matmul.gemv_q4_qkv, packed_matmul.gemv_q4_gate_up_silu),
+                 matrix(arr(u8, 2), arr(f16, 2), arr(f16, 2), flag=types.boolean))]
+    for code in kquant_matmul.DECODE_KERNELS:  # (a kind's arrays: formats/packed.py)
+        kind = KINDS[code]
+        scales = arr({"f16": f16, "k6": u8, "i8": i8}[kind.scales], 2)
+        families.append((kind.name.lower(), code, matrix(arr(u8, 2), scales, scales if kind.has_mins else placeholder,
+                                                         arr(f16, 3), arr(u8, 2) if kind.high_bits else placeholder)))
+    return families
 
 
 def signatures() -> list[tuple[str, object, tuple]]:
@@ -113,7 +114,7 @@ def block_threads(label: str) -> int:
     name = label.split("[")[0]
     return {"matmul_tiled": matmul.TILE * matmul.TILE, "gemv_rows": matmul.FLOAT_ROW_THREADS,
             "matmul_tiled_packed": matmul.TILE * matmul.TILE,
-            **{f"gemv_{q}{f}": matmul.GEMV_THREADS for q in ("q8_0", "q4", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+            **{f"gemv_{q}{f}": matmul.GEMV_THREADS for q, _, _ in packed_families()
                for f in ("", "_qkv", "_gate_up_silu")},
             "gemv_qkv": matmul.FLOAT_ROW_THREADS, "gemv_gate_up_silu": matmul.FLOAT_ROW_THREADS,
             "paged_attention_decode": attention.DECODE_THREADS,
