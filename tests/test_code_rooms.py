@@ -60,12 +60,12 @@ def _files_naming(names: set) -> dict:
     return found
 
 
-# A kind's code lives in <= 4 files: its row of the kind table, its format (kquant.py,
-# packed.py or ggml_quant.py), and what differs in each backend's product (lanes_ir.py,
-# the CUDA kernels). Q8_0 and Q4_x are not there yet (5-8 files: the engine's
-# --quantize names, the requantize target, CUDA's own Q8_0/Q4_x decode table):
-# bench/NOTES.md, the fourteenth session.
-@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"])
+# A kind's code lives in <= 4 files: its row of the kind table, its format (kquant.py
+# for the K-quants, ggml_quant.py for the 32-value kinds; packed.py reads the table's
+# attributes), and what differs in each backend's product (lanes_ir.py, the CUDA
+# kernels). The engine and loaders name kinds through the table (QUANTIZE_TARGETS,
+# REQUANTIZE_TO), never by their constants.
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
 def test_a_kind_lives_in_at_most_four_files(kind):
     files = _files_naming({kind})[kind]
     assert "tinypaged/formats/quant_kind.py" in files

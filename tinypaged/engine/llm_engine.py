@@ -5,7 +5,7 @@ import itertools
 import os
 
 from ..config import EngineConfig
-from ..formats.quant_kind import Q4_0, Q4_1, Q8_0
+from ..formats.quant_kind import KINDS, QUANTIZE_TARGETS
 from ..kernels import get_backend
 from ..model.loading import load_model, requantized
 from ..model.paged_model import PagedKVCache, PagedModel
@@ -28,7 +28,7 @@ from .scheduler import Scheduler
 from .token_rules import TokenRules
 
 
-QUANTIZATION_TYPES = {"q8_0": Q8_0, "q4_0": Q4_0, "q4_1": Q4_1}
+QUANTIZATION_TYPES = {KINDS[code].name.lower(): code for code in QUANTIZE_TARGETS}  # "q8_0", "q4_0", "q4_1"
 
 
 def decode_graphs(config: EngineConfig, model: PagedModel, kv: PagedKVCache,

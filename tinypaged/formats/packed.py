@@ -44,7 +44,7 @@ import numpy as np
 
 from .ggml_quant import quantize
 from . import kquant
-from .quant_kind import GGML_TYPE_NAMES, KINDS, QuantKind, Q4_1, Q5_0, Q5_1, Q8_0, QK
+from .quant_kind import GGML_TYPE_NAMES, KINDS, QuantKind, QK
 
 ROW_ARRAYS = ("quants", "scales", "mins", "supers", "highs")  # a PackedWeight's arrays, rows first
 
@@ -97,17 +97,18 @@ class PackedWeight:
                              f"Q4_0, Q4_1, Q5_0, Q5_1: of 64; Q4_K, Q5_K, Q6_K: of 256)")
         if KINDS[ggml_type].is_k_quant:  # (kquant.py: the K-quants' formats)
             return cls(ggml_type, shape, *kquant.split(raw, ggml_type, shape))
-        head = KINDS[ggml_type].block_bytes - (QK if ggml_type == Q8_0 else QK // 2)  # d, m, qh
+        kind = KINDS[ggml_type]  # (a 32-value kind: quant_kind.py's layouts)
+        whole_bytes = kind.bits == 8  # Q8_0's q: a byte each, not nibbles
+        head = kind.block_bytes - (QK if whole_bytes else QK // 2)  # d, m, qh
         blocks = np.asarray(raw, dtype=np.uint8).reshape(n, k // QK, -1)  # (N, K/32, bytes)
         scales = np.ascontiguousarray(blocks[:, :, 0:2]).view(np.uint16)[:, :, 0]
-        mins = np.ascontiguousarray(blocks[:, :, 2:4]).view(np.uint16)[:, :, 0] \
-            if ggml_type in (Q4_1, Q5_1) else None
+        mins = np.ascontiguousarray(blocks[:, :, 2:4]).view(np.uint16)[:, :, 0] if kind.has_mins else None
         body = blocks[:, :, head:]
-        if ggml_type == Q8_0:
+        if whole_bytes:
             return cls(ggml_type, shape, np.ascontiguousarray(body).view(np.int8).reshape(n, k),
                        scales, mins)
         highs = np.ascontiguousarray(blocks[:, :, head - 4:head]).reshape(n, k // 8) \
-            if ggml_type in (Q5_0, Q5_1) else None  # qh: block b's bits, little-endian
+            if kind.high_bits else None  # qh: block b's bits, little-endian
         values = np.concatenate([body & 15, body >> 4], axis=2).reshape(n, k)  # GGUF order
         return cls(ggml_type, shape, _nibble_pairs(values), scales, mins, highs=highs)
 
@@ -131,7 +132,7 @@ class PackedWeight:
     def values(self, rows=slice(None)) -> np.ndarray:
         """The stored integers q of the selected rows, (r, K) in column order."""
         q = self.quants[rows]
-        if self.ggml_type == Q8_0:
+        if self.kind.bits == 8:  # (Q8_0: int8 q, whole bytes)
             return q.astype(np.float32)
         q = np.concatenate([q & 15, q >> 4], axis=1)
         if self.highs is not None:  # the bits above the nibble
@@ -145,10 +146,8 @@ class PackedWeight:
             return kquant.weights(self.kind, q, self.scales[rows], None if self.mins is None else self.mins[rows],
                                   self.supers[rows])
         scale = np.repeat(self.scales[rows].view(np.float16).astype(np.float32), QK, axis=1)
-        if self.ggml_type == Q8_0:
-            return scale * q
-        if self.mins is None:  # Q4_0, Q5_0
-            return scale * (q - np.float32(KINDS[self.ggml_type].offset))
+        if self.mins is None:  # Q8_0 (offset 0: q - 0 is q, exact), Q4_0, Q5_0
+            return scale * (q - np.float32(self.kind.offset))
         low = np.repeat(self.mins[rows].view(np.float16).astype(np.float32), QK, axis=1)
         return scale * q + low
 

@@ -88,9 +88,11 @@ KINDS = {k.code: k for k in (
 )}
 BLOCK_LAYOUT = {code: (k.block, k.block_bytes) for code, k in KINDS.items()}  # (weights, bytes)
 K_QUANTS = tuple(code for code, k in KINDS.items() if k.is_k_quant)
-# read, then held as Q8_0: Q5_x rows that PackedWeight cannot keep (an odd number of
-# blocks). Every other quantized kind is kept packed (packed.py).
-REQUANTIZED = (Q5_0, Q5_1)
+# read, then held as REQUANTIZE_TO: Q5_x rows that PackedWeight cannot keep (an odd
+# number of blocks). Every other quantized kind is kept packed (packed.py).
+REQUANTIZED, REQUANTIZE_TO = (Q5_0, Q5_1), Q8_0
+# what a float model can be quantized to at load (--quantization; ggml_quant.quantize)
+QUANTIZE_TARGETS = (Q8_0, Q4_0, Q4_1)
 SUPPORTED = ", ".join(k.name for k in KINDS.values())
 
 

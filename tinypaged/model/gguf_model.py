@@ -21,7 +21,7 @@ import numpy as np
 
 from ..formats.gguf import GGUFFile, unpermute_rows
 from ..formats.packed import PackedWeight
-from ..formats.quant_kind import GGML_TYPE_NAMES, Q8_0, REQUANTIZED
+from ..formats.quant_kind import GGML_TYPE_NAMES, REQUANTIZE_TO, REQUANTIZED
 from .config import ModelConfig
 from .gguf_config import ARCHITECTURES, gguf_model_config, hf_name
 from .weights import (check_consumed, check_layer_count, check_weights, expected_shapes,
@@ -67,7 +67,7 @@ def requantized_matrices(path: str | os.PathLike) -> dict[str, str]:
     another kind than the file's (read from the tensor table alone)."""
     gguf = GGUFFile(path)
     arch = gguf.require("general.architecture")
-    return {hf_name(name, arch): f"{GGML_TYPE_NAMES[info.ggml_type]} -> Q8_0"
+    return {hf_name(name, arch): f"{GGML_TYPE_NAMES[info.ggml_type]} -> {GGML_TYPE_NAMES[REQUANTIZE_TO]}"
             for name, info in gguf.tensors.items() if _requantized(info)}
 
 
@@ -112,7 +112,7 @@ def load_gguf_model(path: str | os.PathLike, with_weights: bool = True) -> tuple
         if len(info.shape) == 2 and PackedWeight.can_pack(info.ggml_type, info.shape[1]):
             w = _packed_in_slabs(gguf, name, info)
         elif _requantized(info):  # rows of 32k: whole Q8_0 blocks; our kernels read Q8_0
-            w = PackedWeight.quantize(gguf.load(name), Q8_0)
+            w = PackedWeight.quantize(gguf.load(name), REQUANTIZE_TO)
         else:  # float32 (a copy: an F32 tensor would be a view of the file); an
             w = np.array(gguf.load(name), dtype=np.float32)  # unsupported type is named here
         suffix = name.split(".", 2)[-1]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from ...formats.quant_kind import F16, F32, KINDS, Q4_0, Q4_1, Q8_0
+from ...formats.quant_kind import F16, F32, KINDS
 from . import kquant_matmul, matmul, packed_matmul
 
 
@@ -38,10 +38,8 @@ def _packed(family: tuple, tiled, upload) -> MatrixKernels:
 
 
 PACKED_KERNELS = {  # by QuantKind.code
-    Q8_0: _packed((packed_matmul.gemv_q8_0, packed_matmul.gemv_q8_0_qkv, packed_matmul.gemv_q8_0_gate_up_silu),
-                  packed_matmul.matmul_tiled_packed, packed_matmul.upload),
-    **{code: _packed((packed_matmul.gemv_q4, packed_matmul.gemv_q4_qkv, packed_matmul.gemv_q4_gate_up_silu),
-                     packed_matmul.matmul_tiled_packed, packed_matmul.upload) for code in (Q4_0, Q4_1)},
+    **{code: _packed(family, packed_matmul.matmul_tiled_packed, packed_matmul.upload)
+       for code, family in packed_matmul.GEMV_FAMILIES.items()},
     **{code: _packed(family, kquant_matmul.TILED_KERNELS[code], kquant_matmul.upload)
        for code, family in kquant_matmul.DECODE_KERNELS.items()},
 }

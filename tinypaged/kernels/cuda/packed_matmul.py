@@ -26,7 +26,7 @@ import math
 import numpy as np
 from numba import cuda, float32, int32
 
-from ...formats.quant_kind import Q4_0, Q8_0, QK
+from ...formats.quant_kind import Q4_0, Q4_1, Q8_0, QK
 from .bounded_jit import jit_bounded
 from .matmul import (GEMV_BOUNDS, GEMV_MAX_ROWS, VEC, WARP, _first_warp_and_stride, _store_rows,
                      _warp_sum_rows, tiled_kernel)
@@ -144,6 +144,9 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True):
 gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu = decode_kernel_family(_q8_0_row_dots)
 gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu = decode_kernel_family(_q4_row_dots)
 matmul_tiled_packed = tiled_kernel(_weight)
+# (gemv, qkv, gate_up_silu) by QuantKind.code, beside kquant_matmul.DECODE_KERNELS
+GEMV_FAMILIES = {Q8_0: (gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu),
+                 **{code: (gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu) for code in (Q4_0, Q4_1)}}
 
 
 def upload(packed) -> tuple:
