@@ -9,9 +9,10 @@ from numba.extending import intrinsic, overload
 N_CHUNKS = 64  # work items per parallel call: rows of W are split into this many ranges
 # rows of x up to which a packed matrix's GEMV beats laying x out for its GEMM
 PACKED_GEMV_MAX_ROWS = 2
-# the packed GEMV's ranges of rows of W: a few long streams from memory (Llama-3.2-1B's
-# batch-1 step 33.9 -> 32.2 ms against N_CHUNKS' 64, bench/NOTES.md 2026-12-05)
-PACKED_GEMV_CHUNKS = 4
+# the packed products' ranges of rows of W: a few long streams from memory, each pass
+# hinting the bytes ahead (Llama-3.2-1B: the batch-1 step 33.9 -> 32.2 ms, the 32-row
+# gate/up 277 -> 305 GMAC/s against N_CHUNKS' 64: bench/NOTES.md 2026-12-05)
+PACKED_RANGES = 4
 
 
 def _compiled_for_host() -> bool:

@@ -19,10 +19,9 @@ from numba.extending import overload
 from ...formats.quant_kind import QK
 from ...jit_cache import cached_njit
 from .activations import quantize_activations
-from .common import N_CHUNKS, PACKED_GEMV_CHUNKS, PACKED_GEMV_MAX_ROWS
+from .common import PACKED_GEMV_MAX_ROWS, PACKED_RANGES
 from .kind_arg import QuantKindType, kind_arg
-from .lanes_ir import (SHORT_ROWS, HALF_ROWS, WIDE_ROWS, by_halves, group_product, prefetch_line, store_lanes,
-                       x_sums)
+from .lanes_ir import SHORT_ROWS, HALF_ROWS, WIDE_ROWS, by_halves, group_product, store_lanes, x_sums
 from .out_arrays import output_array
 from .vector_ir import LANES, X_ROWS
 
@@ -84,14 +83,14 @@ def _by_groups(w):
 def _gemv_lanes(kind, x, w, out):
     """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W's laid-out arrays w
     (lanes.py), of the kind `kind` (kind_arg.py). Threads take groups of 16 rows,
-    spread evenly over PACKED_GEMV_CHUNKS ranges."""
+    spread evenly over PACKED_RANGES ranges."""
     xq, dx, qsum = quantize_activations(x, len(x))
     sums = x_sums(kind, xq, qsum)
     n_groups, n_blocks, n_out = w[0].shape[0], x.shape[1] // QK, out.shape[1]
     by_group = _by_groups(w)
-    for c in prange(PACKED_GEMV_CHUNKS):
+    for c in prange(PACKED_RANGES):
         acc = np.empty(LANES, dtype=np.float32)
-        for g in range(c * n_groups // PACKED_GEMV_CHUNKS, (c + 1) * n_groups // PACKED_GEMV_CHUNKS):
+        for g in range(c * n_groups // PACKED_RANGES, (c + 1) * n_groups // PACKED_RANGES):
             group = _group_views(by_group, g, 0)
             for m in range(len(x)):
                 group_product(kind, 1, n_blocks, group, (xq[m], dx[m], sums[m]), acc)
@@ -111,22 +110,12 @@ def _gemm_lanes(kind, xq, dx, qsum, w, out):
     n_out, (padded_rows, width) = out.shape[1], xq.shape
     halves = _halves(kind)
     lanes, widest = LANES // halves, HALF_ROWS if halves == 2 else WIDE_ROWS
-    n_groups, group_bytes, n_blocks = w[0].shape[0], w[0][0].size, width // QK
-    q_flat, out_flat = w[0].reshape(-1), out.reshape(-1)
+    n_groups, n_blocks, out_flat = w[0].shape[0], width // QK, out.reshape(-1)
     x_values, x_scales, x_sums = _interleaved(kind, xq, dx, qsum, widest)
     sums_a_row, by_group = x_sums.size // padded_rows, _by_groups(w)
-    # SHORT_ROWS rows: streamed as the GEMV streams W (a few long ranges, each chunk's
-    # bytes hinted AHEAD on by the pass itself); more: N_CHUNKS ranges, each group's
-    # successor hinted whole while the group is multiplied
-    streamed = padded_rows <= X_ROWS
-    chunks = PACKED_GEMV_CHUNKS if streamed else N_CHUNKS
-    for c in prange(chunks):
+    for c in prange(PACKED_RANGES):  # (the passes hint the bytes ahead: lanes_ir._pass)
         acc = np.empty(widest * lanes, dtype=np.float32)
-        last = (c + 1) * n_groups // chunks - 1
-        for g in range(c * n_groups // chunks, last + 1):
-            if g < last and not streamed:
-                for at in range((g + 1) * group_bytes, (g + 2) * group_bytes, 64):
-                    prefetch_line(q_flat, at)
+        for g in range(c * n_groups // PACKED_RANGES, (c + 1) * n_groups // PACKED_RANGES):
             for h in range(halves):
                 lane0 = g * LANES + h * lanes
                 rows = min(lanes, n_out - lane0)
