@@ -134,6 +134,28 @@ def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
                           want["model.embed_tokens.weight"][0][tokens])
 
 
+def test_q_and_k_stack_where_v_has_a_kind_of_its_own():
+    """Q4_K_M gives a third of the layers a Q6_K v: q and k still make one product (and
+    gate/up one, its halves read in place by silu), with every row's bits its own."""
+    from tinypaged.kernels import cpu
+    rng = np.random.default_rng(36)
+    layer = "model.layers.0."
+    parts = {"self_attn.q_proj": (Q4_K, 64), "self_attn.k_proj": (Q4_K, 32), "self_attn.v_proj": (Q6_K, 32),
+             "mlp.gate_proj": (Q8_0, 96), "mlp.up_proj": (Q8_0, 96)}
+    weights = {layer + name + ".weight": random_packed(rng, kind, n, 256) for name, (kind, n) in parts.items()}
+    x = random_activations(rng, 5, 256)
+    want = {name: oracle_product(x, w) for name, w in weights.items()}
+    prepared = cpu.prepare_weights(dict(weights))
+    q, k, v = (prepared[layer + f"self_attn.{p}_proj.weight"] for p in "qkv")
+    assert isinstance(q, StackRows) and q.stack[0] is k.stack[0] and isinstance(v, LanePacked)
+    for got, p in zip(cpu.qkv_proj(x, q, k, v), "qkv"):
+        assert np.array_equal(got, want[layer + f"self_attn.{p}_proj.weight"]), p
+    gate, up = (prepared[layer + f"mlp.{p}_proj.weight"] for p in ("gate", "up"))
+    assert gate.stack[0] is up.stack[0]
+    assert np.array_equal(cpu.gate_up_silu(x, gate, up), cpu.silu_mul(want[layer + "mlp.gate_proj.weight"],
+                                                                       want[layer + "mlp.up_proj.weight"]))
+
+
 ISA_CHECK = """
 import sys
 import numpy as np

@@ -8,11 +8,11 @@ from ..reference import (add, copy_blocks, default_kv_memory, embedding, gather_
                          use_in_this_thread)
 from .attention import paged_attention
 from .cache_ops import allocate_kv, rope_write_kv, write_kv
-from .elementwise import add_rms_norm, gelu_tanh_mul, rms_norm, rope, silu_mul
+from .elementwise import add_rms_norm, gelu_tanh_mul, rms_norm, rope, silu_mul, silu_mul_halves
 from .lane_packed import lay_out_weights
 from .linear import linear, prepare_linear_weights
 from .out_arrays import from_pool, step_workspace
-from .stacks import stack_layer_matrices, stacked_linear
+from .stacks import stack_layer_matrices, stacked_linear, whole_stack
 from .weight_cache import load_prepared_weights, save_prepared_weights
 
 name = "cpu"
@@ -49,4 +49,7 @@ def gate_up_gelu(x, w_gate, w_up):
 
 def gate_up_silu(x, w_gate, w_up):
     """silu(x @ w_gate.T) * (x @ w_up.T)."""
+    whole = whole_stack([w_gate, w_up])
+    if whole is not None:  # (one product, its halves read in place)
+        return silu_mul_halves(linear(x, whole))
     return silu_mul(*stacked_linear(x, [w_gate, w_up]))

@@ -119,3 +119,20 @@ def silu_mul(gate, up):
     out = np.empty_like(gate)
     _silu_mul(gate, up, out)
     return out
+
+
+@cached_njit(fastmath=True, error_model="numpy")
+def _silu_mul_halves(gate_up, out):
+    n_tokens, width = out.shape
+    for t in range(n_tokens):
+        for i in range(width):
+            g = gate_up[t, i]
+            out[t, i] = g / (float32(1.0) + exp32(-g)) * gate_up[t, width + i]
+
+
+def silu_mul_halves(gate_up):
+    """silu_mul of gate_up (T, 2 I)'s halves, read in place (strided views of them
+    compile to a loop 5x slower; copies of them cost a layer ~0.1 ms at 32 rows)."""
+    out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), gate_up.dtype)
+    _silu_mul_halves(gate_up, out)
+    return out

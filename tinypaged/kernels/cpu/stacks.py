@@ -49,27 +49,42 @@ def _stack(parts: list) -> list:
 
 
 def stack_layer_matrices(weights: dict) -> dict:
-    """The weights with each layer's q/k/v and gate/up stacked, where each group has
-    one format (kind or quant type) and one width. Updates the dict in place (one
-    group's originals and stack are alive at a time) and returns it."""
+    """The weights with each layer's q/k/v and gate/up stacked, each group's longest
+    first run of one format (kind or quant type) and one width: q/k/v, or q/k where
+    v has a kind of its own (Q4_K_M's Q6_K v in a third of the layers). Updates the
+    dict in place (one group's originals and stack are alive at a time) and returns it."""
     out = weights
     layers = {m.group(1) for name in weights if (m := LAYER_NAME.match(name))}
     for prefix in layers:
         for group in STACKED:
             names = [prefix + n for n in group]
             parts = [out.get(n) for n in names]
-            if all(p is not None for p in parts) and _same_format(parts):
-                out.update(zip(names, _stack(parts)))
+            if any(p is None for p in parts):
+                continue
+            run = len(parts)
+            while run >= 2 and not _same_format(parts[:run]):
+                run -= 1
+            if run >= 2:
+                out.update(zip(names[:run], _stack(parts[:run])))
     return out
 
 
-def stacked_linear(x: np.ndarray, parts: list) -> list[np.ndarray]:
-    """[x @ p.T for p in parts]: one product when the parts are, in order, the
-    rows of one stack; else one product each."""
+def whole_stack(parts: list):
+    """The stack whose rows the parts are, all of them and in order; else None."""
     stacks = [p.stack if isinstance(p, StackRows) else None for p in parts]
-    whole = stacks[0] if all(stacks) else None
-    if whole is not None and stacks[0][1] == 0 and stacks[-1][2] == whole[0].shape[0] \
-            and all(a[0] is whole[0] and a[2] == b[1] for a, b in zip(stacks, stacks[1:])):
-        out = linear(x, whole[0])
-        return [np.ascontiguousarray(out[:, start:stop]) for _, start, stop in stacks]
+    if not all(stacks) or stacks[0][1] != 0 or stacks[-1][2] != stacks[0][0].shape[0]:
+        return None
+    return stacks[0][0] if all(a[0] is stacks[0][0] and a[2] == b[1] for a, b in zip(stacks, stacks[1:])) \
+        else None
+
+
+def stacked_linear(x: np.ndarray, parts: list) -> list[np.ndarray]:
+    """[x @ p.T for p in parts]: one product for the first parts that make a whole
+    stack (all of them, or q and k), then one product each."""
+    for run in range(len(parts), 1, -1):
+        whole = whole_stack(parts[:run])
+        if whole is not None:
+            out = linear(x, whole)
+            return [np.ascontiguousarray(out[:, p.stack[1]:p.stack[2]]) for p in parts[:run]] + \
+                [linear(x, p) for p in parts[run:]]
     return [linear(x, p) for p in parts]
