@@ -29,31 +29,41 @@ INTS = ir.VectorType(ir.IntType(32), 16)
 MACS = 64  # byte products one vpdpbusd adds
 
 
-def spinner(chains: int):
-    """A jitted function(n): n rounds of `chains` independent vpdpbusd."""
+def _jitted(loop):
+    """A jitted function(n) whose body is loop(builder, n) (IR; it returns an i64)."""
     @intrinsic
     def spin(typingctx, n):
         def codegen(context, builder, signature, args):
-            dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(INTS, [INTS] * 3),
-                                                 "llvm.x86.avx512.vpdpbusd.512")
-            sums = [cgutils.alloca_once_value(builder, ir.Constant(INTS, [k] * 16)) for k in range(chains)]
-            w, x = ir.Constant(INTS, [0x01020304] * 16), ir.Constant(INTS, [0x01010101] * 16)
-            with cgutils.for_range(builder, args[0]):
-                # (x through an empty asm: LLVM cannot fold the constant products away)
-                opaque = builder.asm(ir.FunctionType(INTS, [INTS]), "", "=v,0", [x], True)
-                for total in sums:
-                    builder.store(builder.call(dot, [builder.load(total), w, opaque]), total)
-            result = builder.load(sums[0])
-            for total in sums[1:]:
-                result = builder.add(result, builder.load(total))
-            return builder.sext(builder.extract_element(result, ir.Constant(ir.IntType(32), 0)),
-                                ir.IntType(64))
+            return loop(builder, args[0])
         return types.int64(types.int64), codegen
 
     @njit
     def run(n):
         return spin(n)
     return run
+
+
+def _vpdpbusd(builder):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(INTS, [INTS] * 3),
+                                          "llvm.x86.avx512.vpdpbusd.512")
+
+
+def spinner(chains: int):
+    """A jitted function(n): n rounds of `chains` independent vpdpbusd."""
+    def loop(builder, n):
+        dot = _vpdpbusd(builder)
+        sums = [cgutils.alloca_once_value(builder, ir.Constant(INTS, [k] * 16)) for k in range(chains)]
+        w, x = ir.Constant(INTS, [0x01020304] * 16), ir.Constant(INTS, [0x01010101] * 16)
+        with cgutils.for_range(builder, n):
+            # (x through an empty asm: LLVM cannot fold the constant products away)
+            opaque = builder.asm(ir.FunctionType(INTS, [INTS]), "", "=v,0", [x], True)
+            for total in sums:
+                builder.store(builder.call(dot, [builder.load(total), w, opaque]), total)
+        result = builder.load(sums[0])
+        for total in sums[1:]:
+            result = builder.add(result, builder.load(total))
+        return builder.sext(builder.extract_element(result, ir.Constant(ir.IntType(32), 0)), ir.IntType(64))
+    return _jitted(loop)
 
 
 def block_spinner(rows: int, epilogue: str):
@@ -63,44 +73,35 @@ def block_spinner(rows: int, epilogue: str):
     fma(float(S0 - X0), s0, float(S1 - X1) * s1), acc)."""
     floats = ir.VectorType(ir.FloatType(), 16)
 
-    @intrinsic
-    def spin(typingctx, n):
-        def codegen(context, builder, signature, args):
-            dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(INTS, [INTS] * 3),
-                                                 "llvm.x86.avx512.vpdpbusd.512")
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(floats, [floats] * 3),
-                                                 "llvm.fma.v16f32")
-            totals = [cgutils.alloca_once_value(builder, ir.Constant(floats, [0.0] * 16)) for _ in range(rows)]
-            x, scale = ir.Constant(INTS, [0x01010101] * 16), ir.Constant(floats, [0.5] * 16)
-            with cgutils.for_range(builder, args[0]):
-                opaque = builder.asm(ir.FunctionType(INTS, [INTS]), "", "=v,0", [x], True)
-                for r, total in enumerate(totals):  # (a weight of its own a row: no common work)
-                    halves = [ir.Constant(INTS, [0] * 16)] * 2
-                    for c in range(8):
-                        h = c // 4 if epilogue == "q6" else 0
-                        w = ir.Constant(INTS, [0x01020304 + 2 * r + h] * 16)  # (no two chains alike)
-                        halves[h] = builder.call(dot, [halves[h], w, opaque])
-                    if epilogue == "q6":
-                        centred = [builder.sitofp(builder.sub(half, opaque), floats) for half in halves]
-                        term = builder.call(fma, [centred[0], scale, builder.fmul(centred[1], scale)])
-                        term = builder.call(fma, [scale, builder.fmul(scale, term), builder.load(total)])
-                    elif epilogue == "min":
-                        term = builder.call(fma, [scale, scale, builder.fmul(scale, builder.sitofp(halves[0], floats))])
-                        term = builder.call(fma, [scale, term, builder.load(total)])
-                    else:
-                        term = builder.fadd(builder.sitofp(halves[0], floats), builder.load(total))
-                    builder.store(term, total)
-            result = builder.load(totals[0])
-            for total in totals[1:]:
-                result = builder.fadd(result, builder.load(total))
-            return builder.fptosi(builder.extract_element(result, ir.Constant(ir.IntType(32), 0)),
-                                  ir.IntType(64))
-        return types.int64(types.int64), codegen
-
-    @njit
-    def run(n):
-        return spin(n)
-    return run
+    def loop(builder, n):
+        dot = _vpdpbusd(builder)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(floats, [floats] * 3),
+                                             "llvm.fma.v16f32")
+        totals = [cgutils.alloca_once_value(builder, ir.Constant(floats, [0.0] * 16)) for _ in range(rows)]
+        x, scale = ir.Constant(INTS, [0x01010101] * 16), ir.Constant(floats, [0.5] * 16)
+        with cgutils.for_range(builder, n):
+            opaque = builder.asm(ir.FunctionType(INTS, [INTS]), "", "=v,0", [x], True)
+            for r, total in enumerate(totals):  # (a weight of its own a row: no common work)
+                halves = [ir.Constant(INTS, [0] * 16)] * 2
+                for c in range(8):
+                    h = c // 4 if epilogue == "q6" else 0
+                    w = ir.Constant(INTS, [0x01020304 + 2 * r + h] * 16)  # (no two chains alike)
+                    halves[h] = builder.call(dot, [halves[h], w, opaque])
+                if epilogue == "q6":
+                    centred = [builder.sitofp(builder.sub(half, opaque), floats) for half in halves]
+                    term = builder.call(fma, [centred[0], scale, builder.fmul(centred[1], scale)])
+                    term = builder.call(fma, [scale, builder.fmul(scale, term), builder.load(total)])
+                elif epilogue == "min":
+                    term = builder.call(fma, [scale, scale, builder.fmul(scale, builder.sitofp(halves[0], floats))])
+                    term = builder.call(fma, [scale, term, builder.load(total)])
+                else:
+                    term = builder.fadd(builder.sitofp(halves[0], floats), builder.load(total))
+                builder.store(term, total)
+        result = builder.load(totals[0])
+        for total in totals[1:]:
+            result = builder.fadd(result, builder.load(total))
+        return builder.fptosi(builder.extract_element(result, ir.Constant(ir.IntType(32), 0)), ir.IntType(64))
+    return _jitted(loop)
 
 
 def main() -> None:
