@@ -136,7 +136,7 @@ def test_lay_out_weights_replaces_every_name_that_held_a_matrix():
 
 def test_q_and_k_stack_where_v_has_a_kind_of_its_own():
     """Q4_K_M gives a third of the layers a Q6_K v: q and k still make one product (and
-    gate/up one, its halves read in place by silu), with every row's bits its own."""
+    gate/up one, its halves read in place by silu or gelu), with every row's bits its own."""
     from tinypaged.kernels import cpu
     rng = np.random.default_rng(36)
     layer = "model.layers.0."
@@ -154,6 +154,8 @@ def test_q_and_k_stack_where_v_has_a_kind_of_its_own():
     assert gate.stack[0] is up.stack[0]
     assert np.array_equal(cpu.gate_up_silu(x, gate, up), cpu.silu_mul(want[layer + "mlp.gate_proj.weight"],
                                                                        want[layer + "mlp.up_proj.weight"]))
+    assert np.array_equal(cpu.gate_up_gelu(x, gate, up), cpu.gelu_tanh_mul(want[layer + "mlp.gate_proj.weight"],
+                                                                           want[layer + "mlp.up_proj.weight"]))
 
 
 ISA_CHECK = """

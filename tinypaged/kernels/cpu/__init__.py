@@ -8,7 +8,8 @@ from ..reference import (add, copy_blocks, default_kv_memory, embedding, gather_
                          use_in_this_thread)
 from .attention import paged_attention
 from .cache_ops import allocate_kv, rope_write_kv, write_kv
-from .elementwise import add_rms_norm, gelu_tanh_mul, rms_norm, rope, silu_mul, silu_mul_halves
+from .elementwise import (add_rms_norm, gelu_tanh_mul, gelu_tanh_mul_halves, rms_norm, rope, silu_mul,
+                          silu_mul_halves)
 from .lane_packed import lay_out_weights
 from .linear import linear, prepare_linear_weights
 from .out_arrays import from_pool, step_workspace
@@ -44,6 +45,9 @@ def qkv_proj(x, wq, wk, wv, bq=None, bk=None, bv=None):
 
 def gate_up_gelu(x, w_gate, w_up):
     """gelu_tanh(x @ w_gate.T) * (x @ w_up.T) (Gemma's GeGLU)."""
+    whole = whole_stack([w_gate, w_up])
+    if whole is not None:  # (one product, its halves read in place)
+        return gelu_tanh_mul_halves(linear(x, whole))
     return gelu_tanh_mul(*stacked_linear(x, [w_gate, w_up]))
 
 
