@@ -81,6 +81,22 @@ def rope(x, positions, cos_table, sin_table):
     return out
 
 
+@njit(inline="always")
+def _silu_times(g, u):
+    return g / (float32(1.0) + exp32(-g)) * u
+
+
+_GELU_2C = float32(2.0 * np.sqrt(2.0 / np.pi))
+
+
+@njit(inline="always")
+def _gelu_tanh_times(g, u):
+    """0.5 * g * (1 + tanh(v)) * u, v = sqrt(2/pi) (g + 0.044715 g^3), written as
+    g * u / (1 + e^(-2v)) (the same function, with no tanh call to vectorise)."""
+    two_v = _GELU_2C * (g + float32(0.044715) * g * g * g)
+    return g * u / (float32(1.0) + exp32(-two_v))
+
+
 # error_model="numpy": a float division by zero gives inf, as in NumPy, instead of a
 # Python exception checked per element, which keeps LLVM from vectorising the loop
 @cached_njit(fastmath=True, error_model="numpy")
@@ -88,23 +104,15 @@ def _silu_mul(gate, up, out):
     n_tokens, width = gate.shape
     for t in range(n_tokens):
         for i in range(width):
-            g = gate[t, i]
-            out[t, i] = g / (float32(1.0) + exp32(-g)) * up[t, i]
-
-
-_GELU_2C = float32(2.0 * np.sqrt(2.0 / np.pi))
+            out[t, i] = _silu_times(gate[t, i], up[t, i])
 
 
 @cached_njit(fastmath=True, error_model="numpy")
 def _gelu_tanh_mul(gate, up, out):
-    """0.5 * g * (1 + tanh(u)) * up, u = sqrt(2/pi) (g + 0.044715 g^3), written as
-    g * up / (1 + e^(-2u)) (the same function, with no tanh call to vectorise)."""
     n_tokens, width = gate.shape
     for t in range(n_tokens):
         for i in range(width):
-            g = gate[t, i]
-            two_u = _GELU_2C * (g + float32(0.044715) * g * g * g)
-            out[t, i] = g * up[t, i] / (float32(1.0) + exp32(-two_u))
+            out[t, i] = _gelu_tanh_times(gate[t, i], up[t, i])
 
 
 def gelu_tanh_mul(gate, up):
@@ -119,16 +127,12 @@ def _gelu_tanh_mul_halves(gate_up, out):
     n_tokens, width = out.shape
     for t in range(n_tokens):
         for i in range(width):
-            g = gate_up[t, i]
-            two_u = _GELU_2C * (g + float32(0.044715) * g * g * g)
-            out[t, i] = g * gate_up[t, width + i] / (float32(1.0) + exp32(-two_u))
+            out[t, i] = _gelu_tanh_times(gate_up[t, i], gate_up[t, width + i])
 
 
 def gelu_tanh_mul_halves(gate_up):
-    """gelu_tanh_mul of gate_up (T, 2 I)'s halves, read in place (silu_mul_halves)."""
-    out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), gate_up.dtype)
-    _gelu_tanh_mul_halves(gate_up, out)
-    return out
+    """gelu_tanh_mul of gate_up (T, 2 I)'s halves, read in place."""
+    return _of_halves(_gelu_tanh_mul_halves, gate_up)
 
 
 def silu_mul(gate, up):
@@ -143,13 +147,18 @@ def _silu_mul_halves(gate_up, out):
     n_tokens, width = out.shape
     for t in range(n_tokens):
         for i in range(width):
-            g = gate_up[t, i]
-            out[t, i] = g / (float32(1.0) + exp32(-g)) * gate_up[t, width + i]
+            out[t, i] = _silu_times(gate_up[t, i], gate_up[t, width + i])
+
+
+def _of_halves(kernel, gate_up):
+    """kernel(gate_up, out): out (T, I) of gate_up (T, 2 I)'s halves, read in place
+    (strided views of them compile to a loop 5x slower; copies of them cost a layer
+    ~0.1 ms at 32 rows)."""
+    out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), gate_up.dtype)
+    kernel(gate_up, out)
+    return out
 
 
 def silu_mul_halves(gate_up):
-    """silu_mul of gate_up (T, 2 I)'s halves, read in place (strided views of them
-    compile to a loop 5x slower; copies of them cost a layer ~0.1 ms at 32 rows)."""
-    out = np.empty((gate_up.shape[0], gate_up.shape[1] // 2), gate_up.dtype)
-    _silu_mul_halves(gate_up, out)
-    return out
+    """silu_mul of gate_up (T, 2 I)'s halves, read in place."""
+    return _of_halves(_silu_mul_halves, gate_up)
