@@ -80,6 +80,18 @@ def test_a_file_changed_within_the_clock_tick_is_prepared_again(tmp_path):
     assert weight_cache.cache_path(path).read_bytes() != kept  # replaced
 
 
+def test_a_change_to_the_sources_that_make_the_forms_is_a_miss(tmp_path, monkeypatch):
+    """The key holds a digest of the sources that split, stack and lay out the matrices
+    (FORM_SOURCES): a file made by other sources is prepared again, not mapped."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    greedy(path)
+    assert weight_cache.load_prepared_weights(path) is not None
+    digest = weight_cache._form_sources_digest()
+    monkeypatch.setattr(weight_cache, "_form_sources_digest", lambda: "other " + digest)
+    assert weight_cache.load_prepared_weights(path) is None
+    assert "kernels/cpu/stacks.py" in weight_cache.FORM_SOURCES
+
+
 def test_a_damaged_cache_is_prepared_again_and_replaced(tmp_path):
     path = tiny_gguf(tmp_path / "tiny.gguf")
     fresh = greedy(path)

@@ -6,8 +6,9 @@ matrices, lanes.py lays them out 16 rows to a group) takes seconds a GB; mapping
 the result takes milliseconds. The file holds every array of the prepared forms,
 page-aligned, after a JSON header that names the forms (array, LinearWeight,
 LanePacked, and views of a stack's rows) and the key it was made under:
-the model file's size and mtime, LAYOUT_VERSION, and which byte dot the lanes layout
-was made for (the high bits' form depends on the CPU). Any other key, or a file that
+the model file's size and mtime, LAYOUT_VERSION, which byte dot the lanes layout
+was made for (the high bits' form depends on the CPU), and a digest of the sources
+that make the forms. Any other key, or a file that
 does not read whole, is a miss, and the next save replaces it.
 
 Mapped copy-on-write: the kernels see ordinary writable arrays, the pages stay the
@@ -22,6 +23,7 @@ import logging
 import mmap
 import os
 import struct
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +35,10 @@ from .linear import LinearWeight
 from .stack_rows import StackRows
 from .stacks import stack_view
 
-LAYOUT_VERSION = 4  # raise when a prepared form's arrays change meaning
+LAYOUT_VERSION = 4  # the file's own format (its header and forms); the arrays' meaning: FORM_SOURCES
+# what makes the prepared forms (tinypaged/...): their digest is part of the key
+FORM_SOURCES = ("formats/packed.py", "formats/kquant.py", "kernels/cpu/linear.py", "kernels/cpu/stacks.py",
+                "kernels/cpu/stack_rows.py", "kernels/cpu/lanes.py", "kernels/cpu/lane_packed.py")
 MAGIC = b"tinypaged-weights\n"
 SUFFIX = ".tinypaged-cpu"
 ALIGN = 4096  # each array starts on a page
@@ -79,7 +84,19 @@ def _key(source: str | os.PathLike) -> dict:
             f.seek(st.st_size * i // SAMPLES)
             digest.update(f.read(ALIGN))
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "digest": digest.hexdigest(),
-            "version": LAYOUT_VERSION, "lanes": LANES_ISA}
+            "version": LAYOUT_VERSION, "lanes": LANES_ISA, "sources": _form_sources_digest()}
+
+
+@lru_cache(maxsize=None)
+def _form_sources_digest() -> str:
+    """A digest of the sources that make the prepared forms (FORM_SOURCES): a change to
+    how matrices are split, stacked or laid out makes older files misses, with no
+    version to remember to raise."""
+    digest = hashlib.blake2b(digest_size=16)
+    package = Path(__file__).resolve().parents[2]
+    for relative in FORM_SOURCES:
+        digest.update((package / relative).read_bytes())
+    return digest.hexdigest()
 
 
 class _Writer:
