@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tinypaged import LLM, SamplingParams  # noqa: E402
 from tinypaged.config import KV_CACHE_DTYPES  # noqa: E402
 from tinypaged.bench.long_rates import random_prompt  # noqa: E402
-from tinypaged.bench.rates import on_engine_thread  # noqa: E402
+from tinypaged.bench.rates import commit_kv_pool, on_engine_thread  # noqa: E402
 
 WEIGHT_OPS = {"linear": 1, "qkv_proj": 1, "gate_up_silu": 1, "gate_up_gelu": 1}  # op -> weight arg
 
@@ -67,8 +67,13 @@ class TimedOps:
 
 def profile(model: str, steps: int, requests: int, prompt_len: int, phase: str,
             kv_dtype: str) -> None:
+    # the pool for these requests, sliding-window groups' blocks included, written once
+    # before timing, as llama.cpp's is at load (rates.commit_kv_pool)
+    blocks_a_request = -(-(max(prompt_len, 16) + steps + 16) // 16)
     llm = LLM(model, backend="cpu", kv_cache_dtype=kv_dtype, max_num_seqs=max(requests, 1),
-              max_model_len=prompt_len + steps + 64 if prompt_len else None)
+              max_model_len=prompt_len + steps + 64 if prompt_len else None,
+              num_blocks=max(256, 4 * max(requests, 1) * blocks_a_request))
+    commit_kv_pool(llm)
     prompts = [random_prompt(prompt_len, llm.config.vocab_size) if prompt_len else "Once upon a time"
                for _ in range(requests)]
 

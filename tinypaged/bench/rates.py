@@ -19,6 +19,18 @@ def on_engine_thread(llm, work):
     return llm._loop.call(lambda: work(llm.engine), exclusive=True)
 
 
+def commit_kv_pool(llm) -> None:
+    """Writes every page of a CPU KV pool once, before anything is timed, as llama.cpp
+    clears its cache buffer at load. The pool's numpy arrays are mapped lazily: the first
+    write to a page faults it in, and on a VM whose host backs guest memory only on first
+    use that costs ~13 us a page (bench/NOTES.md, 2026-12-05), which would otherwise land
+    in whichever timed row first takes those blocks."""
+    def touch(engine):
+        for pool in (engine.runner.kv.k, engine.runner.kv.v):
+            pool.fill(0)
+    on_engine_thread(llm, touch)
+
+
 def decode_rate(llm, concurrency: int, params: SamplingParams) -> float:
     """Tokens/s of the decode steps (sampling included) with `concurrency` requests
     running, from steps with nothing left to admit."""
