@@ -40,12 +40,12 @@ def _function(builder, name, result, *operands):
 class BlockDot:
     """The running int32 dots (16 lanes, or 8: half a group, AVX2 only) of one row of
     x with a group's chunks. w_max: the largest byte W can hold (|q| for signed Q8_0
-    bytes)."""
+    bytes); start: where the dots start (width x i32; None: at zero)."""
 
-    def __init__(self, builder, w_max: int, signed: bool = False, width: int = LANES):
+    def __init__(self, builder, w_max: int, signed: bool = False, width: int = LANES, start=None):
         assert width == LANES or LANES_ISA == "avx2"
         self.builder, self.signed, self.width = builder, signed, width
-        self.total = ir.Constant(ir.VectorType(IR_I32, width), [0] * width)
+        self.total = ir.Constant(ir.VectorType(IR_I32, width), [0] * width) if start is None else start
         self.per_flush = (2 ** 15 - 1) // (2 * _X_MAX * w_max)  # chunks int16 can hold
         self.pending, self.count = None, 0
 

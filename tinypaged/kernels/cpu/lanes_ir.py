@@ -4,7 +4,7 @@ vector (LANES.md walks through one block).
 
 A call takes views, not (array, offset) pairs: the group's arrays from its first
 element (`W_VIEWS`, lanes.py's layout) and the pass's rows of x from theirs
-(`X_VIEWS`, as interleave_rows lays them out: a chunk's 4 columns of every row side
+(`X_VIEWS`, as lanes_product._gemm_x lays them out: a chunk's 4 columns of every row side
 by side). What differs by kind is written once, in two places: `_unpack` (a chunk's
 64 bytes to the unsigned bytes the byte dot takes, high bits added) and the
 `_Epilogue`s (a block's integer dots to the float term LANES.md's contract adds).
@@ -58,34 +58,46 @@ def w_dtypes(k: QuantKind) -> tuple:
 
 
 def x_dtypes(k: QuantKind) -> tuple:
-    """The dtype of each of X_VIEWS for kind k (sums: x_sums)."""
+    """The dtype of each of X_VIEWS for kind k (sums: x_row_sums)."""
     return types.int8, types.float32, types.float32 if k.has_mins else types.int32
 
 
-def x_sums(kind, xq, qsum):
-    """What the products read as x's block sums (X_VIEWS' sums): qsum (M, K/32) as
-    float32 for the kinds with mins (exact: |qsum| <= 32 * 127; their kernel only
-    multiplies it by the min), qsum itself for the kinds whose dot subtracts an offset
-    times it, or for Q6_K 32 times its sums of 16 values (M, K/16): the 32 its q carry
-    above q - 32."""
+def dot_offset(k: QuantKind) -> int:
+    """What the byte dot's unsigned bytes carry above the kind's integers (QuantKind.offset;
+    Q8_0: 128 on VNNI, whose bytes go in as q + 128; Q6_K's 32 is its own, x_row_sums)."""
+    if k.code == Q8_0:
+        return 0 if signed_bytes_direct() else 128
+    return k.offset
+
+
+def x_row_sums(kind, q, qsum):
+    """One row's sums as X_VIEWS reads them, from its int8 values q (K,) and block sums
+    qsum (K/32,): qsum as float32 for the kinds with mins (exact: |qsum| <= 32 * 127;
+    their kernel only multiplies it by the min); for the kinds whose bytes carry an
+    offset, where each block's dot starts: -offset times qsum, or for Q6_K -32 times
+    its sums of 16 values (K/16,), the 32 its q carry above q - 32 (so each dot ends as
+    the integers' own, with no subtraction a row)."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
-@overload(x_sums, inline="always")
-def _x_sums_by_kind(kind, xq, qsum):
+@overload(x_row_sums)
+def _x_row_sums_by_kind(kind, q, qsum):
     if not isinstance(kind, QuantKindType):
         return None
     if kind.kind.has_mins:
-        return lambda kind, xq, qsum: qsum.astype(np.float32)
+        return lambda kind, q, qsum: qsum.astype(np.float32)
     if kind.code != Q6_K:
-        return lambda kind, xq, qsum: qsum
+        start = np.int32(-dot_offset(kind.kind))
+        return lambda kind, q, qsum: qsum * start
 
-    def halves(kind, xq, qsum):
-        sums = np.zeros((xq.shape[0], xq.shape[1] // 16), dtype=np.int32)
-        for m in range(xq.shape[0]):
-            for i in range(xq.shape[1]):
-                sums[m, i >> 4] += np.int32(32) * np.int32(xq[m, i])
-        return sums
+    def halves(kind, q, qsum):
+        out = np.empty(len(q) // 16, np.int32)
+        for h in range(len(out)):
+            total = np.int32(0)
+            for j in range(16):
+                total += np.int32(q[16 * h + j])
+            out[h] = np.int32(-32) * total
+        return out
     return halves
 
 
@@ -150,17 +162,16 @@ def _unpack(builder, k: QuantKind, w_views, width, chunk, high, b, c):
 class _Epilogue:
     """A block's integer dots (one BlockDot result per half a block, or per parity of
     chunks: `term` takes them added) to the float term of LANES.md's contract, for the
-    kinds with one scale a block: Q8_0, Q4_0, Q5_0 (the dot less offset times x's block
-    sum: what the unsigned bytes carry above q), Q4_1, Q5_1 (+ min times that sum: fma),
-    Q4_K, Q5_K (scale d * sc, min -(dmin * m): exact)."""
+    kinds with one scale a block: Q8_0, Q4_0, Q5_0 (their dots start at -offset times
+    x's block sum: `start`), Q4_1, Q5_1 (+ min times that sum: fma), Q4_K, Q5_K (scale
+    d * sc, min -(dmin * m): exact)."""
 
     def __init__(self, builder, k: QuantKind, w_views, x_views, width):
         self.builder, self.k, self.w, self.x = builder, k, w_views, x_views
         self.floats = ir.VectorType(IR_F32, width)
         self.fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
             self.floats, [self.floats] * 3), f"llvm.fma.v{width}f32")
-        self.offset = 128 if k.code == Q8_0 and not signed_bytes_direct() else 0 if k.code == Q8_0 \
-            else k.offset
+        self.offset = dot_offset(k)
 
     def halves(self, name, at):
         """width float16 bits of view `name` from `at`, as float32."""
@@ -168,10 +179,10 @@ class _Epilogue:
         bits = self.w.load(name, at, ir.VectorType(ir.IntType(16), width), align=2)
         return self.builder.fpext(self.builder.bitcast(bits, ir.VectorType(ir.HalfType(), width)), self.floats)
 
-    def small(self, name, at, signed=False):
-        """width bytes of view `name` from `at`, as float32 (exact)."""
+    def small(self, name, at):
+        """width unsigned bytes of view `name` from `at`, as float32 (exact)."""
         ints = self.w.load(name, at, ir.VectorType(ir.IntType(8), self.floats.count))
-        return self.builder.sitofp(ints, self.floats) if signed else self.builder.uitofp(ints, self.floats)
+        return self.builder.uitofp(ints, self.floats)
 
     def prepare(self, b):
         """The block's scale and min (None without) on every lane, for all rows of x."""
@@ -184,39 +195,50 @@ class _Epilogue:
                                         self.small("mins", first)))
         return scale, low
 
+    def start(self, at, chain):
+        """Where chain `chain` of row `at`'s dots starts (IR; None: at zero): the offset
+        kinds' first chain at -offset times x's block sum (a broadcast load, where a
+        subtraction after the dot would take a vector op a row), so the dot ends as the
+        sum of q x itself."""
+        if not self.offset or chain:
+            return None
+        return splat(self.builder, self.x.load("sums", at, None, align=4), ir.VectorType(IR_I32, self.floats.count))
+
     def term(self, prepared, dots, at):
         """Row `at`'s term (at: its block's index in the pass's dx and sums)."""
         builder, (scale, low) = self.builder, prepared
         dot = builder.add(dots[0], dots[1])  # (the second: zeros, folded, unless two chains)
-        x_sum = self.x.load("sums", at, None, align=4)
-        if self.offset:  # the dot of q itself: sum of (q + offset) x less offset * sum of x
-            dot = builder.sub(dot, splat(builder, builder.mul(x_sum, ir.Constant(IR_I32, self.offset)), dots[0].type))
         term = builder.fmul(scale, builder.sitofp(dot, self.floats))
         if low is not None:  # fma(min, qsum, scale * dot) (qsum float32: a broadcast load)
+            x_sum = self.x.load("sums", at, None, align=4)
             term = builder.call(self.fma, [low, splat(builder, x_sum, self.floats), term])
         return term
 
 
 class _Q6Epilogue(_Epilogue):
     """Q6_K: d per super-block, an int8 sub-scale per half a block. Each half's dot of
-    q = 0 .. 63 less x's half-sum times 32 (qsum holds those, block b's halves at
-    2 at + h: a broadcast load) is sum of (q - 32) x, |.| <= 16 * 32 * 127, so each
-    product with a sub-scale is below 2^23 and their sum below 2^24: the float multiply
-    and fma are exact, the integer dot's bits without two vpmulld (2 uops each) a row."""
+    q = 0 .. 63 starts at -32 times x's half-sum (x_row_sums: block b's halves at 2 at + h,
+    a broadcast load), so it ends as sum of (q - 32) x, |.| <= 16 * 32 * 127: each
+    product with a sub-scale is below 2^23 and their sum below 2^24, so the integer sum
+    (a vpmulld a half) is the float one LANES.md's contract takes, exactly. Against two
+    float converts, muls and an fma a row, one thread, Zen 5: the GEMV +5-10%, 4 rows
+    +5%, 32 rows +0-3% (bench/NOTES.md, 2026-12-05, fifteenth session)."""
 
     def prepare(self, b):
-        builder = self.builder
-        subs = [self.small("scales", builder.mul(builder.add(builder.mul(b, index(2)), index(h)), index(LANES)),
-                           signed=True) for h in range(2)]
+        builder, ints = self.builder, ir.VectorType(IR_I32, self.floats.count)
+        subs = [builder.sext(self.w.load("scales", builder.mul(builder.add(builder.mul(b, index(2)), index(h)),
+                                                                index(LANES)), ir.VectorType(ir.IntType(8), ints.count)),
+                             ints) for h in range(2)]
         return self.halves("supers", builder.mul(builder.lshr(b, index(3)), index(LANES))), subs
+
+    def start(self, at, chain):
+        x_half = self.x.load("sums", self.builder.add(self.builder.mul(at, index(2)), index(chain)), None, align=4)
+        return splat(self.builder, x_half, ir.VectorType(IR_I32, self.floats.count))
 
     def term(self, prepared, dots, at):
         builder, (d, subs) = self.builder, prepared
-        centred = []
-        for h in range(2):
-            x_half = self.x.load("sums", builder.add(builder.mul(at, index(2)), index(h)), None, align=4)
-            centred.append(builder.sitofp(builder.sub(dots[h], splat(builder, x_half, dots[h].type)), self.floats))
-        return builder.fmul(d, builder.call(self.fma, [centred[0], subs[0], builder.fmul(centred[1], subs[1])]))
+        scaled = builder.add(builder.mul(dots[0], subs[0]), builder.mul(dots[1], subs[1]))
+        return builder.fmul(d, builder.sitofp(scaled, self.floats))
 
 
 def by_halves(k: QuantKind) -> bool:
@@ -235,7 +257,7 @@ def group_product(typingctx, kind, rows, n_blocks, w, x, acc):
     """acc[width i .. width i + width - 1] = the product of a group's rows (width 16; 8
     where by_halves) of a weight of kind `kind` (kind_arg.py: one machine code per kind;
     the views must be that kind's, w_dtypes) with row i of x, for `rows` rows of x
-    (WHOLE_PASSES or HALF_PASSES; 1: 16 lanes) side by side as interleave_rows lays
+    (WHOLE_PASSES or HALF_PASSES; 1: 16 lanes) side by side as lanes_product._gemm_x lays
     them out, n_blocks blocks of 32 long: w the group's W_VIEWS (from the half's first
     lane), x the pass's X_VIEWS (LANES.md has the float steps)."""
     if not isinstance(kind, QuantKindType):
@@ -283,8 +305,9 @@ def _pass(context, builder, k: QuantKind, x_rows: int, half_group: bool, blocks,
         # Q6_K: the block's halves apart; up to SHORT_ROWS rows of x: even and odd chunks
         # apart, two chains of vpdpbusd a row, not one of eight (its latency bound the
         # GEMV: 3x)
-        dots = [[BlockDot(builder, w_max, signed_bytes_direct() and k.code == Q8_0, width)
-                 for _ in range(2)] for _ in range(x_rows)]
+        dots = [[BlockDot(builder, w_max, signed_bytes_direct() and k.code == Q8_0, width,
+                          epilogue.start(builder.add(builder.mul(b, index(x_rows)), index(i)), chain))
+                 for chain in range(2)] for i in range(x_rows)]
 
         def chunk(c, c_at):
             """Chunk c (an int; None in a loop) at c_at (IR) times each row of x."""

@@ -8,9 +8,9 @@ lanes_ir.group_product on each, one row of x at a time. More rows: the GEMM, x p
 to a multiple of 4 rows and taken 16 rows a pass (8 or 4 for what is left: _pass_rows), each chunk of the group's bytes unpacked in registers once for all
 the pass's rows (vpdpbusd; AVX2: vpmaddubsw, byte_dot.py); the group stays in L1 for
 the next pass, the next group's bytes are prefetched. On AVX2 the 4-bit kinds take
-each half of a group apart, 12 rows of x a pass. x's rows of a pass are laid side by
-side per call (M x K bytes: rows K apart, K a power of two from 4,096, fall in one L1
-set and evict each other); nothing else is copied or transposed per call.
+each half of a group apart, 12 rows of x a pass. x's rows are rounded and those of a
+pass laid side by side per call, the rows in parallel (_gemm_x); nothing else is
+copied or transposed per call.
 """
 import numpy as np
 from numba import prange, types
@@ -18,10 +18,10 @@ from numba.extending import overload
 
 from ...formats.quant_kind import QK
 from ...jit_cache import cached_njit
-from .activations import quantize_activations
+from .activations import quantize_activations, quantize_row
 from .common import PACKED_GEMV_MAX_ROWS, PACKED_RANGES
 from .kind_arg import QuantKindType, kind_arg
-from .lanes_ir import SHORT_ROWS, HALF_ROWS, WIDE_ROWS, by_halves, group_product, store_lanes, x_sums
+from .lanes_ir import SHORT_ROWS, HALF_ROWS, WIDE_ROWS, by_halves, group_product, store_lanes, x_row_sums
 from .out_arrays import output_array
 from .vector_ir import LANES, X_ROWS
 
@@ -85,7 +85,10 @@ def _gemv_lanes(kind, x, w, out):
     (lanes.py), of the kind `kind` (kind_arg.py). Threads take groups of 16 rows,
     spread evenly over PACKED_RANGES ranges."""
     xq, dx, qsum = quantize_activations(x, len(x))
-    sums = x_sums(kind, xq, qsum)
+    first = x_row_sums(kind, xq[0], qsum[0])
+    sums = np.empty((len(x), len(first)), first.dtype)
+    for m in range(len(x)):
+        sums[m] = x_row_sums(kind, xq[m], qsum[m])
     n_groups, n_blocks, n_out = w[0].shape[0], x.shape[1] // QK, out.shape[1]
     by_group = _by_groups(w)
     for c in prange(PACKED_RANGES):
@@ -99,19 +102,17 @@ def _gemv_lanes(kind, x, w, out):
 
 
 @cached_njit(parallel=True)
-def _gemm_lanes(kind, xq, dx, qsum, w, out):
-    """out (M, N) for W's laid-out arrays w; xq (M4, K) x's int8 values, M4 = M
-    rounded up to a multiple of 4 (zero rows after M); dx, qsum (M4, K/32) its scales
-    and sums. Threads take groups of 16 rows (AVX2's 4-bit kinds: each half apart);
-    each is multiplied by WIDE_ROWS (HALF_ROWS) rows of x at a time, 8 or 4 where
-    _pass_rows says, while its bytes are in L1 (unpacked in registers, chunk by chunk,
-    each pass), the next group's prefetched. x's rows of a pass lie side by side
-    (interleave_rows): a chunk's x is one cache line."""
-    n_out, (padded_rows, width) = out.shape[1], xq.shape
+def _gemm_lanes(kind, x_values, x_scales, x_sums, padded_rows, width, w, out):
+    """out (M, N) for W's laid-out arrays w; x's padded_rows (M rounded up to a multiple
+    of 4, zero rows after M) of `width` values as _gemm_x lays them out. Threads take
+    groups of 16 rows (AVX2's 4-bit kinds: each half apart); each is multiplied by
+    WIDE_ROWS (HALF_ROWS) rows of x at a time, 8 or 4 where _pass_rows says, while its
+    bytes are in L1 (unpacked in registers, chunk by chunk, each pass), the next group's
+    prefetched."""
+    n_out = out.shape[1]
     halves = _halves(kind)
-    lanes, widest = LANES // halves, HALF_ROWS if halves == 2 else WIDE_ROWS
+    lanes, widest = LANES // halves, _widest(kind)
     n_groups, n_blocks, out_flat = w[0].shape[0], width // QK, out.reshape(-1)
-    x_values, x_scales, x_sums = _interleaved(kind, xq, dx, qsum, widest)
     sums_a_row, by_group = x_sums.size // padded_rows, _by_groups(w)
     for c in prange(PACKED_RANGES):  # (the passes hint the bytes ahead: lanes_ir._pass)
         acc = np.empty(widest * lanes, dtype=np.float32)
@@ -134,6 +135,12 @@ def _gemm_lanes(kind, xq, dx, qsum, w, out):
                     m0 += tile
 
 
+@cached_njit(inline="always")
+def _widest(kind):
+    """The most rows of x a GEMM pass takes."""
+    return HALF_ROWS if _halves(kind) == 2 else WIDE_ROWS
+
+
 @cached_njit()
 def _pass_rows(left, widest):
     """Rows of x the next pass takes, `left` (a multiple of 4) still to go: 4 where 4
@@ -146,33 +153,51 @@ def _pass_rows(left, widest):
     return X_ROWS if left == X_ROWS or left == 2 * X_ROWS else HALF_ROWS
 
 
-@cached_njit()
-def interleave_rows(a, unit, widest):
-    """a (M4, L) flat, pass by pass (_pass_rows), each pass's rows side by side, `unit`
-    values at a time: the pass of `tile` rows from m0 holds a[m0 + i, unit v + e] at
-    m0 L + unit (tile v + i) + e. So a pass's reads of a chunk are one line, at one base
-    plus immediates (lanes_ir). On this thread: a few parallel launches a product cost
-    SmolLM2's 32-row step more than the copy (M x L bytes) does."""
-    rows, length = a.shape
-    out = np.empty(rows * length, a.dtype)
+@cached_njit(inline="always")
+def _pass_of(m, padded_rows, widest):
+    """(first row, rows) of the GEMM pass that takes row m of x."""
     m0 = 0
-    while m0 < rows:
-        tile = _pass_rows(rows - m0, widest)
-        for v in range(length // unit):
-            for i in range(tile):
-                for e in range(unit):
-                    out[m0 * length + unit * (tile * v + i) + e] = a[m0 + i, unit * v + e]
+    while True:
+        tile = _pass_rows(padded_rows - m0, widest)
+        if m < m0 + tile:
+            return m0, tile
         m0 += tile
-    return out
 
 
-@cached_njit()
-def _interleaved(kind, xq, dx, qsum, widest):
-    """x's values, scales and sums as the GEMM's passes read them (interleave_rows), flat."""
-    n_blocks = xq.shape[1] // QK
-    sums = x_sums(kind, xq, qsum)
-    return (interleave_rows(xq.view(np.int32), 1, widest).view(np.int8),  # (4 bytes at a time)
-            interleave_rows(dx, 1, widest), interleave_rows(sums, sums.shape[1] // n_blocks, widest))
+@cached_njit(inline="always")
+def _side_by_side(row, out, base, tile, i, unit):
+    """Row i of the pass of `tile` rows whose values start at out[base]: its `unit`
+    values at a time, each after the pass's rows before it (a chunk's 4 columns of
+    every row in one line: rows K apart, K a power of two from 4,096, fell in one L1
+    set and evicted each other)."""
+    for v in range(len(row) // unit):
+        for e in range(unit):
+            out[base + unit * (tile * v + i) + e] = row[unit * v + e]
+
+
+@cached_njit(parallel=True)
+def _gemm_x(kind, x, padded_rows):
+    """x (M, K) rounded to int8 blocks (activations.py) and laid out as the GEMM's
+    passes read it: values (int8), scales and sums (lanes_ir.x_row_sums), each flat,
+    pass by pass, a pass's rows side by side; padded_rows (a multiple of 4) rows, zeros
+    after M. A row a thread: as a serial prelude, rounding and laying out 32 rows of
+    2,048 took ~70 us of each product, one core idle (now ~25)."""
+    n_rows, width = x.shape
+    n_blocks, widest = width // QK, _widest(kind)
+    zero_row = x_row_sums(kind, np.zeros(width, np.int8), np.zeros(n_blocks, np.int32))  # (its length, type)
+    per_block, sums = len(zero_row) // n_blocks, np.zeros(padded_rows * len(zero_row), zero_row.dtype)
+    values, scales = np.zeros(padded_rows * width, np.int8), np.zeros(padded_rows * n_blocks, np.float32)
+    flat, words = np.ascontiguousarray(x).reshape(-1), values.view(np.int32)
+    qs, ds = np.empty((n_rows, width), np.int8), np.empty((n_rows, n_blocks), np.float32)
+    qsums = np.empty((n_rows, n_blocks), np.int32)
+    for m in prange(n_rows):
+        q, d, qsum = qs[m], ds[m], qsums[m]
+        quantize_row(flat, m * width, width, q, d, qsum)
+        m0, tile = _pass_of(m, padded_rows, widest)
+        _side_by_side(q.view(np.int32), words, m0 * width // 4, tile, m - m0, 1)  # (4 bytes at a time)
+        _side_by_side(d, scales, m0 * n_blocks, tile, m - m0, 1)
+        _side_by_side(x_row_sums(kind, q, qsum), sums, m0 * len(zero_row), tile, m - m0, per_block)
+    return values, scales, sums
 
 
 def lanes_product(x: np.ndarray, weight) -> np.ndarray:
@@ -182,6 +207,7 @@ def lanes_product(x: np.ndarray, weight) -> np.ndarray:
     if len(x) <= PACKED_GEMV_MAX_ROWS:
         _gemv_lanes(kind, x, w, out)
     else:
-        xq, dx, qsum = quantize_activations(x, -(-len(x) // SHORT_ROWS) * SHORT_ROWS)
-        _gemm_lanes(kind, xq, dx, qsum, w, out)
+        padded_rows = -(-len(x) // SHORT_ROWS) * SHORT_ROWS
+        values, scales, sums = _gemm_x(kind, x, padded_rows)
+        _gemm_lanes(kind, values, scales, sums, padded_rows, x.shape[1], w, out)
     return out
