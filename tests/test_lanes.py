@@ -80,7 +80,8 @@ def test_every_batch_gives_a_row_the_oracles_bits(kind, n_out, width):
     weight = random_packed(rng, KINDS[kind], n_out, width)
     laid = LanePacked.of(weight)
     w = weight.dequantize().astype(np.float64)
-    for rows in (1, 2, 3, 8, 9, 33):  # the GEMV (up to 2), then the GEMM's passes: 4; 8; 8 + 4; 16 + 16 + 4
+    for rows in (1, 2, 3, 8, 9, 33):  # the GEMV (up to 2), then the GEMM's passes: 4; 8; 8 + 4 (12);
+        # 16 + 16 + 4, or 12 + 12 + 12 (widest_pass)
         x = random_activations(rng, rows, width)
         got = linear(x, laid)
         assert np.array_equal(got, oracle_product(x, weight))

@@ -21,21 +21,23 @@ from ...jit_cache import cached_njit
 from .activations import quantize_activations, quantize_row
 from .common import PACKED_GEMV_MAX_ROWS, PACKED_RANGES
 from .kind_arg import QuantKindType, kind_arg
-from .lanes_ir import SHORT_ROWS, HALF_ROWS, WIDE_ROWS, by_halves, group_product, store_lanes, x_row_sums
+from .lanes_ir import (SHORT_ROWS, HALF_ROWS, WIDE_ROWS, by_halves, group_product, store_lanes, widest_pass,
+                       x_row_sums)
 from .out_arrays import output_array
 from .vector_ir import LANES, X_ROWS
 
 
-def _halves(kind):
-    """2 where a GEMM pass takes a group's halves apart (lanes_ir.by_halves), else 1."""
+def _pass_form(kind):
+    """(halves, widest) of a GEMM pass for the kind: 2 where it takes a group's halves
+    apart (lanes_ir.by_halves), else 1; the most rows of x it takes (widest_pass)."""
     raise NotImplementedError("numba-only: see the overload below")
 
 
-@overload(_halves, inline="always")
-def _halves_of(kind):
+@overload(_pass_form, inline="always")
+def _pass_form_of(kind):
     if isinstance(kind, QuantKindType):
-        halves = 2 if by_halves(kind.kind) else 1
-        return lambda kind: halves
+        form = (2 if by_halves(kind.kind) else 1, widest_pass(kind.kind))
+        return lambda kind: form
 
 
 def _by_group(array):
@@ -110,8 +112,8 @@ def _gemm_lanes(kind, x_values, x_scales, x_sums, padded_rows, width, w, out):
     bytes are in L1 (unpacked in registers, chunk by chunk, each pass), the next group's
     prefetched."""
     n_out = out.shape[1]
-    halves = _halves(kind)
-    lanes, widest = LANES // halves, _widest(kind)
+    halves, widest = _pass_form(kind)
+    lanes = LANES // halves
     n_groups, n_blocks, out_flat = w[0].shape[0], width // QK, out.reshape(-1)
     sums_a_row, by_group = x_sums.size // padded_rows, _by_groups(w)
     for c in prange(PACKED_RANGES):  # (the passes hint the bytes ahead: lanes_ir._pass)
@@ -133,12 +135,6 @@ def _gemm_lanes(kind, x_values, x_scales, x_sums, padded_rows, width, w, out):
                             for j in range(rows):
                                 out[m0 + i, lane0 + j] = acc[i * lanes + j]
                     m0 += tile
-
-
-@cached_njit(inline="always")
-def _widest(kind):
-    """The most rows of x a GEMM pass takes."""
-    return HALF_ROWS if _halves(kind) == 2 else WIDE_ROWS
 
 
 @cached_njit()
@@ -183,7 +179,7 @@ def _gemm_x(kind, x, padded_rows):
     after M. A row a thread: as a serial prelude, rounding and laying out 32 rows of
     2,048 took ~70 us of each product, one core idle (now ~25)."""
     n_rows, width = x.shape
-    n_blocks, widest = width // QK, _widest(kind)
+    n_blocks, widest = width // QK, _pass_form(kind)[1]
     zero_row = x_row_sums(kind, np.zeros(width, np.int8), np.zeros(n_blocks, np.int32))  # (its length, type)
     per_block, sums = len(zero_row) // n_blocks, np.zeros(padded_rows * len(zero_row), zero_row.dtype)
     values, scales = np.zeros(padded_rows * width, np.int8), np.zeros(padded_rows * n_blocks, np.float32)
