@@ -84,7 +84,8 @@ class LLM:
 
     # -- many prompts, blocking or awaited -----------------------------------------
     def _submit_all(self, prompts, params) -> list[RequestHandle]:
-        """Check every prompt first (nothing runs if one is bad), then queue them all."""
+        """Check every prompt first (nothing runs if one is bad), then queue them all as
+        one (the engine schedules them together)."""
         prompts = as_prompt_list(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params] * len(prompts)
@@ -101,15 +102,8 @@ class LLM:
                 if len(prompts) == 1:
                     raise
                 raise type(e)(f"prompt {i}: {e}") from None
-        handles = []
-        try:
-            for p in prepared:
-                handles.append(self._submit(p))
-        except BaseException:
-            for handle in handles:
-                handle.abort()
-            raise
-        return handles
+        return [RequestHandle(self._loop, stream)
+                for stream in self._loop.submit_all(prepared, [None] * len(prepared))]
 
     def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,

@@ -65,20 +65,29 @@ class EngineLoop:
     # -- callers' side (any thread) ----------------------------------------------
     def submit(self, prepared: PreparedRequest, request_id: str | None = None) -> RequestStream:
         """Queue a checked request; its outputs arrive on the returned stream."""
+        return self.submit_all([prepared], [request_id])[0]
+
+    def submit_all(self, prepared: list[PreparedRequest], request_ids: list[str | None]) -> list[RequestStream]:
+        """Queue checked requests as one command: the loop takes them all before its next
+        step, so a batch is scheduled as one whatever the threads' timing (a first step
+        on part of it would change what runs together and what is preempted)."""
         with self._lock:
             self._check_alive()
-            if request_id is None:
-                request_id = f"req-{next(self._ids)}"
-                while request_id in self._streams:
+            taken = set()
+            for request_id in request_ids:
+                if request_id is not None and (request_id in self._streams or request_id in taken):
+                    raise ValueError(f"request_id {request_id!r} is already in use")
+                taken.add(request_id)
+            streams = []
+            for request_id in request_ids:
+                while request_id is None or request_id in self._streams:
                     request_id = f"req-{next(self._ids)}"
-            elif request_id in self._streams:
-                raise ValueError(f"request_id {request_id!r} is already in use")
-            stream = RequestStream(request_id)
-            self._streams[request_id] = stream
-            self._num_queued_adds += 1
-            self._queued_samples += prepared.params.n
-            self._send_locked(("add", prepared, stream))
-        return stream
+                streams.append(RequestStream(request_id))
+                self._streams[request_id] = streams[-1]
+            self._num_queued_adds += len(prepared)
+            self._queued_samples += sum(p.params.n for p in prepared)
+            self._send_locked(("add", list(zip(prepared, streams))))
+        return streams
 
     def abort(self, request_id: str) -> None:
         """Ask the loop to stop a request (its blocks are freed before the next step).
@@ -203,12 +212,12 @@ class EngineLoop:
     def _apply(self, command: tuple) -> None:
         kind = command[0]
         if kind == "add":
-            _, prepared, stream = command
-            if self._exclusive:
-                self._held[stream.request_id] = (prepared, stream)
-                self._held_samples += prepared.params.n
-            else:
-                self._add(prepared, stream)
+            for prepared, stream in command[1]:
+                if self._exclusive:
+                    self._held[stream.request_id] = (prepared, stream)
+                    self._held_samples += prepared.params.n
+                else:
+                    self._add(prepared, stream)
         elif kind == "abort":
             self._abort(command[1])
         elif kind == "call":
@@ -290,7 +299,7 @@ class EngineLoop:
         sched, bm = self.engine.scheduler, self.engine.block_manager
         running = len({s.request_id for s in sched.running})
         waiting = len(self.engine.requests) - running + len(self._held)
-        adds = [c[1] for c in applied if c[0] == "add"]
+        adds = [prepared for c in applied if c[0] == "add" for prepared, _ in c[1]]
         with self._lock:
             self._num_queued_adds -= len(adds)
             self._queued_samples -= sum(p.params.n for p in adds)
