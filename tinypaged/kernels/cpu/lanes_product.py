@@ -5,10 +5,11 @@ per kind, which checks that the arrays it is handed are that kind's.
 
 Threads take groups of 16 rows. Decode (M <= PACKED_GEMV_MAX_ROWS rows of x):
 lanes_ir.group_product on each, one row of x at a time. More rows: the GEMM, x padded
-to a multiple of 4 rows and taken 16 rows a pass (8 or 4 for what is left: _pass_rows), each chunk of the group's bytes unpacked in registers once for all
-the pass's rows (vpdpbusd; AVX2: vpmaddubsw, byte_dot.py); the group stays in L1 for
-the next pass, the next group's bytes are prefetched. On AVX2 the 4-bit kinds take
-each half of a group apart, 12 rows of x a pass. x's rows are rounded and those of a
+to a multiple of 4 rows and taken 16 rows a pass (12 where lanes_ir.widest_pass says; 8
+or 4 for what is left: _pass_rows), each chunk of the group's bytes unpacked in
+registers once for all the pass's rows (vpdpbusd; AVX2: vpmaddubsw, byte_dot.py); the
+group stays in L1 for the next pass, the next group's bytes are prefetched. On AVX2 the
+4-bit kinds take each half of a group apart, 12 rows of x a pass. x's rows are rounded and those of a
 pass laid side by side per call, the rows in parallel (_gemm_x); nothing else is
 copied or transposed per call.
 """
@@ -108,7 +109,7 @@ def _gemm_lanes(kind, x_values, x_scales, x_sums, padded_rows, width, w, out):
     """out (M, N) for W's laid-out arrays w; x's padded_rows (M rounded up to a multiple
     of 4, zero rows after M) of `width` values as _gemm_x lays them out. Threads take
     groups of 16 rows (AVX2's 4-bit kinds: each half apart); each is multiplied by
-    WIDE_ROWS (HALF_ROWS) rows of x at a time, 8 or 4 where _pass_rows says, while its
+    widest_pass's rows of x at a time, 8 or 4 where _pass_rows says, while its
     bytes are in L1 (unpacked in registers, chunk by chunk, each pass), the next group's
     prefetched."""
     n_out = out.shape[1]
