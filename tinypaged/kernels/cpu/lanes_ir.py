@@ -34,9 +34,11 @@ X_VIEWS = ("values", "scales", "sums")  # a pass's rows of x: int8 values, dx, b
 # chunk and its product. 16 rows of both halves spill ~230 loads and stores a block.
 # Zen 2, Q4_K, 32 rows: 120 -> 130 GMAC/s (12 rows alone 69 a core; without the float
 # epilogue that all blocks need, 108: vpmaddubsw's port). Q5 and Q6_K flush their int16
-# sums every 4 or 2 chunks, and ran slower this way: they keep whole groups. VNNI's
-# Q6_K takes HALF_ROWS rows of whole groups: its two half-block sums a row are 32
-# registers at 16 rows (Zen 5, Llama-1B's matrices, 32 rows: +3-5%).
+# sums every 4 or 2 chunks, and ran slower this way: they keep whole groups. VNNI takes
+# HALF_ROWS rows of whole groups, every kind: Q6_K's two half-block sums a row are 32
+# registers at 16 rows, and the others' 16 sums and totals spilled (Zen 5, one thread,
+# 32 rows: Q6_K +3.5-4%, Q4_K +3-5%, Q4_1, Q8_0, Q5_0 +1-4%, Q5_K -1 to +2%; 16 rows as
+# 8 + 8: Q4_K +3-4% against one pass of 16).
 WIDE_ROWS, SHORT_ROWS, HALF_ROWS = 16, 4, 12
 _WORDS = ir.VectorType(ir.IntType(16), 2 * LANES)
 
@@ -251,8 +253,8 @@ def by_halves(k: QuantKind) -> bool:
 
 def widest_pass(k: QuantKind) -> int:
     """The most rows of x a GEMM pass takes for kind k (above): HALF_ROWS where a pass
-    takes half a group, and for VNNI's Q6_K; else WIDE_ROWS."""
-    return HALF_ROWS if by_halves(k) or (LANES_ISA == "vnni" and k.code == Q6_K) else WIDE_ROWS
+    takes half a group, and on VNNI; else WIDE_ROWS."""
+    return HALF_ROWS if by_halves(k) or LANES_ISA == "vnni" else WIDE_ROWS
 
 
 # The row counts of x a pass takes (lanes_product._pass_rows): up to WIDE_ROWS, or up

@@ -5,8 +5,8 @@ per kind, which checks that the arrays it is handed are that kind's.
 
 Threads take groups of 16 rows. Decode (M <= PACKED_GEMV_MAX_ROWS rows of x):
 lanes_ir.group_product on each, one row of x at a time. More rows: the GEMM, x padded
-to a multiple of 4 rows and taken 16 rows a pass (12 where lanes_ir.widest_pass says; 8
-or 4 for what is left: _pass_rows), each chunk of the group's bytes unpacked in
+to a multiple of 4 rows and taken 16 rows a pass (12 where lanes_ir.widest_pass says: on
+VNNI; 8 or 4 for what is left: _pass_rows), each chunk of the group's bytes unpacked in
 registers once for all the pass's rows (vpdpbusd; AVX2: vpmaddubsw, byte_dot.py); the
 group stays in L1 for the next pass, the next group's bytes are prefetched. On AVX2 the
 4-bit kinds take each half of a group apart, 12 rows of x a pass. x's rows are rounded and those of a
