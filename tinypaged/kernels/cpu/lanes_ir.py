@@ -282,7 +282,7 @@ def group_product(typingctx, kind, rows, n_blocks, w, x, acc):
         x_views = _Views(context, builder, X_VIEWS, sig.args[4], args[4])
         done = builder.append_basic_block("pass_done")
         cases = builder.switch(args[1], done)  # (one arm a row count; LLVM folds a constant)
-        for x_rows in sorted(set(WHOLE_PASSES + (HALF_PASSES if widest_pass(k) == HALF_ROWS else ()))):
+        for x_rows in (1,) + (HALF_PASSES if widest_pass(k) == HALF_ROWS else WHOLE_PASSES[1:]):  # (what _pass_rows takes)
             arm = builder.append_basic_block(f"rows_{x_rows}")
             cases.add_case(ir.Constant(args[1].type, x_rows), arm)
             builder.position_at_end(arm)
