@@ -49,8 +49,11 @@ _WORDS = ir.VectorType(ir.IntType(16), 2 * LANES)
 # in the second pass the next group's; more rows, the next group's same chunk in the
 # first pass (Zen 2, the GEMV on a 37 MB matrix: 27-31 GB/s, 23-24 without; Zen 5,
 # 32 rows of Llama-1B's gate/up: 305 GMAC/s against 277 for the whole group hinted in
-# one burst before it)
-AHEAD = 8192
+# one burst before it). The GEMV's hints go to L2 (LLVM's locality 2: prefetcht1), the
+# GEMM's to L1 (3: its group is read by every pass): a hint to L1 holds one of the
+# core's few L1 miss buffers until its line comes, which capped a thread's stream
+# (Zen 5, Llama-1B at batch 1: 30.5-32.1 -> 22.1-27.4 ms a step; 32 rows: no change)
+AHEAD, TO_L1, TO_L2 = 8192, 3, 2
 
 
 def w_dtypes(k: QuantKind) -> tuple:
@@ -112,12 +115,13 @@ def _views_of(tuple_type, dtypes) -> bool:
         c_array(t, (d,)) and t.ndim == 1 for t, d in zip(tuple_type, dtypes))
 
 
-def _prefetch_line(builder, address):
-    """Hints the cache line holding address into the caches (a read, kept close)."""
+def _prefetch_line(builder, address, level):
+    """Hints the cache line holding address into the caches (a read; level: TO_L1 or
+    TO_L2)."""
     i8p = ir.IntType(8).as_pointer()
     hint = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(ir.VoidType(), [i8p, IR_I32, IR_I32, IR_I32]), "llvm.prefetch.p0i8")
-    builder.call(hint, [builder.bitcast(address, i8p)] + [ir.Constant(IR_I32, v) for v in (0, 3, 1)])
+    builder.call(hint, [builder.bitcast(address, i8p)] + [ir.Constant(IR_I32, v) for v in (0, level, 1)])
 
 
 class _Views:
@@ -325,14 +329,14 @@ def _pass(context, builder, k: QuantKind, x_rows: int, half_group: bool, blocks,
             w = _unpack(builder, k, w_views, width, at, high, b, c)
             if x_rows <= X_ROWS:  # (a chunk is a cache line; a line of high bits: a new one)
                 _prefetch_line(builder, w_views.address(
-                    "quants", builder.add(builder.mul(at, index(4 * LANES)), ahead), None))
+                    "quants", builder.add(builder.mul(at, index(4 * LANES)), ahead), None), TO_L2)
                 if k.high_bits and c % (8 // k.high_bits) == 0:
                     line = builder.add(builder.mul(b, index(k.high_bits)), index(c // 4))
                     _prefetch_line(builder, w_views.address("fifths", builder.add(
-                        builder.mul(line, index(4 * LANES)), index(AHEAD * k.high_bits // 4)), None))
+                        builder.mul(line, index(4 * LANES)), index(AHEAD * k.high_bits // 4)), None), TO_L2)
             elif not high:  # (the next group's same chunk: one line a chunk, spread over the pass)
                 _prefetch_line(builder, w_views.address(
-                    "quants", builder.add(builder.mul(at, index(4 * LANES)), group_bytes), None))
+                    "quants", builder.add(builder.mul(at, index(4 * LANES)), group_bytes), None), TO_L1)
             half = c // 4 if k.code == Q6_K else c % 2 if x_rows <= SHORT_ROWS and not half_group else 0
             # x's rows side by side: a chunk's 4 columns of every row in one line at
             # one base, the rest immediates (rows K apart, K a power of two from
