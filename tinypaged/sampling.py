@@ -104,6 +104,12 @@ class SamplingParams:
         overflows, and their distribution is the argmax anyway (vLLM's rule)."""
         return self.temperature < GREEDY_TEMPERATURE
 
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether adjust_logits changes a row for these params (penalties, bias)."""
+        return bool(self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty
+                    or self.logit_bias)
+
 
 def _token_list(name: str, ids) -> list[int] | None:
     """A list of token ids of its own (None stays None)."""
@@ -166,7 +172,7 @@ def sample_tokens(logits: np.ndarray, params: list[SamplingParams], uniforms: li
     the penalties (kernels/cpu/token_mask.py); None where a row is free."""
     rows = np.asarray(logits, dtype=np.float32)
     for r, p in enumerate(params):
-        if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty or p.logit_bias:
+        if p.adjusts_logits:
             token_ids, num_prompt = histories[r] if histories else ((), 0)
             rows = rows if rows is not logits else rows.copy()  # never change the caller's
             rows[r] = adjust_logits(rows[r], p, token_ids, num_prompt)

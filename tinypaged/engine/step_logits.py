@@ -66,13 +66,21 @@ def draw_tokens(logits: StepLogits, rows: list[int], params: list[SamplingParams
                 tokens[i] = token
     if whole:
         block = logits.rows([rows[i] for i in whole])
-        if not np.isfinite(block.max(axis=1)).all():
+        best = np.argmax(block, axis=1)  # (the first NaN where a row holds one, as max() finds it)
+        if not np.isfinite(block[np.arange(len(block)), best]).all():
             raise NonFiniteLogits()
-        drawn = sample_tokens(block, [params[i] for i in whole],
-                              [uniforms[i] for i in whole], [histories[i] for i in whole],
-                              [masks[i] for i in whole])
-        for i, token in zip(whole, drawn):
-            tokens[i] = token
+        plain = [j for j, i in enumerate(whole)  # greedy, nothing to change: the argmax found
+                 if params[i].greedy and masks[i] is None and not params[i].adjusts_logits]
+        for j in plain:
+            tokens[whole[j]] = int(best[j])
+        rest = [j for j in range(len(whole)) if tokens[whole[j]] is None]
+        if rest:  # (a copy of their rows where some rows are plain)
+            picked = [whole[j] for j in rest]
+            drawn = sample_tokens(block if len(rest) == len(whole) else block[rest],
+                                  [params[i] for i in picked], [uniforms[i] for i in picked],
+                                  [histories[i] for i in picked], [masks[i] for i in picked])
+            for j, token in zip(rest, drawn):
+                tokens[whole[j]] = token
     return tokens
 
 
