@@ -53,7 +53,12 @@ def _fma(builder):
                                           "llvm.fma.v16f32")
 
 
-MAX_KEY_ROWS = 8  # key_scores' rows at most: one register of sums each
+MAX_KEY_ROWS = 8  # key_scores' rows at most
+# key_scores' blocks at a time and its sums held in registers a pass: a (row, block)
+# sum is one chain of FMAs over d, so a decode token's 2-4 rows against one block at a
+# time waited on the FMA's latency (~32 cycles a key at 2 rows); 4 blocks give 4x the
+# chains, each summed as before (AVX2: 4 sums, 8 ymm registers)
+BLOCKS_A_PASS, SUMS_A_PASS = 4, 16 if HAS_AVX512 else 4
 
 
 def _for_each_row_count(builder, n_rows, code_for):
@@ -71,54 +76,67 @@ def _for_each_row_count(builder, n_rows, code_for):
 
 
 @intrinsic
-def key_scores(typingctx, q_rows, n_rows, k_block, scores, col):
-    """scores[r, col + j] = sum_d q_rows[r, d] * K[d, j] for r < n_rows (1 .. 8) and the
-    16 keys j of k_block: the pool's block of one KV head, (D, 16) float32 values or
-    float16 bits (uint16), or (D + D/16, 16) int8 (kv_q8.py's rows, transposed: the
-    scores of each 32 dimensions times the keys' scales). D = q_rows.shape[1]."""
-    if not (_float_matrix(q_rows) and _float_matrix(scores) and k_block.ndim == 2
-            and c_array(k_block, (types.float32, types.uint16, types.int8))):
+def key_scores(typingctx, q_rows, n_rows, k_blocks, scores, col):
+    """scores[r, col + 16 b + j] = sum_d q_rows[r, d] * K_b[d, j] for r < n_rows (1 .. 8)
+    and the 16 keys j of each block b of k_blocks (a tuple of 1 .. BLOCKS_A_PASS): the
+    pool's blocks of one KV head, (D, 16) float32 values or float16 bits (uint16), or
+    (D + D/16, 16) int8 (kv_q8.py's rows, transposed: the scores of each 32 dimensions
+    times the keys' scales). D = q_rows.shape[1]. Each (row, block) sum runs over d in
+    order, whatever else is scored beside it: the same bits one block at a time."""
+    if not (_float_matrix(q_rows) and _float_matrix(scores) and isinstance(k_blocks, types.UniTuple)
+            and 1 <= len(k_blocks) <= BLOCKS_A_PASS and k_blocks.dtype.ndim == 2
+            and c_array(k_blocks.dtype, (types.float32, types.uint16, types.int8))):
         return None
-    signature = types.void(q_rows, types.intp, k_block, scores, types.intp)
+    signature = types.void(q_rows, types.intp, k_blocks, scores, types.intp)
+    n_blocks = len(k_blocks)
 
     def codegen(context, builder, sig, args):
-        q_arr, n_rows, k_arr, s_arr, col = args
-        t_q, _, t_k, t_s, _ = sig.args
+        q_arr, n_rows, k_tuple, s_arr, col = args
+        t_q, _, t_tuple, t_s, _ = sig.args
+        t_k, k_arrs = t_tuple.dtype, cgutils.unpack_tuple(builder, k_tuple, n_blocks)
         q_width, s_width = _shape(context, builder, t_q, q_arr, 1), _shape(context, builder, t_s, s_arr, 1)
         fma = _fma(builder)
         quantized = t_k.dtype == types.int8
 
-        def partial(sums, d0, d1):
-            """sums[r] += sum over d0 <= d < d1 of q[r, d] * K[d, :]."""
+        def partial(sums, rows, d0, d1):
+            """sums[r][b] += sum over d0 <= d < d1 of q[r, d] * K_b[d, :], for r in rows."""
             with cgutils.for_range_slice(builder, d0, d1, index(1)) as (d, _):
-                keys = _pool_vector(context, builder, t_k, k_arr, builder.mul(d, index(LANES)), t_k.dtype)
-                for r, s in enumerate(sums):
-                    q = builder.load(pointer(context, builder, t_q, q_arr,
-                                             builder.add(builder.mul(index(r), q_width), d)))
-                    builder.store(builder.call(fma, [splat(builder, q, FLOATS), keys, builder.load(s)]), s)
+                keys = [_pool_vector(context, builder, t_k, k, builder.mul(d, index(LANES)), t_k.dtype)
+                        for k in k_arrs]
+                for r in rows:
+                    q = splat(builder, builder.load(pointer(context, builder, t_q, q_arr,
+                                                            builder.add(builder.mul(index(r), q_width), d))), FLOATS)
+                    for b, k in enumerate(keys):
+                        builder.store(builder.call(fma, [q, k, builder.load(sums[r][b])]), sums[r][b])
 
-        def rows_of(rows):
-            """The code for exactly `rows` rows: their sums stay in registers."""
+        def rows_of(n):
+            """The code for exactly n rows, SUMS_A_PASS (row, block) sums in registers a pass."""
             def zeros():
-                return [cgutils.alloca_once_value(builder, ir.Constant(FLOATS, [0.0] * LANES))
-                        for _ in range(rows)]
+                return {r: [cgutils.alloca_once_value(builder, ir.Constant(FLOATS, [0.0] * LANES))
+                            for _ in range(n_blocks)] for r in range(n)}
             sums = zeros()
-            if not quantized:
-                partial(sums, index(0), q_width)
-            else:  # each 32 dimensions' dot, times the keys' scales (rows D + 2c, D + 2c + 1)
-                chunk = zeros()
+            step = max(1, SUMS_A_PASS // n_blocks)
+            for rows in [range(r0, min(n, r0 + step)) for r0 in range(0, n, step)]:
+                if not quantized:
+                    partial(sums, rows, index(0), q_width)
+                    continue
+                chunk = zeros()  # each 32 dimensions' dot, times the keys' scales (rows D + 2c, D + 2c + 1)
                 with cgutils.for_range(builder, builder.udiv(q_width, index(KV_BLOCK))) as blocks:
                     c = blocks.index
-                    for s in chunk:
-                        builder.store(ir.Constant(FLOATS, [0.0] * LANES), s)
-                    partial(chunk, builder.mul(c, index(KV_BLOCK)), builder.mul(builder.add(c, index(1)), index(KV_BLOCK)))
+                    for r in rows:
+                        for part in chunk[r]:
+                            builder.store(ir.Constant(FLOATS, [0.0] * LANES), part)
+                    partial(chunk, rows, builder.mul(c, index(KV_BLOCK)),
+                            builder.mul(builder.add(c, index(1)), index(KV_BLOCK)))
                     at = builder.mul(builder.add(q_width, builder.mul(c, index(2))), index(LANES))
-                    scale = _scales_of_keys(context, builder, t_k, k_arr, at)
-                    for s, part in zip(sums, chunk):
-                        builder.store(builder.call(fma, [builder.load(part), scale, builder.load(s)]), s)
-            for r, s in enumerate(sums):
-                at = builder.add(builder.mul(index(r), s_width), col)
-                builder.store(builder.load(s), pointer(context, builder, t_s, s_arr, at, FLOATS), align=4)
+                    scales = [_scales_of_keys(context, builder, t_k, k, at) for k in k_arrs]
+                    for r in rows:
+                        for s, part, scale in zip(sums[r], chunk[r], scales):
+                            builder.store(builder.call(fma, [builder.load(part), scale, builder.load(s)]), s)
+            for r in range(n):
+                for b, s in enumerate(sums[r]):
+                    at = builder.add(builder.mul(index(r), s_width), builder.add(col, index(LANES * b)))
+                    builder.store(builder.load(s), pointer(context, builder, t_s, s_arr, at, FLOATS), align=4)
 
         _for_each_row_count(builder, n_rows, rows_of)
         return context.get_dummy_value()
@@ -208,7 +226,7 @@ def weigh_keys(typingctx, weights, col, n_rows, v_block, kvh, first, n_keys, acc
         fma = _fma(builder)
 
         def rows_of(rows):
-            columns = max(1, min(VECTORS_A_PASS, (2 * VECTORS_A_PASS * 4) // (rows + 4)))  # sums in registers
+            columns = max(1, min(2 * VECTORS_A_PASS, 16 // rows)) if HAS_AVX512 else 1  # sums in registers
 
             def pass_of(c0, width):
                 at_acc = [[pointer(context, builder, t_a, a_arr,

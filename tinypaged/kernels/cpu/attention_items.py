@@ -15,7 +15,7 @@ from numba import float32, njit, types
 from numba.extending import overload
 
 from ..kv_q8 import KV_BLOCK
-from .attention_ir import key_scores, score_tile, weigh_keys, weigh_values
+from .attention_ir import BLOCKS_A_PASS, key_scores, score_tile, weigh_keys, weigh_values
 from .common import f16_bits_to_f32, kv_widen
 from .fast_exp import exp32
 from .vector_ir import LANES
@@ -130,8 +130,13 @@ def attend_few(q, k_cache, v_cache, table, positions, t0, n_tok, kvh, k0, k1, sc
         block, offset = table[key // block_size], key % block_size
         n_keys = min(block_size - offset, k1 - key)
         keys = k_cache[block, kvh]  # (D, block_size); int8: (D + D/16, block_size)
-        if block_size == LANES:  # the whole block's 16 scores of each row, in registers
-            key_scores(q_rows, rows, keys, block_scores, 0)
+        if block_size == LANES and offset == 0 and key + BLOCKS_A_PASS * LANES <= k1:  # 4 whole blocks
+            at = key // LANES
+            key_scores(q_rows, rows, (keys, k_cache[table[at + 1], kvh], k_cache[table[at + 2], kvh],
+                                      k_cache[table[at + 3], kvh]), scores, key - k0)
+            n_keys = BLOCKS_A_PASS * LANES
+        elif block_size == LANES:  # the whole block's 16 scores of each row, in registers
+            key_scores(q_rows, rows, (keys,), block_scores, 0)
             for r in range(rows):
                 out, got = scores[r, key - k0:key - k0 + n_keys], block_scores[r, offset:offset + n_keys]
                 for j in range(n_keys):
