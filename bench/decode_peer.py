@@ -65,7 +65,8 @@ UNITS = {"b1": "tokens/s", "c32": "tokens/s", "pp512": "tokens/s", "pp2048": "to
          "d4096": "tokens/s", "load": "s", "cold": "s", "rss": "MB"}
 CONTEXT = 4096
 # The engine's pool, blocks of 16 tokens: what the rows take at once (a 4,224-token
-# sequence; 32 of ~52 tokens), and a sliding-window model's window blocks, twice over.
+# sequence; 32 of ~52 tokens), and a sliding-window model's window blocks, twice over;
+# more where a long prompt in every KV group needs more (measure).
 # It is written once before timing (commit_kv_pool), as llama.cpp's is at load, and
 # sized as llama.cpp sizes its context, for the row rather than for every request a
 # server might hold.
@@ -135,8 +136,15 @@ def measure(name: str, rows: list[str], bench: Path, rounds: int, kv_dtype: str)
     runs = {row: ([], [], "") for row in rows}
     engine_rows = [r for r in rows if r in ENGINE_ROWS]
     if engine_rows:
-        llm = LLM(str(gguf), backend="cpu", kv_cache_dtype=kv_dtype, max_num_seqs=32,
-                  max_model_len=CONTEXT + 128, num_blocks=POOL_BLOCKS)
+        def engine(num_blocks):
+            return LLM(str(gguf), backend="cpu", kv_cache_dtype=kv_dtype, max_num_seqs=32,
+                       max_model_len=CONTEXT + 128, num_blocks=num_blocks)
+        llm = engine(POOL_BLOCKS)
+        blocks = llm.engine.block_manager
+        need = blocks.num_groups * -(-(CONTEXT + 128) // blocks.block_size)  # (a long prompt in every KV group)
+        if need > POOL_BLOCKS:  # (Gemma 3: 6 groups of layers, 1,542 blocks for d4096's prompt)
+            llm.close()
+            llm = engine(need)
         commit_kv_pool(llm)
         for row in engine_rows:  # compiles every kernel for these shapes
             ours_engine(llm, row)
