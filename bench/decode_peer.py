@@ -49,6 +49,7 @@ from tinypaged.bench import llama_cpp_peer  # noqa: E402
 from tinypaged.bench.long_rates import decode_after_prompt, prefill_rate  # noqa: E402
 from tinypaged.bench.peak_rss import timed_process  # noqa: E402
 from tinypaged.bench.rates import commit_kv_pool, decode_rate  # noqa: E402
+from tinypaged.model.kv_groups import blocks_for  # noqa: E402
 from tinypaged.tokenizer import Tokenizer  # noqa: E402
 
 WEIGHTS, SHAPED = ROOT / "weights", ROOT / "weights" / "shaped"
@@ -141,7 +142,7 @@ def measure(name: str, rows: list[str], bench: Path, rounds: int, kv_dtype: str)
                        max_model_len=CONTEXT + 128, num_blocks=num_blocks)
         llm = engine(POOL_BLOCKS)
         blocks = llm.engine.block_manager
-        need = blocks.num_groups * -(-(CONTEXT + 128) // blocks.block_size)  # (a long prompt in every KV group)
+        need = blocks.num_groups * blocks_for(CONTEXT + 128, blocks.block_size)  # (a long prompt in every KV group)
         if need > POOL_BLOCKS:  # (Gemma 3: 6 groups of layers, 1,542 blocks for d4096's prompt)
             llm.close()
             llm = engine(need)

@@ -23,6 +23,7 @@ from .vector_ir import LANES
 NO_SCORE = float32(-3.0e38)  # a masked score; finite, as fastmath assumes no infinities
 KEYS = 16  # keys a pass of the many-row item
 FEW_ROWS = 8  # fewer rows than this take the two-pass item
+assert BLOCKS_A_PASS == 4, "attend_few hands key_scores a tuple of 4 blocks"
 
 
 def _widen_row(pool, block, offset, kvh, row):
