@@ -25,6 +25,10 @@ Rows (--rows):
   rss     peak RSS of a whole run of 32 tokens after a ~4,000-token prompt, with a
           4,096-token KV cache (MB)
 
+Each engine row's notes give the VM's state before each run (tinypaged/bench/cross_core.py: ns a
+cache line to read what the other core wrote; ~7 and ~45 on the 2-core VM, the c32
+rates ~15% apart between them).
+
 Usage: python bench/decode_peer.py --llama-bench PATH [--rounds 3] [--models a,b]
        [--rows b1,pp512] [--kv-cache-dtype auto|float16|float32]
 Without --models/--rows: the rows issue 30 asks for, for each file present.
@@ -46,9 +50,10 @@ sys.path.insert(0, str(ROOT))
 from tinypaged import LLM, SamplingParams  # noqa: E402
 from tinypaged.config import KV_CACHE_DTYPES  # noqa: E402
 from tinypaged.bench import llama_cpp_peer  # noqa: E402
+from tinypaged.bench.cross_core import cross_core_ns  # noqa: E402
 from tinypaged.bench.long_rates import decode_after_prompt, prefill_rate  # noqa: E402
 from tinypaged.bench.peak_rss import timed_process  # noqa: E402
-from tinypaged.bench.rates import commit_kv_pool, decode_rate  # noqa: E402
+from tinypaged.bench.rates import commit_kv_pool, decode_rate, on_engine_thread  # noqa: E402
 from tinypaged.model.kv_groups import blocks_for  # noqa: E402
 from tinypaged.tokenizer import Tokenizer  # noqa: E402
 
@@ -149,11 +154,18 @@ def measure(name: str, rows: list[str], bench: Path, rounds: int, kv_dtype: str)
         commit_kv_pool(llm)
         for row in engine_rows:  # compiles every kernel for these shapes
             ours_engine(llm, row)
+        states = {row: ([], []) for row in engine_rows}  # (cross_core.py: the VM's state, each run)
+        state = lambda: on_engine_thread(llm, lambda _: cross_core_ns())  # noqa: E731
         for _ in range(rounds):
             for row in engine_rows:
+                states[row][0].append(state())
                 runs[row][0].append(ours_engine(llm, row))
+                states[row][1].append(state())
                 runs[row][1].append(peer_engine(bench, gguf, row))
         llm.close()
+        for row, (ours, peer) in states.items():
+            runs[row] = (*runs[row][:2], "cross-core ns a line before each run: ours " + ", ".join(
+                f"{ns:.0f}" for ns in ours) + "; llama.cpp " + ", ".join(f"{ns:.0f}" for ns in peer))
     with tempfile.TemporaryDirectory() as folder:
         for row in (r for r in rows if r not in ENGINE_ROWS):
             if row == "load":  # the first load fills the page cache (and any layout cache)

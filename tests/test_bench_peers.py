@@ -1,14 +1,16 @@
 """The benchmark's measuring tools: the llama.cpp peer's output parsing (against
 stand-in executables that print what llama-bench and llama-batched-bench print) and
-the peak-RSS probe of a real `cli.py generate` run."""
+the peak-RSS probe of a real `cli.py generate` run; the cross-core probe."""
 import json
 import stat
 
+import numpy as np
 import pytest
+from numba import get_num_threads, get_thread_id, njit, prange
 
 from helpers import write_tiny_model
 
-from tinypaged.bench import llama_cpp_peer, peak_rss
+from tinypaged.bench import cross_core, llama_cpp_peer, peak_rss
 
 
 def fake_binary(path, stdout: str, code: int = 0, stderr: str = ""):
@@ -49,3 +51,20 @@ def test_peak_rss_counts_the_weights_a_run_holds(tmp_path):
     assert 0.9 * extra < grown < 2.5 * extra, (grown >> 20, extra >> 20)
     with pytest.raises(RuntimeError, match="model folder not found"):
         peak_rss.generate_peak_rss(tmp_path / "missing")
+
+
+@njit(parallel=True)
+def _thread_of_each_half(owners):
+    for c in prange(2):
+        owners[c] = get_thread_id()
+
+
+def test_the_cross_core_probe_reads_what_the_other_thread_wrote():
+    """Its premise: a prange(2) gives its halves to numba's threads 0 (the caller) and 1,
+    as the probe's writer does; and its figure, ns a line, is a finite number >= 0."""
+    owners = np.full(2, -1)
+    _thread_of_each_half(owners)
+    if get_num_threads() >= 2:
+        assert list(owners) == [0, 1]
+    ns = cross_core.cross_core_ns(repeats=5)
+    assert np.isfinite(ns) and ns >= 0.0
