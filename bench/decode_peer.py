@@ -25,9 +25,9 @@ Rows (--rows):
   rss     peak RSS of a whole run of 32 tokens after a ~4,000-token prompt, with a
           4,096-token KV cache (MB)
 
-Each engine row's notes give the VM's state before each run (tinypaged/bench/cross_core.py: ns a
-cache line to read what the other core wrote; ~7 and ~45 on the 2-core VM, the c32
-rates ~15% apart between them).
+Each engine row's notes give the VM's state before each run (tinypaged/bench/
+cross_core.py: ns a cache line to read what the other core wrote; ~7 and ~45 on the
+2-core VM, our c32 rates ~15% apart between them).
 
 Usage: python bench/decode_peer.py --llama-bench PATH [--rounds 3] [--models a,b]
        [--rows b1,pp512] [--kv-cache-dtype auto|float16|float32]

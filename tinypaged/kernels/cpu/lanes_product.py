@@ -175,8 +175,8 @@ def _gemm_x(kind, x, padded_rows):
     """x (M, K) rounded to int8 blocks (activations.py) and laid out as the GEMM's
     passes read it: values (int8), scales and sums (lanes_ir.x_row_sums), each flat,
     pass by pass, a pass's rows side by side; padded_rows (a multiple of 4) rows, zeros
-    after M. A row a thread: as a serial prelude, rounding and laying out 32 rows of
-    2,048 took ~70 us of each product, one core idle (now ~15)."""
+    after M. A row a thread: 32 rows of 2,048 take ~15 us this way, ~70 on one core
+    (bench/NOTES.md)."""
     n_rows, width = x.shape
     n_blocks, widest = width // QK, _pass_form(kind)[1]
     zero_row = x_row_sums(kind, np.zeros(width, np.int8), np.zeros(n_blocks, np.int32))  # (its length, type)
