@@ -36,6 +36,7 @@ sys.path.insert(0, ROOT)
 from numba import cuda  # noqa: E402
 
 from tinypaged.batch.attention_metadata import AttentionMetadata  # noqa: E402
+from tinypaged.kernels.cuda.attention import decode_split  # noqa: E402
 from tinypaged.kernels.cuda.backend import CudaBackend  # noqa: E402
 from tinypaged.kernels.cuda.device_weights import DeviceFloat  # noqa: E402
 from tinypaged.kernels.kv_q8 import quantize_rows  # noqa: E402
@@ -247,7 +248,7 @@ def _attention_row(copy_gbps, batch, ctx, pool_dtype):
     want = predicted_seconds(unique, launches=0, graph_nodes=launches)
     report(f"paged attention decode, {batch} x {ctx} ctx, {pool_dtype} pool", gbps, "GB/s",
            f"{gbps / copy_gbps:.0%} of copy bandwidth; {seconds * 1e6:.0f} us "
-           f"(predicted {want * 1e6:.0f}); {dev_meta.decode_partitions} partitions",
+           f"(predicted {want * 1e6:.0f}); {decode_split(batch, n_kv, n_heads // n_kv, dev_meta.decode_keys, gpu.launcher.sms)[0]} partitions",
            predicted=unique / want / 1e9)
 
 
@@ -346,8 +347,34 @@ def end_to_end(model_dir):
                    f"{(ops.launcher.transfers - transfers) / steps:.1f} copies a step",
                    predicted=batch / step_s)
         if cuda_graphs:
+            for context in ((16,) if TINY else (128, 1024)):
+                decode_at_context(engine, context)
             step_kernel_times(engine)
         del llm
+
+
+def decode_at_context(engine, context):
+    """Batch-1 graph-mode decode tokens/s over the last n keys up to `context` (a prompt
+    of context - n random tokens, then n decoded: one recorded step serves them all, as
+    context is a power of two), beside the latency model's step at their middle."""
+    from tinypaged import SamplingParams
+    from tinypaged.kernels.cuda.tools.step_model import decode_step, predict
+    cfg, n = engine.model_config, (4 if TINY else 64)
+    prompt = np.random.default_rng(context).integers(3, cfg.vocab_size, context - n).tolist()
+    engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    while not any(o.outputs for o in engine.step()):  # the prompt, in chunks if need be
+        pass
+    engine.step()  # the first decode step at this context (recorded)
+    tokens, start = 0, time.perf_counter()
+    while engine.has_unfinished():
+        tokens += sum(len(o.outputs) for o in engine.step())
+    cuda.synchronize()
+    rate = tokens / (time.perf_counter() - start)
+    step_s = predict(decode_step(cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+                                 cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size,
+                                 cfg.vocab_size, 1, context=context - n // 2))["step_us"] / 1e6
+    report(f"model decode, batch 1, graph, {context - n + 2}-{context} keys", rate, "tokens/s",
+           f"the issue's bar: 1,000 tokens/s (SmolLM2 shapes)", predicted=1 / step_s)
 
 
 def step_kernel_times(engine):
@@ -356,7 +383,7 @@ def step_kernel_times(engine):
     graph and replayed, so no host launch gap is counted; then the whole step's graph."""
     steps = engine.runner.decode_graphs.steps
     for bucket in sorted({min(b for b, _ in steps), max(b for b, _ in steps)}):
-        step = next(s for (b, _), s in sorted(steps.items()) if b == bucket)
+        step = steps[bucket, max(k for b, k in steps if b == bucket)]  # (the buffer's contexts)
         kinds = {}  # (name, grid, block) -> [count, and the first launch: kernel, grid, block, args]
         for kernel, grid, block, args in step.recording.launches:
             name = getattr(kernel, "py_func", kernel).__name__

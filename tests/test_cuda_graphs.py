@@ -155,10 +155,10 @@ def test_a_graph_mode_decode_step_is_one_launch_and_two_transfers(tmp_path):
 
 
 def test_a_context_growing_past_an_attention_partition_is_recorded_again(tmp_path):
-    """Decode attention's grid has a power-of-two count of 128-key partitions; a step
-    whose context crosses 128 keys runs a second recording of the same bucket
-    (sharing its workspace), with the merge kernel, equal to the eager step. (One
-    narrow layer: the simulator's cost is the 125-token prompt's products.)"""
+    """Decode attention's grid covers a power-of-two count of keys (its split follows);
+    a step whose context crosses 128 keys runs a second recording of the same bucket
+    (sharing its workspace), equal to the eager step. (One narrow layer: the
+    simulator's cost is the 125-token prompt's products.)"""
     write_tiny_model(str(tmp_path), max_position_embeddings=256, num_hidden_layers=1, hidden_size=16,
                      intermediate_size=16)
     runs = {}
@@ -174,8 +174,8 @@ def test_a_context_growing_past_an_attention_partition_is_recorded_again(tmp_pat
     (eager_logits, _), (graph_logits, engine) = runs[False], runs[True]
     _assert_same_steps(graph_logits, eager_logits)
     graphs = engine.runner.decode_graphs
-    assert set(graphs.steps) == {(1, 1), (1, 2)}  # up to 128 keys, then past them
-    assert graphs.steps[1, 1].recording.workspace is graphs.steps[1, 2].recording.workspace
+    assert set(graphs.steps) == {(1, 128), (1, 256)}  # up to 128 keys, then past them
+    assert graphs.steps[1, 128].recording.workspace is graphs.steps[1, 256].recording.workspace
     assert engine.runner.model.ops.launcher.replays >= 2
 
 

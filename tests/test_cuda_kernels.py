@@ -8,7 +8,7 @@ from numba import cuda
 from tinypaged.batch.attention_metadata import AttentionMetadata
 from tinypaged.kernels import reference
 from tinypaged.kernels.cuda.backend import CudaBackend
-from tinypaged.kernels.cuda import matmul
+from tinypaged.kernels.cuda import attention, matmul
 from tinypaged.kernels.cuda.device_weights import DeviceFloat
 
 pytestmark = pytest.mark.cuda
@@ -214,17 +214,19 @@ def test_paged_attention_decode_and_prefill(gpu, block_size, n_heads, n_kv, wind
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("head_dim, window", [(40, None), (128, None), (40, 150), (40, 2)])
-def test_split_k_decode_attention_over_long_contexts(gpu, head_dim, window):
-    """Contexts of 300, 7 and 129 keys: 3, 1 and 2 partitions of attention.PARTITION
-    (the grid has 4, a power of two; blocks past a context exit), each walked in
-    chunks of 32 keys, merged by log-sum-exp; a GQA group of 3; head_dim 40 leaves a
-    key's 8 threads five dimensions each, 128 sixteen. A window of 150 leaves the
-    300-key row's first partition out (keys 150-299) and starts the 129-key row's
-    in its first; a window of 2 leaves each row one partition with keys."""
-    from tinypaged.kernels.cuda import attention
-
-    rng = np.random.default_rng(head_dim)
+@pytest.mark.parametrize("head_dim, window, sms, split", [
+    (40, None, 4, (2, 256)), (128, None, 4, (2, 256)), (40, 150, 4, (2, 256)), (40, 2, 4, (2, 256)),
+    (40, None, 256, (32, 16)), (40, 150, 256, (32, 16))])
+def test_split_k_decode_attention_over_long_contexts(gpu, monkeypatch, head_dim, window, sms, split):
+    """Contexts of 300, 7 and 129 keys (the grid covers 512) split as decode_split finds
+    fastest for a GPU of `sms` SMs: 2 partitions of 256 keys (the 300-key row's second
+    short, the others in one, written out directly), or 32 of 16 (the 300-key row in
+    19, the merge's unrolled loads over more than MERGE_UNROLL partitions), each walked
+    in chunks, merged by the last block to arrive (one launch; the arrival counts back
+    at zero after it); a GQA group of 3; head_dim 40 leaves a key's 8 threads five
+    dimensions each, 128 sixteen. A window of 150 leaves the 300-key row's partitions
+    before key 150 out; a window of 2 leaves each row one partition with keys."""
+    rng = np.random.default_rng(head_dim + sms)
     block_size, n_heads, n_kv, context_lens = 16, 6, 2, [300, 7, 129]
     free = list(rng.permutation(64))
     tables = [[int(free.pop()) for _ in range(-(-n // block_size))] for n in context_lens]
@@ -234,12 +236,31 @@ def test_split_k_decode_attention_over_long_contexts(gpu, head_dim, window):
     q = rand(rng, meta.num_tokens, n_heads, head_dim)
     want = reference.paged_attention(q, k_cache, v_cache, meta, window)
     _, dev_meta = gpu.prepare_inputs(np.zeros(meta.num_tokens, np.int64), meta)
-    assert attention.PARTITION == 128 and dev_meta.decode_partitions == 4
+    monkeypatch.setattr(gpu.launcher, "sms", sms)
+    assert attention.CHUNK == 8 and dev_meta.decode_keys == 512
+    assert attention.decode_split(3, n_kv, 3, 512, sms) == split
     before = gpu.launcher.launches
     got = gpu.paged_attention(cuda.to_device(q), cuda.to_device(k_cache), cuda.to_device(v_cache),
                               dev_meta, window).copy_to_host()
-    assert gpu.launcher.launches - before == 2  # the split kernel and the merge
+    assert gpu.launcher.launches - before == 1  # the split kernel merges its own partitions
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert not gpu.launcher.arrival_counts(3, n_kv).copy_to_host().any()
+
+
+def test_decode_split_fills_the_gpu_at_batch_1_and_keeps_long_partitions_for_large_batches():
+    """On an H200 (132 SMs, 32-key chunks), SmolLM2's 3 KV heads of 3 query heads: one
+    row's 128 or 1,024 keys split until the blocks fill the SMs; 64 rows keep long
+    partitions (the grid fills the GPU already); a short context is one partition; the
+    merge's weights bound the partitions of a wide group."""
+    from tinypaged.kernels.cuda.attention import MERGE_WEIGHTS, decode_split
+
+    assert decode_split(1, 3, 3, 128, 132, 32) == (4, 32)
+    assert decode_split(1, 3, 3, 1024, 132, 32) == (32, 32)
+    assert decode_split(64, 3, 3, 512, 132, 32) == (2, 256)
+    assert decode_split(1, 3, 3, 32, 132, 32) == (1, 32)
+    assert decode_split(1, 3, 3, 16, 132, 32) == (1, 32)  # (fewer keys than a chunk)
+    parts, partition = decode_split(1, 1, 32, 1 << 17, 132, 32)
+    assert parts * 32 <= MERGE_WEIGHTS and parts * partition == 1 << 17
 
 
 def test_copy_blocks(gpu):
@@ -292,7 +313,7 @@ def test_a_float16_pool_rounds_on_write_and_widens_on_read(gpu):
     # decode: the last token of each sequence, over 150 and 5 keys
     decode = AttentionMetadata.build([(list(range(10)), 149, 150), ([20], 4, 5)], 16)
     _, dev_decode = gpu.prepare_inputs(np.zeros(2, np.int64), decode)
-    assert dev_decode.decode_partitions == 2
+    assert attention.decode_split(2, 2, 2, dev_decode.decode_keys, gpu.launcher.sms) == (4, 64)
     q_last = (want_q / 300)[[149, 154]]
     got = gpu.paged_attention(cuda.to_device(q_last), dev_k[0], dev_v[0], dev_decode)
     np.testing.assert_allclose(got.copy_to_host(), want[[149, 154]], rtol=1e-4, atol=1e-5)
@@ -350,7 +371,7 @@ def test_attention_reads_an_int8_pool_as_the_reference_and_blocks_copy_with_thei
     np.testing.assert_allclose(got.copy_to_host(), want, rtol=1e-4, atol=1e-5)
     decode = AttentionMetadata.build([(list(range(10)), 149, 150), ([20], 4, 5)], 16)
     _, dev_decode = gpu.prepare_inputs(np.zeros(2, np.int64), decode)
-    assert dev_decode.decode_partitions == 2
+    assert attention.decode_split(2, 2, 2, dev_decode.decode_keys, gpu.launcher.sms) == (4, 64)
     got = gpu.paged_attention(cuda.to_device(want_q[[149, 154]]), k_pool[0], v_pool[0], dev_decode)
     np.testing.assert_allclose(got.copy_to_host(), want[[149, 154]], rtol=1e-4, atol=1e-5)
     gpu.copy_blocks(k_pool, v_pool, [(20, 23), (3, 21)])

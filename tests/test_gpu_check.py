@@ -25,4 +25,5 @@ def test_the_gpu_check_runs_through_on_the_simulator():
     for batch in (1, 2):
         for mode in ("eager", "graph"):
             assert f"model decode, batch {batch}, {mode}" in figures
+    assert "model decode, batch 1, graph, 14-16 keys" in figures  # (a long context's row, rehearsed)
     assert "a step failed" not in result.stdout and "no decode step ran" not in result.stdout

@@ -11,7 +11,8 @@ read, an int8 pool's values times their scales.
 """
 import math
 
-from numba import config, cuda, float32
+import numpy as np
+from numba import config, cuda, float32, int32
 
 from .bounded_jit import jit_bounded
 from .disk_cache import cached_kernel
@@ -19,19 +20,25 @@ from .exact import NEG_INF
 from .kv_rows import MAX_HEAD_DIM, POOL_READS, layer_rows, pool_form
 from .warp import FULL_MASK, WARP, warp_max, warp_sum
 
-PARTITION = 128  # decode: keys of one block (one block per row, KV head and partition)
-# decode: keys a block loads and scores at once, four to a partition (the simulator,
-# a Python thread per CUDA thread, takes 8: sixteen chunks, the same code paths)
+# decode: keys a block loads and scores at once; a partition (a block's keys) is a
+# power-of-two count of chunks, chosen per launch (decode_split). The simulator, a
+# Python thread per CUDA thread, takes 8: the same code paths on fewer threads
 GPU_CHUNK = 32
 CHUNK = 8 if config.ENABLE_CUDASIM else GPU_CHUNK
+MIN_DECODE_CHUNKS = 2  # decode: the fewest chunks of keys a grid covers (a recorded step
+MIN_DECODE_KEYS = MIN_DECODE_CHUNKS * CHUNK  # serves every context up to them: memory.covering_keys)
 LANES_PER_KEY = 8  # decode: threads that share one key's dimensions
 DECODE_THREADS = CHUNK * LANES_PER_KEY  # 256: a chunk's keys all loaded at once
 DECODE_WARPS = DECODE_THREADS // WARP
 DIMS_PER_LANE = MAX_HEAD_DIM // LANES_PER_KEY  # a thread's dimensions of its key: d = lane + 8n
 MAX_GROUP = 32  # decode: query heads a KV head serves (GQA)
 GROUP_DIMS = MAX_GROUP * MAX_HEAD_DIM  # decode: a group's accumulators, in shared memory
-MERGE_THREADS = 256  # merge_partitions: (dimension, partition group) pairs
-MERGE_WARPS = MERGE_THREADS // WARP
+MERGE_WEIGHTS = 2048  # decode: the last block's merge weights, a group's heads x partitions
+MERGE_UNROLL = 16  # decode: partitions' partial sums a merging thread loads at once
+# decode, what decode_split weighs (and tools/step_model.py prices): a chunk's dependent
+# loads (K and V: its block ids come while the chunk before it is summed) and its
+# barriers and butterflies in sequence; the merge's; a barrier against a round trip
+CHUNK_ROUNDS, CHUNK_SYNCS, MERGE_SYNCS, SYNC_ROUNDS = 1, 6, 6, 0.25
 Q_TILE = 16  # prefill: queries per block
 KV_TILE = 16  # prefill: keys staged in shared memory per step
 PREFILL_THREADS = 128
@@ -42,45 +49,59 @@ PREFILL_BLOCKS_PER_SM = 6  # what its ~34 KB of shared memory allows; as a launc
 def _decode_kernel(kv_value, kv_rows):
     """paged_attention_decode over a pool read by kv_value and kv_rows (kv_rows.py)."""
     @jit_bounded((DECODE_THREADS, 1))
-    def paged_attention_decode(q, k_cache, v_cache, block_tables, positions, token_seq,
-                               decode_rows, scale, window, softcap, part_acc, part_ml, out):
-        """Split-K, GQA-grouped decode attention, CHUNK keys at once.
+    def paged_attention_decode(q, k_cache, v_cache, block_tables, row_positions, row_seqs,
+                               decode_rows, scale, window, softcap, partition, part_acc,
+                               part_ml, arrivals, out):
+        """Split-K, GQA-grouped decode attention, CHUNK keys at once, the partitions
+        merged by the last of them to finish.
 
         Grid (len(decode_rows), n_kv, n_partitions), block DECODE_THREADS: block (i, kvh,
-        p) takes query row r = decode_rows[i], the `group` query heads that share KV head
-        kvh, and keys p * PARTITION ... of r's context (blocks past it exit), a chunk of
-        CHUNK keys at a time. In a chunk, thread t serves key c = t // 8 with dimensions
+        p) takes query row r = decode_rows[i] (at position row_positions[i] of sequence
+        row_seqs[i]: read with r, not after it), the `group` query heads that share KV
+        head kvh, and keys p * partition ... of r's context (blocks past it exit), a
+        chunk of CHUNK keys at a time, each chunk's block ids read while the chunk
+        before it is summed. In a chunk, thread t serves key c = t // 8 with dimensions
         e, e + 8, ... (e = t % 8): it loads its V dimensions into shared memory and its K
         dimensions for the group's dot products (no load waits on another: one memory
         latency for the chunk, where a warp walking the keys pays one per key); the 8
         threads of a key reduce by three shuffles; a warp per head updates the head's
         online softmax (lane = key); the block rescales its accumulators and adds the
-        chunk's weighted V from shared memory. One partition: out = acc / l; several:
-        the unnormalised acc (part_acc[i, h, p]) and (max, sum) (part_ml[i, h, p]) for
-        merge_partitions. A padding row (position -1) has no keys: zeros. With a window,
-        partitions wholly before it exit (merge skips them alike), and keys before it
-        weigh 0.
+        chunk's weighted V from shared memory.
+
+        A row whose keys (or window) lie in one partition writes out = acc / l. Else
+        each block writes its unnormalised acc (part_acc[i, h, p]) and (max, sum)
+        (part_ml[i, h, p]), fences them, and counts itself in arrivals[i, kvh]; the
+        block that arrives last merges the row's partitions by log-sum-exp (out =
+        sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M), M = max_p m_p) and sets the
+        count back to 0 for the next launch: no merge launch, no host step between.
+        A padding row (position -1) has no keys: zeros. With a window, partitions
+        wholly before it exit (and are not counted), and keys before it weigh 0.
         """
         v_s = cuda.shared.array((CHUNK, MAX_HEAD_DIM), dtype=float32)
         p_s = cuda.shared.array((MAX_GROUP, CHUNK), dtype=float32)  # scores, then weights
         ml_s = cuda.shared.array((MAX_GROUP, 3), dtype=float32)  # a head's (max, sum, rescale)
         acc_s = cuda.shared.array(GROUP_DIMS, dtype=float32)  # [g * head_dim + d]
+        w_s = cuda.shared.array(MERGE_WEIGHTS, dtype=float32)  # the merge's [g * live + p]
+        last_s = cuda.shared.array(1, dtype=int32)  # this block arrived last
         t = cuda.threadIdx.x
         i, kvh, part = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
         r = decode_rows[i]
         head_dim, block_size = q.shape[2], kv_rows(k_cache).shape[1]
         group = q.shape[1] // kv_rows(k_cache).shape[2]
         h0 = kvh * group  # the group's first query head
-        n_keys = positions[r] + 1
+        n_keys = row_positions[i] + 1
         first = max(0, n_keys - window) if window > 0 else 0  # the window's first key
-        start = part * PARTITION
-        single = cuda.gridDim.z == 1
+        first_part = first // partition
+        # partitions with live keys (those the grid covers: a recorded step's grid is
+        # chosen for its contexts, memory.covering_keys)
+        live_parts = min((n_keys - 1) // partition, cuda.gridDim.z - 1) - first_part + 1
+        start = part * partition
         if start >= n_keys:  # (the whole block returns: no barrier is left waiting)
-            if single:  # a padding row
+            if n_keys <= 0 and part == 0:  # a padding row
                 for e in range(t, group * head_dim, DECODE_THREADS):
                     out[r, h0 + e // head_dim, e % head_dim] = float32(0.0)
             return
-        if start + PARTITION <= first:  # wholly before the window (merge skips it)
+        if part < first_part:  # wholly before the window
             return
         for e in range(t, group * head_dim, DECODE_THREADS):
             acc_s[e] = float32(0.0)
@@ -88,15 +109,18 @@ def _decode_kernel(kv_value, kv_rows):
             ml_s[t, 0], ml_s[t, 1] = NEG_INF, float32(0.0)
         c, lane = t // LANES_PER_KEY, t % LANES_PER_KEY
         warp, key = t // WARP, t % WARP
-        s = token_seq[r]
-        end = min(start + PARTITION, n_keys)
-        for c0 in range(max(start, first - first % CHUNK), end, CHUNK):  # chunks with live keys
+        s = row_seqs[i]
+        end = min(start + partition, n_keys)
+        c_first = max(start, first - first % CHUNK)  # the first chunk with live keys
+        next_block = block_tables[s, (c_first + c) // block_size] if first <= c_first + c < end else 0
+        for c0 in range(c_first, end, CHUNK):
             j = c0 + c
             live = first <= j < end
-            block, offset = 0, 0
+            block, offset = next_block, j % block_size
+            if j + CHUNK < end:  # (the next chunk's block id, in flight while this one is summed)
+                next_block = block_tables[s, (j + CHUNK) // block_size]
             cuda.syncthreads()  # the last chunk's weights and V rows are read
             if live:
-                block, offset = block_tables[s, j // block_size], j % block_size
                 for n in range(DIMS_PER_LANE):  # (a constant count: unrolled, loads in flight)
                     d = lane + LANES_PER_KEY * n
                     if d < head_dim:
@@ -138,74 +162,61 @@ def _decode_kernel(kv_value, kv_rows):
                     a += p_s[g, k] * v_s[k, d]
                 acc_s[e] = a
         cuda.syncthreads()  # every accumulator and sum final
+        if live_parts == 1:
+            for e in range(t, group * head_dim, DECODE_THREADS):
+                out[r, h0 + e // head_dim, e % head_dim] = acc_s[e] / ml_s[e // head_dim, 1]
+            return
         for e in range(t, group * head_dim, DECODE_THREADS):
-            g, d = e // head_dim, e % head_dim
-            if single:
-                out[r, h0 + g, d] = acc_s[e] / ml_s[g, 1]
-            else:
-                part_acc[i, h0 + g, part, d] = acc_s[e]
-        if not single and t < group:
+            part_acc[i, h0 + e // head_dim, part, e % head_dim] = acc_s[e]
+        if t < group:
             part_ml[i, h0 + t, part, 0] = ml_s[t, 0]
             part_ml[i, h0 + t, part, 1] = ml_s[t, 1]
+        cuda.threadfence()  # this block's partials reach every block before it is counted
+        cuda.syncthreads()  # every thread's partials written and fenced
+        if t == 0:
+            last_s[0] = cuda.atomic.add(arrivals, (i, kvh), 1) == live_parts - 1
+        cuda.syncthreads()  # the count read
+        if last_s[0] == 0:
+            return
+        _merge(i, r, h0, group, head_dim, first_part, live_parts, part_acc, part_ml, w_s, ml_s, out)
+        if t == 0:
+            arrivals[i, kvh] = 0  # (the next launch counts from zero)
     return paged_attention_decode
 
 
 @cuda.jit(device=True, inline="always")
-def _block_reduce(value, scratch, is_max):
-    """Max (is_max) or sum of value over the block's threads (MERGE_THREADS): every
-    thread gets it. scratch: a shared array of MERGE_WARPS floats."""
+def _merge(i, r, h0, group, head_dim, first_part, live_parts, part_acc, part_ml, w_s, ml_s, out):
+    """The last block's merge of row r's live partitions for the group's heads (see
+    paged_attention_decode): weights e^(m_p - M) in w_s, each head's total in ml_s."""
     t = cuda.threadIdx.x
-    value = warp_max(value) if is_max else warp_sum(value)
-    if t % WARP == 0:
-        scratch[t // WARP] = value
-    cuda.syncthreads()  # each warp's result written
-    value = scratch[0]
-    for w in range(1, MERGE_WARPS):
-        value = max(value, scratch[w]) if is_max else value + scratch[w]
-    cuda.syncthreads()  # read by all before scratch is written again
-    return value
-
-
-@cached_kernel()
-def merge_partitions(positions, decode_rows, window, part_acc, part_ml, out):
-    """Grid (len(decode_rows), n_heads), block MERGE_THREADS: combines the partitions of
-    row decode_rows[i], head h, by log-sum-exp: out = sum_p acc_p e^(m_p - M) /
-    sum_p l_p e^(m_p - M), M = max_p m_p. The block finds M and the sum together
-    (a partition a thread), then thread (d, g) sums dimension d over partitions g,
-    g + G, ... (G = MERGE_THREADS // head_dim groups), and the groups' sums are added
-    in shared memory. Reads only the partitions the row's context (or window)
-    reaches (none for a padding row: zeros)."""
-    scratch = cuda.shared.array(MERGE_WARPS, dtype=float32)
-    sums = cuda.shared.array(MERGE_THREADS, dtype=float32)
-    i, h, t = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
-    head_dim = out.shape[2]
-    r = decode_rows[i]
-    n_parts = (positions[r] + PARTITION) // PARTITION  # ceil((position + 1) / PARTITION)
-    if n_parts <= 0:  # (the whole block returns)
-        for d in range(t, head_dim, MERGE_THREADS):
-            out[r, h, d] = float32(0.0)
-        return
-    first = max(0, positions[r] + 1 - window) // PARTITION if window > 0 else 0
-    m_max = NEG_INF
-    for p in range(first + t, n_parts, MERGE_THREADS):
-        m_max = max(m_max, part_ml[i, h, p, 0])
-    m_max = _block_reduce(m_max, scratch, True)
-    total = float32(0.0)
-    for p in range(first + t, n_parts, MERGE_THREADS):
-        total += part_ml[i, h, p, 1] * math.exp(part_ml[i, h, p, 0] - m_max)
-    total = _block_reduce(total, scratch, False)
-    groups = MERGE_THREADS // head_dim
-    d, g = t % head_dim, t // head_dim
-    acc = float32(0.0)
-    if g < groups:
-        for p in range(first + g, n_parts, groups):
-            acc += part_acc[i, h, p, d] * math.exp(part_ml[i, h, p, 0] - m_max)
-    sums[t] = acc
-    cuda.syncthreads()  # every group's sum written
-    if g == 0:
-        for k in range(1, groups):
-            acc += sums[d + k * head_dim]
-        out[r, h, d] = acc / total
+    warp, lane = t // WARP, t % WARP
+    for e in range(t, group * live_parts, DECODE_THREADS):
+        w_s[e] = part_ml[i, h0 + e // live_parts, first_part + e % live_parts, 0]
+    cuda.syncthreads()  # the partitions' maxima staged
+    for g in range(warp, group, DECODE_WARPS):  # a warp per head, a lane per partition
+        row = g * live_parts
+        m_max = NEG_INF
+        for p in range(lane, live_parts, WARP):
+            m_max = max(m_max, w_s[row + p])
+        m_max = warp_max(m_max)
+        total = float32(0.0)
+        for p in range(lane, live_parts, WARP):
+            weight = math.exp(w_s[row + p] - m_max)
+            w_s[row + p] = weight
+            total += weight * part_ml[i, h0 + g, first_part + p, 1]
+        total = warp_sum(total)
+        if lane == 0:
+            ml_s[g, 1] = total
+    cuda.syncthreads()  # weights and totals ready
+    for e in range(t, group * head_dim, DECODE_THREADS):
+        g, d = e // head_dim, e % head_dim
+        acc = float32(0.0)
+        for p0 in range(0, live_parts, MERGE_UNROLL):
+            for u in range(MERGE_UNROLL):  # (a constant count: unrolled, loads in flight)
+                p = p0 + u
+                if p < live_parts:
+                    acc += part_acc[i, h0 + g, first_part + p, d] * w_s[g * live_parts + p]
+        out[r, h0 + g, d] = acc / ml_s[g, 1]
 
 
 def _prefill_kernel(kv_value, kv_rows):
@@ -302,11 +313,51 @@ DECODE = {form: _decode_kernel(*reads) for form, reads in POOL_READS.items()}
 PREFILL = {form: _prefill_kernel(*reads) for form, reads in POOL_READS.items()}
 
 
+def merge_rounds(parts: int) -> int:
+    """Dependent memory round trips of the last block's merge over `parts` partitions:
+    the fence, the arrival count, the maxima and sums, then MERGE_UNROLL partial sums
+    at a time."""
+    return 0 if parts == 1 else 3 + -(-parts // MERGE_UNROLL)
+
+
+def decode_block_cost(chunks: int, parts: int) -> tuple[int, int]:
+    """(dependent round trips, barriers and butterflies in sequence) of a decode block
+    that walks `chunks` chunks of a row split into `parts` partitions: the row's
+    position, its first block id, the chunks, the merge."""
+    rounds = 2 + CHUNK_ROUNDS * chunks + merge_rounds(parts)
+    return rounds, CHUNK_SYNCS * chunks + 1 + (MERGE_SYNCS if parts > 1 else 0)
+
+
+def decode_split(rows: int, n_kv: int, group: int, keys: int, sms: int,
+                 chunk: int = CHUNK) -> tuple[int, int]:
+    """(partitions, keys a partition) for a decode grid over contexts of up to `keys`
+    keys (a power of two: memory.covering_keys): the split whose blocks finish first
+    (decode_block_cost, wave after wave) when a block occupies an SM (its registers:
+    tools/resources.py). So at batch 1 a long context is split until the blocks fill
+    the SMs; a large batch keeps longer partitions. Ties go to fewer partitions; the
+    merge's weights must fit MERGE_WEIGHTS. (chunk: the kernel's CHUNK; the step model
+    asks for a GPU's on the simulator.)"""
+    best = None
+    partition = chunk
+    while True:
+        parts = max(1, keys // partition)
+        if group * parts <= MERGE_WEIGHTS:
+            rounds, syncs = decode_block_cost(partition // chunk, parts)
+            cost = -(-rows * n_kv * parts // sms) * (rounds + syncs * SYNC_ROUNDS)
+            if best is None or cost <= best[0]:
+                best = (cost, parts, partition)
+        if partition >= keys:
+            return best[1], best[2]
+        partition *= 2
+
+
 def launch_decode(launch, args, meta, scale, window, cap, out) -> None:
     """Split-K decode attention through `launch` (the backend's Launcher): a block per
-    (row, KV head, partition of PARTITION keys), all of a partition's keys loaded at
-    once; partitions merged by log-sum-exp when there are several. args: (q, k_cache,
-    v_cache, block_tables, positions, token_seq) as the kernels take them."""
+    (row, KV head, partition), all of a chunk's keys loaded at once; the partitions
+    split as decode_split finds fastest for the launch's rows and contexts, merged by
+    the last block of each row and KV head. args: (q, k_cache, v_cache, block_tables,
+    positions, token_seq) as the prefill kernel takes them; the decode kernel takes the
+    first four, then its rows' positions and sequences (meta.decode_positions, decode_seqs)."""
     q, k_cache = args[0], args[1]
     n_rows, n_heads, head_dim = meta.num_decode, q.shape[1], q.shape[2]
     n_kv = layer_rows(k_cache).shape[2]
@@ -314,12 +365,10 @@ def launch_decode(launch, args, meta, scale, window, cap, out) -> None:
     if group > MAX_GROUP:
         raise ValueError(f"a GQA group of {group} query heads per KV head exceeds the "
                          f"decode kernel's MAX_GROUP={MAX_GROUP}")
-    parts = meta.decode_partitions
+    parts, partition = decode_split(n_rows, n_kv, group, meta.decode_keys, launch.sms)
     # (one partition writes out directly; the partials are then placeholders)
     part_acc = launch.empty(n_rows, n_heads, parts, head_dim) if parts > 1 else launch.empty(1, 1, 1, 1)
     part_ml = launch.empty(n_rows, n_heads, parts, 2) if parts > 1 else launch.empty(1, 1, 1, 2)
-    launch(DECODE[pool_form(k_cache)], (n_rows, n_kv, parts), DECODE_THREADS, *args,
-           meta.decode_rows, scale, window, cap, part_acc, part_ml, out)
-    if parts > 1:
-        launch(merge_partitions, (n_rows, n_heads), MERGE_THREADS, meta.positions, meta.decode_rows,
-               window, part_acc, part_ml, out)
+    launch(DECODE[pool_form(k_cache)], (n_rows, n_kv, parts), DECODE_THREADS, *args[:4],
+           meta.decode_positions, meta.decode_seqs, meta.decode_rows, scale, window, cap,
+           np.int32(partition), part_acc, part_ml, launch.arrival_counts(n_rows, n_kv), out)

@@ -43,7 +43,7 @@ class CudaBackend(DeviceMemory):
     def prepare_inputs(self, token_ids: np.ndarray, meta):
         self.launcher.new_step()
         self._last_norm = None
-        return self.uploader.upload(token_ids, meta, attention.Q_TILE, attention.PARTITION)
+        return self.uploader.upload(token_ids, meta, attention.Q_TILE, attention.MIN_DECODE_KEYS)
 
     def step_workspace(self):
         """(The device's step workspace is reset by prepare_inputs: launcher.py.)"""

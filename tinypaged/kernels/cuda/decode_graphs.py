@@ -12,18 +12,18 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .attention import PARTITION
-from .memory import StepWorkspace, partitions_for
+from .attention import MIN_DECODE_KEYS
+from .memory import StepWorkspace, covering_keys
 from .static_decode import StaticDecodeInputs, bucket_for, bucket_sizes
 from .step_recording import StepRecording
 
 
 @dataclass(slots=True)
 class RecordedStep:
-    """The step of one bucket and one count of attention partitions (the decode
-    attention's grid grows with the longest context, in powers of two)."""
+    """The step of one bucket and one span of contexts (the decode attention's grid
+    follows the longest context, in powers of two: memory.covering_keys)."""
     inputs: StaticDecodeInputs  # the bucket's buffer (shared by its recordings)
-    partitions: int
+    keys: int
     recording: StepRecording
     logits: object = None  # (bucket, vocab) device view the recording writes; None until recorded
 
@@ -38,7 +38,7 @@ class DecodeGraphs:
         self.max_blocks, self.capture = max_blocks, capture
         self.inputs: dict[int, StaticDecodeInputs] = {}  # a bucket's input buffer
         self.workspaces: dict[int, StepWorkspace] = {}  # and its activations' (one step at a time)
-        self.steps: dict[tuple[int, int], RecordedStep] = {}  # by (bucket, partitions)
+        self.steps: dict[tuple[int, int], RecordedStep] = {}  # by (bucket, keys)
 
     def accepts(self, rows_per_sequence: list[int], logits_rows: list[int] | None) -> bool:
         """A pure decode step (one token, one logits row per sequence) that a bucket holds."""
@@ -49,15 +49,15 @@ class DecodeGraphs:
     def run(self, token_ids: np.ndarray, meta) -> np.ndarray:
         """token_ids (B,), meta of B one-token sequences -> logits (B, vocab) on the device."""
         bucket = bucket_for(len(token_ids), self.buckets)
-        partitions = partitions_for(int(meta.positions.max()) + 1, PARTITION)
-        step = self.steps.get((bucket, partitions))
+        keys = covering_keys(int(meta.positions.max()) + 1, MIN_DECODE_KEYS)
+        step = self.steps.get((bucket, keys))
         if step is None:
             if bucket not in self.inputs:
                 self.inputs[bucket] = StaticDecodeInputs(bucket, self.max_blocks,
                                                          self.model.kv_groups.num_groups)
                 self.workspaces[bucket] = StepWorkspace()
-            step = self.steps[bucket, partitions] = RecordedStep(
-                self.inputs[bucket], partitions, StepRecording(self.workspaces[bucket]))
+            step = self.steps[bucket, keys] = RecordedStep(
+                self.inputs[bucket], keys, StepRecording(self.workspaces[bucket]))
         step.inputs.upload(token_ids, meta)
         self.ops.launcher.transfers += 1
         if step.logits is None:
@@ -76,7 +76,7 @@ class DecodeGraphs:
         while True:
             before = step.recording.workspace.allocations
             with self.ops.recording(step.recording):
-                meta = replace(step.inputs.meta, decode_partitions=step.partitions)
+                meta = replace(step.inputs.meta, decode_keys=step.keys)
                 step.logits = self.model.forward_on_device(step.inputs.token_ids, meta, self.kv)
             if step.recording.workspace.allocations == before:
                 break

@@ -1,13 +1,18 @@
 """Launcher: every kernel launch of a CUDA backend goes through it. It owns the step
-workspace that launches' outputs are carved from, the recording a launch joins while
-a decode step is recorded for replay (step_recording.py), and the counts that tests
-and benchmarks read: launches from the host, replays, graph launches, transfers and
-the bytes of logits copied back."""
+workspace that launches' outputs are carved from, the arrival counts split kernels
+share, the recording a launch joins while a decode step is recorded for replay
+(step_recording.py), and the counts that tests and benchmarks read: launches from the
+host, replays, graph launches, transfers and the bytes of logits copied back."""
 from __future__ import annotations
 
 from contextlib import contextmanager
 
+import numpy as np
+from numba import config, cuda
+
 from .memory import StepWorkspace
+
+SIMULATOR_SMS = 16  # the simulator's "SMs" for the grids' wave arithmetic (a GPU's own count otherwise)
 
 
 class Launcher:
@@ -20,6 +25,9 @@ class Launcher:
         self.transfers = 0  # host <-> device copies of step inputs, logits and CoW pairs
         self.bytes_to_host = 0  # of logits and candidates copied back
         self._recording = None  # the StepRecording that launches are added to, if any
+        self._arrivals = None  # int32 counts, zero between launches (arrival_counts)
+        self.sms = SIMULATOR_SMS if config.ENABLE_CUDASIM else \
+            cuda.get_current_device().MULTIPROCESSOR_COUNT
 
     def __call__(self, kernel, grid, block, *args) -> None:
         self.launches += 1
@@ -30,6 +38,15 @@ class Launcher:
     def empty(self, *shape):
         """A float32 device array of shape from the step's workspace."""
         return self.workspace.take(shape)
+
+    def arrival_counts(self, *shape):
+        """An int32 device array of shape, all zero, that a kernel's blocks count their
+        arrivals in and the last to arrive sets back to zero before it ends (the decode
+        attention's merge): one buffer, kept across steps and recordings."""
+        n = int(np.prod(shape))
+        if self._arrivals is None or self._arrivals.size < n:
+            self._arrivals = cuda.to_device(np.zeros(max(n, 1024), dtype=np.int32))
+        return self._arrivals[:n].reshape(shape)
 
     def new_step(self) -> None:
         """A step's inputs go up: its workspace starts empty."""

@@ -40,18 +40,21 @@ class StepWorkspace:
 @dataclass(slots=True)
 class DeviceMetadata:
     """AttentionMetadata's arrays on the device, plus the attention work split:
-    decode_rows (rows of single-token sequences) and prefill_tiles ((r0, nq) runs
-    of at most Q_TILE consecutive query rows of one sequence)."""
+    decode_rows (rows of single-token sequences, with their positions and sequences)
+    and prefill_tiles ((r0, nq) runs of at most Q_TILE consecutive query rows of one
+    sequence)."""
     positions: object
     slot_mapping: object
     token_seq: object
     block_tables: object
     logits_indices: object
     decode_rows: object
+    decode_positions: object  # positions[decode_rows] (a decode kernel reads them with its row)
+    decode_seqs: object  # token_seq[decode_rows]
     prefill_tiles: object
     num_decode: int
     num_tiles: int
-    decode_partitions: int = 1  # split-K partitions the decode grid has (attention.PARTITION keys each)
+    decode_keys: int = 1  # the decode grid covers contexts up to this many keys (covering_keys)
     groups: tuple = ()  # per KV group past the first, (block_tables, slot_mapping) views
 
     def for_group(self, group: int) -> "DeviceMetadata":
@@ -62,11 +65,12 @@ class DeviceMetadata:
         return replace(self, block_tables=tables, slot_mapping=slots, groups=())
 
 
-def partitions_for(n_keys: int, partition: int) -> int:
-    """Split-K partitions for contexts of up to n_keys keys: a power of two, so that
-    a recorded step serves a range of context lengths."""
-    n = 1
-    while n * partition < n_keys:
+def covering_keys(n_keys: int, fewest: int) -> int:
+    """The keys a decode grid covers for contexts of up to n_keys keys: `fewest` (a
+    power of two) or the next power of two past it, so that a recorded step serves a
+    range of context lengths (its split into partitions: attention.decode_split)."""
+    n = fewest
+    while n < n_keys:
         n *= 2
     return n
 
@@ -93,11 +97,12 @@ class MetadataUploader:
     def __init__(self):
         self.device = None
 
-    def upload(self, token_ids: np.ndarray, meta, q_tile: int, partition: int):
+    def upload(self, token_ids: np.ndarray, meta, q_tile: int, fewest_keys: int):
         decode_rows, tiles = attention_work(meta.token_seq, q_tile)
         longest = int(meta.positions[decode_rows].max()) + 1 if len(decode_rows) else 1
         parts = [token_ids, meta.positions, meta.slot_mapping, meta.token_seq,
-                 meta.logits_indices, decode_rows, tiles.ravel(), meta.block_tables.ravel()]
+                 meta.logits_indices, decode_rows, tiles.ravel(), meta.block_tables.ravel(),
+                 meta.positions[decode_rows], meta.token_seq[decode_rows]]
         for tables, slots in meta.groups:  # further KV groups' tables and slots
             parts += [tables.ravel(), slots]
         packed = np.concatenate([np.asarray(p, dtype=np.int32).ravel() for p in parts])
@@ -109,11 +114,13 @@ class MetadataUploader:
             views.append(self.device[offset:offset + p.size])
             offset += p.size
         ids, positions, slots, token_seq, logits_rows, rows, tile_flat, tables = views[:8]
-        groups = tuple((views[i].reshape(meta.groups[(i - 8) // 2][0].shape), views[i + 1])
-                       for i in range(8, len(views), 2))
+        row_positions, row_seqs = views[8:10]
+        groups = tuple((views[i].reshape(meta.groups[(i - 10) // 2][0].shape), views[i + 1])
+                       for i in range(10, len(views), 2))
         return ids, DeviceMetadata(
             positions=positions, slot_mapping=slots, token_seq=token_seq,
             block_tables=tables.reshape(meta.block_tables.shape), logits_indices=logits_rows,
-            decode_rows=rows, prefill_tiles=tile_flat.reshape(tiles.shape),
+            decode_rows=rows, decode_positions=row_positions, decode_seqs=row_seqs,
+            prefill_tiles=tile_flat.reshape(tiles.shape),
             num_decode=len(decode_rows), num_tiles=len(tiles),
-            decode_partitions=partitions_for(longest, partition), groups=groups)
+            decode_keys=covering_keys(longest, fewest_keys), groups=groups)

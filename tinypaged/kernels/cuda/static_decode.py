@@ -74,7 +74,8 @@ class StaticDecodeInputs:
         self.meta = DeviceMetadata(
             positions=self.device[b:2 * b], slot_mapping=groups[0][1],
             token_seq=rows_dev, block_tables=groups[0][0],
-            logits_indices=rows_dev, decode_rows=rows_dev,
+            logits_indices=rows_dev, decode_rows=rows_dev, decode_positions=self.device[b:2 * b],
+            decode_seqs=rows_dev,
             prefill_tiles=self.device[:0].reshape(0, 2), num_decode=b, num_tiles=0,
             groups=tuple(groups[1:]))
 

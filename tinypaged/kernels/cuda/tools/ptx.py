@@ -83,7 +83,8 @@ def signatures() -> list[tuple[str, object, tuple]]:
         rope = kv_rows.rope_write_kv_q8 if form else elementwise.rope_write_kv
         sigs += [
             ("paged_attention_decode" + kv_name, attention.DECODE[form],
-             (*attn, arr(i32, 1), f32, i32, f32, arr(f32, 4), arr(f32, 4), arr(f32, 3))),
+             (*attn, arr(i32, 1), f32, i32, f32, i32, arr(f32, 4), arr(f32, 4), arr(i32, 2),
+              arr(f32, 3))),
             ("paged_attention_prefill" + kv_name, attention.PREFILL[form],
              (*attn, arr(i32, 2), f32, i32, f32, arr(f32, 3))),
             ("rope_write_kv" + kv_name, rope,
@@ -92,8 +93,6 @@ def signatures() -> list[tuple[str, object, tuple]]:
              (arr(kv_type, 5), arr(kv_type, 5), arr(i32, 2))),
         ]
     sigs += [
-        ("merge_partitions", attention.merge_partitions,
-         (arr(i32, 1), arr(i32, 1), i32, arr(f32, 4), arr(f32, 4), arr(f32, 3))),
         ("add_rms_norm", elementwise.add_rms_norm,
          (arr(f32, 2), arr(f32, 2), types.boolean, arr(f32, 1), f32, arr(f32, 2), arr(f32, 2),
           types.boolean)),
@@ -118,7 +117,6 @@ def block_threads(label: str) -> int:
                for f in ("", "_qkv", "_gate_up_silu")},
             "gemv_qkv": matmul.FLOAT_ROW_THREADS, "gemv_gate_up_silu": matmul.FLOAT_ROW_THREADS,
             "paged_attention_decode": attention.DECODE_THREADS,
-            "merge_partitions": attention.MERGE_THREADS,
             "paged_attention_prefill": attention.PREFILL_THREADS,
             "add_rms_norm": elementwise.NORM_THREADS, "rope_write_kv": kv_rows.rope_write_threads(kv_rows.MAX_HEAD_DIM),
             "silu_mul": 256, "scale": 256, "add": 256, "gelu_tanh_mul": 256, "softcap": 256, "gather_rows": elementwise.ROW_THREADS,

@@ -38,9 +38,10 @@ class KernelCost:
     threads: int  # a block
     rounds: int  # dependent memory round trips of one thread
     syncs: int  # barriers, butterflies, shared-memory passes, in sequence
+    per_sm: int = 0  # blocks an SM holds at once where registers bound it (0: threads do)
 
     def waves(self, a=ASSUMPTIONS) -> int:
-        per_wave = a["sms"] * max(1, a["threads_per_sm"] // self.threads)
+        per_wave = a["sms"] * (self.per_sm or max(1, a["threads_per_sm"] // self.threads))
         return max(1, math.ceil(self.blocks / per_wave))
 
     def micros(self, a=ASSUMPTIONS) -> float:
@@ -55,8 +56,8 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
     """The kernels of one batch-`batch` decode step of a Llama-shaped model at
     `context` keys, as this backend's design launches them (float weights of
     weight_bytes each, float32 KV pool and activations)."""
-    from ..attention import GPU_CHUNK as CHUNK  # (not the simulator's)
-    from ..attention import LANES_PER_KEY, MERGE_THREADS, PARTITION
+    from ..attention import GPU_CHUNK, LANES_PER_KEY, MIN_DECODE_CHUNKS, decode_block_cost, decode_split
+    from ..memory import covering_keys
     from ..elementwise import GPU_NORM_THREADS as NORM_THREADS  # (not the simulator's)
     from ..matmul import GEMV_MAX_ROWS, GEMV_THREADS, VEC
     if batch > GEMV_MAX_ROWS:
@@ -66,10 +67,14 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
     def gemv_rounds(width):  # a thread's steps along a row (gate and up go together)
         return math.ceil(width / (GEMV_THREADS * VEC))
 
-    parts = 1 << max(0, math.ceil(math.log2(max(1, math.ceil(context / PARTITION)))))
-    chunks = math.ceil(min(context, PARTITION) / CHUNK)  # walked one after another
+    # the decode attention's split as the backend picks it on a GPU (GPU_CHUNK-key
+    # chunks, one block an SM: its registers), each block's chunks one after another
+    keys = covering_keys(context, MIN_DECODE_CHUNKS * GPU_CHUNK)
+    parts, partition = decode_split(batch, kv_heads, heads // kv_heads, keys, ASSUMPTIONS["sms"], GPU_CHUNK)
+    chunks = math.ceil(min(context, partition) / GPU_CHUNK)
     act = 4 * batch
     kv_bytes = 2 * batch * kv_heads * context * head_dim * 4
+    partials = 2 * batch * heads * parts * (head_dim + 2) * 4  # written, then read by the merge
     kernels = [
         # the embedding, then the rows whose logits are wanted (hidden and residual)
         KernelCost("gather_rows", 3, act * hidden + weight_bytes * batch * hidden,
@@ -80,10 +85,13 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
                    (heads + 2 * kv_heads) * head_dim, GEMV_THREADS, gemv_rounds(hidden), 2),
         KernelCost("rope_write_kv", layers, act * 2 * (heads + 2 * kv_heads) * head_dim,
                    batch * (heads + kv_heads), head_dim // 2, 2, 0),
-        # a chunk: the block table, then K/V (2 round trips); key shuffles, barrier,
-        # softmax butterflies, barrier, the weighted sum from shared memory, barrier
-        KernelCost("paged_attention_decode", layers, kv_bytes, batch * kv_heads * parts,
-                   CHUNK * LANES_PER_KEY, 2 * chunks, 6 * chunks + 1),
+        # the row's position, then its first block id (2 round trips); a chunk: K/V (the
+        # next chunk's block id in flight meanwhile); key shuffles, barrier, softmax
+        # butterflies, barrier, the weighted sum from shared memory, barrier; the last
+        # block's merge where there are partitions
+        KernelCost("paged_attention_decode", layers, kv_bytes + (parts > 1) * partials,
+                   batch * kv_heads * parts, GPU_CHUNK * LANES_PER_KEY, *decode_block_cost(chunks, parts),
+                   per_sm=1),
         KernelCost("gemv_rows (o_proj)", layers, weight_bytes * heads * head_dim * hidden,
                    hidden, GEMV_THREADS, gemv_rounds(heads * head_dim), 2),
         KernelCost("gemv_gate_up_silu", layers, 2 * weight_bytes * hidden * intermediate,
@@ -94,10 +102,6 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
                    GEMV_THREADS, gemv_rounds(hidden), 2),
         KernelCost("argmax (top_candidates)", 1, act * vocab, batch, 256, 2, 4),
     ]
-    if parts > 1:
-        kernels.append(KernelCost("merge_partitions", layers, batch * heads * parts * (head_dim + 2) * 4,
-                                  batch * heads, MERGE_THREADS,
-                                  2 + math.ceil(parts / max(1, MERGE_THREADS // head_dim)), 4))
     return kernels
 
 
