@@ -20,7 +20,7 @@ SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParam
 ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 ENGINE_OPTIONS = ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
                   "max_model_len", "backend", "quantization", "kv_cache_dtype",
-                  "grammar_cache_memory")  # plus --no-prefix-caching, --no-cuda-graphs, --no-layout-cache
+                  "grammar_cache_memory", "speculative_config")  # plus --no-prefix-caching, --no-cuda-graphs, --no-layout-cache
 
 
 class _Parser(argparse.ArgumentParser):
@@ -270,6 +270,12 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                         default=ENGINE_DEFAULTS["grammar_cache_memory"],
                         help="memory the compiled grammars of structured outputs may keep, "
                         "e.g. 512M")
+    parser.add_argument("--speculative-config", default=ENGINE_DEFAULTS["speculative_config"],
+                        metavar="JSON",
+                        help='speculative decoding, as vLLM spells it, e.g. \'{"method": "ngram", '
+                        '"num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+                        '"prompt_lookup_min": 2}\' (greedy requests verify the proposals; '
+                        'default: off)')
     parser.add_argument("--backend", choices=["auto", "cpu", "cuda"],
                         default=ENGINE_DEFAULTS["backend"],
                         help="auto: CUDA when an NVIDIA GPU is usable, else the CPU")

@@ -276,3 +276,18 @@ def test_kv_cache_dtype_on_the_command_line(tiny_model_dir):
                                   "int4"), "invalid choice: 'int4'")
     assert_one_line_error(run_cli("generate", "hi", "--model", tiny_model_dir, "--kv-cache-dtype",
                                   "int8"), "head_dim=8 is not a multiple of 32: use float16")
+
+
+def test_generate_speculates_as_told_and_refuses_a_bad_config_in_one_line(stories_dir):
+    """--speculative-config takes vLLM's JSON: greedy output is plain decoding's; bad
+    JSON and an unknown key are one line each."""
+    prompt = "Tom and Sue went to the park. Tom and Sue"
+    plain = run_cli("generate", prompt, "--model", stories_dir, "--max-tokens", 40, "--temperature", 0)
+    spec = run_cli("generate", prompt, "--model", stories_dir, "--max-tokens", 40, "--temperature", 0,
+                   "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}')
+    assert spec.returncode == 0 and spec.stdout == plain.stdout and plain.stdout.strip(), spec.stderr
+    assert_one_line_error(run_cli("generate", "hi", "--model", stories_dir, "--speculative-config",
+                                  '{"method": "ngram"'), "speculative_config is not valid JSON")
+    assert_one_line_error(run_cli("generate", "hi", "--model", stories_dir, "--speculative-config",
+                                  '{"method": "ngram", "num_speculative_tokens": 4, "n": 1}'),
+                          r"unknown keys \['n'\]")

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from . import checks
+from .speculative_config import SpeculativeConfig
 
 BACKENDS = ("auto", "cpu", "cuda", "reference")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "int8")
@@ -70,6 +71,8 @@ class EngineConfig:
     #   (<file>.tinypaged-cpu) and map them on the next load (kernels/cpu/weight_cache.py)
     grammar_cache_memory: int | str = "512M"  # bytes the compiled grammars may hold
     #   (least recently used dropped first; structured/grammar.py)
+    speculative_config: SpeculativeConfig | dict | str | None = None  # proposals verified in
+    #   one step (speculative_config.py); None: off
 
     def __post_init__(self):
         """Check every field (TypeError: wrong type, ValueError: out of range)."""
@@ -102,3 +105,4 @@ class EngineConfig:
             self.cuda_graphs = checks.boolean("cuda_graphs", self.cuda_graphs)
         if self.quantization is not None:
             self.quantization = checks.one_of("quantization", self.quantization, QUANTIZATIONS)
+        self.speculative_config = SpeculativeConfig.of(self.speculative_config)

@@ -240,6 +240,14 @@ class BlockManager:
             else:
                 self.free_list.move_to_end(block_id, last=False)
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back seq's blocks past those its first num_tokens tokens need (rejected
+        proposals' slots: speculation.py). They were never keyed: no cache entry goes."""
+        keep = blocks_for(num_tokens, self.block_size)
+        for table in seq.block_tables:
+            while len(table) > keep:
+                self._drop(table.pop())
+
     def release_behind(self, seq: Sequence) -> int:
         """In each sliding group, return the blocks wholly behind the window of seq's
         next token (position num_computed_tokens sees keys from

@@ -12,8 +12,9 @@ from .sequence import Sequence
 
 
 class EngineStats:
-    def __init__(self, block_manager: BlockManager):
-        self.bm = block_manager
+    def __init__(self, block_manager: BlockManager, speculation=None):
+        """speculation: the engine's Speculation, whose counts join the figures (None: off)."""
+        self.bm, self.speculation = block_manager, speculation
         self.steps = self.prefill_tokens = self.decode_tokens = 0
         self.peak_blocks = 0
         self.peak_picture: PoolPicture | None = None  # the pool when it held the most blocks
@@ -78,4 +79,5 @@ class EngineStats:
             "peak_blocks": self.peak_blocks,
             "kv_utilization": (self.utilization_sum / self.utilization_steps
                                if self.utilization_steps else None),
+            **(self.speculation.as_dict() if self.speculation is not None else {}),
         }

@@ -25,6 +25,7 @@ from .request import PreparedRequest, Request
 from .request_check import RequestCheck
 from .sampler import Sampler
 from .scheduler import Scheduler
+from .speculation import Speculation
 from .token_rules import TokenRules
 
 
@@ -63,8 +64,9 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching,
                                           windows=model.kv_groups.windows)
         self.requests: dict[str, Request] = {}
+        self.speculation = Speculation.of(config.speculative_config, self.max_model_len, self.block_manager)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
-                                   config.max_num_batched_tokens, self.requests)
+                                   config.max_num_batched_tokens, self.requests, self.speculation)
         kv = PagedKVCache(cfg, num_blocks, bs, ops, self.kv_cache_dtype)
         self.runner = ModelRunner(model, kv, self.block_manager,
                                   decode_graphs(config, model, kv, self.max_model_len))
@@ -80,7 +82,7 @@ class LLMEngine:
         self.check = RequestCheck(self.tokenizer, cfg.vocab_size, self.max_model_len,
                                   config.max_num_seqs, self.block_manager, self.grammars)
         self._ids = itertools.count()
-        self.statistics = EngineStats(self.block_manager)
+        self.statistics = EngineStats(self.block_manager, self.speculation)
         self.sampler = Sampler(self.requests, self.grammars, self.scheduler)
         self.postprocessor = Postprocessor(self.requests, self.scheduler, self.statistics,
                                            self.eos_token_ids, self.max_model_len)

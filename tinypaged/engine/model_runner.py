@@ -9,6 +9,7 @@ from ..batch.step_logits import WHOLE_ROW, StepLogits
 from ..model.paged_model import PagedKVCache, PagedModel
 from .block_manager import BlockManager
 from .scheduler import ScheduledBatch
+from .speculation import row_spans
 from .step_plan import StepPlan
 
 
@@ -38,21 +39,21 @@ class ModelRunner:
                 continue
             try:
                 seq.num_computed_tokens += chunk.tokens
-                self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
+                # (not a proposal's block: the sampler accepts or rolls them back)
+                self.block_manager.register_full_blocks(seq, seq.num_computed_tokens - seq.num_drafts)
             except Exception as e:
                 plan.outcome.fail(seq, e)
         return logits
 
     def prepare(self, batch: ScheduledBatch,
                 logits_rows: list[int] | None = None) -> tuple[np.ndarray, AttentionMetadata]:
-        """Flat token ids (T,) of every scheduled chunk, and their metadata."""
-        spans = [(seq, seq.num_computed_tokens, seq.num_computed_tokens + n)
-                 for seq, n in batch.chunks]
+        """Flat token ids (T,) of every scheduled chunk, and their metadata (a decode
+        with proposals: a decode row per token, speculation.row_spans)."""
+        spans, rows = row_spans(batch.chunks, logits_rows)
         token_ids = np.concatenate([np.asarray(seq.token_ids[start:end])
                                     for seq, start, end in spans]).astype(np.int64)
         meta = AttentionMetadata.build_grouped(
-            [(seq.block_tables, start, end) for seq, start, end in spans], self.block_size,
-            logits_rows)
+            [(seq.block_tables, start, end) for seq, start, end in spans], self.block_size, rows)
         return token_ids, meta
 
     def forward(self, batch: ScheduledBatch, logits_rows: list[int] | None = None,

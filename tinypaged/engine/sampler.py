@@ -28,7 +28,9 @@ class Sampler:
         (none when the forward did not run: logits None)."""
         if logits is None:
             return []
-        return self._draw_all(self._due(plan, logits), logits, plan.outcome)
+        drawn = self._draw_all(self._due(plan, logits), logits, plan.outcome)
+        spec = self.scheduler.speculation  # (what proposals earn: speculation.py)
+        return drawn if spec is None else spec.settle(drawn)
 
     def _due(self, plan: StepPlan, logits: StepLogits) -> list[tuple[Sequence, int]]:
         """The samples due a token, each with its row of logits; prompt logprobs
@@ -44,8 +46,9 @@ class Sampler:
                 if chunk.prompt_logprobs:
                     self._collect_prompt_logprobs(request, logits.rows(list(range(chunk.first_row, end))),
                                                   seq.num_computed_tokens - chunk.tokens)
-                if chunk.completes:  # not part-way through a prompt
-                    due += [(s, end - 1) for s in self._samples_of(seq)]
+                if chunk.completes:  # not part-way through a prompt (with proposals: a token a row)
+                    due += [(seq, row) for row in range(chunk.first_row, end)] if seq.num_drafts \
+                        else [(s, end - 1) for s in self._samples_of(seq)]
                     plan.outcome.touch(seq)
             except Exception as e:
                 plan.outcome.fail(seq, e)

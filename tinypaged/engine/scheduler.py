@@ -8,7 +8,9 @@ Each step has a budget of max_num_batched_tokens tokens:
 3. waiting sequences are admitted first-come first-served while the budget,
    max_num_seqs and the free blocks allow; a prompt longer than what is left is
    started with a chunk and continued in later steps, between other sequences'
-   decode steps.
+   decode steps;
+4. with speculation on, decoding sequences take proposals from what budget and free
+   blocks are left (speculation.py): k more tokens each to verify in this step.
 A preempted sequence gives back all its blocks and waits at the front of the
 queue; on readmission it is recomputed (its prompt and output so far are its new
 prefill, mostly found again in the prefix cache).
@@ -27,6 +29,7 @@ from ..outputs import KV_CACHE_FULL
 from .block_manager import BlockManager
 from .request import Request
 from .sequence import Sequence, SequenceStatus
+from .speculation import Speculation
 from .step_outcome import StepOutcome
 from .step_plan import StepPlan
 
@@ -40,8 +43,9 @@ class ScheduledBatch:
 
     @property
     def chunks(self) -> list[tuple[Sequence, int]]:
-        """Every scheduled sequence with its number of tokens, in batch order."""
-        return self.prefills + [(seq, 1) for seq in self.decodes]
+        """Every scheduled sequence with its number of tokens (a decode's: 1 and its
+        proposals), in batch order."""
+        return self.prefills + [(seq, 1 + seq.num_drafts) for seq in self.decodes]
 
     def __bool__(self) -> bool:
         return bool(self.prefills or self.decodes)
@@ -56,9 +60,11 @@ def seats(seq: Sequence) -> int:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int,
-                 max_num_batched_tokens: int, requests: dict[str, Request]):
-        """requests: the engine's, by id (a plan reads what each request asks of a step)."""
-        self.block_manager, self.requests = block_manager, requests
+                 max_num_batched_tokens: int, requests: dict[str, Request],
+                 speculation: Speculation | None = None):
+        """requests: the engine's, by id (a plan reads what each request asks of a step).
+        speculation: proposals for decoding sequences (None: off)."""
+        self.block_manager, self.requests, self.speculation = block_manager, requests, speculation
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()  # may hold aborted (finished) sequences
@@ -152,6 +158,10 @@ class Scheduler:
             self.running.append(seq)
             seats_taken += seats(seq)
             budget -= self._schedule_chunk(batch, seq, budget)
+
+        # 4. proposals for decoding sequences, from what is left
+        if self.speculation is not None:
+            self.speculation.add_drafts(batch, budget)
         return batch
 
     def _schedule_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
@@ -162,14 +172,16 @@ class Scheduler:
         batch.prefills.append((seq, n))
         return n
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: Sequence) -> None:  # (before proposals: step 4 comes after)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         self._enqueue(seq, front=True)
         self.num_preemptions += 1
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        """Retire seq at once: its blocks go back to the pool."""
+        """Retire seq at once: its blocks go back to the pool (and its unverified
+        proposals leave its tokens)."""
+        seq.take_drafts()
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self.block_manager.free(seq)

@@ -42,6 +42,11 @@ class Sequence:
         # where the output stands in its grammar (structured/grammar.py); None: free. It
         # follows token_ids, which a preemption keeps, so recomputing leaves it valid
         self.grammar = None
+        # speculation (speculation.py): the last num_drafts of token_ids are proposals
+        # this step verifies, taken off again before anything else reads the tokens
+        self.num_drafts = 0
+        self.ngram_index = None  # its n-grams, for prompt-lookup proposals (ngram_proposer.py)
+        self.acceptance = None  # its proposals' record (draft_sizer.py)
 
     @property
     def block_table(self) -> list[int]:
@@ -67,6 +72,23 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    def add_drafts(self, tokens: list[int]) -> None:
+        self.token_ids += tokens
+        self.num_drafts += len(tokens)
+
+    def drop_last_draft(self) -> None:
+        self.token_ids.pop()
+        self.num_drafts -= 1
+
+    def take_drafts(self) -> list[int]:
+        """The proposals, taken off token_ids ([] when there are none)."""
+        n, self.num_drafts = self.num_drafts, 0
+        if n == 0:
+            return []
+        drafts = self.token_ids[-n:]
+        del self.token_ids[-n:]
+        return drafts
 
     def append_token(self, token_id: int, logprobs: TokenLogprobs | None = None) -> None:
         self.token_ids.append(token_id)

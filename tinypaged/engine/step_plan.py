@@ -31,8 +31,9 @@ class StepPlan:
         for seq, n in batch.chunks:
             want = requests[seq.request_id].wants_prompt_logprobs
             completes = seq.num_computed_tokens + n == len(seq)
-            self.chunks.append(PlannedChunk(seq, n, n if want else 1, want, row, completes))
-            row += n if want else 1
+            # (a decode with proposals, speculation.py: a row after its token and each proposal)
+            self.chunks.append(PlannedChunk(seq, n, n if want or seq.num_drafts else 1, want, row, completes))
+            row += self.chunks[-1].rows
 
     def __bool__(self) -> bool:
         return bool(self.batch)
@@ -49,8 +50,8 @@ class StepPlan:
         for c in self.chunks:
             if c.prompt_logprobs:
                 needs += [WHOLE_ROW] * c.rows
-            elif c.completes:  # (forks share the row)
-                needs.append(candidates_needed(c.seq.params))
+            elif c.completes:  # (forks share the row; a row after each proposal)
+                needs += [candidates_needed(c.seq.params)] * c.rows
             else:
                 needs.append(NOT_NEEDED)
         return needs

@@ -1,0 +1,228 @@
+"""Speculative decoding (speculative_config "ngram"), held against the engine without it:
+greedy text bit for bit the same, every block back in the pool, no rejected token in
+the prefix cache, bad configs refused by name; and how many proposals pay.
+
+The engine tests fix the number of proposals (always_propose): the draft sizer
+follows measured step times, which a busy machine would move."""
+import numpy as np
+import pytest
+
+from tinypaged import LLM, SamplingParams
+from tinypaged.engine.block_manager import blocks_for
+from tinypaged.engine.draft_sizer import Acceptance, DraftSizer
+from tinypaged.engine.ngram_proposer import NgramIndex
+from tinypaged.speculative_config import SpeculativeConfig
+
+
+@pytest.fixture
+def always_propose(monkeypatch):
+    """Every speculating sequence takes num_speculative_tokens proposals a step."""
+    monkeypatch.setattr(DraftSizer, "choose", lambda self, rates, plain: [self.sizes[-1]] * len(rates))
+
+STORIES = [  # stories260K repeats itself on these, so proposals are accepted and rejected
+    "Once upon a time, there was a little girl named Lily. She liked to play. Once upon a "
+    "time, there was a little",
+    "Tom and Sue went to the park. Tom and Sue",
+    "One day, a big dog",
+    "The cat sat on the mat. The cat sat on the",
+]
+
+
+def ngram(k=4, low=2, high=4):
+    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": low,
+            "prompt_lookup_max": high}
+
+
+def token_ids(outputs):
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@pytest.mark.parametrize("config, error, match", [
+    ({"method": "ngram"}, ValueError, "needs 'num_speculative_tokens'"),
+    ({"num_speculative_tokens": 3}, ValueError, "needs 'method'"),
+    ({"method": "ngram", "num_speculative_tokens": 3, "lookahead": 2}, ValueError,
+     r"unknown keys \['lookahead'\]"),
+    ({"method": "ngram", "num_speculative_tokens": -1}, ValueError,
+     "num_speculative_tokens=-1 must be"),
+    ({"method": "ngram", "num_speculative_tokens": 1000}, ValueError,
+     "num_speculative_tokens=1000 must be"),
+    ({"method": "ngram", "num_speculative_tokens": 2.5}, TypeError, "must be an integer"),
+    ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5,
+      "prompt_lookup_max": 3}, ValueError, "prompt_lookup_max=3 must be"),
+    ({"method": "eagle", "num_speculative_tokens": 3}, ValueError, "'eagle' is not one of"),
+    ({"method": "draft_model", "model": "x", "num_speculative_tokens": 3}, ValueError,
+     r"unknown keys \['model'\]"),
+    ({"method": "draft_model", "num_speculative_tokens": 3}, ValueError, "not built yet"),
+    ("{not json", ValueError, "not valid JSON"),
+    ([4], TypeError, "must be a dict"),
+])
+def test_a_bad_speculative_config_is_refused_by_name(stories_dir, config, error, match):
+    with pytest.raises(error, match=match):
+        LLM(stories_dir, speculative_config=config)
+
+
+def test_lookup_sizes_default_and_follow_each_other():
+    assert (SpeculativeConfig.of(ngram(low=None, high=None)).prompt_lookup_min,
+            SpeculativeConfig.of(ngram(low=None, high=None)).prompt_lookup_max) == (2, 4)
+    one = SpeculativeConfig.of('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}')
+    assert (one.prompt_lookup_min, one.prompt_lookup_max) == (3, 3)
+
+
+def rescan(tokens, k, low, high):
+    """The proposal by brute force: the longest suffix (high down to low tokens) that
+    occurred before, at its latest occurrence; the k tokens after it."""
+    length = len(tokens)
+    for n in range(min(high, length - 1), low - 1, -1):
+        suffix = tokens[length - n:]
+        for end in range(length - 1, n - 1, -1):
+            if tokens[end - n:end] == suffix:
+                return tokens[end:end + k]
+    return []
+
+
+def test_the_ngram_index_proposes_what_a_rescan_finds():
+    """Grown a token at a time (and several at once), the index proposes exactly what a
+    rescan of the whole sequence does, on sequences with many repeats."""
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        low, high, k = int(rng.integers(1, 3)), int(rng.integers(3, 6)), int(rng.integers(1, 6))
+        tokens = [int(t) for t in rng.integers(0, 4, 120)]
+        index, length = NgramIndex(low, high), 1
+        while length < len(tokens):
+            length += int(rng.integers(1, 4))
+            seen = tokens[:length]
+            assert index.propose(seen, k) == rescan(seen, k, low, high), (trial, length)
+
+
+def test_greedy_speculation_gives_plain_greedy_tokens_bit_for_bit(stories_dir, always_propose):
+    """Batches of greedy requests (prompts that repeat themselves and one that does not)
+    with a seeded sampled request among them: the same tokens as the engine without
+    speculation, for several k and with prefix caching on and off, in fewer steps."""
+    params = [SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)] * len(STORIES)
+    params = params + [SamplingParams(temperature=0.8, seed=3, max_tokens=30, ignore_eos=True)]
+    prompts = STORIES + ["Once upon a time"]
+    plain_llm = LLM(stories_dir)
+    plain = token_ids(plain_llm.generate(prompts, params))
+    for k, caching in ((1, True), (3, False), (6, True)):
+        llm = LLM(stories_dir, enable_prefix_caching=caching, speculative_config=ngram(k))
+        assert token_ids(llm.generate(prompts, params)) == plain, (k, caching)
+        stats = llm.stats()
+        assert 0 < stats["spec_num_accepted_tokens"] < stats["spec_num_draft_tokens"], stats
+        assert stats["steps"] < plain_llm.stats()["steps"] and stats["blocks_used"] == 0
+        assert 1 < stats["spec_mean_accepted_length"] <= k + 1
+
+
+def test_stops_and_lengths_cut_acceptance_where_they_fire(stories_dir, always_propose):
+    """EOS (not ignored), stop strings and max_tokens end a request inside a run of
+    accepted proposals exactly where plain decoding ends it."""
+    params = [SamplingParams(temperature=0, max_tokens=n) for n in (7, 40, 61)] + \
+        [SamplingParams(temperature=0, max_tokens=80, stop=["little"]),
+         SamplingParams(temperature=0, max_tokens=80, stop=[" the"], include_stop_str_in_output=True)]
+    prompts = [STORIES[0], STORIES[1], STORIES[3], STORIES[0], STORIES[3]]
+    want = LLM(stories_dir).generate(prompts, params)
+    got = LLM(stories_dir, speculative_config=ngram(5)).generate(prompts, params)
+    assert [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in got] == \
+        [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in want]
+
+
+def test_rollback_keeps_the_pool_exact_step_by_step(stories_dir, always_propose):
+    """After every step: the pool's invariants hold, a sequence holds no block past the
+    one its next token needs, it has no proposal left, and each of its cached blocks is
+    keyed by the tokens it holds (never a rejected proposal's); at the end every block
+    is free."""
+    llm = LLM(stories_dir, block_size=4, num_blocks=200, speculative_config=ngram(6))
+    engine = llm.engine
+    for i, prompt in enumerate(STORIES * 2):
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=30 + 7 * i, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+        live = engine.scheduler.running
+        engine.block_manager.check_invariants(live)
+        for seq in live:
+            assert seq.num_drafts == 0 and len(seq.block_table) <= blocks_for(len(seq), 4)
+            assert seq.num_computed_tokens == len(seq) - 1
+            for i, block_id in enumerate(seq.block_table):
+                block = engine.block_manager.blocks[block_id]
+                if block.hash is not None:
+                    assert block.token_ids == tuple(seq.token_ids[4 * i:4 * i + 4])
+    assert engine.speculation.num_accepted_tokens > 0
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_under_pool_pressure_preemption_and_speculation_give_the_same_tokens(stories_dir, always_propose):
+    prompts = STORIES * 4
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    want = token_ids(LLM(stories_dir, block_size=4).generate(prompts, params))
+    tight = LLM(stories_dir, block_size=4, num_blocks=40, speculative_config=ngram(4))
+    assert token_ids(tight.generate(prompts, params)) == want
+    stats = tight.stats()
+    assert stats["preemptions"] > 0 and stats["blocks_used"] == 0 and stats["spec_num_accepted_tokens"] > 0
+
+
+def test_the_prefix_cache_holds_no_rejected_token(stories_dir, always_propose):
+    """Each first run's prompt and output come back as a prompt: the blocks the runs
+    cached (with prefix caching on, their K/V are read, not recomputed) give the same
+    continuations as an engine that never speculated."""
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    spec, plain = LLM(stories_dir, block_size=4, speculative_config=ngram(6)), LLM(stories_dir, block_size=4)
+    first = spec.generate(STORIES, params)
+    again = [list(o.prompt_token_ids) + list(o.outputs[0].token_ids) for o in first]
+    cached_before = spec.stats()["prefix_cache_hit_tokens"]
+    assert token_ids(spec.generate(again, params)) == token_ids(plain.generate(again, params))
+    assert spec.stats()["prefix_cache_hit_tokens"] - cached_before > sum(map(len, again)) // 2
+
+
+def test_the_default_model_speculates_bit_for_bit(smollm2_gguf, always_propose):
+    """SmolLM2's Q4_1 GGUF (packed products over k + 1 rows): a copy task and free text
+    give plain greedy decoding's tokens."""
+    code = "def area(width, height):\n    return width * height\n\nprint(area(3, 4))\n"
+    prompts = [[{"role": "user", "content": "Rename area to surface in this code:\n\n" + code}],
+               [{"role": "user", "content": "Write a haiku about the sea."}]]
+    params = SamplingParams(temperature=0, max_tokens=48)
+    want = token_ids(LLM(smollm2_gguf, kv_cache_memory=64 << 20).chat(prompts, params))
+    llm = LLM(smollm2_gguf, kv_cache_memory=64 << 20, speculative_config=ngram(4))
+    assert token_ids(llm.chat(prompts, params)) == want
+    assert llm.stats()["spec_num_accepted_tokens"] > 0
+
+
+def test_the_sized_engine_gives_plain_greedy_tokens_whatever_it_measures(stories_dir):
+    """With the draft sizer choosing from the step times it measures (whatever they
+    are on this machine), the tokens are plain greedy's."""
+    params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+    want = token_ids(LLM(stories_dir).generate(STORIES, params))
+    llm = LLM(stories_dir, speculative_config=ngram(7))
+    for _ in range(2):
+        assert token_ids(llm.generate(STORIES, params)) == want
+
+
+def test_acceptance_falls_with_rejections_and_fades_back_while_idle():
+    record = Acceptance()
+    assert record.rate == 0.5
+    for _ in range(5):
+        record.note(4, 0)
+    low = record.rate
+    assert low < 0.2
+    record.note(4, 4)
+    assert record.rate > low
+    for _ in range(200):
+        record.idle()
+    assert abs(record.rate - 0.5) < 0.01
+
+
+def test_the_sizer_takes_the_size_that_gives_most_tokens_a_second():
+    sizer = DraftSizer(7)
+    assert sizer.sizes == [1, 3, 7]
+    assert sizer.choose([0.9], 1) == [0]  # a plain step of this batch size not measured yet
+    for rows in range(1, 41):  # memory-bound: a row more costs 4% of a step
+        sizer.note_step(rows, 1.0 + 0.04 * (rows - 1))
+    assert sizer.choose([0.9], 1) == [7]
+    assert sizer.choose([0.5], 1) == [3]
+    assert sizer.choose([0.02], 1) == [0]  # (2% more tokens for 4% more time)
+    assert sizer.choose([0.9, 0.9], 2) == [7, 7]
+    compute_bound = DraftSizer(7)  # a row costs what a row gives: proposals never pay
+    for rows in range(30, 41):
+        compute_bound.note_step(rows, rows / 32)
+    assert compute_bound.choose([0.8] * 4, 32) == [0, 0, 0, 0]
+    guessing = DraftSizer(3)  # unmeasured sizes are guessed cheap, so they get tried
+    guessing.note_step(1, 0.01)
+    assert guessing.choose([0.5], 1) == [3]

@@ -1,0 +1,75 @@
+"""DraftSizer: how many proposals each speculating sequence takes in a step, so that
+speculation does not slow what it cannot help (free text, large batches).
+
+A sequence's proposals are accepted at some rate a (Acceptance: a decaying count of
+its accepted and rejected proposals, fading back to an even prior while it proposes
+nothing, so a sequence that stopped speculating is tried again now and then). k
+proposals then earn a + a^2 + ... + a^k tokens beyond the one a step always gives, for
+k more rows in the step, whose cost is what this engine measured: the seconds of pure
+decode steps by their rows. Sequence after sequence, each takes the size (0, 1, 3, 7,
+... up to num_speculative_tokens) that gives the step the most tokens a second. A
+size not measured yet is guessed cheap, so it is tried once and then known; a batch
+size whose plain step was never measured takes no proposals until it is.
+"""
+from __future__ import annotations
+
+PRIOR_HITS, PRIOR_TRIALS = 1.0, 2.0  # a rate of 1/2 before any evidence
+DECAY = 0.8  # the weight of a sequence's past verifications at each new one
+IDLE_DECAY = 0.97  # a step without proposals: its record fades toward the prior
+GUESSED_ROW_COST = 0.05  # an unmeasured size's cost a row, a share of the plain step
+SMOOTHING = 0.2  # a new step's weight in its size's mean seconds
+
+
+class Acceptance:
+    """One sequence's record of its proposals' fate."""
+    __slots__ = ("hits", "trials")
+
+    def __init__(self):
+        self.hits = self.trials = 0.0
+
+    @property
+    def rate(self) -> float:
+        return (self.hits + PRIOR_HITS) / (self.trials + PRIOR_TRIALS)
+
+    def note(self, proposed: int, accepted: int) -> None:
+        """A verification: accepted proposals, then (unless all were) one rejected."""
+        self.hits = self.hits * DECAY + accepted
+        self.trials = self.trials * DECAY + accepted + (accepted < proposed)
+
+    def idle(self) -> None:
+        self.hits *= IDLE_DECAY
+        self.trials *= IDLE_DECAY
+
+
+class DraftSizer:
+    def __init__(self, most: int):
+        """most: num_speculative_tokens."""
+        self.sizes = sorted({k for k in (1, 3, 7, 15, 31) if k < most} | {most})
+        self.seconds: dict[int, float] = {}  # rows of a pure decode step -> its mean seconds
+
+    def note_step(self, rows: int, seconds: float) -> None:
+        old = self.seconds.get(rows)
+        self.seconds[rows] = seconds if old is None else old + SMOOTHING * (seconds - old)
+
+    def _cost(self, rows: int, plain: int) -> float:
+        """A step of rows rows against a plain step of `plain` (measured, else guessed)."""
+        if rows in self.seconds:
+            return self.seconds[rows] / self.seconds[plain]
+        return 1.0 + GUESSED_ROW_COST * (rows - plain)
+
+    def choose(self, rates: list[float], plain: int) -> list[int]:
+        """Proposals for each speculating sequence (acceptance rates `rates`) of a step
+        of `plain` decoding sequences."""
+        if plain not in self.seconds:
+            return [0] * len(rates)
+        rows, tokens, sizes = plain, float(plain), []
+        for rate in rates:
+            best, best_gain, best_value = 0, 0.0, tokens / self._cost(rows, plain)
+            for k in self.sizes:
+                gain = rate * (1 - rate ** k) / (1 - rate) if rate < 1 else float(k)
+                value = (tokens + gain) / self._cost(rows + k, plain)
+                if value > best_value:
+                    best, best_gain, best_value = k, gain, value
+            sizes.append(best)
+            rows, tokens = rows + best, tokens + best_gain
+        return sizes

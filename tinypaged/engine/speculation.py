@@ -1,0 +1,140 @@
+"""Speculation: proposals added to a step's decoding sequences (speculative_config),
+verified in the same step, and what the target model's tokens accept of them.
+
+A sequence with k proposals computes k + 1 rows in the step: its last token's and
+each proposal's, every one a decode row of the same kernels as plain decoding
+(model_runner.py), so the target's token after each is the one plain decoding would
+draw there, bit for bit. It accepts the longest prefix of proposals equal to the
+target's tokens, plus the target's token after them: one to k + 1 tokens a step for
+one read of the weights. Rejected proposals' slots are given back (rollback) and no
+block holding an unaccepted token enters the prefix cache.
+
+A sequence speculates when its token is the argmax of its logits as they come: greedy,
+one sample, no grammar and nothing that needs the whole row (penalties, logprobs,
+masks: step_logits.candidates_needed). Others decode as before in the same batch.
+"""
+from __future__ import annotations
+
+import time
+
+from ..speculative_config import SpeculativeConfig
+from .block_manager import BlockManager
+from .draft_sizer import Acceptance, DraftSizer
+from .ngram_proposer import NgramProposer
+from .sequence import Sequence
+from .step_logits import candidates_needed
+
+
+class Speculation:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, block_manager: BlockManager):
+        self.block_manager = block_manager  # (proposals' slots taken and given back)
+        self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
+                                      config.prompt_lookup_max)
+        self.max_model_len = max_model_len
+        self.sizer = DraftSizer(config.num_speculative_tokens)  # how many proposals pay
+        self._timing = None  # (start, rows) of a pure decode step, for the sizer
+        # vLLM's counts: verification passes with proposals, proposals, accepted proposals
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+
+    @classmethod
+    def of(cls, config: SpeculativeConfig | None, max_model_len: int,
+           block_manager: BlockManager) -> "Speculation | None":
+        return None if config is None else cls(config, max_model_len, block_manager)
+
+    @staticmethod
+    def speculates(seq: Sequence) -> bool:
+        return seq.params.n == 1 and seq.grammar is None and candidates_needed(seq.params) == 1
+
+    def propose(self, seq: Sequence, most: int) -> list[int]:
+        """Proposals to follow decoding seq: at most `most`, and none that would take it
+        past max_model_len or max_tokens with the target's own token after them."""
+        limit = min(most, self.max_model_len - len(seq) - 1)
+        if seq.params.max_tokens is not None:
+            limit = min(limit, seq.params.max_tokens - seq.num_output_tokens - 1)
+        return self.proposer.propose(seq, limit) if limit > 0 else []
+
+    def add_drafts(self, batch, budget: int) -> None:
+        """Proposals for the batch's decoding sequences, as many as pay (DraftSizer),
+        within budget tokens and as many as free blocks hold (each a slot after its
+        sequence's last token)."""
+        start, block_manager = time.perf_counter(), self.block_manager
+        speculating = [seq for seq in batch.decodes if self.speculates(seq)]
+        for seq in speculating:
+            seq.acceptance = seq.acceptance or Acceptance()
+        sizes = self.sizer.choose([seq.acceptance.rate for seq in speculating], len(batch.decodes))
+        for seq, size in zip(speculating, sizes):
+            if size == 0:
+                seq.acceptance.idle()
+            for token in self.propose(seq, min(size, budget)):
+                seq.add_drafts([token])
+                if not block_manager.can_append(seq):
+                    seq.drop_last_draft()
+                    break
+                batch.block_copies += block_manager.append_slot(seq)
+            budget -= seq.num_drafts
+        rows = len(batch.decodes) + sum(seq.num_drafts for seq in speculating)
+        self._timing = None if batch.prefills else (start, rows)
+
+    def settle(self, drawn: list[tuple]) -> list[tuple]:
+        """drawn ((sample, token, logprobs) a row, the sampler's) with each speculating
+        sample's rows cut to what its proposals earn: the accepted proposals' tokens and
+        the target's next one. Its proposals leave its tokens; the accepted ones' slots
+        stay computed, the blocks past the next token's slot go back to the pool."""
+        kept, groups = [], {}
+        for entry in drawn:
+            seq = entry[0]
+            if not seq.num_drafts:
+                kept.append([entry])
+            elif seq in groups:
+                groups[seq].append(entry)
+            else:
+                groups[seq] = [entry]
+                kept.append(groups[seq])
+        for seq, rows in groups.items():
+            drafts = seq.take_drafts()
+            accepted = self.accept(drafts, [token for _, token, _ in rows])
+            seq.acceptance.note(len(drafts), accepted)
+            seq.num_computed_tokens = len(seq) + accepted  # (the target's token: not yet)
+            self.block_manager.truncate(seq, len(seq) + accepted + 1)
+            del rows[accepted + 1:]
+        if self._timing is not None:  # (the forward and the draw, without the postprocessing)
+            self.sizer.note_step(self._timing[1], time.perf_counter() - self._timing[0])
+            self._timing = None
+        return [entry for group in kept for entry in group]
+
+    def accept(self, drafts: list[int], targets: list[int]) -> int:
+        """How many of drafts the target's tokens accept: targets[i] is the target's token
+        after the last token and drafts[:i]; the longest prefix where they agree."""
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
+            accepted += 1
+        self.num_drafts += 1
+        self.num_draft_tokens += len(drafts)
+        self.num_accepted_tokens += accepted
+        return accepted
+
+    def as_dict(self) -> dict:
+        """The counts, the acceptance rate and the mean accepted length a pass (with the
+        target's own token: 1 to k + 1)."""
+        return {"spec_num_drafts": self.num_drafts, "spec_num_draft_tokens": self.num_draft_tokens,
+                "spec_num_accepted_tokens": self.num_accepted_tokens,
+                "spec_acceptance_rate": self.num_accepted_tokens / max(1, self.num_draft_tokens),
+                "spec_mean_accepted_length": 1 + self.num_accepted_tokens / max(1, self.num_drafts)}
+
+
+def row_spans(chunks: list[tuple[Sequence, int]], logits_rows: list[int] | None
+              ) -> tuple[list[tuple[Sequence, int, int]], list[int]]:
+    """(sequence, first position, end) spans of a step's chunks and the logits rows of
+    each: a chunk's span as scheduled (logits_rows[i] rows; None: one), but a decode
+    with proposals one decode row per token, each attending to the keys up to its own
+    position, as plain decoding computes it (and through the same kernels)."""
+    spans, rows = [], []
+    for i, (seq, n) in enumerate(chunks):
+        start = seq.num_computed_tokens
+        if seq.num_drafts:
+            spans += [(seq, p, p + 1) for p in range(start, start + n)]
+            rows += [1] * n
+        else:
+            spans.append((seq, start, start + n))
+            rows.append(logits_rows[i] if logits_rows is not None else 1)
+    return spans, rows
