@@ -165,3 +165,20 @@ def test_a_head_wider_than_the_kernels_take_is_refused_when_the_pool_is_made(tmp
                                        "num_key_value_heads": 1})
     with pytest.raises(ValueError, match="head_dim=256 exceeds the CUDA kernels' MAX_HEAD_DIM=128"):
         LLM(tmp_path, backend="cuda", num_blocks=16)
+
+
+def test_speculation_on_the_gpu_gives_plain_greedy_tokens(cuda_model_dir, monkeypatch):
+    """Proposals verified as decode rows on the CUDA backend (eager: a step with several
+    rows for one sequence is not a recorded decode step): plain greedy's tokens, on a
+    prompt that repeats itself so that proposals are made."""
+    from tinypaged.engine.draft_sizer import DraftSizer
+    monkeypatch.setattr(DraftSizer, "choose", lambda self, rates, plain: [self.sizes[-1]] * len(rates))
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    want = LLM(cuda_model_dir, backend="cuda", num_blocks=16).generate([prompt], params)[0]
+    llm = LLM(cuda_model_dir, backend="cuda", num_blocks=16,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    got = llm.generate([prompt], params)[0]
+    assert got.token_ids == want.token_ids
+    stats = llm.stats()
+    assert stats["spec_num_draft_tokens"] > 0 and stats["blocks_used"] == 0

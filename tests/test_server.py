@@ -234,3 +234,36 @@ def test_smollm2_answers_the_openai_client(smollm2_dir):
     finally:
         server.stop()
         llm.close()
+
+
+def test_a_speculating_server_answers_as_without_and_counts_its_proposals(stories_dir, monkeypatch):
+    """--speculative-config's engine behind the server (taking every proposal it can):
+    a greedy completion is plain decoding's, and /metrics carries vLLM's spec_decode
+    counters."""
+    from tinypaged.engine.draft_sizer import DraftSizer
+    monkeypatch.setattr(DraftSizer, "choose", lambda self, rates, plain: [self.sizes[-1]] * len(rates))
+    plain = LLM(stories_dir, backend="cpu").generate(
+        "Tom and Sue went to the park. Tom and Sue", SamplingParams(temperature=0, max_tokens=40))
+    llm = LLM(stories_dir, backend="cpu", kv_cache_memory=16 << 20,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    server = ServerThread(llm, served_model_name="stories")
+    try:
+        answer = client_for(server).completions.create(
+            model="stories", prompt="Tom and Sue went to the park. Tom and Sue", max_tokens=40,
+            temperature=0)
+        assert answer.choices[0].text == plain[0].outputs[0].text
+        text = httpx.get(server.url + "/metrics").text
+        values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                  for line in text.splitlines() if not line.startswith("#")}
+        label = '{model_name="stories"}'
+        drafts = values[f"vllm:spec_decode_num_drafts_total{label}"]
+        proposed = values[f"vllm:spec_decode_num_draft_tokens_total{label}"]
+        accepted = values[f"vllm:spec_decode_num_accepted_tokens_total{label}"]
+        by_position = [values[f'vllm:spec_decode_num_accepted_tokens_per_pos_total'
+                              f'{{model_name="stories",position="{i}"}}'] for i in range(3)]
+        assert 0 < accepted < proposed and drafts <= proposed and sum(by_position) == accepted
+        assert by_position == sorted(by_position, reverse=True)  # (a later position needs the earlier)
+        assert llm.stats()["spec_num_draft_tokens"] == proposed
+    finally:
+        server.stop()
+        llm.close()

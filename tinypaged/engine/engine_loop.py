@@ -304,9 +304,11 @@ class EngineLoop:
             self._num_queued_adds -= len(adds)
             self._queued_samples -= sum(p.params.n for p in adds)
             self._waiting_samples = sched.waiting_seats + self._held_samples
+            spec = sched.speculation
             self.metrics.set_engine_state(running, waiting, bm.num_blocks - bm.num_free_blocks,
                                           bm.num_blocks, bm.prefix_query_tokens,
-                                          bm.prefix_hit_tokens, sched.num_preemptions)
+                                          bm.prefix_hit_tokens, sched.num_preemptions,
+                                          None if spec is None else spec.counts())
 
     def _fail_everything(self, error: EngineDeadError) -> None:
         """The loop is over: every caller still waiting gets the error."""

@@ -59,6 +59,8 @@ class MetricsSnapshot:
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of those, found
     preemptions: int = 0
+    # speculation (None: off): passes with proposals, proposals, accepted, accepted by position
+    spec: tuple[int, int, int, tuple[int, ...]] | None = None
     prompt_tokens: int = 0  # prompt tokens of requests that produced a first token
     generation_tokens: int = 0
     finished: Counter = field(default_factory=Counter)  # finish reason -> requests
@@ -107,13 +109,14 @@ class LoopMetrics:
             m.e2e.observe_many(e2e)
 
     def set_engine_state(self, running: int, waiting: int, blocks_used: int, blocks_total: int,
-                         prefix_queries: int, prefix_hits: int, preemptions: int) -> None:
+                         prefix_queries: int, prefix_hits: int, preemptions: int,
+                         spec: tuple | None = None) -> None:
         with self._lock:
             m = self._m
             m.running, m.waiting = running, waiting
             m.kv_blocks_used, m.kv_blocks_total = blocks_used, blocks_total
             m.prefix_cache_queries, m.prefix_cache_hits = prefix_queries, prefix_hits
-            m.preemptions = preemptions
+            m.preemptions, m.spec = preemptions, spec
 
     def num_waiting(self) -> int:
         with self._lock:

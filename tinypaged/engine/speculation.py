@@ -33,8 +33,10 @@ class Speculation:
         self.max_model_len = max_model_len
         self.sizer = DraftSizer(config.num_speculative_tokens)  # how many proposals pay
         self._timing = None  # (start, rows) of a pure decode step, for the sizer
-        # vLLM's counts: verification passes with proposals, proposals, accepted proposals
+        # vLLM's counts: verification passes with proposals, proposals, accepted proposals,
+        # and those by position (the i-th proposal of a pass)
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.accepted_per_position = [0] * config.num_speculative_tokens
 
     @classmethod
     def of(cls, config: SpeculativeConfig | None, max_model_len: int,
@@ -111,7 +113,14 @@ class Speculation:
         self.num_drafts += 1
         self.num_draft_tokens += len(drafts)
         self.num_accepted_tokens += accepted
+        for position in range(accepted):
+            self.accepted_per_position[position] += 1
         return accepted
+
+    def counts(self) -> tuple[int, int, int, tuple[int, ...]]:
+        """(passes with proposals, proposals, accepted, accepted by position): /metrics'."""
+        return (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                tuple(self.accepted_per_position))
 
     def as_dict(self) -> dict:
         """The counts, the acceptance rate and the mean accepted length a pass (with the

@@ -61,6 +61,17 @@ def render(m: MetricsSnapshot, model: str) -> str:
     out += one("vllm:prompt_tokens_total", "counter", "Prompt tokens of requests served.",
                m.prompt_tokens)
     out += one("vllm:generation_tokens_total", "counter", "Tokens generated.", m.generation_tokens)
+    if m.spec is not None:  # speculative decoding (vLLM's spec_decode counters)
+        drafts, proposed, accepted, by_position = m.spec
+        out += one("vllm:spec_decode_num_drafts_total", "counter",
+                   "Verification passes with proposals.", drafts)
+        out += one("vllm:spec_decode_num_draft_tokens_total", "counter", "Tokens proposed.", proposed)
+        out += one("vllm:spec_decode_num_accepted_tokens_total", "counter",
+                   "Proposed tokens accepted.", accepted)
+        out += _sample("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+                       "Proposed tokens accepted, by their position in the pass.",
+                       [f"vllm:spec_decode_num_accepted_tokens_per_pos_total"
+                        f"{_labels(model, position=str(i))} {n}" for i, n in enumerate(by_position)])
     out += _sample("vllm:request_success_total", "counter", "Requests finished, by finish reason.",
                    [f"vllm:request_success_total{_labels(model, finished_reason=reason)} {count}"
                     for reason, count in sorted(_openai_reasons(m.finished).items())])
