@@ -6,7 +6,7 @@ its accepted and rejected proposals, fading back to an even prior while it propo
 nothing, so a sequence that stopped speculating is tried again now and then). k
 proposals then earn a + a^2 + ... + a^k tokens beyond the one a step always gives, for
 k more rows in the step, whose cost is what this engine measured: the seconds of pure
-decode steps by their rows. Sequence after sequence, each takes the size (0, 1, 3, 7,
+decode steps by their rows (their fast end: note_step). Sequence after sequence, each takes the size (0, 1, 3, 7,
 ... up to num_speculative_tokens) that gives the step the most tokens a second. A
 size not measured yet is guessed cheap, so it is tried once and then known; a batch
 size whose plain step was never measured takes no proposals until it is.
@@ -17,7 +17,10 @@ PRIOR_HITS, PRIOR_TRIALS = 1.0, 2.0  # a rate of 1/2 before any evidence
 DECAY = 0.8  # the weight of a sequence's past verifications at each new one
 IDLE_DECAY = 0.97  # a step without proposals: its record fades toward the prior
 GUESSED_ROW_COST = 0.05  # an unmeasured size's cost a row, a share of the plain step
-SMOOTHING = 0.2  # a new step's weight in its size's mean seconds
+# a size's seconds follow a faster step at once and a slower one slowly: a step is
+# slowed by what has nothing to do with its rows (a first call's compile, a page fault,
+# the collector, another process), and one such step must not rule its size out
+FALLING, RISING = 1.0, 0.05
 
 
 class Acceptance:
@@ -45,11 +48,14 @@ class DraftSizer:
     def __init__(self, most: int):
         """most: num_speculative_tokens."""
         self.sizes = sorted({k for k in (1, 3, 7, 15, 31) if k < most} | {most})
-        self.seconds: dict[int, float] = {}  # rows of a pure decode step -> its mean seconds
+        self.seconds: dict[int, float] = {}  # rows of a pure decode step -> its seconds (note_step)
 
     def note_step(self, rows: int, seconds: float) -> None:
         old = self.seconds.get(rows)
-        self.seconds[rows] = seconds if old is None else old + SMOOTHING * (seconds - old)
+        if old is None:
+            self.seconds[rows] = seconds
+        else:
+            self.seconds[rows] = old + (FALLING if seconds < old else RISING) * (seconds - old)
 
     def _cost(self, rows: int, plain: int) -> float:
         """A step of rows rows against a plain step of `plain` (measured, else guessed)."""
