@@ -9,13 +9,22 @@ second engine in the process would leave its idle OpenMP team spinning on the co
 the measured one needs (measured: a plain step 5.9 ms alone, 11-12 ms beside it).
 
     python bench/speculative.py [--models smollm2,gemma3] [--rounds 3] [--k 7] [--lookup 2,4]
+        [--llama-server PATH [--spec-types none,ngram-simple,ngram-mod]]
+
+With --llama-server, the same requests then go to llama.cpp's server on the same file
+(2 threads), once per --spec-types mode, one server at a time: tokens/s over each
+request's wall time, as ours (prefill included), and its draft figures.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import socket
+import subprocess
 import sys
 import time
+import urllib.request
 
 import numpy as np
 
@@ -88,6 +97,54 @@ def run(llm, messages, params):
     return len(out.token_ids) / (time.perf_counter() - start), out.token_ids
 
 
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return json.load(response)
+
+
+def llama_server_rates(binary: str, model: str, spec_type: str, rounds: int, max_tokens: int,
+                       chat: bool) -> dict:
+    """workload -> (median tokens/s, completion tokens, drafted, accepted) from llama-server
+    in mode spec_type, greedy; chat: through its chat template, else the plain prompt."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = [binary, "-m", model, "-t", "2", "-c", "4096", "--port", str(port), "-np", "1"]
+    server = subprocess.Popen(args + ([] if spec_type == "none" else ["--spec-type", spec_type]),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):  # (loading: /health answers 200 once the model is in)
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        out = {}
+        for workload, text in WORKLOADS.items():
+            rates, drafted, accepted, tokens = [], 0, 0, 0
+            for _ in range(rounds):
+                body = {"temperature": 0, "max_tokens": max_tokens, "cache_prompt": False}
+                start = time.perf_counter()
+                if chat:
+                    reply = _post(url + "/v1/chat/completions",
+                                  {**body, "messages": [{"role": "user", "content": text}]})
+                else:
+                    reply = _post(url + "/v1/completions", {**body, "prompt": text + "\n\n"})
+                tokens = reply["usage"]["completion_tokens"]
+                rates.append(tokens / (time.perf_counter() - start))
+                timings = reply.get("timings", {})
+                drafted += timings.get("draft_n", 0)
+                accepted += timings.get("draft_n_accepted", 0)
+            out[workload] = (float(np.median(rates)), tokens, drafted, accepted)
+        return out
+    finally:
+        server.terminate()
+        server.wait()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="smollm2,gemma3")
@@ -95,6 +152,9 @@ def main():
     ap.add_argument("--k", type=int, default=7, help="num_speculative_tokens")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--lookup", default="2,4", help="prompt_lookup_min,prompt_lookup_max")
+    ap.add_argument("--llama-server", help="llama.cpp's llama-server binary: measure it too")
+    ap.add_argument("--spec-types", default="none,ngram-simple,ngram-mod",
+                    help="llama-server's --spec-type modes to measure")
     args = ap.parse_args()
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     low, high = (int(n) for n in args.lookup.split(","))
@@ -126,6 +186,15 @@ def main():
             print(f"| {name} | {workload} | {p:.1f} | {s:.1f} | **{s / p:.2f}x** | "
                   f"{accepted / max(1, proposed):.2f} | {1 + accepted / max(1, drafts):.2f} | "
                   f"{len(tokens['plain'])} | {tokens['plain'] == tokens['spec']} |", flush=True)
+        if args.llama_server:
+            chat = llm.engine.tokenizer.chat_template is not None
+            llm.close()
+            for spec_type in args.spec_types.split(","):
+                rates = llama_server_rates(args.llama_server, path, spec_type, args.rounds,
+                                           args.max_tokens, chat)
+                for workload, (rate, n, drafted, accepted) in rates.items():
+                    print(f"| {name} llama-server {spec_type} | {workload} | | {rate:.1f} | | "
+                          f"{accepted / max(1, drafted):.2f} | | {n} | |", flush=True)
 
 
 if __name__ == "__main__":
