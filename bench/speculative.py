@@ -9,7 +9,7 @@ second engine in the process would leave its idle OpenMP team spinning on the co
 the measured one needs (measured: a plain step 5.9 ms alone, 11-12 ms beside it).
 
     python bench/speculative.py [--models smollm2,gemma3] [--rounds 3] [--k 7] [--lookup 2,4]
-        [--llama-server PATH [--spec-types none,ngram-simple,ngram-mod]]
+        [--concurrent 32] [--llama-server PATH [--spec-types none,ngram-simple,ngram-mod]]
 
 With --llama-server, the same requests then go to llama.cpp's server on the same file
 (2 threads), once per --spec-types mode, one server at a time: tokens/s over each
@@ -97,6 +97,27 @@ def run(llm, messages, params):
     return len(out.token_ids) / (time.perf_counter() - start), out.token_ids
 
 
+def concurrent_rates(llm, speculation, n: int, rounds: int, params) -> tuple[float, float, bool]:
+    """(plain tokens/s, speculative tokens/s, same tokens) of n requests at once, the
+    workloads in turn, on one engine with its speculation off and on, alternated."""
+    texts = [list(WORKLOADS.values())[i % len(WORKLOADS)] for i in range(n)]
+    rates, tokens = {"plain": [], "spec": []}, {}
+    for r in range(rounds):
+        for label in (("plain", "spec") if r % 2 == 0 else ("spec", "plain")):
+            llm.engine.scheduler.speculation = speculation if label == "spec" else None
+            start = time.perf_counter()
+            if llm.engine.tokenizer.chat_template is None:
+                outs = llm.generate([t + "\n\n" for t in texts], params)
+            else:
+                outs = llm.chat([[{"role": "user", "content": t}] for t in texts], params)
+            ids = [o.outputs[0].token_ids for o in outs]
+            rates[label].append(sum(map(len, ids)) / (time.perf_counter() - start))
+            tokens.setdefault(label, ids)
+    llm.engine.scheduler.speculation = speculation
+    return (float(np.median(rates["plain"])), float(np.median(rates["spec"])),
+            tokens["plain"] == tokens["spec"])
+
+
 def _post(url: str, body: dict) -> dict:
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=600) as response:
@@ -152,6 +173,8 @@ def main():
     ap.add_argument("--k", type=int, default=7, help="num_speculative_tokens")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--lookup", default="2,4", help="prompt_lookup_min,prompt_lookup_max")
+    ap.add_argument("--concurrent", type=int, default=32,
+                    help="a row of this many requests at once (0: none)")
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary: measure it too")
     ap.add_argument("--spec-types", default="none,ngram-simple,ngram-mod",
                     help="llama-server's --spec-type modes to measure")
@@ -186,6 +209,10 @@ def main():
             print(f"| {name} | {workload} | {p:.1f} | {s:.1f} | **{s / p:.2f}x** | "
                   f"{accepted / max(1, proposed):.2f} | {1 + accepted / max(1, drafts):.2f} | "
                   f"{len(tokens['plain'])} | {tokens['plain'] == tokens['spec']} |", flush=True)
+        if args.concurrent:
+            p, s, same = concurrent_rates(llm, speculation, args.concurrent, args.rounds, params)
+            print(f"| {name} | {args.concurrent} concurrent (the four in turn) | {p:.1f} | {s:.1f} | "
+                  f"**{s / p:.2f}x** | | | | {same} |", flush=True)
         if args.llama_server:
             chat = llm.engine.tokenizer.chat_template is not None
             llm.close()

@@ -226,3 +226,61 @@ def test_the_sizer_takes_the_size_that_gives_most_tokens_a_second():
     guessing = DraftSizer(3)  # unmeasured sizes are guessed cheap, so they get tried
     guessing.note_step(1, 0.01)
     assert guessing.choose([0.5], 1) == [3]
+
+
+def chi_square_limit(dof: int, z: float = 3.09) -> float:
+    """The chi-square statistic's 99.9% quantile for dof degrees of freedom (Wilson and
+    Hilferty's approximation)."""
+    return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+
+
+def homogeneity(a: list[int], b: list[int]) -> tuple[float, int]:
+    """Two samples' chi-square statistic (tokens seen 10 times or more) and its dof."""
+    from collections import Counter
+    ca, cb = Counter(a), Counter(b)
+    keys = [k for k in set(ca) | set(cb) if ca[k] + cb[k] >= 10]
+    return sum((ca[k] - cb[k]) ** 2 / (ca[k] + cb[k]) for k in keys), max(1, len(keys) - 1)
+
+
+def test_sampling_with_speculation_draws_what_plain_sampling_draws(stories_dir, always_propose,
+                                                                  monkeypatch):
+    """Proposals fixed to three likely tokens (accepted about a third of the time): 300
+    seeded samples (top_k 4) are plain sampling's, seed for seed, so their token
+    distribution at every position passes a chi-square test against it. The same test
+    fails for a broken rule that emits the first proposal whatever the target drew."""
+    from tinypaged.engine.ngram_proposer import NgramProposer
+    from tinypaged.engine.speculation import Speculation
+    monkeypatch.setattr(NgramProposer, "propose", lambda self, seq, limit: [276, 261, 377][:limit])
+    prompt, n = STORIES[1], 300
+    params = [SamplingParams(temperature=1.0, top_k=4, seed=s, max_tokens=4, ignore_eos=True)
+              for s in range(n)]
+    plain = token_ids(LLM(stories_dir).generate([prompt] * n, params))
+    llm = LLM(stories_dir, speculative_config=ngram(3))
+    assert token_ids(llm.generate([prompt] * n, params)) == plain
+    assert 0.1 < llm.stats()["spec_acceptance_rate"] < 0.9
+    for position in (1, 2, 3):
+        statistic, dof = homogeneity([t[position] for t in plain],
+                                     [t[position] for t in token_ids(llm.generate([prompt] * n, params))])
+        assert statistic <= chi_square_limit(dof), position
+    right = Speculation.accept
+    monkeypatch.setattr(Speculation, "accept",
+                        lambda self, drafts, targets: max(right(self, drafts, targets), min(1, len(drafts))))
+    broken = token_ids(llm.generate([prompt] * n, params))
+    assert any(homogeneity([t[p] for t in plain], [t[p] for t in broken])[0]
+               > chi_square_limit(homogeneity([t[p] for t in plain], [t[p] for t in broken])[1])
+               for p in (1, 2, 3))
+
+
+def test_seeded_sampling_with_logprobs_is_plain_samplings(stories_dir, always_propose):
+    """top_p, min_p and logprobs: each seeded sample's tokens and logprobs are plain
+    sampling's; the same seed twice gives the same sample."""
+    params = [SamplingParams(temperature=0.9, top_p=0.9, seed=7, max_tokens=40, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=1.2, min_p=0.05, seed=8, max_tokens=40, ignore_eos=True)]
+    prompts = [STORIES[0], STORIES[3]]
+    want = LLM(stories_dir).generate(prompts, params)
+    llm = LLM(stories_dir, speculative_config=ngram(4))
+    for _ in range(2):
+        got = llm.generate(prompts, params)
+        assert token_ids(got) == token_ids(want)
+        assert got[0].outputs[0].token_logprobs == want[0].outputs[0].token_logprobs
+    assert llm.stats()["spec_num_accepted_tokens"] > 0

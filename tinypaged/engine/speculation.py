@@ -9,9 +9,16 @@ target's tokens, plus the target's token after them: one to k + 1 tokens a step 
 one read of the weights. Rejected proposals' slots are given back (rollback) and no
 block holding an unaccepted token enters the prefix cache.
 
-A sequence speculates when its token is the argmax of its logits as they come: greedy,
-one sample, no grammar and nothing that needs the whole row (penalties, logprobs,
-masks: step_logits.candidates_needed). Others decode as before in the same batch.
+Sampling works the same way: each row's token is drawn as plain sampling would draw it
+there (the same logits, the same uniform: the sequence's random stream is wound back
+to the accepted tokens' draws), and a proposal is accepted when the drawn token is it.
+For a proposal that is one token for sure (an n-gram's: q one-hot), that is the
+rejection rule itself: accepted with probability p(token), else a token from p less
+the proposal's share, renormalised; and a seeded request gives plain sampling's tokens.
+
+A sequence speculates when no row's distribution depends on the tokens before it in
+the step: one sample, no grammar, no penalties, bad words or min_tokens (their rows
+need the history up to each proposal). Others decode as before in the same batch.
 """
 from __future__ import annotations
 
@@ -22,7 +29,6 @@ from .block_manager import BlockManager
 from .draft_sizer import Acceptance, DraftSizer
 from .ngram_proposer import NgramProposer
 from .sequence import Sequence
-from .step_logits import candidates_needed
 
 
 class Speculation:
@@ -33,6 +39,7 @@ class Speculation:
         self.max_model_len = max_model_len
         self.sizer = DraftSizer(config.num_speculative_tokens)  # how many proposals pay
         self._timing = None  # (start, rows) of a pure decode step, for the sizer
+        self._streams = {}  # sampling sequence -> its random stream's state before the step's draws
         # vLLM's counts: verification passes with proposals, proposals, accepted proposals,
         # and those by position (the i-th proposal of a pass)
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
@@ -45,7 +52,9 @@ class Speculation:
 
     @staticmethod
     def speculates(seq: Sequence) -> bool:
-        return seq.params.n == 1 and seq.grammar is None and candidates_needed(seq.params) == 1
+        p = seq.params
+        return (p.n == 1 and seq.grammar is None and p.repetition_penalty == 1.0
+                and not (p.presence_penalty or p.frequency_penalty or p.bad_words or p.min_tokens))
 
     def propose(self, seq: Sequence, most: int) -> list[int]:
         """Proposals to follow decoding seq: at most `most`, and none that would take it
@@ -74,6 +83,8 @@ class Speculation:
                     break
                 batch.block_copies += block_manager.append_slot(seq)
             budget -= seq.num_drafts
+            if seq.num_drafts and not seq.params.greedy:  # (its draws are wound back in settle)
+                self._streams[seq] = seq.rng.bit_generator.state
         rows = len(batch.decodes) + sum(seq.num_drafts for seq in speculating)
         self._timing = None if batch.prefills else (start, rows)
 
@@ -98,7 +109,13 @@ class Speculation:
             seq.acceptance.note(len(drafts), accepted)
             seq.num_computed_tokens = len(seq) + accepted  # (the target's token: not yet)
             self.block_manager.truncate(seq, len(seq) + accepted + 1)
-            del rows[accepted + 1:]
+            # the accepted proposals (their rows' logprobs), then the target's token
+            rows[:] = [(seq, drafts[i], rows[i][2]) for i in range(accepted)] + [rows[accepted]]
+            state = self._streams.pop(seq, None)
+            if state is not None:  # the stream as plain sampling leaves it: a draw a token
+                seq.rng.bit_generator.state = state
+                seq.rng.random(accepted + 1)
+        self._streams.clear()  # (a sequence that failed in the step)
         if self._timing is not None:  # (the forward and the draw, without the postprocessing)
             self.sizer.note_step(self._timing[1], time.perf_counter() - self._timing[0])
             self._timing = None
