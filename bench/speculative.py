@@ -34,7 +34,10 @@ sys.path.insert(0, ROOT)
 from tinypaged import LLM, SamplingParams  # noqa: E402
 
 MODELS = {"smollm2": "weights/SmolLM2-135M-Instruct.Q4_1.gguf",
-          "gemma3": "weights/gemma-3-270m-q4_k_m.gguf"}
+          "gemma3": "weights/gemma-3-270m-q4_k_m.gguf",
+          # Llama-3.2-1B's shapes with random weights (bench/shaped_models.py): text that
+          # never repeats, so what speculation costs where it finds nothing to propose
+          "llama1b": "weights/shaped/llama-3.2-1b.Q4_K_M.gguf"}
 
 CODE = '''import json
 

@@ -284,3 +284,30 @@ def test_seeded_sampling_with_logprobs_is_plain_samplings(stories_dir, always_pr
         assert token_ids(got) == token_ids(want)
         assert got[0].outputs[0].token_logprobs == want[0].outputs[0].token_logprobs
     assert llm.stats()["spec_num_accepted_tokens"] > 0
+
+
+def test_proposals_stop_at_the_context(stories_dir, always_propose):
+    """A request that runs into max_model_len: no proposal takes a position past it (the
+    RoPE tables end there), and it ends where plain decoding ends it, at the context."""
+    prompt = STORIES[0]
+    params = SamplingParams(temperature=0, ignore_eos=True)
+    want = LLM(stories_dir, max_model_len=60).generate(prompt, params)[0].outputs[0]
+    llm = LLM(stories_dir, max_model_len=60, speculative_config=ngram(8))
+    got = llm.generate(prompt, params)[0].outputs[0]
+    assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason == "length"
+    assert llm.stats()["spec_num_accepted_tokens"] > 0 and llm.stats()["blocks_used"] == 0
+
+
+def test_gemma3_speculates_past_its_sliding_window_bit_for_bit(gemma3_gguf, always_propose):
+    """Gemma 3 270M: its layers in several KV groups (sliding layers of 512 keys, global
+    ones); a context past the window, whose sliding groups' blocks behind it go back to
+    the pool while proposals come and go: plain greedy's tokens, every block back at
+    the end."""
+    prompt = "The keeper climbed the stairs and lit the lamp. " * 60  # ~660 tokens
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    want = token_ids(LLM(gemma3_gguf, kv_cache_memory=64 << 20).generate([prompt], params))
+    llm = LLM(gemma3_gguf, kv_cache_memory=64 << 20, speculative_config=ngram(5))
+    assert llm.engine.block_manager.num_groups > 1
+    assert token_ids(llm.generate([prompt], params)) == want
+    stats = llm.stats()
+    assert stats["spec_num_accepted_tokens"] > 0 and stats["blocks_used"] == 0
