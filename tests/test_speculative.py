@@ -311,3 +311,21 @@ def test_gemma3_speculates_past_its_sliding_window_bit_for_bit(gemma3_gguf, alwa
     assert token_ids(llm.generate([prompt], params)) == want
     stats = llm.stats()
     assert stats["spec_num_accepted_tokens"] > 0 and stats["blocks_used"] == 0
+
+
+def test_penalties_bad_words_and_min_tokens_see_the_tokens_before_each_row(stories_dir, always_propose):
+    """Options whose rows depend on the output so far: each proposal's row is penalised
+    and masked by the tokens up to it, so greedy and seeded samples are plain decoding's."""
+    params = [SamplingParams(temperature=0, max_tokens=50, ignore_eos=True, repetition_penalty=1.3),
+              SamplingParams(temperature=0, max_tokens=50, ignore_eos=True, presence_penalty=0.8,
+                             frequency_penalty=0.4),
+              SamplingParams(temperature=0, max_tokens=50, ignore_eos=True, bad_words=["park", "Sue"]),
+              SamplingParams(temperature=0, max_tokens=50, min_tokens=30),
+              SamplingParams(temperature=0.8, seed=5, max_tokens=50, ignore_eos=True, frequency_penalty=0.5)]
+    prompts = [STORIES[0], STORIES[1], STORIES[1], STORIES[3], STORIES[0]]
+    want = LLM(stories_dir).generate(prompts, params)
+    llm = LLM(stories_dir, speculative_config=ngram(4))
+    got = llm.generate(prompts, params)
+    assert token_ids(got) == token_ids(want)
+    assert [o.outputs[0].finish_reason for o in got] == [o.outputs[0].finish_reason for o in want]
+    assert llm.stats()["spec_num_accepted_tokens"] > 0

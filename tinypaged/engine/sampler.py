@@ -13,6 +13,7 @@ from .request import Request
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .step_logits import draw_tokens
+from .speculation import row_histories
 from .step_outcome import StepOutcome
 from .step_plan import StepPlan
 
@@ -85,21 +86,22 @@ class Sampler:
         return drawn
 
     def _draw(self, due, uniforms: list[float], logits: StepLogits) -> list[int]:
+        histories = row_histories([s for s, _ in due])  # (a proposal's row: the tokens before it)
         return draw_tokens(logits, [row for _, row in due], [s.params for s, _ in due], uniforms,
-                           [(s.token_ids, s.num_prompt_tokens) for s, _ in due],
-                           self._masks([s for s, _ in due]))
+                           histories, self._masks([s for s, _ in due], histories))
 
-    def _masks(self, seqs: list[Sequence]) -> list | None:
+    def _masks(self, seqs: list[Sequence], histories: list[tuple]) -> list | None:
         """Each sample's allowed tokens as a bit mask row (its grammar's, less what its
-        params forbid: token_rules.py); None for a free sample, or when all are free."""
+        params forbid, given the output before the row: token_rules.py); None for a free
+        sample, or when all are free."""
         held = [i for i, s in enumerate(seqs) if s.grammar is not None]
         grammar_rows = dict(zip(held, self.grammars.fill_masks([seqs[i].grammar for i in held])))\
             if held else {}
         masks = []
-        for i, seq in enumerate(seqs):
+        for i, (seq, (tokens, prompt)) in enumerate(zip(seqs, histories)):
             rules = self.requests[seq.request_id].rules
             row = grammar_rows.get(i)
-            masks.append(rules.mask(seq.output_token_ids, row) if rules is not None else row)
+            masks.append(rules.mask(tokens[prompt:], row) if rules is not None else row)
         return masks if any(m is not None for m in masks) else None
 
     @staticmethod

@@ -16,9 +16,9 @@ For a proposal that is one token for sure (an n-gram's: q one-hot), that is the
 rejection rule itself: accepted with probability p(token), else a token from p less
 the proposal's share, renormalised; and a seeded request gives plain sampling's tokens.
 
-A sequence speculates when no row's distribution depends on the tokens before it in
-the step: one sample, no grammar, no penalties, bad words or min_tokens (their rows
-need the history up to each proposal). Others decode as before in the same batch.
+Each row's penalties, bad words and min_tokens see the tokens before it (row_histories).
+A sequence speculates when it is one sample without a grammar (a grammar's state would
+have to follow each proposal); others decode as before in the same batch.
 """
 from __future__ import annotations
 
@@ -52,9 +52,7 @@ class Speculation:
 
     @staticmethod
     def speculates(seq: Sequence) -> bool:
-        p = seq.params
-        return (p.n == 1 and seq.grammar is None and p.repetition_penalty == 1.0
-                and not (p.presence_penalty or p.frequency_penalty or p.bad_words or p.min_tokens))
+        return seq.params.n == 1 and seq.grammar is None
 
     def propose(self, seq: Sequence, most: int) -> list[int]:
         """Proposals to follow decoding seq: at most `most`, and none that would take it
@@ -164,3 +162,17 @@ def row_spans(chunks: list[tuple[Sequence, int]], logits_rows: list[int] | None
             spans.append((seq, start, start + n))
             rows.append(logits_rows[i] if logits_rows is not None else 1)
     return spans, rows
+
+
+def row_histories(seqs: list[Sequence]) -> list[tuple[list[int], int]]:
+    """(tokens before the row, prompt length) of each row to draw, the sequences in row
+    order: a sequence's whole tokens, but the j-th row of one with proposals has only
+    the tokens up to its j-th proposal (the penalties and masks of that row see those)."""
+    out, seen = [], {}
+    for seq in seqs:
+        if seq.num_drafts:
+            j = seen[seq] = seen.get(seq, -1) + 1
+            out.append((seq.token_ids[:len(seq) - seq.num_drafts + j], seq.num_prompt_tokens))
+        else:
+            out.append((seq.token_ids, seq.num_prompt_tokens))
+    return out
