@@ -329,3 +329,28 @@ def test_penalties_bad_words_and_min_tokens_see_the_tokens_before_each_row(stori
     assert token_ids(got) == token_ids(want)
     assert [o.outputs[0].finish_reason for o in got] == [o.outputs[0].finish_reason for o in want]
     assert llm.stats()["spec_num_accepted_tokens"] > 0
+
+
+def test_grammar_constrained_requests_speculate_with_each_rows_grammar(stories_dir, always_propose):
+    """A regex and a JSON schema: each proposal's row is masked by the grammar past the
+    proposals before it, proposals stop where the grammar refuses one, and the output
+    is plain decoding's (greedy and seeded), valid, ending where the grammar does."""
+    import json as json_module
+    from tinypaged.structured import StructuredOutputs
+    schema = {"type": "object", "additionalProperties": False, "required": ["who", "where"],
+              "properties": {"who": {"type": "string", "maxLength": 30},
+                             "where": {"type": "string", "maxLength": 30}}}
+    params = [SamplingParams(temperature=0, max_tokens=60,
+                             structured_outputs=StructuredOutputs(regex="(Tom and Sue went to the park\\. ){3}")),
+              SamplingParams(temperature=0, max_tokens=80, structured_outputs=StructuredOutputs(json=schema)),
+              SamplingParams(temperature=0.7, seed=2, max_tokens=80,
+                             structured_outputs=StructuredOutputs(json=schema))]
+    prompts = [STORIES[1], STORIES[1] + ' {"who": "Tom and Sue", "where": "the park"} ', STORIES[1]]
+    want = LLM(stories_dir).generate(prompts, params)
+    llm = LLM(stories_dir, speculative_config=ngram(4))
+    got = llm.generate(prompts, params)
+    assert token_ids(got) == token_ids(want)
+    assert got[0].outputs[0].text == "Tom and Sue went to the park. " * 3
+    for out in got[1:]:
+        assert set(json_module.loads(out.outputs[0].text)) == {"who", "where"}
+    assert llm.stats()["spec_num_accepted_tokens"] > 0

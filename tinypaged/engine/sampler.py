@@ -13,7 +13,7 @@ from .request import Request
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .step_logits import draw_tokens
-from .speculation import row_histories
+from .speculation import row_inputs
 from .step_outcome import StepOutcome
 from .step_plan import StepPlan
 
@@ -86,19 +86,19 @@ class Sampler:
         return drawn
 
     def _draw(self, due, uniforms: list[float], logits: StepLogits) -> list[int]:
-        histories = row_histories([s for s, _ in due])  # (a proposal's row: the tokens before it)
+        rows = row_inputs([s for s, _ in due])  # (a proposal's row: the tokens and grammar before it)
         return draw_tokens(logits, [row for _, row in due], [s.params for s, _ in due], uniforms,
-                           histories, self._masks([s for s, _ in due], histories))
+                           [(t, p) for t, p, _ in rows], self._masks([s for s, _ in due], rows))
 
-    def _masks(self, seqs: list[Sequence], histories: list[tuple]) -> list | None:
-        """Each sample's allowed tokens as a bit mask row (its grammar's, less what its
+    def _masks(self, seqs: list[Sequence], rows: list[tuple]) -> list | None:
+        """Each row's allowed tokens as a bit mask row (its grammar's, less what its
         params forbid, given the output before the row: token_rules.py); None for a free
         sample, or when all are free."""
-        held = [i for i, s in enumerate(seqs) if s.grammar is not None]
-        grammar_rows = dict(zip(held, self.grammars.fill_masks([seqs[i].grammar for i in held])))\
+        held = [i for i, (_, _, grammar) in enumerate(rows) if grammar is not None]
+        grammar_rows = dict(zip(held, self.grammars.fill_masks([rows[i][2] for i in held])))\
             if held else {}
         masks = []
-        for i, (seq, (tokens, prompt)) in enumerate(zip(seqs, histories)):
+        for i, (seq, (tokens, prompt, _)) in enumerate(zip(seqs, rows)):
             rules = self.requests[seq.request_id].rules
             row = grammar_rows.get(i)
             masks.append(rules.mask(tokens[prompt:], row) if rules is not None else row)

@@ -47,6 +47,7 @@ class Sequence:
         self.num_drafts = 0
         self.ngram_index = None  # its n-grams, for prompt-lookup proposals (ngram_proposer.py)
         self.acceptance = None  # its proposals' record (draft_sizer.py)
+        self.draft_grammars = None  # its grammar's state before each proposal's row (speculation.py)
 
     @property
     def block_table(self) -> list[int]:
@@ -83,7 +84,7 @@ class Sequence:
 
     def take_drafts(self) -> list[int]:
         """The proposals, taken off token_ids ([] when there are none)."""
-        n, self.num_drafts = self.num_drafts, 0
+        n, self.num_drafts, self.draft_grammars = self.num_drafts, 0, None
         if n == 0:
             return []
         drafts = self.token_ids[-n:]

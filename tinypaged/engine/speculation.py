@@ -17,8 +17,10 @@ rejection rule itself: accepted with probability p(token), else a token from p l
 the proposal's share, renormalised; and a seeded request gives plain sampling's tokens.
 
 Each row's penalties, bad words and min_tokens see the tokens before it (row_histories).
-A sequence speculates when it is one sample without a grammar (a grammar's state would
-have to follow each proposal); others decode as before in the same batch.
+A grammar's state follows the proposals too: each row's mask is the grammar's past the
+proposals before it, and proposals stop at the first one the grammar refuses. A
+sequence speculates when it is one sample (forks share their prompt's blocks and
+rows); others decode as before in the same batch.
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ class Speculation:
 
     @staticmethod
     def speculates(seq: Sequence) -> bool:
-        return seq.params.n == 1 and seq.grammar is None
+        return seq.params.n == 1
 
     def propose(self, seq: Sequence, most: int) -> list[int]:
         """Proposals to follow decoding seq: at most `most`, and none that would take it
@@ -74,12 +76,16 @@ class Speculation:
         for seq, size in zip(speculating, sizes):
             if size == 0:
                 seq.acceptance.idle()
+            grammars = [seq.grammar]  # (a grammar's state before each row: row_inputs)
             for token in self.propose(seq, min(size, budget)):
+                if seq.grammar is not None and not _grammar_takes(grammars, token):
+                    break  # (the grammar refuses it: its row could not draw it)
                 seq.add_drafts([token])
                 if not block_manager.can_append(seq):
                     seq.drop_last_draft()
                     break
                 batch.block_copies += block_manager.append_slot(seq)
+            seq.draft_grammars = grammars[:seq.num_drafts + 1]
             budget -= seq.num_drafts
             if seq.num_drafts and not seq.params.greedy:  # (its draws are wound back in settle)
                 self._streams[seq] = seq.rng.bit_generator.state
@@ -164,15 +170,27 @@ def row_spans(chunks: list[tuple[Sequence, int]], logits_rows: list[int] | None
     return spans, rows
 
 
-def row_histories(seqs: list[Sequence]) -> list[tuple[list[int], int]]:
-    """(tokens before the row, prompt length) of each row to draw, the sequences in row
-    order: a sequence's whole tokens, but the j-th row of one with proposals has only
-    the tokens up to its j-th proposal (the penalties and masks of that row see those)."""
+def _grammar_takes(grammars: list, token: int) -> bool:
+    """Whether the grammar, past the proposals so far (grammars[-1]), takes token next:
+    if so, its state past it joins grammars (a copy: each row keeps its own)."""
+    following = grammars[-1].fork()
+    if not following.matcher.consume_token(token) or following.matcher.is_error():
+        return False
+    grammars.append(following)
+    return True
+
+
+def row_inputs(seqs: list[Sequence]) -> list[tuple[list[int], int, object]]:
+    """(tokens before the row, prompt length, grammar state or None) of each row to draw,
+    the sequences in row order: a sequence's own, but the j-th row of one with proposals
+    has the tokens up to its j-th proposal and the grammar past the proposals before it
+    (the penalties, token rules and grammar of that row see those)."""
     out, seen = [], {}
     for seq in seqs:
         if seq.num_drafts:
             j = seen[seq] = seen.get(seq, -1) + 1
-            out.append((seq.token_ids[:len(seq) - seq.num_drafts + j], seq.num_prompt_tokens))
+            grammar = seq.draft_grammars[j] if seq.grammar is not None else None
+            out.append((seq.token_ids[:len(seq) - seq.num_drafts + j], seq.num_prompt_tokens, grammar))
         else:
-            out.append((seq.token_ids, seq.num_prompt_tokens))
+            out.append((seq.token_ids, seq.num_prompt_tokens, seq.grammar))
     return out
