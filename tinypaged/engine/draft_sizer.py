@@ -6,10 +6,11 @@ its accepted and rejected proposals, fading back to an even prior while it propo
 nothing, so a sequence that stopped speculating is tried again now and then). k
 proposals then earn a + a^2 + ... + a^k tokens beyond the one a step always gives, for
 k more rows in the step, whose cost is what this engine measured: the seconds of pure
-decode steps by their rows (their fast end: note_step). Sequence after sequence, each takes the size (0, 1, 3, 7,
-... up to num_speculative_tokens) that gives the step the most tokens a second. A
-size not measured yet is guessed cheap, so it is tried once and then known; a batch
-size whose plain step was never measured takes no proposals until it is.
+decode steps by their rows (their fast end: note_step). Sequence after sequence, each
+takes the size (0, 1, 3, 7, ... up to num_speculative_tokens) that gives the step the
+most tokens a second. A size not measured yet is guessed cheap, so it is tried once
+and then known; a batch size whose plain step was never measured takes no proposals
+until it is.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ For a proposal that is one token for sure (an n-gram's: q one-hot), that is the
 rejection rule itself: accepted with probability p(token), else a token from p less
 the proposal's share, renormalised; and a seeded request gives plain sampling's tokens.
 
-Each row's penalties, bad words and min_tokens see the tokens before it (row_histories).
+Each row's penalties, bad words and min_tokens see the tokens before it (row_inputs).
 A grammar's state follows the proposals too: each row's mask is the grammar's past the
 proposals before it, and proposals stop at the first one the grammar refuses. A
 sequence speculates when it is one sample (forks share their prompt's blocks and
@@ -85,7 +85,8 @@ class Speculation:
                     seq.drop_last_draft()
                     break
                 batch.block_copies += block_manager.append_slot(seq)
-            seq.draft_grammars = grammars[:seq.num_drafts + 1]
+            if seq.grammar is not None:
+                seq.draft_grammars = grammars[:seq.num_drafts + 1]
             budget -= seq.num_drafts
             if seq.num_drafts and not seq.params.greedy:  # (its draws are wound back in settle)
                 self._streams[seq] = seq.rng.bit_generator.state
