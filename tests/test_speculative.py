@@ -354,3 +354,19 @@ def test_grammar_constrained_requests_speculate_with_each_rows_grammar(stories_d
     for out in got[1:]:
         assert set(json_module.loads(out.outputs[0].text)) == {"who", "where"}
     assert llm.stats()["spec_num_accepted_tokens"] > 0
+
+
+def test_the_samples_of_a_request_each_speculate(stories_dir, always_propose):
+    """n > 1: each sample proposes from its own tokens, the blocks it shares with its
+    siblings copied on write for a proposal's slot; with room and under pressure (a
+    preemption), the samples are plain decoding's."""
+    prompts = [STORIES[1], STORIES[0]]
+    params = [SamplingParams(n=3, temperature=0.8, seed=4, max_tokens=40, ignore_eos=True),
+              SamplingParams(n=2, temperature=0, max_tokens=40, ignore_eos=True)]
+    want = [[c.token_ids for c in o.outputs] for o in LLM(stories_dir).generate(prompts, params)]
+    for block_size, num_blocks in ((16, None), (4, 60)):
+        llm = LLM(stories_dir, block_size=block_size, num_blocks=num_blocks, speculative_config=ngram(4))
+        got = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params)]
+        assert got == want, block_size
+        stats = llm.stats()
+        assert stats["spec_num_accepted_tokens"] > 0 and stats["blocks_used"] == 0

@@ -18,9 +18,9 @@ the proposal's share, renormalised; and a seeded request gives plain sampling's 
 
 Each row's penalties, bad words and min_tokens see the tokens before it (row_inputs).
 A grammar's state follows the proposals too: each row's mask is the grammar's past the
-proposals before it, and proposals stop at the first one the grammar refuses. A
-sequence speculates when it is one sample (forks share their prompt's blocks and
-rows); others decode as before in the same batch.
+proposals before it, and proposals stop at the first one the grammar refuses. Every
+decoding sequence may speculate: the samples of a request (n > 1) each from their own
+tokens, a shared last block copied on write for a proposal's slot as for a decode's.
 """
 from __future__ import annotations
 
@@ -52,10 +52,6 @@ class Speculation:
            block_manager: BlockManager) -> "Speculation | None":
         return None if config is None else cls(config, max_model_len, block_manager)
 
-    @staticmethod
-    def speculates(seq: Sequence) -> bool:
-        return seq.params.n == 1
-
     def propose(self, seq: Sequence, most: int) -> list[int]:
         """Proposals to follow decoding seq: at most `most`, and none that would take it
         past max_model_len or max_tokens with the target's own token after them."""
@@ -69,11 +65,10 @@ class Speculation:
         within budget tokens and as many as free blocks hold (each a slot after its
         sequence's last token)."""
         start, block_manager = time.perf_counter(), self.block_manager
-        speculating = [seq for seq in batch.decodes if self.speculates(seq)]
-        for seq in speculating:
+        for seq in batch.decodes:
             seq.acceptance = seq.acceptance or Acceptance()
-        sizes = self.sizer.choose([seq.acceptance.rate for seq in speculating], len(batch.decodes))
-        for seq, size in zip(speculating, sizes):
+        sizes = self.sizer.choose([seq.acceptance.rate for seq in batch.decodes], len(batch.decodes))
+        for seq, size in zip(batch.decodes, sizes):
             if size == 0:
                 seq.acceptance.idle()
             grammars = [seq.grammar]  # (a grammar's state before each row: row_inputs)
@@ -90,7 +85,7 @@ class Speculation:
             budget -= seq.num_drafts
             if seq.num_drafts and not seq.params.greedy:  # (its draws are wound back in settle)
                 self._streams[seq] = seq.rng.bit_generator.state
-        rows = len(batch.decodes) + sum(seq.num_drafts for seq in speculating)
+        rows = len(batch.decodes) + sum(seq.num_drafts for seq in batch.decodes)
         self._timing = None if batch.prefills else (start, rows)
 
     def settle(self, drawn: list[tuple]) -> list[tuple]:
