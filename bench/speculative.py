@@ -9,7 +9,7 @@ second engine in the process would leave its idle OpenMP team spinning on the co
 the measured one needs (measured: a plain step 5.9 ms alone, 11-12 ms beside it).
 
     python bench/speculative.py [--models smollm2,gemma3] [--rounds 3] [--k 7] [--lookup 2,4]
-        [--concurrent 32] [--llama-server PATH [--spec-types none,ngram-simple,ngram-mod]]
+        [--concurrent 32] [--draft smollm2] [--llama-server PATH [--spec-types ...]]
 
 With --llama-server, the same requests then go to llama.cpp's server on the same file
 (2 threads), once per --spec-types mode, one server at a time: tokens/s over each
@@ -34,6 +34,7 @@ sys.path.insert(0, ROOT)
 from tinypaged import LLM, SamplingParams  # noqa: E402
 
 MODELS = {"smollm2": "weights/SmolLM2-135M-Instruct.Q4_1.gguf",
+          "smollm2-f16": "weights/smollm2-135m-instruct",  # (the float16 folder pull converts)
           "gemma3": "weights/gemma-3-270m-q4_k_m.gguf",
           # Llama-3.2-1B's shapes with random weights (bench/shaped_models.py): text that
           # never repeats, so what speculation costs where it finds nothing to propose
@@ -176,6 +177,7 @@ def main():
     ap.add_argument("--k", type=int, default=7, help="num_speculative_tokens")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--lookup", default="2,4", help="prompt_lookup_min,prompt_lookup_max")
+    ap.add_argument("--draft", help="a draft model (a name in MODELS) in place of prompt lookup")
     ap.add_argument("--concurrent", type=int, default=32,
                     help="a row of this many requests at once (0: none)")
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary: measure it too")
@@ -186,11 +188,16 @@ def main():
     low, high = (int(n) for n in args.lookup.split(","))
     config = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": high,
               "prompt_lookup_min": low}
+    if args.draft:  # a draft model proposes instead (its name in MODELS)
+        config = {"method": "draft_model", "model": os.path.join(ROOT, MODELS[args.draft]),
+                  "num_speculative_tokens": args.k}
     print("| model | workload | plain tokens/s | speculative | ratio | acceptance | mean accepted | tokens | same |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         path = os.path.join(ROOT, MODELS[name])
-        llm = LLM(path, backend="cpu", speculative_config=config)
+        # (no prefix cache: each run reads its whole prompt, so that a float model's
+        #  first token comes from the same products in every run and the tokens compare)
+        llm = LLM(path, backend="cpu", speculative_config=config, enable_prefix_caching=False)
         scheduler, speculation = llm.engine.scheduler, llm.engine.speculation
         run(llm, [{"role": "user", "content": "Hello"}], params)  # (warm up)
         for workload, text in WORKLOADS.items():

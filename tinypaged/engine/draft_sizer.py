@@ -50,8 +50,14 @@ class DraftSizer:
         """most: num_speculative_tokens."""
         self.sizes = sorted({k for k in (1, 3, 7, 15, 31) if k < most} | {most})
         self.seconds: dict[int, float] = {}  # rows of a pure decode step -> its seconds (note_step)
+        self.tried: set[int] = set()  # sizes stepped once (their first step is not kept)
 
     def note_step(self, rows: int, seconds: float) -> None:
+        """A pure decode step of `rows` rows took `seconds`. A size's first step is not
+        kept (it may have compiled kernels for new shapes: a draft model's first pass)."""
+        if rows not in self.tried:
+            self.tried.add(rows)
+            return
         old = self.seconds.get(rows)
         if old is None:
             self.seconds[rows] = seconds

@@ -64,7 +64,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching,
                                           windows=model.kv_groups.windows)
         self.requests: dict[str, Request] = {}
-        self.speculation = Speculation.of(config.speculative_config, self.max_model_len, self.block_manager)
+        self.speculation = Speculation.of(config, self.max_model_len, self.block_manager, ops, self.tokenizer, cfg.vocab_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, self.requests, self.speculation)
         kv = PagedKVCache(cfg, num_blocks, bs, ops, self.kv_cache_dtype)

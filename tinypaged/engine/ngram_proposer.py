@@ -44,3 +44,9 @@ class NgramProposer:
         if seq.ngram_index is None:
             seq.ngram_index = NgramIndex(self.low, self.high)
         return seq.ngram_index.propose(seq.token_ids, min(self.num_tokens, limit))
+
+    def propose_all(self, seqs: list, limits: list[int]) -> list[list[int]]:
+        return [self.propose(seq, limit) if limit > 0 else [] for seq, limit in zip(seqs, limits)]
+
+    def rollback(self, seq, kept: int) -> None:
+        """(Nothing to roll back: the index follows the sequence's tokens.)"""

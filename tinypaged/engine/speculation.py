@@ -1,5 +1,6 @@
-"""Speculation: proposals added to a step's decoding sequences (speculative_config),
-verified in the same step, and what the target model's tokens accept of them.
+"""Speculation: proposals added to a step's decoding sequences (speculative_config: by
+prompt lookup, ngram_proposer.py, or by a draft model, draft_proposer.py), verified in
+the same step, and what the target model's tokens accept of them.
 
 A sequence with k proposals computes k + 1 rows in the step: its last token's and
 each proposal's, every one a decode row of the same kernels as plain decoding
@@ -28,16 +29,18 @@ import time
 
 from ..speculative_config import SpeculativeConfig
 from .block_manager import BlockManager
+from .draft_proposer import DraftProposer
 from .draft_sizer import Acceptance, DraftSizer
 from .ngram_proposer import NgramProposer
 from .sequence import Sequence
 
 
 class Speculation:
-    def __init__(self, config: SpeculativeConfig, max_model_len: int, block_manager: BlockManager):
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, block_manager: BlockManager,
+                 proposer):
+        """proposer: an NgramProposer or a DraftProposer (propose_all, rollback)."""
         self.block_manager = block_manager  # (proposals' slots taken and given back)
-        self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
-                                      config.prompt_lookup_max)
+        self.proposer = proposer
         self.max_model_len = max_model_len
         self.sizer = DraftSizer(config.num_speculative_tokens)  # how many proposals pay
         self._timing = None  # (start, rows) of a pure decode step, for the sizer
@@ -48,17 +51,29 @@ class Speculation:
         self.accepted_per_position = [0] * config.num_speculative_tokens
 
     @classmethod
-    def of(cls, config: SpeculativeConfig | None, max_model_len: int,
-           block_manager: BlockManager) -> "Speculation | None":
-        return None if config is None else cls(config, max_model_len, block_manager)
+    def of(cls, engine_config, max_model_len: int, block_manager: BlockManager, ops,
+           tokenizer, vocab_size: int) -> "Speculation | None":
+        """The engine's speculation (None where engine_config.speculative_config is),
+        with its proposer: a draft model is loaded here, on the target's backend."""
+        config = engine_config.speculative_config
+        if config is None:
+            return None
+        if config.method == "ngram":
+            proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
+                                     config.prompt_lookup_max)
+        else:
+            proposer = DraftProposer.load(config.model, config.num_speculative_tokens, ops, tokenizer,
+                                          vocab_size, max_model_len, block_manager.num_blocks,
+                                          block_manager.block_size, engine_config.kv_cache_dtype)
+        return cls(config, max_model_len, block_manager, proposer)
 
-    def propose(self, seq: Sequence, most: int) -> list[int]:
-        """Proposals to follow decoding seq: at most `most`, and none that would take it
-        past max_model_len or max_tokens with the target's own token after them."""
+    def _limit(self, seq: Sequence, most: int) -> int:
+        """Proposals seq may take: at most `most`, and none that would take it past
+        max_model_len or max_tokens with the target's own token after them."""
         limit = min(most, self.max_model_len - len(seq) - 1)
         if seq.params.max_tokens is not None:
             limit = min(limit, seq.params.max_tokens - seq.num_output_tokens - 1)
-        return self.proposer.propose(seq, limit) if limit > 0 else []
+        return max(0, limit)
 
     def add_drafts(self, batch, budget: int) -> None:
         """Proposals for the batch's decoding sequences, as many as pay (DraftSizer),
@@ -68,11 +83,15 @@ class Speculation:
         for seq in batch.decodes:
             seq.acceptance = seq.acceptance or Acceptance()
         sizes = self.sizer.choose([seq.acceptance.rate for seq in batch.decodes], len(batch.decodes))
+        limits = []
         for seq, size in zip(batch.decodes, sizes):
             if size == 0:
                 seq.acceptance.idle()
+            limits.append(min(self._limit(seq, size), max(0, budget)))
+            budget -= limits[-1]
+        for seq, proposals in zip(batch.decodes, self.proposer.propose_all(batch.decodes, limits)):
             grammars = [seq.grammar]  # (a grammar's state before each row: row_inputs)
-            for token in self.propose(seq, min(size, budget)):
+            for token in proposals:
                 if seq.grammar is not None and not _grammar_takes(grammars, token):
                     break  # (the grammar refuses it: its row could not draw it)
                 seq.add_drafts([token])
@@ -82,7 +101,6 @@ class Speculation:
                 batch.block_copies += block_manager.append_slot(seq)
             if seq.grammar is not None:
                 seq.draft_grammars = grammars[:seq.num_drafts + 1]
-            budget -= seq.num_drafts
             if seq.num_drafts and not seq.params.greedy:  # (its draws are wound back in settle)
                 self._streams[seq] = seq.rng.bit_generator.state
         rows = len(batch.decodes) + sum(seq.num_drafts for seq in batch.decodes)
@@ -109,6 +127,7 @@ class Speculation:
             seq.acceptance.note(len(drafts), accepted)
             seq.num_computed_tokens = len(seq) + accepted  # (the target's token: not yet)
             self.block_manager.truncate(seq, len(seq) + accepted + 1)
+            self.proposer.rollback(seq, seq.num_computed_tokens)
             # the accepted proposals (their rows' logprobs), then the target's token
             rows[:] = [(seq, drafts[i], rows[i][2]) for i in range(accepted)] + [rows[accepted]]
             state = self._streams.pop(seq, None)
