@@ -119,6 +119,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
+    def vocab(self) -> dict[str, int]:
+        """Every token's string -> its id, added tokens included."""
+        return self._tok.get_vocab(with_added_tokens=True)
+
     def json_text(self) -> str:
         """The whole tokenizer as tokenizer.json text (what llguidance reads)."""
         return self._tok.to_str()

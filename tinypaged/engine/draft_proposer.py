@@ -38,13 +38,12 @@ class DraftSlots:
 
 
 class DraftProposer:
-    def __init__(self, model: PagedModel, kv: PagedKVCache, block_manager: BlockManager,
-                 num_tokens: int):
-        self.model, self.kv, self.block_manager, self.num_tokens = model, kv, block_manager, num_tokens
+    def __init__(self, model: PagedModel, kv: PagedKVCache, block_manager: BlockManager):
+        self.model, self.kv, self.block_manager = model, kv, block_manager
         self.slots: dict[Sequence, DraftSlots] = {}
 
     @classmethod
-    def load(cls, path: str | os.PathLike, num_tokens: int, ops, target_tokenizer: Tokenizer,
+    def load(cls, path: str | os.PathLike, ops, target_tokenizer: Tokenizer,
              target_vocab: int, max_model_len: int, num_blocks: int, block_size: int,
              kv_dtype_choice: str) -> "DraftProposer":
         """The draft model at path on the target's backend, refused by name where its
@@ -61,15 +60,15 @@ class DraftProposer:
         kv = PagedKVCache(cfg, num_blocks, block_size, ops, dtype)
         manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False,
                                windows=model.kv_groups.windows)
-        return cls(model, kv, manager, num_tokens)
+        return cls(model, kv, manager)
 
     def propose_all(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
         """Up to limits[i] greedy proposals for each of seqs (none where the draft's pool
         has no room for them)."""
         self._forget_finished()
         proposals = [[] for _ in seqs]
-        live = [(i, seq, min(limit, self.num_tokens)) for i, (seq, limit) in enumerate(zip(seqs, limits))
-                if limit > 0 and self._reserve(seq, len(seq) + min(limit, self.num_tokens) - 1)]
+        live = [(i, seq, limit) for i, (seq, limit) in enumerate(zip(seqs, limits))  # (each at most num_speculative_tokens)
+                if limit > 0 and self._reserve(seq, len(seq) + limit - 1)]
         # the first pass: each sequence's tokens the draft has not read, its last among them
         spans = [(self.slots[seq], self.slots[seq].num_computed_tokens, len(seq)) for _, seq, _ in live]
         tokens = [seq.token_ids[start:end] for (_, seq, _), (_, start, end) in zip(live, spans)]
@@ -128,7 +127,7 @@ class DraftProposer:
 
 def check_same_tokenizer(path, draft: Tokenizer, target: Tokenizer) -> None:
     """ValueError naming the first difference between the two tokenizers' vocabularies."""
-    mine, theirs = draft._tok.get_vocab(with_added_tokens=True), target._tok.get_vocab(with_added_tokens=True)
+    mine, theirs = draft.vocab(), target.vocab()
     if len(mine) != len(theirs):
         raise ValueError(f"speculative_config model {str(path)!r}: its tokenizer has {len(mine)} "
                          f"tokens, the target's {len(theirs)}: a draft must share the target's tokenizer")

@@ -62,7 +62,7 @@ class Speculation:
             proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
                                      config.prompt_lookup_max)
         else:
-            proposer = DraftProposer.load(config.model, config.num_speculative_tokens, ops, tokenizer,
+            proposer = DraftProposer.load(config.model, ops, tokenizer,
                                           vocab_size, max_model_len, block_manager.num_blocks,
                                           block_manager.block_size, engine_config.kv_cache_dtype)
         return cls(config, max_model_len, block_manager, proposer)
