@@ -408,3 +408,22 @@ def test_a_draft_model_proposes_and_the_target_decides_bit_for_bit(stories_dir, 
 def test_a_draft_with_another_tokenizer_is_refused_by_name(stories_dir, tiny_model_dir):
     with pytest.raises(ValueError, match="tokenizer has .* tokens, the target's .*: a draft must share"):
         LLM(stories_dir, speculative_config=draft(tiny_model_dir))
+
+
+def test_the_draft_is_loaded_on_a_thread_of_its_own_as_the_target_is(stories_dir, monkeypatch):
+    """Loading runs parallel kernels: run in the caller's thread, they leave a second
+    OpenMP team, and every later step beside it ran ~1.7x slower (draft and target
+    alike; bench/NOTES.md). Both models are read on the loading thread."""
+    import threading
+
+    from tinypaged.engine import model_loading
+
+    readers = []
+    real_load = model_loading.load_model
+
+    def load_model(*args, **kwargs):
+        readers.append(threading.current_thread().name)
+        return real_load(*args, **kwargs)
+    monkeypatch.setattr(model_loading, "load_model", load_model)
+    LLM(stories_dir, speculative_config=draft(stories_dir)).close()
+    assert readers == ["tinypaged-load", "tinypaged-load"]

@@ -17,11 +17,11 @@ import os
 import numpy as np
 
 from ..batch.attention_metadata import AttentionMetadata
-from ..model.loading import load_model
 from ..model.paged_model import PagedKVCache, PagedModel
 from ..tokenizer import Tokenizer
 from .block_manager import BlockManager
 from .kv_pool import check_pool_fits, kv_cache_dtype
+from .model_loading import load_paged_model
 from .sequence import Sequence
 
 
@@ -38,35 +38,40 @@ class DraftSlots:
 
 
 class DraftProposer:
-    def __init__(self, model: PagedModel, kv: PagedKVCache, block_manager: BlockManager):
+    def __init__(self, model: PagedModel, kv: PagedKVCache, block_manager: BlockManager,
+                 context: int):
+        """context: the positions the draft runs to (its own limit or the target's)."""
         self.model, self.kv, self.block_manager = model, kv, block_manager
+        self.context = context
         self.slots: dict[Sequence, DraftSlots] = {}
 
     @classmethod
     def load(cls, path: str | os.PathLike, ops, target_tokenizer: Tokenizer,
              target_vocab: int, max_model_len: int, num_blocks: int, block_size: int,
-             kv_dtype_choice: str) -> "DraftProposer":
+             kv_dtype_choice: str, layout_cache: bool = True) -> "DraftProposer":
         """The draft model at path on the target's backend, refused by name where its
-        tokenizer is not the target's (vocab size or any token's string)."""
+        tokenizer is not the target's (vocab size or any token's string); loaded as the
+        target is (model_loading.py), its prepared layout kept beside a GGUF."""
         check_same_tokenizer(path, Tokenizer(path), target_tokenizer)
-        cfg, weights = load_model(path)
+        loaded = load_paged_model(path, ops, max_model_len, layout_cache)
+        model, cfg = loaded.model, loaded.config
         if cfg.vocab_size != target_vocab:
             raise ValueError(f"speculative_config model {str(path)!r}: its vocab_size is "
                              f"{cfg.vocab_size}, the target's {target_vocab}")
-        model = PagedModel(cfg, weights, ops, max_model_len)
         dtype = kv_cache_dtype(kv_dtype_choice, cfg.dtype, cfg.head_dim, ops)
         check_pool_fits(num_blocks, PagedKVCache.bytes_per_block(cfg, block_size, dtype),
                         ops.memory_available())
         kv = PagedKVCache(cfg, num_blocks, block_size, ops, dtype)
         manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False,
                                windows=model.kv_groups.windows)
-        return cls(model, kv, manager)
+        return cls(model, kv, manager, loaded.max_model_len)
 
     def propose_all(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
         """Up to limits[i] greedy proposals for each of seqs (none where the draft's pool
         has no room for them)."""
         self._forget_finished()
         proposals = [[] for _ in seqs]
+        limits = [min(limit, self.context + 1 - len(seq)) for seq, limit in zip(seqs, limits)]
         live = [(i, seq, limit) for i, (seq, limit) in enumerate(zip(seqs, limits))  # (each at most num_speculative_tokens)
                 if limit > 0 and self._reserve(seq, len(seq) + limit - 1)]
         # the first pass: each sequence's tokens the draft has not read, its last among them

@@ -5,11 +5,8 @@ import itertools
 import os
 
 from ..config import EngineConfig
-from ..formats.quant_kind import KINDS, QUANTIZE_TARGETS
 from ..kernels import get_backend
-from ..model.loading import load_model, requantized
 from ..model.paged_model import PagedKVCache, PagedModel
-from ..model.weights import quantize_matrices
 from ..outputs import RequestOutput
 from ..sampling import SamplingParams
 from ..structured.grammar import Grammars
@@ -17,8 +14,8 @@ from ..tokenizer import Tokenizer
 from .block_manager import BlockManager, blocks_for
 from .block_map import render_block_map
 from .engine_stats import EngineStats
-from .kv_pool import check_pool_fits, check_rope_fits, kv_cache_dtype, pool_blocks
-from .load_thread import on_own_thread
+from .kv_pool import check_pool_fits, kv_cache_dtype, pool_blocks
+from .model_loading import load_paged_model
 from .model_runner import ModelRunner
 from .postprocessor import Postprocessor
 from .request import PreparedRequest, Request
@@ -29,14 +26,12 @@ from .speculation import Speculation
 from .token_rules import TokenRules
 
 
-QUANTIZATION_TYPES = {KINDS[code].name.lower(): code for code in QUANTIZE_TARGETS}  # "q8_0", "q4_0", "q4_1"
-
-
 def decode_graphs(config: EngineConfig, model: PagedModel, kv: PagedKVCache,
                   max_model_len: int):
     """The CUDA backend's recorded decode steps (kernels/cuda/decode_graphs.py) when
     config.cuda_graphs asks for them; None (every step eager) otherwise. cuda_graphs
-    None means on with a real GPU; on the simulator True replays launch by launch."""
+    None means on with a real GPU; on the simulator True replays launch by launch.
+    Verification steps are recorded too: their rows are decode rows."""
     if model.ops.name != "cuda":
         return None
     from ..kernels.cuda import cuda_usable
@@ -45,15 +40,24 @@ def decode_graphs(config: EngineConfig, model: PagedModel, kv: PagedKVCache,
     gpu = cuda_usable()
     if not (gpu if config.cuda_graphs is None else config.cuda_graphs):
         return None
-    return DecodeGraphs(model, kv, config.max_num_seqs,
-                        blocks_for(max_model_len, config.block_size), capture=gpu)
+    rows = config.max_num_seqs
+    if config.speculative_config is not None:  # (a verification's rows: speculation.py)
+        rows = max(rows, min(rows * (1 + config.speculative_config.num_speculative_tokens),
+                             config.max_num_batched_tokens))
+    return DecodeGraphs(model, kv, rows, blocks_for(max_model_len, config.block_size), capture=gpu)
 
 
 class LLMEngine:
     def __init__(self, model_dir: str | os.PathLike, config: EngineConfig):
         self.config = config
         ops = get_backend(config.backend, config.gpu_weight_dtype)
-        model = on_own_thread(lambda: self._load_model(model_dir, config, ops))
+        if config.cuda_graphs and ops.name != "cuda":
+            raise ValueError(f"cuda_graphs=True needs the CUDA backend; this engine runs on "
+                             f"{ops.name} (backend={config.backend!r})")
+        loaded = load_paged_model(model_dir, ops, config.max_model_len, config.layout_cache,
+                                  config.quantization)
+        model, self.model_config = loaded.model, loaded.config
+        self.requantized, self.max_model_len = loaded.requantized, loaded.max_model_len
         self.tokenizer = Tokenizer(model_dir)
         cfg, bs = self.model_config, config.block_size
         self.kv_cache_dtype = kv_cache_dtype(config.kv_cache_dtype, cfg.dtype, cfg.head_dim, ops)
@@ -86,32 +90,6 @@ class LLMEngine:
         self.sampler = Sampler(self.requests, self.grammars, self.scheduler)
         self.postprocessor = Postprocessor(self.requests, self.scheduler, self.statistics,
                                            self.eos_token_ids, self.max_model_len)
-
-    def _load_model(self, model_dir, config: EngineConfig, ops) -> PagedModel:
-        """The model with its weights in the backend's form: mapped from the form kept
-        beside a GGUF by an earlier load, else read, prepared, and kept. Sets
-        model_config, requantized and max_model_len. (Run on a thread of its own:
-        load_thread.py says why.)"""
-        ops.use_in_this_thread()
-        kept = config.layout_cache and not config.quantization
-        prepared = ops.load_prepared_weights(model_dir) if kept else None
-        self.model_config, weights = load_model(model_dir, prepared)
-        self.requantized = requantized(model_dir)  # name -> "Q5_0 -> Q8_0"
-        if config.quantization:
-            weights = quantize_matrices(weights, QUANTIZATION_TYPES[config.quantization])
-        cfg = self.model_config
-        self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
-                                 cfg.max_position_embeddings)
-        if config.cuda_graphs and ops.name != "cuda":
-            raise ValueError(f"cuda_graphs=True needs the CUDA backend; this engine runs on "
-                             f"{ops.name} (backend={config.backend!r})")
-        check_rope_fits(self.max_model_len, cfg.head_dim, ops.memory_available())
-        model = PagedModel(cfg, weights, ops, self.max_model_len,  # weights go to the backend
-                           prepared=prepared is not None)
-        del weights  # (the backend's form replaces them)
-        if kept and prepared is None:
-            ops.save_prepared_weights(model_dir, model.w)
-        return model
 
     # -- requests --------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,

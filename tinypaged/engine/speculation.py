@@ -64,7 +64,8 @@ class Speculation:
         else:
             proposer = DraftProposer.load(config.model, ops, tokenizer,
                                           vocab_size, max_model_len, block_manager.num_blocks,
-                                          block_manager.block_size, engine_config.kv_cache_dtype)
+                                          block_manager.block_size, engine_config.kv_cache_dtype,
+                                          engine_config.layout_cache)
         return cls(config, max_model_len, block_manager, proposer)
 
     def _limit(self, seq: Sequence, most: int) -> int:
