@@ -184,16 +184,26 @@ def test_speculation_on_the_gpu_gives_plain_greedy_tokens(cuda_model_dir, monkey
     assert stats["spec_num_draft_tokens"] > 0 and stats["blocks_used"] == 0
 
 
-def test_a_draft_model_speculates_on_the_gpu(cuda_model_dir, monkeypatch):
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_a_draft_model_speculates_on_the_gpu(cuda_model_dir, monkeypatch, cuda_graphs):
     """A draft model (the stand-in drafting for itself) on the CUDA backend: its own
-    device KV pool, its passes through the same kernels; plain greedy's tokens."""
+    device KV pool, its passes through the same kernels; plain greedy's tokens. The
+    verification runs eagerly or as a recorded decode step (a bucket of rows, several of
+    them one sequence's: recorded once, then replayed)."""
     from tinypaged.engine.draft_sizer import DraftSizer
     monkeypatch.setattr(DraftSizer, "choose", lambda self, rates, plain: [self.sizes[-1]] * len(rates))
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
-    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     want = LLM(cuda_model_dir, backend="cuda", num_blocks=16).generate([prompt], params)[0]
-    llm = LLM(cuda_model_dir, backend="cuda", num_blocks=16, speculative_config={
-        "method": "draft_model", "model": str(cuda_model_dir), "num_speculative_tokens": 2})
+    llm = LLM(cuda_model_dir, backend="cuda", num_blocks=16, max_num_seqs=1, cuda_graphs=cuda_graphs,
+              speculative_config={"method": "draft_model", "model": str(cuda_model_dir),
+                                  "num_speculative_tokens": 2})
     got = llm.generate([prompt], params)[0]
     assert got.token_ids == want.token_ids
     assert llm.stats()["spec_num_accepted_tokens"] > 0
+    graphs = llm.engine.runner.decode_graphs
+    if cuda_graphs:  # (1 + 2 rows: bucket 4; tokens 2-4 and 5-7 take two such steps)
+        assert graphs.buckets[-1] == 4 and 4 in {bucket for bucket, _ in graphs.steps}
+        assert llm.engine.runner.model.ops.launcher.replays > 0
+    else:
+        assert graphs is None

@@ -67,7 +67,7 @@ class ModelRunner:
             ops.copy_blocks(self.kv.k, self.kv.v, batch.block_copies)
         token_ids, meta = self.prepare(batch, logits_rows)
         graphs = self.decode_graphs
-        if graphs is not None and graphs.accepts([n for _, n in batch.chunks], logits_rows):
+        if graphs is not None and graphs.accepts(meta):
             logits = graphs.run(token_ids, meta)
         else:
             logits = self.model.forward_on_device(*ops.prepare_inputs(token_ids, meta), self.kv)

@@ -3,8 +3,9 @@
 The first decode step at a bucket runs eagerly while the backend records its
 launches (StepRecording); later steps at that bucket upload their inputs into the
 bucket's fixed buffer (one transfer), launch the recording (one CUDA graph on a
-GPU) and copy back the logits of the real rows (a second transfer). Prefill,
-mixed steps and steps that want more than one logits row per sequence stay eager.
+GPU) and copy back the logits of the real rows (a second transfer). A verification
+step (speculation.py: a decode row per proposal, each with its sequence's block table)
+is a decode step too. Prefill and mixed steps stay eager.
 """
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ class RecordedStep:
 class DecodeGraphs:
     def __init__(self, model, kv, max_batch: int, max_blocks: int, capture: bool):
         """model: a PagedModel on the CUDA backend; kv: its PagedKVCache. max_batch:
-        the engine's max_num_seqs; max_blocks: max_model_len / block_size, rounded up.
+        the rows of the largest step recorded (the engine's max_num_seqs; times 1 +
+        num_speculative_tokens when it speculates); max_blocks: max_model_len /
+        block_size, rounded up.
         capture: make CUDA graphs (on a GPU); False replays launch by launch."""
         self.model, self.kv, self.ops = model, kv, model.ops
         self.buckets = bucket_sizes(max_batch)
@@ -40,11 +43,11 @@ class DecodeGraphs:
         self.workspaces: dict[int, StepWorkspace] = {}  # and its activations' (one step at a time)
         self.steps: dict[tuple[int, int], RecordedStep] = {}  # by (bucket, keys)
 
-    def accepts(self, rows_per_sequence: list[int], logits_rows: list[int] | None) -> bool:
-        """A pure decode step (one token, one logits row per sequence) that a bucket holds."""
-        return (len(rows_per_sequence) <= self.buckets[-1]
-                and all(n == 1 for n in rows_per_sequence)
-                and (logits_rows is None or all(n == 1 for n in logits_rows)))
+    def accepts(self, meta) -> bool:
+        """A step of decode rows (one token and one logits row a span: plain decoding, or a
+        verification's rows, several of one sequence) that a bucket holds."""
+        rows = meta.num_tokens
+        return rows <= self.buckets[-1] and len(meta.context_lens) == len(meta.logits_indices) == rows
 
     def run(self, token_ids: np.ndarray, meta) -> np.ndarray:
         """token_ids (B,), meta of B one-token sequences -> logits (B, vocab) on the device."""
