@@ -211,6 +211,29 @@ def test_acceptance_falls_with_rejections_and_fades_back_while_idle():
     for _ in range(200):
         record.idle()
     assert abs(record.rate - 0.5) < 0.01
+    trusted = Acceptance(prior=0.95)  # (a new sequence where the engine's rate is 0.95)
+    assert trusted.rate == pytest.approx(0.95)
+    for _ in range(200):
+        trusted.idle()
+    assert trusted.rate == pytest.approx(0.95)
+
+
+def test_a_new_sequence_starts_from_the_engines_acceptance_so_far(stories_dir):
+    """A draft that agrees with the target (stories260K drafting for itself): the second
+    request's first proposals are sized by the first request's record, not by an even
+    prior that a draft costing more than half a step never gets past."""
+    llm = LLM(stories_dir, speculative_config=draft(stories_dir))
+    speculation = llm.engine.speculation
+    assert speculation.overall.rate == 0.5
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    llm.generate([STORIES[0]], params)
+    first = speculation.overall.rate
+    assert first > 0.8, speculation.as_dict()  # (every proposal accepted; the prior still weighs)
+    seen = []
+    real_choose = speculation.sizer.choose
+    speculation.sizer.choose = lambda rates, plain: seen.append(rates) or real_choose(rates, plain)
+    llm.generate([STORIES[1]], params)
+    assert next(rates for rates in seen if rates) == [pytest.approx(first)]  # (its first decode)
 
 
 def test_the_sizer_takes_the_size_that_gives_most_tokens_a_second():

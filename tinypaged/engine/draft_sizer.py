@@ -2,8 +2,11 @@
 speculation does not slow what it cannot help (free text, large batches).
 
 A sequence's proposals are accepted at some rate a (Acceptance: a decaying count of
-its accepted and rejected proposals, fading back to an even prior while it proposes
-nothing, so a sequence that stopped speculating is tried again now and then). k
+its accepted and rejected proposals, fading back to its prior while it proposes
+nothing, so a sequence that stopped speculating is tried again now and then). A new
+sequence's prior is the engine's rate so far (every sequence's verifications): a draft
+model that agrees with the target nine times in ten is trusted from a request's first
+step, where an even prior would rule out proposals that cost more than half a step. k
 proposals then earn a + a^2 + ... + a^k tokens beyond the one a step always gives, for
 k more rows in the step, whose cost is what this engine measured: the seconds of pure
 decode steps by their rows (their fast end: note_step). Sequence after sequence, each
@@ -14,7 +17,8 @@ until it is.
 """
 from __future__ import annotations
 
-PRIOR_HITS, PRIOR_TRIALS = 1.0, 2.0  # a rate of 1/2 before any evidence
+PRIOR_TRIALS = 2.0  # the prior's weight, in proposals
+EVEN = 0.5  # the engine's prior before any verification
 DECAY = 0.8  # the weight of a sequence's past verifications at each new one
 IDLE_DECAY = 0.97  # a step without proposals: its record fades toward the prior
 GUESSED_ROW_COST = 0.05  # an unmeasured size's cost a row, a share of the plain step
@@ -25,15 +29,16 @@ FALLING, RISING = 1.0, 0.05
 
 
 class Acceptance:
-    """One sequence's record of its proposals' fate."""
-    __slots__ = ("hits", "trials")
+    """A record of proposals' fate: one sequence's, or the engine's (all of them)."""
+    __slots__ = ("hits", "trials", "prior")
 
-    def __init__(self):
+    def __init__(self, prior: float = EVEN):
         self.hits = self.trials = 0.0
+        self.prior = prior  # the rate before any evidence
 
     @property
     def rate(self) -> float:
-        return (self.hits + PRIOR_HITS) / (self.trials + PRIOR_TRIALS)
+        return (self.hits + self.prior * PRIOR_TRIALS) / (self.trials + PRIOR_TRIALS)
 
     def note(self, proposed: int, accepted: int) -> None:
         """A verification: accepted proposals, then (unless all were) one rejected."""

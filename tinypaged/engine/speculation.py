@@ -43,6 +43,7 @@ class Speculation:
         self.proposer = proposer
         self.max_model_len = max_model_len
         self.sizer = DraftSizer(config.num_speculative_tokens)  # how many proposals pay
+        self.overall = Acceptance()  # every sequence's verifications: a new sequence's prior
         self._timing = None  # (start, rows) of a pure decode step, for the sizer
         self._streams = {}  # sampling sequence -> its random stream's state before the step's draws
         # vLLM's counts: verification passes with proposals, proposals, accepted proposals,
@@ -82,7 +83,7 @@ class Speculation:
         sequence's last token)."""
         start, block_manager = time.perf_counter(), self.block_manager
         for seq in batch.decodes:
-            seq.acceptance = seq.acceptance or Acceptance()
+            seq.acceptance = seq.acceptance or Acceptance(self.overall.rate)
         sizes = self.sizer.choose([seq.acceptance.rate for seq in batch.decodes], len(batch.decodes))
         limits = []
         for seq, size in zip(batch.decodes, sizes):
@@ -126,6 +127,7 @@ class Speculation:
             drafts = seq.take_drafts()
             accepted = self.accept(drafts, [token for _, token, _ in rows])
             seq.acceptance.note(len(drafts), accepted)
+            self.overall.note(len(drafts), accepted)
             seq.num_computed_tokens = len(seq) + accepted  # (the target's token: not yet)
             self.block_manager.truncate(seq, len(seq) + accepted + 1)
             self.proposer.rollback(seq, seq.num_computed_tokens)
