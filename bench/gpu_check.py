@@ -42,7 +42,7 @@ from tinypaged.kernels.cuda.device_weights import DeviceFloat  # noqa: E402
 from tinypaged.kernels.kv_q8 import quantize_rows  # noqa: E402
 from tinypaged.pull import is_model_folder  # noqa: E402
 
-from gpu_verification import verification_costs  # noqa: E402  (bench/, the script's folder)
+from verification_cost import verification_costs  # noqa: E402  (bench/, the script's folder)
 
 ROWS = []
 TINY = False  # --tiny: small shapes, to rehearse this script on the CUDA simulator
@@ -353,7 +353,8 @@ def end_to_end(model_dir):
                 decode_at_context(engine, context)
             step_kernel_times(engine)
         del llm
-    verification_costs(model_dir, report, TINY)
+    verification_costs(model_dir, "cuda", report, (0, 2) if TINY else (0, 1, 3, 7),
+                       decoded=4 if TINY else 48)
 
 
 def decode_at_context(engine, context):

@@ -11,6 +11,9 @@ the measured one needs (measured: a plain step 5.9 ms alone, 11-12 ms beside it)
     python bench/speculative.py [--models smollm2,gemma3] [--rounds 3] [--k 7] [--lookup 2,4]
         [--concurrent 32] [--draft smollm2] [--llama-server PATH [--spec-types ...]]
 
+    (a draft pair: --models smollm2-f16-gguf --draft smollm2 --k 3; with --llama-server,
+     its --model-draft on the same two files)
+
 With --llama-server, the same requests then go to llama.cpp's server on the same file
 (2 threads), once per --spec-types mode, one server at a time: tokens/s over each
 request's wall time, as ours (prefill included), and its draft figures.
@@ -34,11 +37,33 @@ sys.path.insert(0, ROOT)
 from tinypaged import LLM, SamplingParams  # noqa: E402
 
 MODELS = {"smollm2": "weights/SmolLM2-135M-Instruct.Q4_1.gguf",
-          "smollm2-f16": "weights/smollm2-135m-instruct",  # (the float16 folder pull converts)
+          "smollm2-f16": "weights/smollm2-135m-instruct",
+          # the same weights as a float16 GGUF, so llama-server can run the draft pair too
+          # (made from the Q4_1 file by llama-quantize: DERIVED)
+          "smollm2-f16-gguf": "weights/derived/SmolLM2-135M-Instruct.F16.gguf",  # (the float16 folder pull converts)
           "gemma3": "weights/gemma-3-270m-q4_k_m.gguf",
           # Llama-3.2-1B's shapes with random weights (bench/shaped_models.py): text that
           # never repeats, so what speculation costs where it finds nothing to propose
           "llama1b": "weights/shaped/llama-3.2-1b.Q4_K_M.gguf"}
+
+DERIVED = {"smollm2-f16-gguf": ("smollm2", "F16")}  # name -> (made from, llama-quantize's type)
+
+
+def model_path(name: str, llama_server: str | None) -> str:
+    """The file of MODELS[name]; a DERIVED one is made first where it is missing, by the
+    llama-quantize beside llama_server."""
+    path = os.path.join(ROOT, MODELS[name])
+    if os.path.exists(path) or name not in DERIVED:
+        return path
+    source, kind = DERIVED[name]
+    quantize = os.path.join(os.path.dirname(llama_server or ""), "llama-quantize")
+    command = [quantize, "--allow-requantize", os.path.join(ROOT, MODELS[source]), path, kind]
+    if not llama_server or not os.path.exists(quantize):
+        raise SystemExit(f"{path} is missing; make it with: {' '.join(command)}")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return path
+
 
 CODE = '''import json
 
@@ -129,14 +154,19 @@ def _post(url: str, body: dict) -> dict:
 
 
 def llama_server_rates(binary: str, model: str, spec_type: str, rounds: int, max_tokens: int,
-                       chat: bool) -> dict:
+                       chat: bool, draft: tuple[str, int] | None = None) -> dict:
     """workload -> (median tokens/s, completion tokens, drafted, accepted) from llama-server
-    in mode spec_type, greedy; chat: through its chat template, else the plain prompt."""
+    in mode spec_type, greedy; chat: through its chat template, else the plain prompt.
+    draft: (the draft's file, most proposals) for spec_type "draft-simple"."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     args = [binary, "-m", model, "-t", "2", "-c", "4096", "--port", str(port), "-np", "1"]
-    server = subprocess.Popen(args + ([] if spec_type == "none" else ["--spec-type", spec_type]),
+    if spec_type != "none":
+        args += ["--spec-type", spec_type]
+    if spec_type.startswith("draft"):
+        args += ["--model-draft", draft[0], "--spec-draft-n-max", str(draft[1]), "-td", "2"]
+    server = subprocess.Popen(args,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -181,20 +211,23 @@ def main():
     ap.add_argument("--concurrent", type=int, default=32,
                     help="a row of this many requests at once (0: none)")
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary: measure it too")
-    ap.add_argument("--spec-types", default="none,ngram-simple,ngram-mod",
-                    help="llama-server's --spec-type modes to measure")
+    ap.add_argument("--spec-types", help="llama-server's --spec-type modes to measure (default: "
+                    "none,ngram-simple,ngram-mod; with --draft none,draft-simple)")
     args = ap.parse_args()
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     low, high = (int(n) for n in args.lookup.split(","))
     config = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": high,
               "prompt_lookup_min": low}
     if args.draft:  # a draft model proposes instead (its name in MODELS)
-        config = {"method": "draft_model", "model": os.path.join(ROOT, MODELS[args.draft]),
+        config = {"method": "draft_model", "model": model_path(args.draft, args.llama_server),
                   "num_speculative_tokens": args.k}
-    print("| model | workload | plain tokens/s | speculative | ratio | acceptance | mean accepted | tokens | same |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    # "fewer steps": plain steps over speculative ones, the ratio speculation would give
+    # if a step with proposals cost what a plain step costs (its bound on these tokens)
+    print("| model | workload | plain tokens/s | speculative | ratio | fewer steps | acceptance "
+          "| mean accepted | tokens | same |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
-        path = os.path.join(ROOT, MODELS[name])
+        path = model_path(name, args.llama_server)
         # (no prefix cache: each run reads its whole prompt, so that a float model's
         #  first token comes from the same products in every run and the tokens compare)
         llm = LLM(path, backend="cpu", speculative_config=config, enable_prefix_caching=False)
@@ -205,10 +238,13 @@ def main():
             rates = {"plain": [], "spec": []}
             tokens = {}
             before = dict(speculation.as_dict())
+            steps = {}  # label -> engine steps of a run (the same every round)
             for r in range(args.rounds):
                 for label in (("plain", "spec") if r % 2 == 0 else ("spec", "plain")):
                     scheduler.speculation = speculation if label == "spec" else None
+                    first = llm.engine.statistics.steps
                     rate, ids = run(llm, messages, params)
+                    steps[label] = llm.engine.statistics.steps - first
                     rates[label].append(rate)
                     tokens.setdefault(label, ids)
             after = speculation.as_dict()
@@ -217,20 +253,24 @@ def main():
             accepted = after["spec_num_accepted_tokens"] - before["spec_num_accepted_tokens"]
             p, s = float(np.median(rates["plain"])), float(np.median(rates["spec"]))
             print(f"| {name} | {workload} | {p:.1f} | {s:.1f} | **{s / p:.2f}x** | "
-                  f"{accepted / max(1, proposed):.2f} | {1 + accepted / max(1, drafts):.2f} | "
-                  f"{len(tokens['plain'])} | {tokens['plain'] == tokens['spec']} |", flush=True)
+                  f"{steps['plain'] / steps['spec']:.2f}x | {accepted / max(1, proposed):.2f} | "
+                  f"{1 + accepted / max(1, drafts):.2f} | {len(tokens['plain'])} | "
+                  f"{tokens['plain'] == tokens['spec']} |", flush=True)
         if args.concurrent:
             p, s, same = concurrent_rates(llm, speculation, args.concurrent, args.rounds, params)
             print(f"| {name} | {args.concurrent} concurrent (the four in turn) | {p:.1f} | {s:.1f} | "
-                  f"**{s / p:.2f}x** | | | | {same} |", flush=True)
+                  f"**{s / p:.2f}x** | | | | | {same} |", flush=True)
         if args.llama_server:
             chat = llm.engine.tokenizer.chat_template is not None
             llm.close()
-            for spec_type in args.spec_types.split(","):
+            spec_types = args.spec_types or ("none,draft-simple" if args.draft
+                                             else "none,ngram-simple,ngram-mod")
+            draft = (config.get("model"), args.k)
+            for spec_type in spec_types.split(","):
                 rates = llama_server_rates(args.llama_server, path, spec_type, args.rounds,
-                                           args.max_tokens, chat)
+                                           args.max_tokens, chat, draft)
                 for workload, (rate, n, drafted, accepted) in rates.items():
-                    print(f"| {name} llama-server {spec_type} | {workload} | | {rate:.1f} | | "
+                    print(f"| {name} llama-server {spec_type} | {workload} | | {rate:.1f} | | | "
                           f"{accepted / max(1, drafted):.2f} | | {n} | |", flush=True)
 
 
