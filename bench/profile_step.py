@@ -9,8 +9,11 @@ prefill). --prompt-len N: prompts of N random tokens (long contexts; a prefill o
 N tokens) instead of a short one. Timers cost ~1 us a call, counted in "python
 between ops".
 
+--proposals K: each decode step verifies K forced proposals a request (1 + K
+decode rows, speculation.py; nearly all rejected): what a verification's rows cost.
+
 Usage: python bench/profile_step.py MODEL [--steps 64] [--requests 1] [--prompt-len N]
-       [--phase decode|prefill] [--kv-cache-dtype auto|float16|float32]
+       [--phase decode|prefill] [--kv-cache-dtype auto|float16|float32] [--proposals K]
 Prints a table; asserts nothing.
 """
 from __future__ import annotations
@@ -66,13 +69,15 @@ class TimedOps:
 
 
 def profile(model: str, steps: int, requests: int, prompt_len: int, phase: str,
-            kv_dtype: str) -> None:
+            kv_dtype: str, proposals: int = 0) -> None:
     # the pool for these requests, sliding-window groups' blocks included, written once
     # before timing, as llama.cpp's is at load (rates.commit_kv_pool)
     blocks_a_request = -(-(max(prompt_len, 16) + steps + 16) // 16)
     llm = LLM(model, backend="cpu", kv_cache_dtype=kv_dtype, max_num_seqs=max(requests, 1),
               max_model_len=prompt_len + steps + 64 if prompt_len else None,
-              num_blocks=max(256, 4 * max(requests, 1) * blocks_a_request))
+              num_blocks=max(256, 4 * max(requests, 1) * blocks_a_request),
+              speculative_config={"method": "ngram", "num_speculative_tokens": proposals}
+              if proposals else None)
     commit_kv_pool(llm)
     prompts = [random_prompt(prompt_len, llm.config.vocab_size) if prompt_len else "Once upon a time"
                for _ in range(requests)]
@@ -104,6 +109,9 @@ def profile(model: str, steps: int, requests: int, prompt_len: int, phase: str,
             while not any(o.outputs for o in engine.step()):  # the prefill, untimed
                 pass
         model_.ops, model_.forward_on_device = timed, timed_forward
+        if proposals:  # (token 3 proposed, whatever the text)
+            engine.speculation.sizer.choose = lambda rates, plain: [proposals] * len(rates)
+            engine.speculation.proposer.propose_all = lambda seqs, limits: [[3] * k for k in limits]
         try:
             start = time.perf_counter()
             n = 0
@@ -120,7 +128,8 @@ def profile(model: str, steps: int, requests: int, prompt_len: int, phase: str,
     llm.close()
     ms = lambda s: 1000 * s / n  # noqa: E731  (per step)
     rate = requests * (prompt_len if phase == "prefill" else n) / total
-    print(f"{model}: {n} {phase} steps of {requests} requests, {ms(total):.2f} ms a step "
+    verifying = f", {proposals} proposals each" if proposals else ""
+    print(f"{model}: {n} {phase} steps of {requests} requests{verifying}, {ms(total):.2f} ms a step "
           f"({rate:.1f} tokens/s); {os.cpu_count()} cores, "
           f"load {os.getloadavg()[0]:.1f}")
     print("| part | ms a step | calls a step | share |\n|---|---|---|---|")
@@ -141,10 +150,12 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=0)
     parser.add_argument("--phase", choices=["decode", "prefill"], default="decode")
     parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    parser.add_argument("--proposals", type=int, default=0)
     args = parser.parse_args()
     if args.phase == "prefill" and not args.prompt_len:
         parser.error("--phase prefill needs --prompt-len")
-    profile(args.model, args.steps, args.requests, args.prompt_len, args.phase, args.kv_cache_dtype)
+    profile(args.model, args.steps, args.requests, args.prompt_len, args.phase, args.kv_cache_dtype,
+            args.proposals)
 
 
 if __name__ == "__main__":
