@@ -221,11 +221,13 @@ def main():
     if args.draft:  # a draft model proposes instead (its name in MODELS)
         config = {"method": "draft_model", "model": model_path(args.draft, args.llama_server),
                   "num_speculative_tokens": args.k}
-    # "fewer steps": plain steps over speculative ones, the ratio speculation would give
-    # if a step with proposals cost what a plain step costs (its bound on these tokens)
-    print("| model | workload | plain tokens/s | speculative | ratio | fewer steps | acceptance "
-          "| mean accepted | tokens | same |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    # "ratio": tokens/s over each request's wall time, its prompt included (as llama-server's
+    # figures are taken); "decode": the same runs less the prompt's time to its first
+    # token; "fewer steps": plain steps over speculative ones, the ratio speculation would
+    # give if a step with proposals cost what a plain step costs (its bound on these tokens)
+    print("| model | workload | plain tokens/s | speculative | ratio | decode | fewer steps "
+          "| acceptance | mean accepted | tokens | same |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         path = model_path(name, args.llama_server)
         # (no prefix cache: each run reads its whole prompt, so that a float model's
@@ -239,6 +241,8 @@ def main():
             tokens = {}
             before = dict(speculation.as_dict())
             steps = {}  # label -> engine steps of a run (the same every round)
+            first = SamplingParams(temperature=0, max_tokens=1)  # the prompt's time to a token
+            prefill = float(np.median([1 / run(llm, messages, first)[0] for _ in range(args.rounds)]))
             for r in range(args.rounds):
                 for label in (("plain", "spec") if r % 2 == 0 else ("spec", "plain")):
                     scheduler.speculation = speculation if label == "spec" else None
@@ -252,14 +256,16 @@ def main():
             proposed = after["spec_num_draft_tokens"] - before["spec_num_draft_tokens"]
             accepted = after["spec_num_accepted_tokens"] - before["spec_num_accepted_tokens"]
             p, s = float(np.median(rates["plain"])), float(np.median(rates["spec"]))
-            print(f"| {name} | {workload} | {p:.1f} | {s:.1f} | **{s / p:.2f}x** | "
+            n = len(tokens["plain"])  # decode alone: each run's seconds less the prompt's
+            decode = (n / p - prefill) / (n / s - prefill)
+            print(f"| {name} | {workload} | {p:.1f} | {s:.1f} | **{s / p:.2f}x** | {decode:.2f}x | "
                   f"{steps['plain'] / steps['spec']:.2f}x | {accepted / max(1, proposed):.2f} | "
                   f"{1 + accepted / max(1, drafts):.2f} | {len(tokens['plain'])} | "
                   f"{tokens['plain'] == tokens['spec']} |", flush=True)
         if args.concurrent:
             p, s, same = concurrent_rates(llm, speculation, args.concurrent, args.rounds, params)
             print(f"| {name} | {args.concurrent} concurrent (the four in turn) | {p:.1f} | {s:.1f} | "
-                  f"**{s / p:.2f}x** | | | | | {same} |", flush=True)
+                  f"**{s / p:.2f}x** | | | | | | {same} |", flush=True)
         if args.llama_server:
             chat = llm.engine.tokenizer.chat_template is not None
             llm.close()
@@ -270,7 +276,7 @@ def main():
                 rates = llama_server_rates(args.llama_server, path, spec_type, args.rounds,
                                            args.max_tokens, chat, draft)
                 for workload, (rate, n, drafted, accepted) in rates.items():
-                    print(f"| {name} llama-server {spec_type} | {workload} | | {rate:.1f} | | | "
+                    print(f"| {name} llama-server {spec_type} | {workload} | | {rate:.1f} | | | | "
                           f"{accepted / max(1, drafted):.2f} | | {n} | |", flush=True)
 
 

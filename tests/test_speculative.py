@@ -234,6 +234,11 @@ def test_a_new_sequence_starts_from_the_engines_acceptance_so_far(stories_dir):
     speculation.sizer.choose = lambda rates, plain: seen.append(rates) or real_choose(rates, plain)
     llm.generate([STORIES[1]], params)
     assert next(rates for rates in seen if rates) == [pytest.approx(first)]  # (its first decode)
+    for _ in range(10):  # an engine whose proposals were mostly rejected: a new sequence
+        speculation.overall.note(4, 0)  # starts even, so that its idle fade leads it back
+    seen.clear()  # to trying (from a lower prior it would never try again)
+    llm.generate([STORIES[2]], params)
+    assert next(rates for rates in seen if rates) == [0.5]
 
 
 def test_the_sizer_takes_the_size_that_gives_most_tokens_a_second():

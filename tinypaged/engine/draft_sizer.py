@@ -4,9 +4,10 @@ speculation does not slow what it cannot help (free text, large batches).
 A sequence's proposals are accepted at some rate a (Acceptance: a decaying count of
 its accepted and rejected proposals, fading back to its prior while it proposes
 nothing, so a sequence that stopped speculating is tried again now and then). A new
-sequence's prior is the engine's rate so far (every sequence's verifications): a draft
-model that agrees with the target nine times in ten is trusted from a request's first
-step, where an even prior would rule out proposals that cost more than half a step. k
+sequence's prior is the engine's rate so far (every sequence's verifications) where
+that is above even: a draft model that agrees with the target nine times in ten is
+trusted from a request's first step, where an even prior would rule out proposals
+that cost more than half a step. k
 proposals then earn a + a^2 + ... + a^k tokens beyond the one a step always gives, for
 k more rows in the step, whose cost is what this engine measured: the seconds of pure
 decode steps by their rows (their fast end: note_step). Sequence after sequence, each

@@ -30,7 +30,7 @@ import time
 from ..speculative_config import SpeculativeConfig
 from .block_manager import BlockManager
 from .draft_proposer import DraftProposer
-from .draft_sizer import Acceptance, DraftSizer
+from .draft_sizer import EVEN, Acceptance, DraftSizer
 from .ngram_proposer import NgramProposer
 from .sequence import Sequence
 
@@ -43,7 +43,9 @@ class Speculation:
         self.proposer = proposer
         self.max_model_len = max_model_len
         self.sizer = DraftSizer(config.num_speculative_tokens)  # how many proposals pay
-        self.overall = Acceptance()  # every sequence's verifications: a new sequence's prior
+        # every sequence's verifications: a new sequence's prior where above even (one
+        # that starts lower would fade back to it while idle, and never be tried again)
+        self.overall = Acceptance()
         self._timing = None  # (start, rows) of a pure decode step, for the sizer
         self._streams = {}  # sampling sequence -> its random stream's state before the step's draws
         # vLLM's counts: verification passes with proposals, proposals, accepted proposals,
@@ -83,7 +85,7 @@ class Speculation:
         sequence's last token)."""
         start, block_manager = time.perf_counter(), self.block_manager
         for seq in batch.decodes:
-            seq.acceptance = seq.acceptance or Acceptance(self.overall.rate)
+            seq.acceptance = seq.acceptance or Acceptance(max(EVEN, self.overall.rate))
         sizes = self.sizer.choose([seq.acceptance.rate for seq in batch.decodes], len(batch.decodes))
         limits = []
         for seq, size in zip(batch.decodes, sizes):
