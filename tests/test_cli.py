@@ -291,3 +291,21 @@ def test_generate_speculates_as_told_and_refuses_a_bad_config_in_one_line(storie
     assert_one_line_error(run_cli("generate", "hi", "--model", stories_dir, "--speculative-config",
                                   '{"method": "ngram", "num_speculative_tokens": 4, "n": 1}'),
                           r"unknown keys \['n'\]")
+
+
+def test_the_installed_command_and_python_m_run_the_same_code(tiny_model_dir):
+    """`tinypaged` (the console script pip installs beside the interpreter) and `python -m
+    tinypaged` give cli.py's output; their errors name themselves."""
+    args = ["generate", "hello there", "--model", str(tiny_model_dir), "--max-tokens", "6",
+            "--temperature", "0", "--backend", "cpu"]
+    want = run_cli(*args)
+    assert want.returncode == 0, want.stderr
+    script = Path(sys.executable).parent / "tinypaged"
+    assert script.is_file(), "pip install -e . makes the tinypaged command"
+    for command, prog in (([str(script)], "tinypaged"), ([sys.executable, "-m", "tinypaged"],
+                                                          "python -m tinypaged")):
+        got = subprocess.run(command + args, capture_output=True, text=True, timeout=300)
+        assert got.returncode == 0 and got.stdout == want.stdout, got.stderr
+        bad = subprocess.run(command + ["generate", "--bogus"], capture_output=True, text=True,
+                             timeout=300)
+        assert_one_line_error(bad, re.escape(f"(see {prog} --help)"))

@@ -7,7 +7,7 @@ line per problem, naming the file and line; exit status 1 when there is one.
 
 The target layers, lowest first (DESIGN.md "Where the layout goes next"):
 leaves, formats/ and batch/, kernels/, model/, the tokenizer with the sampling and
-structured rules, engine/, the library API, serve/ and bench/.
+structured rules, engine/, the library API, serve/ and bench/, the command line.
 
 Usage: python tools/import_layers.py [ROOT]   (ROOT: the repository, default ..)
 """
@@ -28,6 +28,7 @@ LAYERS = [
     (5, ["engine"]),
     (6, ["llm", "request_handle", "perplexity", "pull", "pull_parts", "__init__"]),
     (7, ["serve", "bench"]),
+    (8, ["cli", "__main__"]),
 ]
 
 
