@@ -10,6 +10,8 @@ has no float16): writes round with kv_narrow, attention widens with kv_widen. An
 pool holds kv_q8.py's rows (D values, then their scales' bytes) in place of D values:
 K's block then (n_kv, D + D/16, block_size), its last rows the keys' scales' bytes.
 """
+import mmap
+
 import numpy as np
 from numba import float32, int8, prange
 
@@ -28,7 +30,19 @@ def allocate_kv(shape: tuple[int, ...], dtype=np.float32) -> tuple[np.ndarray, n
     held = np.uint16 if np.dtype(dtype) == np.float16 else np.dtype(dtype)
     if held == KV_INT8:
         shape = (*shape[:-1], row_width(shape[-1]))
-    return np.zeros(keys_layout(shape), dtype=held), np.zeros(shape, dtype=held)
+    return small_pages(keys_layout(shape), held), small_pages(shape, held)
+
+
+def small_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A zeroed array in 4 KB pages: a block's first write commits its own pages, not a
+    2 MB page a layer. (numpy asks for huge pages for large arrays: SmolLM2's first
+    request of 6 tokens then committed 120 MB of the pool, 0.3-0.5 s on a VM that backs
+    its memory at first touch; warm start and RSS follow the blocks used instead.)"""
+    count = int(np.prod(shape))
+    memory = mmap.mmap(-1, max(1, count * np.dtype(dtype).itemsize))  # (anonymous: zeros)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # (Linux)
+        memory.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(memory, dtype, count).reshape(shape)
 
 
 def keys_layout(shape: tuple[int, ...]) -> tuple[int, ...]:
