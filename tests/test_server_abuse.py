@@ -250,13 +250,8 @@ def test_any_authorization_header_and_any_key_compare_without_a_500(one_seat):
 
 def test_the_key_comes_from_a_file_or_the_environment(tmp_path):
     import argparse
-    import importlib.util
 
-    from conftest import ROOT
-    spec = importlib.util.spec_from_file_location("tinypaged_cli", ROOT / "cli.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
-    api_key = cli.api_key
+    from tinypaged.cli.commands import api_key
 
     def args(key=None, key_file=None):
         return argparse.Namespace(api_key=key, api_key_file=key_file)

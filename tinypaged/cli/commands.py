@@ -76,8 +76,8 @@ def cmd_generate(args) -> None:
     if args.verbose:
         _log(f"loaded {llm.model_dir} in {llm.load_seconds:.2f} s; KV pool: "
              f"{llm.stats()['blocks_total']} blocks of {args.block_size} tokens")
-    if args.chat:
-        prompts = [llm.chat_prompt([{"role": "user", "content": p}]) for p in prompts]
+    if args.chat:  # (ids: the template writes its own special tokens, BOS among them)
+        prompts = [llm.chat_prompt_ids([{"role": "user", "content": p}]) for p in prompts]
     start = time.perf_counter()
     if args.beam_width:
         for i, out in enumerate(llm.beam_search(prompts, args.beam_width, params.max_tokens,
