@@ -17,6 +17,7 @@ import os
 import numpy as np
 
 from ..batch.attention_metadata import AttentionMetadata
+from ..formats.gguf import parses_held
 from ..model.paged_model import PagedKVCache, PagedModel
 from ..tokenizer import Tokenizer
 from .block_manager import BlockManager
@@ -52,8 +53,9 @@ class DraftProposer:
         """The draft model at path on the target's backend, refused by name where its
         tokenizer is not the target's (vocab size or any token's string); loaded as the
         target is (model_loading.py), its prepared layout kept beside a GGUF."""
-        check_same_tokenizer(path, Tokenizer(path), target_tokenizer)
-        loaded = load_paged_model(path, ops, max_model_len, layout_cache)
+        with parses_held():  # (its tokenizer and its model read a GGUF's header once)
+            check_same_tokenizer(path, Tokenizer(path), target_tokenizer)
+            loaded = load_paged_model(path, ops, max_model_len, layout_cache)
         model, cfg = loaded.model, loaded.config
         if cfg.vocab_size != target_vocab:
             raise ValueError(f"speculative_config model {str(path)!r}: its vocab_size is "

@@ -17,6 +17,12 @@ T = TypeVar("T")
 
 def on_own_thread(fn: Callable[[], T]) -> T:
     """fn() run on a new thread, waited for; its result, or its exception raised here."""
+    return started_on_own_thread(fn)()
+
+
+def started_on_own_thread(fn: Callable[[], T]) -> Callable[[], T]:
+    """fn() started on a new thread; returns the wait for it, which gives fn's result or
+    raises its exception (the caller does other work meanwhile, and must wait)."""
     outcome: dict = {}
 
     def run() -> None:
@@ -26,7 +32,10 @@ def on_own_thread(fn: Callable[[], T]) -> T:
             outcome["error"] = e
     thread = threading.Thread(target=run, name="tinypaged-load", daemon=True)
     thread.start()
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+
+    def wait() -> T:
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+    return wait

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 from ..formats.quant_kind import KINDS, QUANTIZE_TARGETS
 from ..model.config import ModelConfig
@@ -14,7 +15,7 @@ from ..model.loading import load_model, requantized
 from ..model.paged_model import PagedModel
 from ..model.weights import quantize_matrices
 from .kv_pool import check_rope_fits
-from .load_thread import on_own_thread
+from .load_thread import started_on_own_thread
 
 QUANTIZATION_TYPES = {KINDS[code].name.lower(): code for code in QUANTIZE_TARGETS}  # "q8_0", "q4_0", "q4_1"
 
@@ -33,7 +34,15 @@ def load_paged_model(model_dir: str | os.PathLike, ops, max_model_len: int | Non
     form kept beside a GGUF by an earlier load (layout_cache), else read, prepared, and
     kept; quantized to `quantization` ("q8_0", ...) where given. max_model_len: the
     context asked for (None: the model's own), capped at the model's."""
-    return on_own_thread(lambda: _load(model_dir, ops, max_model_len, layout_cache, quantization))
+    return start_loading(model_dir, ops, max_model_len, layout_cache, quantization)()
+
+
+def start_loading(model_dir: str | os.PathLike, ops, max_model_len: int | None,
+                  layout_cache: bool = True, quantization: str | None = None) -> Callable[[], LoadedModel]:
+    """load_paged_model started; returns the wait for its LoadedModel (the caller must
+    wait, whatever happens to it meanwhile)."""
+    return started_on_own_thread(lambda: _load(model_dir, ops, max_model_len, layout_cache,
+                                               quantization))
 
 
 def _load(model_dir, ops, max_model_len, layout_cache, quantization) -> LoadedModel:

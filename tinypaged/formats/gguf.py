@@ -13,6 +13,8 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,8 +121,44 @@ class _Cursor:
                          f"at byte {self.pos}")
 
 
+_held = {"depth": 0, "parses": {}}  # parses_held(): open blocks, and (path, size, mtime) -> parse
+_held_lock = threading.Lock()
+
+
+@contextmanager
+def parses_held():
+    """Within the block (on any thread), GGUFFile.open parses each file once: a model's
+    load reads the header for its tokenizer, its config and its tensor table, three
+    parses of a 49k-token vocabulary otherwise. At the end of the outermost block the
+    parses, and their files' mappings, are let go."""
+    with _held_lock:
+        _held["depth"] += 1
+    try:
+        yield
+    finally:
+        with _held_lock:
+            _held["depth"] -= 1
+            if not _held["depth"]:
+                _held["parses"].clear()
+
+
 class GGUFFile:
     """A parsed GGUF file: `metadata` (dict) and `tensors` (name -> GGUFTensorInfo)."""
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "GGUFFile":
+        """The file's parse held by parses_held() (made on first use), else a new one."""
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return cls(path)  # (which names the problem)
+        key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+        with _held_lock:  # (a second thread asking for the same file waits for the parse)
+            if not _held["depth"]:
+                return cls(path)
+            if key not in _held["parses"]:
+                _held["parses"][key] = cls(path)
+            return _held["parses"][key]
 
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)

@@ -65,7 +65,7 @@ def _requantized(info) -> bool:
 def requantized_matrices(path: str | os.PathLike) -> dict[str, str]:
     """HF name -> "Q5_0 -> Q8_0" for each matrix of a GGUF file that loading rounds to
     another kind than the file's (read from the tensor table alone)."""
-    gguf = GGUFFile(path)
+    gguf = GGUFFile.open(path)
     arch = gguf.require("general.architecture")
     return {hf_name(name, arch): f"{GGML_TYPE_NAMES[info.ggml_type]} -> {GGML_TYPE_NAMES[REQUANTIZE_TO]}"
             for name, info in gguf.tensors.items() if _requantized(info)}
@@ -75,7 +75,7 @@ def load_gguf_model(path: str | os.PathLike, with_weights: bool = True) -> tuple
     """(config, weights) of a GGUF file: HF tensor names, checked shapes. Without
     weights: (config, None), every check made on the tensors' names and shapes, no
     tensor data read but the small ones the config takes (rope_freqs)."""
-    gguf = GGUFFile(path)
+    gguf = GGUFFile.open(path)
     cfg = ModelConfig.from_dict(gguf_model_config(gguf), gguf.path)
     arch = gguf.require("general.architecture")
     permuted = ARCHITECTURES[arch].gguf.permuted
