@@ -137,3 +137,63 @@ def test_the_templates_bos_is_not_added_twice(gemma3_gguf):
     tokenizer.chat_template = (FOLDER / "gemma3.jinja").read_text(encoding="utf-8")
     ids = tokenizer.chat_ids([{"role": "user", "content": "Hi"}])
     assert ids[0] == 2 and ids[1] != 2 and ids[1] == tokenizer.encode("<start_of_turn>", False)[0]
+
+
+ROLES = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+         "{% if add_generation_prompt %}[assistant] {% endif %}")
+
+
+def test_a_given_template_serves_a_model_that_ships_none(stories_dir, tmp_path):
+    """vLLM's --chat-template: the template itself or its file, in place of the model's
+    (stories260K ships none; the GGUF Gemma 3 270M users download neither); a model
+    without one says where to give one."""
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ValueError, match=r"no chat template .*chat_template= \(--chat-template"):
+        LLM(stories_dir).chat_prompt(messages)
+    path = tmp_path / "roles.jinja"
+    path.write_text(ROLES, encoding="utf-8")
+    for given in (ROLES, str(path)):
+        llm = LLM(stories_dir, chat_template=given)
+        assert llm.chat_prompt(messages) == "[user] hi\n[assistant] "
+        ids = llm.chat_prompt_ids(messages)  # (the rendered text, no BOS added: it writes none)
+        assert ids == llm.engine.tokenizer.encode("[user] hi\n[assistant] ", add_special_tokens=False)
+        want = LLM(stories_dir).generate([ids], SamplingParams(temperature=0, max_tokens=5))
+        assert llm.chat([messages], SamplingParams(temperature=0, max_tokens=5))[0].outputs[0].token_ids \
+            == want[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("given, error, match", [
+    ("roles.jinja", ValueError, r"'roles.jinja' is neither a file nor a Jinja template"),
+    ("{% for m in messages %}{{ m.content }}", TemplateError, "does not parse"),
+    (5, TypeError, "chat_template must be a str"),
+])
+def test_a_bad_given_template_is_refused_at_start(stories_dir, given, error, match):
+    with pytest.raises(error, match=match):
+        LLM(stories_dir, chat_template=given)
+
+
+def test_the_server_and_the_cli_take_a_given_template(stories_dir, tmp_path):
+    import httpx
+    from serving import ServerThread
+
+    messages = [{"role": "user", "content": "hi"}]
+    plain, given = LLM(stories_dir, backend="cpu"), LLM(stories_dir, backend="cpu", chat_template=ROLES)
+    for llm, status in ((plain, 400), (given, 200)):
+        server = ServerThread(llm)
+        try:
+            r = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                           json={"messages": messages, "max_tokens": 4, "temperature": 0})
+        finally:
+            server.stop()
+        assert r.status_code == status, r.text
+        if status == 400:
+            assert "--chat-template" in r.json()["error"]["message"]
+    path = tmp_path / "roles.jinja"
+    path.write_text(ROLES, encoding="utf-8")
+    from test_cli import run_cli
+    result = run_cli("generate", "hi", "--chat", "--chat-template", path, "--model", stories_dir,
+                     "--max-tokens", 5, "--temperature", 0)
+    want = given.chat([messages], SamplingParams(temperature=0, max_tokens=5))
+    assert result.returncode == 0 and result.stdout == want[0].outputs[0].text + "\n", result.stderr
+    plain.close()
+    given.close()

@@ -12,6 +12,7 @@ names the message it was reading.
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 from functools import lru_cache
 
@@ -22,7 +23,23 @@ MAX_OUTPUT = 1_000_000  # characters a render may write (and the longest value i
 #   beyond twice the conversation's own characters
 MAX_SECONDS = 5.0  # a render's time
 
-__all__ = ["TemplateError", "render"]
+__all__ = ["TemplateError", "given_template", "render"]
+
+
+def given_template(value: str) -> str:
+    """The template a user gave in place of the model's (vLLM's --chat-template): a
+    file's path, read, or the template itself; ValueError where it is neither, or does
+    not parse."""
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            text = f.read()
+    elif "{{" in value or "{%" in value:
+        text = value
+    else:
+        raise ValueError(f"chat_template {value!r:.80} is neither a file nor a Jinja template "
+                         f"(no '{{{{' or '{{%' in it)")
+    _compile(text)  # (TemplateError, a ValueError, names a syntax error)
+    return text
 
 
 @lru_cache(maxsize=32)

@@ -73,6 +73,8 @@ class EngineConfig:
     #   (least recently used dropped first; structured/grammar.py)
     speculative_config: SpeculativeConfig | dict | str | None = None  # proposals verified in
     #   one step (speculative_config.py); None: off
+    chat_template: str | None = None  # a chat template's file, or the template itself, in
+    #   place of the model's (vLLM's --chat-template); None: the model's own
 
     def __post_init__(self):
         """Check every field (TypeError: wrong type, ValueError: out of range)."""
@@ -106,3 +108,5 @@ class EngineConfig:
         if self.quantization is not None:
             self.quantization = checks.one_of("quantization", self.quantization, QUANTIZATIONS)
         self.speculative_config = SpeculativeConfig.of(self.speculative_config)
+        if self.chat_template is not None:
+            self.chat_template = checks.text("chat_template", self.chat_template)

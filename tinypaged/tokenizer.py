@@ -85,7 +85,7 @@ def _from_gguf(path: str) -> tuple[HFTokenizer, dict, str]:
     """The vocabulary, merges and chat template a GGUF file carries."""
     from .formats.gguf import GGUFFile
     from .formats.gguf_tokenizer import build_tokenizer, tokenizer_config
-    gguf = GGUFFile(path)
+    gguf = GGUFFile.open(path)
     return build_tokenizer(gguf), tokenizer_config(gguf), path
 
 
@@ -174,7 +174,8 @@ class Tokenizer:
                                 f" {messages[:40]!r}" if isinstance(messages, str) else ""))
         if not self.chat_template:
             raise ValueError("this model has no chat template (neither tokenizer_config.json "
-                             "nor the GGUF file holds one); use a plain prompt")
+                             "nor the GGUF file holds one): give one with chat_template= "
+                             "(--chat-template FILE or TEMPLATE), or use a plain prompt")
         if not messages:
             raise ValueError("chat needs at least one message")
         for i, m in enumerate(messages):

@@ -10,7 +10,7 @@ from ..config import KV_CACHE_DTYPES, EngineConfig, parse_size
 ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 ENGINE_OPTIONS = ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
                   "max_model_len", "backend", "quantization", "kv_cache_dtype",
-                  "grammar_cache_memory", "speculative_config")  # plus --no-prefix-caching, --no-cuda-graphs, --no-layout-cache
+                  "grammar_cache_memory", "speculative_config", "chat_template")  # plus --no-prefix-caching, --no-cuda-graphs, --no-layout-cache
 
 
 def parse_bytes(text: str) -> int:
@@ -63,6 +63,10 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                         '"num_speculative_tokens": 4, "prompt_lookup_max": 4, '
                         '"prompt_lookup_min": 2}\' (greedy requests verify the proposals; '
                         'default: off)')
+    parser.add_argument("--chat-template", default=ENGINE_DEFAULTS["chat_template"],
+                        metavar="FILE_OR_TEMPLATE",
+                        help="a Jinja chat template (a file, or the template itself) in place "
+                        "of the model's; for a model that ships none (default: the model's)")
     parser.add_argument("--backend", choices=["auto", "cpu", "cuda"],
                         default=ENGINE_DEFAULTS["backend"],
                         help="auto: CUDA when an NVIDIA GPU is usable, else the CPU")

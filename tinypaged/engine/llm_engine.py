@@ -4,7 +4,9 @@ from __future__ import annotations
 import itertools
 import os
 
+from ..chat_template import given_template
 from ..config import EngineConfig
+from ..formats.gguf import parses_held
 from ..kernels import get_backend
 from ..model.paged_model import PagedKVCache, PagedModel
 from ..outputs import RequestOutput
@@ -15,7 +17,7 @@ from .block_manager import BlockManager, blocks_for
 from .block_map import render_block_map
 from .engine_stats import EngineStats
 from .kv_pool import check_pool_fits, kv_cache_dtype, pool_blocks
-from .model_loading import load_paged_model
+from .model_loading import start_loading
 from .model_runner import ModelRunner
 from .postprocessor import Postprocessor
 from .request import PreparedRequest, Request
@@ -54,11 +56,17 @@ class LLMEngine:
         if config.cuda_graphs and ops.name != "cuda":
             raise ValueError(f"cuda_graphs=True needs the CUDA backend; this engine runs on "
                              f"{ops.name} (backend={config.backend!r})")
-        loaded = load_paged_model(model_dir, ops, config.max_model_len, config.layout_cache,
-                                  config.quantization)
+        with parses_held():  # (the tokenizer and the model read a GGUF's header once)
+            loading = start_loading(model_dir, ops, config.max_model_len, config.layout_cache,
+                                    config.quantization)
+            try:
+                self.tokenizer = Tokenizer(model_dir)  # (built while the weights load)
+                if config.chat_template is not None:  # (in place of the model's)
+                    self.tokenizer.chat_template = given_template(config.chat_template)
+            finally:
+                loaded = loading()
         model, self.model_config = loaded.model, loaded.config
         self.requantized, self.max_model_len = loaded.requantized, loaded.max_model_len
-        self.tokenizer = Tokenizer(model_dir)
         cfg, bs = self.model_config, config.block_size
         self.kv_cache_dtype = kv_cache_dtype(config.kv_cache_dtype, cfg.dtype, cfg.head_dim, ops)
         bytes_per_block = PagedKVCache.bytes_per_block(cfg, bs, self.kv_cache_dtype)
