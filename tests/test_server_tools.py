@@ -6,6 +6,7 @@ as unstreamed; parallel_tool_calls false gives one call; response_format beside 
 holds a text reply; a call cut by max_tokens is a call with finish_reason "length";
 earlier calls and tool answers go through the template."""
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -239,3 +240,28 @@ def test_earlier_calls_and_tool_answers_go_through_the_template(tool_server):
     client = client_for(tool_server)
     out = client.chat.completions.create(model="tools", messages=history, max_tokens=6, seed=1)
     assert out.choices[0].finish_reason in ("stop", "length")
+
+
+def test_unset_parallel_tool_calls_follows_what_the_template_shows(tiny_chat, tool_server):
+    """parallel_tool_calls unset: one call where the template writes no two calls in one
+    turn (ChatML without tools here; SmolLM2's, Gemma's, Llama 3's: a small model
+    otherwise repeats one call until max_tokens), several where it does; true asked
+    for still allows several."""
+    from tinypaged.tokenizer import Tokenizer
+    assert not tool_calls.shows_parallel_calls(tiny_chat.llm.tokenizer.chat_template)
+    assert tool_calls.shows_parallel_calls(tool_server.llm.tokenizer.chat_template)
+    for name in ("smollm2", "llama3", "gemma3"):
+        template = (Path(__file__).parent / "fixtures" / "chat_templates" / f"{name}.jinja").read_text()
+        assert not tool_calls.shows_parallel_calls(template), name
+    client = client_for(tiny_chat)
+    counts = []
+    for seed in range(8):
+        out = client.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER, TIME],
+                                             tool_choice="required", max_tokens=300,
+                                             seed=seed).choices[0]
+        assert out.finish_reason == "tool_calls" and len(out.message.tool_calls) == 1, out
+        asked = client.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER, TIME],
+                                               tool_choice="required", max_tokens=300, seed=seed,
+                                               parallel_tool_calls=True).choices[0]
+        counts.append(len(asked.message.tool_calls or []))
+    assert max(counts) > 1, counts  # (the tiny model, allowed, makes several calls)

@@ -70,9 +70,12 @@ def render(req: ChatCompletionRequest, client: EngineClient):
     reply_schema = None
     if tool_dicts and choice != "none":
         reply_schema = reply_schema_of(params.structured_outputs, constraint_param)
+    parallel = req.parallel_tool_calls
+    if parallel is None:
+        parallel = tools.shows_parallel_calls(tokenizer.chat_template)
     try:
         tool_plan = tools.plan(tool_dicts, choice, tokenizer.chat_template,
-                               tokenizer.special_tokens, req.parallel_tool_calls, reply_schema)
+                               tokenizer.special_tokens, parallel, reply_schema)
     except (ValueError, TypeError) as e:
         raise APIError(400, f"tools: {e}", param="tools") from None
     if tool_plan is not None:
@@ -80,7 +83,7 @@ def render(req: ChatCompletionRequest, client: EngineClient):
         if tool_plan.skip_special_tokens is not None:
             params.skip_special_tokens = tool_plan.skip_special_tokens
     messages = tool_prompt.conversation(req.chat_messages(), tool_dicts, tool_plan,
-                                        choice == "required", req.parallel_tool_calls,
+                                        choice == "required", parallel,
                                         reply_schema, tokenizer.chat_template or "")
     try:
         prompt = client.text.chat_ids(

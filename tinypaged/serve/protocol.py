@@ -230,7 +230,8 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True  # false: exactly one call
+    parallel_tool_calls: bool | None = None  # false: exactly one call; None: several where
+    #   the chat template shows several in one turn (tools.shows_parallel_calls)
 
     def chat_messages(self) -> list[dict]:
         """The conversation as the chat template takes it ("developer" is OpenAI's

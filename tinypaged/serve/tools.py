@@ -11,15 +11,20 @@ The output's layout depends on the chat template:
   "arguments"}, ...]} or {"response": <the reply>}, as llama.cpp's generic format.
 - "arguments": a named function; the output is its arguments object, any template.
 
-parallel_tool_calls (true by default) allows several calls; false exactly one. A
-text reply follows the request's JSON schema (response_format and its kin) where one
-is given beside the tools.
+parallel_tool_calls true allows several calls; false exactly one. Unset, it is what
+the chat template shows (as llama.cpp reads a template's capabilities): several where
+the template writes two calls of one assistant turn, else one, since a model trained on
+a template without them tends to repeat one call until max_tokens. A text reply
+follows the request's JSON schema (response_format and its kin) where one is given
+beside the tools.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 
+from ..chat_template import render
 from ..structured import StructuredOutputs
 from ..structured.closed import closed_objects
 from ..structured.embed import embedded
@@ -37,6 +42,28 @@ class ToolPlan:
     function: str | None = None  # "arguments": the named function
     reply_is_json: bool = False  # "json": the reply is a JSON value, not a string
     skip_special_tokens: bool | None = None  # False where the tags are special tokens
+
+
+@lru_cache(maxsize=16)
+def shows_parallel_calls(chat_template: str | None) -> bool:
+    """Whether the template writes both of two tool calls in one assistant turn (their
+    arguments as a dict, as transformers hands them, else as JSON text). The probe's
+    tool is named apart from its calls, so that its description does not count."""
+    if not chat_template:
+        return False
+    probe_tools = [{"type": "function", "function": {"name": "probe_tool", "parameters": {}}}]
+    for arguments in ({"x": 1}, '{"x": 1}'):
+        calls = [{"id": f"call_{i}", "type": "function",
+                  "function": {"name": f"probe_call_{i}", "arguments": arguments}} for i in (1, 2)]
+        messages = [{"role": "user", "content": "x"},
+                    {"role": "assistant", "content": "", "tool_calls": calls}]
+        try:
+            text = render(chat_template, messages, False, tools=probe_tools)
+        except Exception:  # (a template that refuses the probe: TemplateError, or its own)
+            continue
+        if "probe_call_1" in text and "probe_call_2" in text:
+            return True
+    return False
 
 
 def declares_tool_calls(chat_template: str | None) -> bool:
