@@ -9,6 +9,7 @@ from .. import checks
 from .available import llguidance_module
 from .closed import closed_objects
 from .limits import check_optional_properties
+from .number_bounds import bounded_numbers
 
 MAX_CHOICES = 1024  # a label list longer than this is a grammar, not a choice
 MAX_GRAMMAR_CHARS = 1 << 20  # a schema, regex or grammar of more than 1 MiB is refused
@@ -106,8 +107,8 @@ def grammar_text(kind: str, value) -> str:
     """The llguidance grammar (its JSON form) for one kind of constraint. Pure text work:
     llguidance's own helpers, which need no tokenizer, do the converting."""
     ll = llguidance_module()
-    if kind in ("json", "json_object"):
-        schema = json.dumps(value) if kind == "json" else '{"type": "object"}'
+    if kind in ("json", "json_object"):  # (numbers bounded as llama.cpp bounds them)
+        schema = json.dumps(bounded_numbers(value)) if kind == "json" else '{"type": "object"}'
         return ll.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     if kind == "regex":
         return ll.LLMatcher.grammar_from_regex(value)
