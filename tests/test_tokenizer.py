@@ -92,3 +92,40 @@ def test_a_long_text_is_encoded_by_the_call_that_lets_other_threads_run(stories_
     calls.clear()
     assert tok.encode("Once upon a time") == inner.encode("Once upon a time").ids
     assert calls == ["encode"]
+
+
+@pytest.mark.parametrize("source", ["sentencepiece", "byte-level", "gguf"])
+def test_the_size_bound_never_exceeds_the_real_token_count(source, stories_dir, tmp_path, request):
+    """check_fits refuses from a text's bytes alone: its bound (bytes over the longest
+    token's) must stay at or under the tokens the text really has, on texts built to
+    make tokens long (the longest token's own text repeated) and on random mixes."""
+    import random
+    if source == "byte-level":
+        write_tiny_model(str(tmp_path))
+    path = {"sentencepiece": stories_dir, "byte-level": tmp_path}.get(source) \
+        or request.getfixturevalue("smollm2_gguf")
+    tok = Tokenizer(path)
+    longest = tok._longest_token()
+    tok.check_fits("xx", 2)  # (measures the vocabulary)
+    vocab = tok.vocab()
+    texts = [tok.decode([i], skip_special_tokens=False) * 50 for i in
+             sorted(vocab.values(), key=lambda i: -len(tok.token_bytes(i)))[:20]]
+    rng = random.Random(0)
+    alphabet = "ab é\n\t  ▁中文🙂" + "".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(40))
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 3000))) for _ in range(30)]
+    for text in texts:
+        fewest = len(text.encode("utf-8")) // tok._longest_token_bytes
+        assert fewest <= len(tok.encode(text, add_special_tokens=False)), (source, longest, text[:40])
+
+
+def test_a_text_far_too_long_is_refused_before_it_is_tokenized(stories_dir, monkeypatch):
+    from tinypaged import LLM
+    llm = LLM(stories_dir)
+    tok = llm.engine.tokenizer
+    monkeypatch.setattr(tok, "_ids", lambda *a: pytest.fail("tokenized"))
+    with pytest.raises(ValueError, match=r"prompt has at least \d+ tokens \(\d+ bytes of text\); "
+                                         r"max_model_len is \d+ tokens"):
+        llm.generate("once upon a time " * 20000)
+    with pytest.raises(ValueError, match="at least"):
+        tok.chat_ids([{"role": "user", "content": "x" * 100000}], max_model_len=512) \
+            if tok.chat_template else tok.check_fits("x" * 100000, 512)

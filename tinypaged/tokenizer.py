@@ -109,6 +109,7 @@ class Tokenizer:
         self.bos_token = _special_token(config, "bos_token", config_path)
         self.eos_token = _special_token(config, "eos_token", config_path)
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        self._longest_token_bytes = None  # (check_fits: measured on first use)
 
     @property
     def special_tokens(self) -> set[str]:
@@ -127,11 +128,32 @@ class Tokenizer:
         """The whole tokenizer as tokenizer.json text (what llguidance reads)."""
         return self._tok.to_str()
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True,
+               max_model_len: int | None = None) -> list[int]:
         """Token ids of text; a str with lone surrogates is a ValueError (checks.text).
         A long text goes through encode_batch, which lets go of the GIL while it works
-        (encode keeps it: 2.7 s for 4 MB, during which no other thread ran)."""
-        return self._ids(checks.text("prompt", text), add_special_tokens)
+        (encode keeps it: 2.7 s for 4 MB, during which no other thread ran). Given
+        max_model_len, a text too long to leave room for a token is refused from its
+        size before it is tokenized (check_fits)."""
+        self.check_fits(checks.text("prompt", text), max_model_len)
+        return self._ids(text, add_special_tokens)
+
+    def check_fits(self, text: str, max_model_len: int | None) -> None:
+        """ValueError where text surely has max_model_len tokens or more: no token
+        stands for more of a text than its vocabulary's longest token (_longest_token;
+        twice that where a normalizer may compose characters), so its bytes bound its
+        tokens from below, at the cost of measuring them (a 3 MB text took 2-7 s to
+        tokenize before the length refused it)."""
+        if max_model_len is None or len(text) < max_model_len:
+            return
+        if self._longest_token_bytes is None:  # (once: the vocabulary's strings)
+            self._longest_token_bytes = self._longest_token() * (2 if self._tok.normalizer else 1)
+        size = len(text.encode("utf-8"))
+        fewest = size // self._longest_token_bytes
+        if fewest >= max_model_len:
+            raise ValueError(f"prompt has at least {fewest} tokens ({size} bytes of text); "
+                             f"max_model_len is {max_model_len} tokens, leaving no room to "
+                             f"generate")
 
     def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
         if len(text) > LONG_TEXT:
@@ -186,10 +208,20 @@ class Tokenizer:
         return render(self.chat_template, [dict(m) for m in messages], add_generation_prompt,
                       **names)
 
+    def _longest_token(self) -> int:
+        """Bytes of text the longest token stands for, or more: a byte-level token's
+        characters are its bytes; any other token's UTF-8 bytes bound its text's (a
+        SentencePiece "▁" is 3 bytes for a space's 1)."""
+        special = self.special_tokens
+        return max(len(t) if self._byte_level is not None and t not in special
+                   else len(t.encode("utf-8")) for t in self.vocab())
+
     def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True,
-                 tools: list[dict] | None = None) -> list[int]:
-        """The rendered conversation's token ids (no BOS added: the template writes it)."""
+                 tools: list[dict] | None = None, max_model_len: int | None = None) -> list[int]:
+        """The rendered conversation's token ids (no BOS added: the template writes it);
+        max_model_len as encode's."""
         text = self.apply_chat_template(messages, add_generation_prompt, tools)
+        self.check_fits(text, max_model_len)
         return self._ids(text, add_special_tokens=False)
 
     def detokenizer(self, context: list[int] = (),

@@ -50,7 +50,7 @@ class RequestCheck:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty: give at least one character of text")
-            ids = self.tokenizer.encode(prompt)
+            ids = self.tokenizer.encode(prompt, max_model_len=self.max_model_len)
         else:
             ids = list(prompt)
             bad = [t for t in ids if not 0 <= t < self.vocab_size]

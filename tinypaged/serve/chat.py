@@ -87,7 +87,8 @@ def render(req: ChatCompletionRequest, client: EngineClient):
                                         reply_schema, tokenizer.chat_template or "")
     try:
         prompt = client.text.chat_ids(
-            messages, tools=tools.template_tools(tool_dicts, choice, tokenizer.chat_template))
+            messages, tools=tools.template_tools(tool_dicts, choice, tokenizer.chat_template),
+            max_model_len=client.llm.max_model_len)
     except (ValueError, TypeError) as e:
         raise APIError(400, str(e), param="messages") from None
     return prompt, params, max_tokens, constraint_param, tool_plan

@@ -120,7 +120,7 @@ class EngineClient:
         constraint_param gave); max_tokens None means up to the context."""
         try:
             if isinstance(prompt, str) and prompt:
-                text, prompt = prompt, self.text.encode(prompt)
+                text, prompt = prompt, self.text.encode(prompt, max_model_len=self.llm.max_model_len)
                 prepared = dataclasses.replace(self.llm.prepare(prompt, params), prompt=text)
             else:
                 prepared = self.llm.prepare(prompt, params)

@@ -48,9 +48,11 @@ class TextWork:
         self._slots = processes  # children that may still be started
         self._closed = False
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True,
+               max_model_len: int | None = None) -> list[int]:
         if not isinstance(text, str) or len(text) <= INLINE_CHARS:
-            return self.tokenizer.encode(text, add_special_tokens)
+            return self.tokenizer.encode(text, add_special_tokens, max_model_len)
+        self.tokenizer.check_fits(text, max_model_len)  # (here: no copy to a child for it)
         return self._call("encode", text, add_special_tokens)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -59,10 +61,10 @@ class TextWork:
         return self._call("decode", list(ids), skip_special_tokens)
 
     def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True,
-                 tools: list[dict] | None = None) -> list[int]:
+                 tools: list[dict] | None = None, max_model_len: int | None = None) -> list[int]:
         if conversation_size(messages, tools) <= INLINE_CHARS:
-            return self.tokenizer.chat_ids(messages, add_generation_prompt, tools)
-        return self._call("chat_ids", messages, add_generation_prompt, tools)
+            return self.tokenizer.chat_ids(messages, add_generation_prompt, tools, max_model_len)
+        return self._call("chat_ids", messages, add_generation_prompt, tools, max_model_len)
 
     def start(self) -> None:
         """Start every child now (the warm-up), rather than at the first large input."""
