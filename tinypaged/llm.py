@@ -13,8 +13,13 @@ import time
 import weakref
 from typing import AsyncIterator, Iterator
 
+import numpy as np
+
 from .config import EngineConfig
+from .formats.gguf import GGUFFile
+from .model.pooling import Pooling, pooling_of
 from .engine.beam_search import BeamSearchOutput, run_beam_searches
+from .engine.embedding import run_embeddings
 from .engine.engine_loop import EngineLoop
 from .engine.llm_engine import LLMEngine
 from .engine.loop_metrics import MetricsSnapshot
@@ -42,6 +47,7 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self.config = self.engine.model_config
         self._loop = EngineLoop(self.engine)
+        self._pooling = None  # (read on first use: pooling)
         # the thread ends with the LLM; the collector's call only tells it to (never waits)
         self._finalizer = weakref.finalize(self, finalize_keeping_interrupts, self._loop.stop)
         start_redelivery()  # (for an interrupt that lands in a finalizer: interrupts.py)
@@ -199,6 +205,27 @@ class LLM:
         return self._loop.call(lambda: run_beam_searches(
             self.engine, prompts, ids, beam_width, max_tokens, length_penalty, ignore_eos),
             exclusive=True)
+
+    # -- embeddings --------------------------------------------------------------
+    def embed(self, prompts: str | list[int] | list[str] | list[list[int]]) -> list[np.ndarray]:
+        """One embedding (H,) float32 per prompt (a text or token ids): its hidden states
+        pooled as the model says (`pooling`). The prompts are prefilled together on the
+        engine (engine/embedding.py), which they have to themselves meanwhile: running
+        requests finish first, and new ones wait."""
+        prompts = as_prompt_list(prompts)
+        ids = [self.engine.prompt_ids(p) for p in prompts]  # (bad input refused here)
+        pooling = self.pooling
+        return self._loop.call(lambda: run_embeddings(self.engine, ids, pooling), exclusive=True)
+
+    @property
+    def pooling(self) -> Pooling:
+        """How embed() pools (model/pooling.py): sentence-transformers' modules beside
+        the weights, a GGUF file's pooling_type, else the last token's, normalized."""
+        if self._pooling is None:
+            metadata = GGUFFile.open(self.model_dir).metadata \
+                if self.model_dir.lower().endswith(".gguf") else None
+            self._pooling = pooling_of(self.model_dir, metadata)
+        return self._pooling
 
     # -- state -----------------------------------------------------------------------
     def stats(self) -> dict:

@@ -127,9 +127,9 @@ class BlockManager:
         cached blocks, RELEASED where a sliding group no longer needs them. A prefix
         counts only where every group holds what the first token after it reads. The
         block holding the last token is never taken: that token must be computed so
-        that its logits exist. A sequence that asks for prompt logprobs computes its
-        whole prompt (cached tokens would have no logits)."""
-        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+        that its logits exist. A sequence that needs every prompt row (prompt logprobs,
+        a mean embedding) computes its whole prompt (cached tokens would have no rows)."""
+        if not self.enable_prefix_caching or seq.every_row:
             return [[] for _ in self.windows]
         hashes = self._chain_hashes(seq, (len(seq) - 1) // self.block_size)
         found = [self._found(g, seq, hashes) for g in range(self.num_groups)]

@@ -93,6 +93,7 @@ class LLMEngine:
                                  config.grammar_cache_memory)
         self.check = RequestCheck(self.tokenizer, cfg.vocab_size, self.max_model_len,
                                   config.max_num_seqs, self.block_manager, self.grammars)
+        self.check.embedding_only = cfg.embedding_only
         self._ids = itertools.count()
         self.statistics = EngineStats(self.block_manager, self.speculation)
         self.sampler = Sampler(self.requests, self.grammars, self.scheduler)

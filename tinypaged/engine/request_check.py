@@ -18,11 +18,16 @@ class RequestCheck:
                  block_manager: BlockManager, grammars: Grammars):
         self.tokenizer, self.vocab_size, self.max_model_len = tokenizer, vocab_size, max_model_len
         self.max_num_seqs, self.block_manager, self.grammars = max_num_seqs, block_manager, grammars
+        self.embedding_only = False  # a bare base model: embeddings only (ModelConfig's)
 
     def prepare(self, prompt, params: SamplingParams | None = None) -> PreparedRequest:
         """Check a request and tokenize its prompt, touching no engine state (so any
         thread may call it). Raises TypeError or ValueError naming what is wrong. The
         request keeps its own checked copy of params (SamplingParams.checked)."""
+        if self.embedding_only:
+            raise ValueError("this is an embedding model (a bare base model, without an "
+                             "lm_head): it embeds (LLM.embed, /v1/embeddings) and does not "
+                             "generate")
         if params is None:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):

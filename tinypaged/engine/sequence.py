@@ -35,6 +35,9 @@ class Sequence:
         self.block_hashes: list[int] = []  # chained hash of each full block (BlockManager)
         self.num_computed_tokens = 0  # tokens whose K/V are in the pool
         self.num_cached_tokens = 0  # of those, found in the prefix cache on admission
+        # every prompt row is computed, none taken from the prefix cache: prompt logprobs,
+        # an embedding pooled over every token (embedding.py)
+        self.every_row = params.prompt_logprobs is not None
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.logprobs: list[TokenLogprobs] = []  # per output token, when params.logprobs is set

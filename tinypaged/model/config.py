@@ -85,6 +85,8 @@ class ModelConfig:
     final_softcap: float | None = None  # logits as cap * tanh(logit / cap) (Gemma 2)
     dtype: str = "float32"  # the checkpoint's precision, one of CHECKPOINT_DTYPES (GGUF: float16)
     settings: dict = field(default_factory=dict)  # a family's own values, read by its file alone
+    embedding_only: bool = False  # a bare base model (Qwen3Model, LlamaModel: BASE_MODELS),
+    #   as embedding models ship: no lm_head; it embeds and does not generate
 
     def __post_init__(self):
         if self.architecture not in FAMILIES:
@@ -173,6 +175,8 @@ class ModelConfig:
             raise ValueError(f"{where}: 'architectures' must be a list of names, e.g. "
                              f"[\"LlamaForCausalLM\"], got {archs!r}")
         arch = archs[0]
+        embedding_only = arch in BASE_MODELS  # (its family's, without the head)
+        arch = BASE_MODELS.get(arch, arch)
         if arch not in FAMILIES:
             raise ValueError(f"{where}: architecture {arch!r} is not supported "
                              f"(supported: {', '.join(FAMILIES)})")
@@ -203,7 +207,9 @@ class ModelConfig:
                 max_position_embeddings=max_positions,
                 rms_norm_eps=get.number("rms_norm_eps", 1e-6),
                 rope=rope,
-                tie_word_embeddings=get.boolean("tie_word_embeddings", False),
+                # (a base model has no head: the embedding stands in, never used)
+                tie_word_embeddings=get.boolean("tie_word_embeddings", False) or embedding_only,
+                embedding_only=embedding_only,
                 bos_token_id=get.token_ids("bos_token_id", vocab, single=True),
                 eos_token_ids=get.token_ids("eos_token_id", vocab),
                 dtype=checkpoint_dtype(cfg),
@@ -237,6 +243,14 @@ def checkpoint_dtype(cfg: dict) -> str:
     (the safer choice for what follows it: the KV cache's dtype)."""
     declared = cfg.get("dtype", cfg.get("torch_dtype"))
     return declared if declared in CHECKPOINT_DTYPES else "float32"
+
+
+# the bare base models embedding models ship as (sentence-transformers saves AutoModel's),
+# by their family's architecture name
+BASE_MODELS = {"LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM",
+               "Qwen2Model": "Qwen2ForCausalLM", "Qwen3Model": "Qwen3ForCausalLM",
+               "Gemma3TextModel": "Gemma3ForCausalLM", "GemmaModel": "GemmaForCausalLM",
+               "Gemma2Model": "Gemma2ForCausalLM"}
 
 
 def check_keys(cfg: dict, arch: str, where: str) -> None:

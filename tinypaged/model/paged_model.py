@@ -70,14 +70,23 @@ class PagedModel:
         token_ids, meta = self.ops.prepare_inputs(token_ids, meta)
         return self.ops.to_host(self.forward_on_device(token_ids, meta, kv))
 
-    def forward_on_device(self, token_ids, meta, kv: PagedKVCache):
+    def forward_on_device(self, token_ids, meta, kv: PagedKVCache, head: bool = True):
         """The forward on inputs the backend already holds (prepare_inputs' results, or
         a static decode step's fixed buffers): logits (R, vocab) where the backend
-        keeps them. Every shape comes from the inputs' shapes, never their values."""
+        keeps them; without the head, the final norm's hidden states (R, H) of those
+        rows (embeddings). Every shape comes from the inputs' shapes, never their values."""
         with self.ops.step_workspace():  # (one step's scope: cpu/out_arrays.py)
-            return self._forward(token_ids, meta, kv)
+            return self._forward(token_ids, meta, kv, head)
 
-    def _forward(self, token_ids, meta, kv: PagedKVCache):
+    def hidden_states(self, token_ids: np.ndarray, meta: AttentionMetadata,
+                      kv: PagedKVCache) -> np.ndarray:
+        """token_ids (T,) -> the final norm's output (R, H) at meta's logits rows, a host
+        array: what an embedding pools."""
+        token_ids, meta = self.ops.prepare_inputs(token_ids, meta)
+        hidden = self.ops.to_host(self.forward_on_device(token_ids, meta, kv, head=False))
+        return np.array(hidden, dtype=np.float32)  # (a copy: the step's workspace is reused)
+
+    def _forward(self, token_ids, meta, kv: PagedKVCache, head: bool = True):
         cfg, w, ops = self.cfg, self.w, self.ops
         x = ops.embedding(token_ids, w["model.embed_tokens.weight"])  # (T, H)
         if cfg.embedding_scale != 1.0:
@@ -94,6 +103,8 @@ class PagedModel:
         rows = meta.logits_indices  # (S,): only these tokens need logits
         h = final_norm(ops, cfg, w, ops.gather_rows(x, rows),
                        None if residual is None else ops.gather_rows(residual, rows))
+        if not head:
+            return h  # (R, H)
         logits = ops.linear(h, w["lm_head.weight"])  # (R, vocab)
         return logits if cfg.final_softcap is None else ops.softcap(logits, cfg.final_softcap)
 

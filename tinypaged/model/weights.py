@@ -137,6 +137,9 @@ def load_weights(model_dir: str | os.PathLike, cfg: ModelConfig) -> dict[str, np
     With tied embeddings, `lm_head.weight` is the embedding matrix itself (no copy).
     """
     tensors = read_model_tensors(model_dir)
+    if cfg.embedding_only:  # a base model's tensors lack the "model." of a causal model's
+        tensors = {name if name.startswith("model.") else "model." + name: t
+                   for name, t in tensors.items()}
     if cfg.fused_projections:
         try:
             tensors = split_fused(tensors, cfg)

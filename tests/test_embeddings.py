@@ -1,0 +1,111 @@
+"""Embeddings (LLM.embed) against sentence-transformers on tiny decoder models saved as
+it saves them (fixtures by tools/make_embedding_fixtures.py: a bare Qwen3Model or
+LlamaModel, one folder per pooling kind), batched and one at a time, with the prefix
+cache, and every block back in the pool."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinypaged import LLM
+from tinypaged.model.pooling import Pooling, pooling_of
+
+FIXTURES = Path(__file__).parent / "fixtures" / "embeddings"
+CASES = ["qwen3-lasttoken", "qwen3-mean", "llama-cls"]
+
+
+def expected(case: str) -> dict:
+    return json.loads((FIXTURES / case / "expected.json").read_text())
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_embeddings_equal_sentence_transformers(case):
+    """cos >= 0.9999 and |difference| < 1e-5 (measured: 1e-7 to 2e-6), each pooling
+    read from the folder as sentence-transformers stores it."""
+    want = expected(case)
+    llm = LLM(FIXTURES / case, backend="cpu")
+    assert llm.pooling == Pooling({"lasttoken": "last"}.get(want["pooling"], want["pooling"]),
+                                  want["normalize"], "sentence-transformers")
+    got = llm.embed(want["texts"])
+    for g, w in zip(got, np.array(want["embeddings"], np.float32), strict=True):
+        assert g.dtype == np.float32 and g.shape == w.shape
+        assert g @ w / np.linalg.norm(g) / np.linalg.norm(w) >= 0.9999
+        np.testing.assert_allclose(g, w, atol=1e-5, rtol=0)
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks  # (every block back: cached ones free too)
+    llm.close()
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("quantization", [None, "q8_0"])
+def test_batched_equals_one_at_a_time_and_chunks_change_nothing(case, quantization):
+    """Packed weights give a row the same bits in any batch (the lanes products); a
+    float model's products take other paths by row count (within 2e-6 here)."""
+    texts = expected(case)["texts"]
+    llm = LLM(FIXTURES / case, backend="cpu", enable_prefix_caching=False, quantization=quantization)
+    together = llm.embed(texts)
+    alone = [llm.embed(text)[0] for text in texts]
+    small = LLM(FIXTURES / case, backend="cpu", enable_prefix_caching=False,
+                quantization=quantization, max_num_batched_tokens=7)  # (chunks of 7 tokens)
+    chunked = small.embed(texts)
+    for a, b, c in zip(together, alone, chunked):
+        if quantization:
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)  # (float32 rounding: ~1e-6)
+        np.testing.assert_allclose(a, c, atol=1e-5, rtol=0)
+    llm.close()
+    small.close()
+
+
+def test_a_shared_instruction_prefix_comes_from_the_prefix_cache():
+    """Last-token pooling reads one row a prompt: an instruction prefix computed once is
+    read from the cache by the next prompts (counted), the values as without it."""
+    case = FIXTURES / "qwen3-lasttoken"
+    prefix = "Instruct: find the story about the cat and the big red ball.\nQuery: "
+    queries = [prefix + q for q in ("a cat", "a dog in the park", "the sun")]
+    cached = LLM(case, backend="cpu", block_size=4)
+    plain = LLM(case, backend="cpu", block_size=4, enable_prefix_caching=False)
+    bm = cached.engine.block_manager
+    got = cached.embed(queries[:1]) + cached.embed(queries[1:])
+    assert bm.prefix_hit_tokens >= 2 * 4 * (len(cached.tokenizer.encode(prefix)) // 4 - 1)
+    for g, w in zip(got, plain.embed(queries)):
+        np.testing.assert_allclose(g, w, atol=1e-6, rtol=0)
+    cached.close()
+    plain.close()
+
+
+def test_an_embedding_model_does_not_generate_and_a_model_without_metadata_pools_its_last_token(
+        stories_dir):
+    llm = LLM(FIXTURES / "qwen3-mean", backend="cpu")
+    with pytest.raises(ValueError, match="an embedding model .* does not generate"):
+        llm.generate("hi")
+    llm.close()
+    stories = LLM(stories_dir)
+    assert stories.pooling == Pooling("last", True, "default")
+    vectors = stories.embed(["Once upon a time", [1, 5, 9]])
+    assert all(abs(float(np.linalg.norm(v)) - 1) < 1e-6 for v in vectors)
+    stories.close()
+
+
+def test_poolings_tinypaged_does_not_compute_are_refused_by_name(tmp_path):
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 64, "pooling_mode_mean_tokens": True}))
+    with pytest.raises(ValueError, match="'sentence_transformers.models.Dense' is not one"):
+        pooling_of(tmp_path)
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    assert pooling_of(tmp_path) == Pooling("mean", False, "sentence-transformers")  # (older flags)
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 64, "pooling_mode_max_tokens": True}))
+    with pytest.raises(ValueError, match="pooling_mode_max_tokens is not one tinypaged computes"):
+        pooling_of(tmp_path)
+    assert pooling_of("x.gguf", {"general.architecture": "qwen3", "qwen3.pooling_type": 1}) \
+        == Pooling("mean", True, "gguf")
+    with pytest.raises(ValueError, match="pooling_type=4 is not a pooling"):
+        pooling_of("x.gguf", {"general.architecture": "qwen3", "qwen3.pooling_type": 4})
