@@ -53,7 +53,12 @@ BAD = [  # (path, json body or raw bytes, status, param)
     (CHAT, {"messages": [{"role": "user"}]}, 400, "messages"),
     (CHAT, {"messages": USER, "top_logprobs": 2}, 400, "top_logprobs"),
     (CHAT, {"messages": USER}, 400, "messages"),  # stories260K has no chat template
-    ("/v1/embeddings", {"input": "hi"}, 404, None),
+    ("/v1/embeddings", {"input": []}, 400, "input"),
+    ("/v1/embeddings", {"input": ""}, 400, "input"),
+    ("/v1/embeddings", {"input": [9999]}, 400, "input"),
+    ("/v1/embeddings", {"input": "hi", "dimensions": 3}, 400, "dimensions"),
+    ("/v1/embeddings", {"input": "hi", "encoding_format": "int8"}, 400, "encoding_format"),
+    ("/v1/rerank", {"query": "hi", "documents": ["a"]}, 404, None),
 ]
 
 

@@ -1,6 +1,6 @@
 """The FastAPI application: routes, the API-key and body-size guard, error handlers.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+Routes: POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models,
 GET /v1/models/{model}, GET /health, GET /metrics (and FastAPI's /docs).
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ..llm import LLM
 from . import metrics
 from .chat import create_chat_completion
 from .completions import create_completion
+from .embeddings import EmbeddingRequest, create_embeddings
 from .config import ServerConfig
 from .engine_client import EngineClient
 from .errors import cut, error_body, install_error_handlers, log
@@ -183,6 +184,11 @@ def build_app(llm: LLM, config: ServerConfig, ready: threading.Event | None = No
         body = await read_body(request, ChatCompletionRequest, limits)
         return await create_chat_completion(body, request, client)
 
+    @app.post("/v1/embeddings", openapi_extra=body_schema(EmbeddingRequest))
+    async def embeddings(request: Request):
+        body = await read_body(request, EmbeddingRequest, limits)
+        return await create_embeddings(body, client)
+
     @app.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))
     async def tokenize_route(request: Request):
         body = await read_body(request, TokenizeRequest, limits)
@@ -196,8 +202,8 @@ def build_app(llm: LLM, config: ServerConfig, ready: threading.Event | None = No
         return await client.text_work.run(lambda: json_response(detokenize(body, client)),
                                           "detokenizing", "tokens")
 
-    add_body_schemas(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
-                           DetokenizeRequest])
+    add_body_schemas(app, [CompletionRequest, ChatCompletionRequest, EmbeddingRequest,
+                           TokenizeRequest, DetokenizeRequest])
 
     def model_card() -> dict:
         return {"id": client.model_name, "object": "model", "created": started,

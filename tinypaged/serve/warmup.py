@@ -29,7 +29,10 @@ def start_warm_up(llm: LLM, ready: threading.Event, text: TextWork | None = None
         started = time.perf_counter()
         try:
             prompt = [i % llm.tokenizer.vocab_size for i in range(1, PROMPT_TOKENS + 1)]
-            llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+            if llm.config.embedding_only:  # (an embedding model: its prefill alone)
+                llm.embed([prompt])
+            else:
+                llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
             if text is not None:
                 text.start()
             try:
