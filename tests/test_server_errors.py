@@ -58,7 +58,9 @@ BAD = [  # (path, json body or raw bytes, status, param)
     ("/v1/embeddings", {"input": [9999]}, 400, "input"),
     ("/v1/embeddings", {"input": "hi", "dimensions": 3}, 400, "dimensions"),
     ("/v1/embeddings", {"input": "hi", "encoding_format": "int8"}, 400, "encoding_format"),
-    ("/v1/rerank", {"query": "hi", "documents": ["a"]}, 404, None),
+    ("/v1/rerank", {"query": "hi", "documents": ["a"]}, 400, "documents"),  # (stories: no "yes")
+    ("/v1/rerank", {"query": "hi", "documents": []}, 400, "documents"),
+    ("/v1/rerank", {"documents": ["a"]}, 400, "query"),
 ]
 
 

@@ -29,6 +29,7 @@ from .interrupts import finalize_keeping_interrupts, start_redelivery
 from .outputs import RequestOutput
 from .prompts import as_prompt_list, is_single_prompt
 from .pull import default_gguf
+from .rerank import answer_ids, rerank_prompt
 from .request_handle import RequestHandle, async_text_deltas, text_deltas
 from .sampling import SamplingParams
 
@@ -216,6 +217,20 @@ class LLM:
         ids = [self.engine.prompt_ids(p) for p in prompts]  # (bad input refused here)
         pooling = self.pooling
         return self._loop.call(lambda: run_embeddings(self.engine, ids, pooling), exclusive=True)
+
+    def score(self, query: str, documents: list[str], instruction: str | None = None) -> list[float]:
+        """Each document's relevance to the query in [0, 1], as a Qwen3-Reranker-style
+        model gives it (rerank.py: its prompt, then "yes" against "no" at the last
+        token), in the documents' order; run as embed() runs."""
+        checks.text("query", query)
+        if isinstance(documents, str) or not documents:
+            raise ValueError("documents must be a non-empty list of texts")
+        yes, no = answer_ids(self.tokenizer)
+        ids = [self.engine.prompt_ids(rerank_prompt(query, checks.text("document", d), instruction))
+               for d in documents]
+        last = self._loop.call(lambda: run_embeddings(self.engine, ids, Pooling("last", False),
+                                                      head=True), exclusive=True)
+        return [float(1 / (1 + np.exp(float(row[no]) - float(row[yes])))) for row in last]
 
     @property
     def pooling(self) -> Pooling:

@@ -26,7 +26,7 @@ LAYERS = [
     (3, ["model"]),
     (4, ["tokenizer", "chat_template", "template_budget", "structured", "sampling", "logprobs"]),
     (5, ["engine"]),
-    (6, ["llm", "request_handle", "perplexity", "pull", "pull_parts", "__init__"]),
+    (6, ["llm", "request_handle", "perplexity", "pull", "pull_parts", "rerank", "__init__"]),
     (7, ["serve", "bench"]),
     (8, ["cli", "__main__"]),
 ]

@@ -50,9 +50,12 @@ class _Pooled:
         return v.astype(np.float32)
 
 
-def run_embeddings(engine, prompts: list[list[int]], pooling: Pooling) -> list[np.ndarray]:
-    """The pooled embedding (H,) float32 of each prompt's token ids, in order. Prompts
+def run_embeddings(engine, prompts: list[list[int]], pooling: Pooling,
+                   head: bool = False) -> list[np.ndarray]:
+    """The pooled embedding (H,) float32 of each prompt's token ids, in order; with the
+    head, the last token's logits (vocab,) instead (a reranker's: LLM.score). Prompts
     enter as free blocks allow; every block goes back, on failure too."""
+    assert not head or pooling.mode == "last"
     bm, runner = engine.block_manager, engine.runner
     budget = engine.config.max_num_batched_tokens
     waiting = [_Pooled(i, ids, pooling) for i, ids in enumerate(prompts)]
@@ -75,7 +78,10 @@ def run_embeddings(engine, prompts: list[list[int]], pooling: Pooling) -> list[n
             batch = ScheduledBatch(prefills=[(item.seq, n) for item, n in chunks])
             rows = [item.rows_wanted(pooling.mode, n) for item, n in chunks]
             token_ids, meta = runner.prepare(batch, rows)
-            hidden = runner.model.hidden_states(token_ids, meta, runner.kv)  # (sum(rows), H)
+            if head:  # (sum(rows), vocab): copied, the step's workspace is reused
+                hidden = np.array(runner.model.forward(token_ids, meta, runner.kv), np.float32)
+            else:
+                hidden = runner.model.hidden_states(token_ids, meta, runner.kv)  # (sum(rows), H)
             at = 0
             for (item, n), r in zip(chunks, rows):
                 seq = item.seq

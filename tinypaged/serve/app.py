@@ -1,7 +1,8 @@
 """The FastAPI application: routes, the API-key and body-size guard, error handlers.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models,
-GET /v1/models/{model}, GET /health, GET /metrics (and FastAPI's /docs).
+Routes: POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings,
+POST /v1/rerank, GET /v1/models, GET /v1/models/{model}, GET /health, GET /metrics (and
+FastAPI's /docs).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from . import metrics
 from .chat import create_chat_completion
 from .completions import create_completion
 from .embeddings import EmbeddingRequest, create_embeddings
+from .rerank import RerankRequest, create_rerank
 from .config import ServerConfig
 from .engine_client import EngineClient
 from .errors import cut, error_body, install_error_handlers, log
@@ -189,6 +191,12 @@ def build_app(llm: LLM, config: ServerConfig, ready: threading.Event | None = No
         body = await read_body(request, EmbeddingRequest, limits)
         return await create_embeddings(body, client)
 
+    @app.post("/v1/rerank", openapi_extra=body_schema(RerankRequest))
+    @app.post("/rerank", include_in_schema=False)
+    async def rerank(request: Request):
+        body = await read_body(request, RerankRequest, limits)
+        return await create_rerank(body, client)
+
     @app.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))
     async def tokenize_route(request: Request):
         body = await read_body(request, TokenizeRequest, limits)
@@ -203,7 +211,7 @@ def build_app(llm: LLM, config: ServerConfig, ready: threading.Event | None = No
                                           "detokenizing", "tokens")
 
     add_body_schemas(app, [CompletionRequest, ChatCompletionRequest, EmbeddingRequest,
-                           TokenizeRequest, DetokenizeRequest])
+                           RerankRequest, TokenizeRequest, DetokenizeRequest])
 
     def model_card() -> dict:
         return {"id": client.model_name, "object": "model", "created": started,

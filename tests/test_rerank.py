@@ -1,0 +1,54 @@
+"""Reranking (LLM.score, POST /v1/rerank) against transformers on a tiny Qwen3 scoring
+as Qwen3-Reranker does (fixture by tools/make_rerank_fixture.py): the same prompt ids,
+the same scores, the same order."""
+import json
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from serving import ServerThread
+from tinypaged import LLM
+from tinypaged.rerank import rerank_prompt
+
+FIXTURE = Path(__file__).parent / "fixtures" / "rerank" / "qwen3"
+EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reranker():
+    llm = LLM(FIXTURE, backend="cpu")
+    server = ServerThread(llm)
+    yield server
+    server.stop()
+    llm.close()
+
+
+def test_scores_equal_transformers_and_keep_its_order(reranker):
+    llm = reranker.llm
+    for document, ids in zip(EXPECTED["documents"], EXPECTED["prompt_ids"]):
+        assert llm.engine.prompt_ids(rerank_prompt(EXPECTED["query"], document,
+                                                   EXPECTED["instruction"])) == ids
+    got = llm.score(EXPECTED["query"], EXPECTED["documents"], EXPECTED["instruction"])
+    np.testing.assert_allclose(got, EXPECTED["scores"], atol=1e-5, rtol=0)  # (measured: 3e-7)
+    assert list(np.argsort(got)) == list(np.argsort(EXPECTED["scores"]))
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_the_rerank_route_ranks_and_cuts(reranker):
+    body = {"query": EXPECTED["query"], "documents": EXPECTED["documents"],
+            "instruction": EXPECTED["instruction"]}
+    out = httpx.post(reranker.url + "/v1/rerank", json=body, timeout=60).json()
+    order = sorted(range(4), key=lambda i: -EXPECTED["scores"][i])
+    assert [r["index"] for r in out["results"]] == order
+    for r in out["results"]:
+        assert abs(r["relevance_score"] - EXPECTED["scores"][r["index"]]) < 1e-5
+        assert r["document"] == {"text": EXPECTED["documents"][r["index"]]}
+    assert out["usage"]["total_tokens"] > 0 and out["model"] == "qwen3"
+    short = httpx.post(reranker.url + "/rerank", timeout=60, json={
+        **body, "documents": [{"text": d} for d in EXPECTED["documents"]], "top_n": 2,
+        "return_documents": False}).json()
+    assert [r["index"] for r in short["results"]] == order[:2]
+    assert all("document" not in r for r in short["results"])
