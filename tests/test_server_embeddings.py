@@ -57,3 +57,19 @@ def test_an_embedding_models_server_is_ready_and_refuses_to_generate(embedder):
     r = httpx.post(embedder.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2},
                    timeout=60)
     assert r.status_code == 400 and "embedding model" in r.json()["error"]["message"]
+
+
+def test_langchain_openai_embeddings_against_the_server(embedder):
+    """langchain's OpenAIEmbeddings as vLLM's docs set it up for a model that is not
+    OpenAI's: texts sent as they are (check_embedding_ctx_length=False; its default
+    would send tiktoken's token ids of another vocabulary)."""
+    import langchain_openai  # (the test extra's)
+    texts = json.loads((FIXTURE / "expected.json").read_text())["texts"]
+    embeddings = langchain_openai.OpenAIEmbeddings(
+        model=FIXTURE.name, base_url=embedder.url + "/v1", api_key="none",
+        check_embedding_ctx_length=False)
+    docs = np.array(embeddings.embed_documents(texts), np.float32)
+    query = np.array(embeddings.embed_query(texts[1]), np.float32)
+    want = np.array(embedder.llm.embed(texts))
+    np.testing.assert_allclose(docs, want, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(query, want[1], atol=1e-6, rtol=0)
