@@ -366,6 +366,23 @@ def rope(x: np.ndarray, positions: np.ndarray, cos_table: np.ndarray,
 
 # -- sampling (on the host for every backend: logits come back to the host) ----------
 
+SUM_LANES = 16  # a long row's total weight: 16 interleaved float64 sums (weight_total)
+SEQUENTIAL_TERMS = 1024  # up to this many weights, one sequential sum
+
+
+def weight_total(w: np.ndarray) -> float:
+    """The float64 total of a row's weights w (float64, id order): one sum in id order
+    for up to SEQUENTIAL_TERMS of them, else SUM_LANES sums in id order, weight i into
+    lane i % SUM_LANES, then the lanes added lane 0 first. (A whole vocabulary's single
+    chain of dependent adds took ~50 us a row; the lanes' adds are independent.)"""
+    if len(w) <= SEQUENTIAL_TERMS:
+        return float(np.cumsum(w)[-1])
+    total = 0.0
+    for lane in range(SUM_LANES):
+        total += float(np.cumsum(w[lane::SUM_LANES])[-1])
+    return total
+
+
 def sample_filtered(weights: np.ndarray, top_k: int, top_p: float, min_p: float,
                     u: float) -> int:
     """The sampling spec, for one row. weights (V,) float32: exp(logits / T - max), so
@@ -374,13 +391,14 @@ def sample_filtered(weights: np.ndarray, top_k: int, top_p: float, min_p: float,
     weight before them is < top_p of the kept total), of those the tokens weighing
     >= min_p. The draw walks the kept tokens in id order and returns the first whose
     running weight exceeds u * their total (u uniform in [0, 1)). Sums are float64,
-    in id order, so the numba kernel (kernels/cpu/sampling.py) matches bit for bit."""
+    in id order (the nucleus's total over a whole row: weight_total's lanes), so the
+    numba kernel (kernels/cpu/sampling.py) matches bit for bit."""
     w = weights.astype(np.float64)
     keep = np.ones(len(w), dtype=bool)
     if 0 < top_k < len(w):
         keep &= weights >= np.sort(weights)[-top_k]
-    if top_p < 1.0:
-        total = np.cumsum(np.where(keep, w, 0.0))[-1]
+    if top_p < 1.0:  # (with top-k, the few kept in one sum; else weight_total)
+        total = np.cumsum(np.where(keep, w, 0.0))[-1] if 0 < top_k < len(w) else weight_total(w)
         ids = np.flatnonzero(keep)
         order = ids[np.argsort(-weights[ids], kind="stable")]  # heaviest first, ties by id
         before = np.concatenate([[0.0], np.cumsum(w[order])[:-1]])

@@ -5,16 +5,38 @@ A full sort of 49k probabilities costs ~4 ms per token; but only the heaviest to
 can be in the top-k or the nucleus. So each row collects the tokens above a weight
 threshold (1e-3 of the most likely one first), sorts those few, and lowers the
 threshold only when they do not reach the k-th token or the nucleus's mass. The
-draw itself is one pass in id order.
+draw walks those candidates in id order (every kept token is one of them), or the
+whole row where no filter is on.
 """
 import numpy as np
-from numba import prange
+from numba import float32, prange
 
 from ...jit_cache import cached_njit
+from ..reference import SEQUENTIAL_TERMS, SUM_LANES
+from .fast_exp import exp32
+
+_LOWEST_EXP = float32(-87.33)  # (below: 0, where exp32 would stop at e^-87.33)
+COLLECT_BLOCK = 32  # weights _collect checks at once
 
 FIRST_THRESHOLD = 1e-3  # weight (relative to the most likely token) of the first candidates
 THRESHOLD_STEP = 1e-3  # each retry lowers the threshold by this factor
 LOWEST_THRESHOLD = 1e-30  # below this, every token is a candidate
+
+
+@cached_njit(parallel=True)
+def row_weights(logits, rows, temperature, best, out, n_chunks=1):
+    """out[j] (V,) float32 = exp(logits[rows[j]] / temperature[j] - best[j]), where
+    best[j] is the row's largest logit over its temperature; 0 for a logit of -inf or
+    a weight under e^-87.33 (exp32's range). One pass a row, vectorised, on numba's
+    threads: the numpy steps it replaces (a copy, a divide, a subtract, exp) took 1.3 ms
+    of a 32-row step of SmolLM2's 49,152 logits, on one core."""
+    for c in prange(n_chunks):
+        for j in range(c, len(rows), n_chunks):
+            row, t, b = logits[rows[j]], temperature[j], best[j]
+            w = out[j]
+            for i in range(row.shape[0]):
+                x = row[i] / t - b  # (float32 steps, as numpy's were)
+                w[i] = exp32(x) if x > _LOWEST_EXP else float32(0.0)
 
 
 @cached_njit(parallel=True)
@@ -31,11 +53,24 @@ def sample_rows(weights, top_k, top_p, min_p, u, out, n_chunks=1):
             out[r] = _sample_row(weights[r], top_k[r], top_p[r], min_p[r], u[r], candidates)
 
 
-@cached_njit()
+@cached_njit(fastmath=True)
 def _collect(w, threshold, candidates) -> int:
-    """Ids of the tokens weighing >= threshold, in id order, into candidates; their count."""
-    n = 0
-    for i in range(w.shape[0]):
+    """Ids of the tokens weighing >= threshold, in id order, into candidates; their count.
+    A block of COLLECT_BLOCK weights is read one by one only where its largest reaches
+    the threshold (a few dozen blocks of a vocabulary's thousands: the largest of each
+    is taken in vector registers)."""
+    n, size = 0, w.shape[0]
+    full = size - size % COLLECT_BLOCK
+    for start in range(0, full, COLLECT_BLOCK):
+        largest = w[start]
+        for i in range(start + 1, start + COLLECT_BLOCK):
+            largest = max(largest, w[i])
+        if largest >= threshold:
+            for i in range(start, start + COLLECT_BLOCK):
+                if w[i] >= threshold:
+                    candidates[n] = i
+                    n += 1
+    for i in range(full, size):
         if w[i] >= threshold:
             candidates[n] = i
             n += 1
@@ -59,15 +94,19 @@ def _kth_heaviest(w, k, candidates) -> float:
 def _sample_row(w, top_k, top_p, min_p, u, candidates) -> int:
     n_vocab = w.shape[0]
     kth = np.float32(-1.0)  # keep weights >= kth
+    n = 0  # where > 0: candidates[:n] (id order) hold every kept token
     if 0 < top_k < n_vocab:
         kth = _kth_heaviest(w, top_k, candidates)
+        n = _collect(w, kth, candidates)
     # nucleus boundary: keep w > edge_w, or w == edge_w with id <= edge_id
     edge_w, edge_id = np.float32(-1.0), n_vocab
     if top_p < 1.0:
-        total = 0.0
-        for i in range(n_vocab):
-            if w[i] >= kth:
-                total += w[i]
+        if n > 0:  # (top-k: the kept are the candidates, in id order)
+            total = 0.0
+            for j in range(n):
+                total += w[candidates[j]]
+        else:
+            total = _weight_total(w)
         limit = top_p * total
         threshold = FIRST_THRESHOLD
         while True:
@@ -85,13 +124,50 @@ def _sample_row(w, top_k, top_p, min_p, u, candidates) -> int:
             if found or threshold == kth:
                 break  # (not found with every token: the nucleus is all of them)
             threshold *= THRESHOLD_STEP
+    # every kept token weighs >= the last threshold collected at, so it is among the
+    # candidates, which are in id order: the same sums as over the whole row (n == 0:
+    # neither filter, the whole row)
+    return _draw(w, candidates, n, kth, edge_w, edge_id, min_p, u)
+
+
+@cached_njit()
+def _weight_total(w) -> float:
+    """reference.weight_total: one float64 sum in id order for a short row, else
+    SUM_LANES interleaved ones added lane 0 first (independent adds: vectorised)."""
+    n_vocab = w.shape[0]
+    if n_vocab <= SEQUENTIAL_TERMS:
+        total = 0.0
+        for i in range(n_vocab):
+            total += w[i]
+        return total
+    lanes = np.zeros(SUM_LANES)
+    full = n_vocab - n_vocab % SUM_LANES
+    for i in range(0, full, SUM_LANES):
+        for lane in range(SUM_LANES):
+            lanes[lane] += w[i + lane]
+    for i in range(full, n_vocab):
+        lanes[i - full] += w[i]
     total = 0.0
-    for i in range(n_vocab):
+    for lane in range(SUM_LANES):
+        total += lanes[lane]
+    return total
+
+
+@cached_njit()
+def _draw(w, candidates, n, kth, edge_w, edge_id, min_p, u) -> int:
+    """The draw over the kept tokens among candidates[:n] (in id order; n == 0: among
+    all): the first whose running weight exceeds u times their total (float64 sums in
+    id order, as the spec's)."""
+    count = n if n > 0 else w.shape[0]
+    total = 0.0
+    for j in range(count):
+        i = candidates[j] if n > 0 else j
         if _kept(w[i], i, kth, edge_w, edge_id, min_p):
             total += w[i]
     target = u * total
     running, last = 0.0, -1
-    for i in range(n_vocab):
+    for j in range(count):
+        i = candidates[j] if n > 0 else j
         if _kept(w[i], i, kth, edge_w, edge_id, min_p):
             running += w[i]
             last = i
