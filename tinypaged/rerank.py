@@ -5,15 +5,15 @@ a prompt that asks whether the document answers the query, and the score the mod
 from __future__ import annotations
 
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
-PREFIX = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the "
+PROMPT_HEAD = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the "
           "Query and the Instruct provided. Note that the answer can only be \"yes\" or \"no\"."
           "<|im_end|>\n<|im_start|>user\n")
-SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+PROMPT_TAIL = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 
 def rerank_prompt(query: str, document: str, instruction: str | None = None) -> str:
-    return (f"{PREFIX}<Instruct>: {instruction or DEFAULT_INSTRUCTION}\n<Query>: {query}\n"
-            f"<Document>: {document}{SUFFIX}")
+    return (f"{PROMPT_HEAD}<Instruct>: {instruction or DEFAULT_INSTRUCTION}\n<Query>: {query}\n"
+            f"<Document>: {document}{PROMPT_TAIL}")
 
 
 def answer_ids(tokenizer) -> tuple[int, int]:
