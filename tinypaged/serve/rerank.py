@@ -32,15 +32,16 @@ async def create_rerank(req: RerankRequest, client: EngineClient) -> dict:
     client.check_alive()
     texts = [d if isinstance(d, str) else d.text for d in req.documents]
     llm = client.llm
+    def work():  # (off the event loop: the scores, and the texts' tokens for usage)
+        scores = llm.score(req.query, texts, req.instruction)
+        return scores, sum(len(llm.tokenizer.encode(t)) for t in [req.query, *texts])
     try:
-        scores = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: llm.score(req.query, texts, req.instruction))
+        scores, tokens = await asyncio.get_running_loop().run_in_executor(None, work)
     except (ValueError, TypeError) as e:
         raise APIError(400, str(e), param="documents") from None
     ranked = sorted(range(len(texts)), key=lambda i: -scores[i])[:req.top_n]
     results = [{"index": i, "relevance_score": scores[i],
                 **({"document": {"text": texts[i]}} if req.return_documents else {})}
                for i in ranked]
-    tokens = sum(len(llm.tokenizer.encode(t)) for t in texts) + len(llm.tokenizer.encode(req.query))
     return {"id": f"rerank-{uuid.uuid4().hex}", "model": client.model_name,
             "usage": {"total_tokens": tokens}, "results": results}
