@@ -83,7 +83,8 @@ def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
     assert set(audit) == per_dtype | per_pool | packed | {"add_rms_norm",
                                                           "silu_mul", "scale", "add", "gelu_tanh_mul", "softcap",
                                                           "gather_rows",
-                                                          "round_activations", "top_candidates"}
+                                                          "round_activations", "top_candidates",
+                                                          "lora_shrink", "lora_expand"}
     assert all(r["ptx_bytes"] > 0 for r in audit.values())
     tiled = audit["matmul_tiled[f16]"]
     assert (tiled["threads"], tiled["stack"], tiled["shared"]) == (256, 0, 2 * 16 * 16 * 4)

@@ -13,6 +13,7 @@ KV_CACHE_DTYPES = ("auto", "float32", "float16", "int8")
 DEFAULT_KV_MEMORY_FRACTION = 0.2  # of available RAM at most, when no pool size is given
 QUANTIZATIONS = ("q8_0", "q4_0", "q4_1")  # what quantization= may ask for
 MAX_BLOCK_SIZE = 1024  # tokens per block; larger blocks waste up to a block per sequence
+MAX_LORA_RANK = 256  # the largest max_lora_rank (the CPU kernel's scratch row: cpu/lora.py)
 
 
 def available_memory_bytes() -> int:
@@ -75,6 +76,11 @@ class EngineConfig:
     #   one step (speculative_config.py); None: off
     chat_template: str | None = None  # a chat template's file, or the template itself, in
     #   place of the model's (vLLM's --chat-template); None: the model's own
+    enable_lora: bool = False  # LoRA adapters may be loaded while the engine runs
+    #   (LLM.load_lora, /v1/load_lora_adapter); lora_modules turns it on too
+    lora_modules: dict | None = None  # adapter name -> PEFT adapter folder, loaded at start
+    max_loras: int = 4  # adapters loaded at once; each one's rows run in any batch
+    max_lora_rank: int = 16  # the largest rank an adapter may have (vLLM's default)
 
     def __post_init__(self):
         """Check every field (TypeError: wrong type, ValueError: out of range)."""
@@ -110,3 +116,17 @@ class EngineConfig:
         self.speculative_config = SpeculativeConfig.of(self.speculative_config)
         if self.chat_template is not None:
             self.chat_template = checks.text("chat_template", self.chat_template)
+        self.enable_lora = checks.boolean("enable_lora", self.enable_lora)
+        if self.lora_modules is not None:
+            if not isinstance(self.lora_modules, dict):
+                raise TypeError(f"lora_modules must be a dict of adapter name -> folder, got "
+                                f"{type(self.lora_modules).__name__}")
+            for name, path in self.lora_modules.items():
+                checks.text("lora_modules' adapter name", name)
+                checks.text(f"lora_modules[{name!r}]", path)
+            self.enable_lora = self.enable_lora or bool(self.lora_modules)
+        self.max_loras = checks.integer("max_loras", self.max_loras, 1)
+        self.max_lora_rank = checks.integer("max_lora_rank", self.max_lora_rank, 1, MAX_LORA_RANK)
+        if self.lora_modules and len(self.lora_modules) > self.max_loras:
+            raise ValueError(f"lora_modules names {len(self.lora_modules)} adapters; max_loras "
+                             f"is {self.max_loras}")

@@ -31,6 +31,7 @@ from .prompts import as_prompt_list, is_single_prompt
 from .pull import default_gguf
 from .rerank import answer_ids, rerank_prompt
 from .request_handle import RequestHandle, async_text_deltas, text_deltas
+from .lora_request import LoRARequest
 from .sampling import SamplingParams
 
 
@@ -55,9 +56,11 @@ class LLM:
         self.load_seconds = time.perf_counter() - start
 
     # -- one request -------------------------------------------------------------
-    def prepare(self, prompt: str | list[int], params: SamplingParams | None = None) -> PreparedRequest:
-        """Check a request and tokenize its prompt, without queueing it (ValueError if bad)."""
-        return self.engine.prepare_request(prompt, params)
+    def prepare(self, prompt: str | list[int], params: SamplingParams | None = None,
+                lora: str | LoRARequest | None = None) -> PreparedRequest:
+        """Check a request and tokenize its prompt, without queueing it (ValueError if bad).
+        lora: the LoRA adapter it runs (a loaded one's name, or a LoRARequest)."""
+        return self.engine.prepare_request(prompt, params, self._adapter_name(lora))
 
     def compile_constraint(self, structured_outputs) -> None:
         """Compile a StructuredOutputs' grammar now (it is cached), so that requests
@@ -67,15 +70,15 @@ class LLM:
             self.engine.grammars.compile(structured_outputs)
 
     def submit(self, prompt: str | list[int] | PreparedRequest, params: SamplingParams | None = None,
-               request_id: str | None = None) -> RequestHandle:
+               request_id: str | None = None, lora: str | LoRARequest | None = None) -> RequestHandle:
         """Queue one request (or a prepared one) and return at once; bad input raises
         ValueError here."""
         if request_id is not None:
             checks.text("request_id", request_id)
         if not isinstance(prompt, PreparedRequest):
-            prompt = self.prepare(prompt, params)
-        elif params is not None:
-            raise ValueError("a prepared request carries its own SamplingParams")
+            prompt = self.prepare(prompt, params, lora)
+        elif params is not None or lora is not None:
+            raise ValueError("a prepared request carries its own SamplingParams and adapter")
         return self._submit(prompt, request_id)
 
     def _submit(self, prepared: PreparedRequest, request_id: str | None = None) -> RequestHandle:
@@ -90,10 +93,15 @@ class LLM:
         self._loop.abort_all()
 
     # -- many prompts, blocking or awaited -----------------------------------------
-    def _submit_all(self, prompts, params) -> list[RequestHandle]:
+    def _submit_all(self, prompts, params, lora=None) -> list[RequestHandle]:
         """Check every prompt first (nothing runs if one is bad), then queue them all as
-        one (the engine schedules them together)."""
+        one (the engine schedules them together). lora: one adapter for all, or a list
+        of one per prompt."""
         prompts = as_prompt_list(prompts)
+        loras = lora if isinstance(lora, (list, tuple)) else [lora] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"{len(loras)} LoRA adapters for {len(prompts)} prompts")
+        loras = [self._adapter_name(a) for a in loras]
         if params is None or isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         elif not isinstance(params, (list, tuple)):
@@ -102,9 +110,9 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
         prepared = []
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
+        for i, (prompt, p, a) in enumerate(zip(prompts, params, loras)):
             try:
-                prepared.append(self.engine.prepare_request(prompt, p))
+                prepared.append(self.engine.prepare_request(prompt, p, a))
             except (ValueError, TypeError) as e:
                 if len(prompts) == 1:
                     raise
@@ -114,38 +122,44 @@ class LLM:
 
     def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = False, *, params=None) -> list[RequestOutput]:
+                 use_tqdm: bool = False, lora_request: LoRARequest | list | None = None, *,
+                 params=None, lora: str | list | None = None) -> list[RequestOutput]:
         """Run every prompt to completion, batched with whatever else runs; outputs in
         prompt order. A bad prompt raises ValueError naming it, before anything runs;
         if the call fails or is interrupted, its unfinished requests are aborted.
         vLLM's signature: sampling_params (params= is this API's older name for it);
-        use_tqdm shows a progress bar of finished prompts when tqdm is installed."""
-        handles = self._submit_all(prompts, _one_of(sampling_params, params))
+        use_tqdm shows a progress bar of finished prompts when tqdm is installed.
+        lora_request (vLLM's) or lora (a loaded adapter's name): the LoRA adapter the
+        prompts run, or a list of one per prompt (None: the base model)."""
+        handles = self._submit_all(prompts, _one_of(sampling_params, params), _lora_of(lora_request, lora))
         try:
             return [h.result() for h in _progress(handles, use_tqdm)]
         finally:
             for h in handles:
                 h._abort_unfinished()
 
-    async def agenerate(self, prompts, sampling_params=None, *, params=None) -> list[RequestOutput]:
+    async def agenerate(self, prompts, sampling_params=None, lora_request=None, *, params=None,
+                        lora=None) -> list[RequestOutput]:
         """generate() for asyncio: awaits the outputs without blocking the event loop."""
-        handles = self._submit_all(prompts, _one_of(sampling_params, params))
+        handles = self._submit_all(prompts, _one_of(sampling_params, params), _lora_of(lora_request, lora))
         try:
             return [await h.aresult() for h in handles]
         finally:
             for h in handles:
                 h._abort_unfinished()
 
-    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None,
+               lora: str | LoRARequest | None = None) -> Iterator[str]:
         """Text deltas of one request as they are generated (never half a UTF-8
         character, never part of a stop string). Everything is checked here, at the
         call, before the iterator is returned. Closing the iterator (or dropping it)
         aborts the request."""
-        return text_deltas(self.submit(*self._streamable(prompt, params)))
+        return text_deltas(self.submit(*self._streamable(prompt, params), lora=lora))
 
-    def astream(self, prompt: str | list[int], params: SamplingParams | None = None) -> AsyncIterator[str]:
+    def astream(self, prompt: str | list[int], params: SamplingParams | None = None,
+                lora: str | LoRARequest | None = None) -> AsyncIterator[str]:
         """stream() for asyncio: `async for delta in llm.astream(...)`."""
-        return async_text_deltas(self.submit(*self._streamable(prompt, params)))
+        return async_text_deltas(self.submit(*self._streamable(prompt, params), lora=lora))
 
     @staticmethod
     def _streamable(prompt, params: SamplingParams | None) -> tuple:
@@ -160,18 +174,18 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool = False, *, params=None,
-             tools: list[dict] | None = None) -> list[RequestOutput]:
+             use_tqdm: bool = False, lora_request: LoRARequest | list | None = None, *,
+             params=None, tools: list[dict] | None = None, lora=None) -> list[RequestOutput]:
         """One conversation, or a list of them, through the model's chat template: a
         list of outputs, one per conversation (vLLM's LLM.chat). tools: OpenAI's
         function definitions, for the template to show the model."""
         return self.generate(self._conversation_ids(messages, tools),
-                             _one_of(sampling_params, params), use_tqdm)
+                             _one_of(sampling_params, params), use_tqdm, lora_request, lora=lora)
 
-    async def achat(self, messages, sampling_params=None, *, params=None,
-                    tools: list[dict] | None = None) -> list[RequestOutput]:
+    async def achat(self, messages, sampling_params=None, lora_request=None, *, params=None,
+                    tools: list[dict] | None = None, lora=None) -> list[RequestOutput]:
         return await self.agenerate(self._conversation_ids(messages, tools),
-                                    _one_of(sampling_params, params))
+                                    _one_of(sampling_params, params), lora_request, lora=lora)
 
     def _conversation_ids(self, messages, tools) -> list[list[int]]:
         many = isinstance(messages, (list, tuple)) and bool(messages) and \
@@ -206,6 +220,39 @@ class LLM:
         return self._loop.call(lambda: run_beam_searches(
             self.engine, prompts, ids, beam_width, max_tokens, length_penalty, ignore_eos),
             exclusive=True)
+
+    # -- LoRA adapters ---------------------------------------------------------------
+    def load_lora(self, name: str, path: str | os.PathLike) -> None:
+        """Load the PEFT adapter folder at path under name, for requests that name it
+        (lora=name); read and checked here, put in a slot between two steps. Needs
+        enable_lora=True (or lora_modules); a ValueError names what does not fit."""
+        adapter = self.engine.loras.read(name, os.fspath(path))
+        self._loop.call(lambda: self.engine.loras.install(name, adapter))
+
+    def unload_lora(self, name: str) -> None:
+        """Forget adapter `name` (KeyError if none): new requests naming it are refused,
+        those already running finish with it."""
+        self._loop.call(lambda: self.engine.loras.unload(name))
+
+    def list_loras(self) -> dict[str, str]:
+        """Loaded adapters: name -> folder."""
+        return self._loop.call(lambda: {a.name: a.path for a in self.engine.loras.loaded.values()})
+
+    def _adapter_name(self, lora: str | LoRARequest | None) -> str | None:
+        """An adapter's name; a LoRARequest's is loaded from its path the first time."""
+        if not isinstance(lora, LoRARequest):
+            return lora
+        loaded = self.engine.loras.loaded.get(lora.lora_name)
+        if loaded is None:
+            try:
+                self.load_lora(lora.lora_name, lora.lora_path)
+            except ValueError as e:
+                if lora.lora_name not in self.engine.loras.loaded:  # (not a second thread's load)
+                    raise
+        elif lora.lora_path and os.path.abspath(lora.lora_path) != os.path.abspath(loaded.path):
+            raise ValueError(f"LoRA adapter {lora.lora_name!r} is loaded from {loaded.path!r}, "
+                             f"not {lora.lora_path!r}")
+        return lora.lora_name
 
     # -- embeddings --------------------------------------------------------------
     def embed(self, prompts: str | list[int] | list[str] | list[list[int]]) -> list[np.ndarray]:
@@ -294,6 +341,13 @@ def _one_of(sampling_params, params):
     if sampling_params is not None and params is not None:
         raise TypeError("give sampling_params or params, not both")
     return sampling_params if sampling_params is not None else params
+
+
+def _lora_of(lora_request, lora):
+    """lora_request (vLLM's name) or lora, not both."""
+    if lora_request is not None and lora is not None:
+        raise TypeError("give lora_request or lora, not both")
+    return lora_request if lora_request is not None else lora
 
 
 def _progress(handles: list, use_tqdm):

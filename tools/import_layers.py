@@ -20,7 +20,7 @@ import sys
 PACKAGE = "tinypaged"
 # (rank, module names or package prefixes): a module takes the first entry that names it
 LAYERS = [
-    (0, ["config", "speculative_config", "checks", "interrupts", "outputs", "prompts", "jit_cache"]),
+    (0, ["config", "speculative_config", "checks", "interrupts", "outputs", "prompts", "jit_cache", "lora_request"]),
     (1, ["formats", "batch"]),
     (2, ["kernels"]),
     (3, ["model"]),

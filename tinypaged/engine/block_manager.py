@@ -9,7 +9,8 @@ i*block_size .. (i+1)*block_size - 1 for group g's layers.
 
 Prefix caching: a block full of computed tokens is keyed by (its group, the chained
 hash of the sequence's blocks up to it: hash((parent block's hash, its token ids))),
-so equal keys mean equal prefixes. A freed block keeps its key and content until
+so equal keys mean equal prefixes. A first block's parent is the sequence's hash
+seed: None for the base model, a LoRA adapter's load id (its K/V differ). A freed block keeps its key and content until
 the allocator reuses it; the free list is kept in LRU order, so a system prompt
 stays cached between requests that do not overlap in time.
 
@@ -100,7 +101,7 @@ class BlockManager:
         hashes, bs = seq.block_hashes, self.block_size
         while len(hashes) < num_blocks:
             i = len(hashes)
-            hashes.append(hash((hashes[-1] if i else None,
+            hashes.append(hash((hashes[-1] if i else seq.hash_seed,
                                 tuple(seq.token_ids[i * bs:(i + 1) * bs]))))
         return hashes[:num_blocks]
 

@@ -16,6 +16,7 @@ from ..tokenizer import Tokenizer
 from .block_manager import BlockManager, blocks_for
 from .block_map import render_block_map
 from .engine_stats import EngineStats
+from .lora_adapters import LoRAAdapters
 from .kv_pool import check_pool_fits, kv_cache_dtype, pool_blocks
 from .model_loading import start_loading
 from .model_runner import ModelRunner
@@ -82,6 +83,8 @@ class LLMEngine:
         kv = PagedKVCache(cfg, num_blocks, bs, ops, self.kv_cache_dtype)
         self.runner = ModelRunner(model, kv, self.block_manager,
                                   decode_graphs(config, model, kv, self.max_model_len))
+        self.loras = LoRAAdapters(cfg, ops, config, self.requests)
+        self.runner.lora = self.loras if config.enable_lora else None
         unique = {id(w): w for w in model.w.values()}.values()  # a tied lm_head counts once
         self.weight_bytes = sum(int(w.nbytes) for w in unique)  # as the backend holds them
         self.backend_name = ops.name
@@ -106,9 +109,10 @@ class LLMEngine:
         """Queue a request; raises ValueError (and queues nothing) for bad input."""
         return self.add_prepared(self.prepare_request(prompt, params), request_id)
 
-    def prepare_request(self, prompt, params: SamplingParams | None = None) -> PreparedRequest:
+    def prepare_request(self, prompt, params: SamplingParams | None = None,
+                        lora: str | None = None) -> PreparedRequest:
         """RequestCheck.prepare (touches no engine state: any thread may call it)."""
-        return self.check.prepare(prompt, params)
+        return self.check.prepare(prompt, params, lora)
 
     def prompt_ids(self, prompt: str | list[int]) -> list[int]:
         return self.check.prompt_ids(prompt)
@@ -121,6 +125,7 @@ class LLMEngine:
                            self.model_config.vocab_size)
         request = Request(request_id, prepared.prompt, prepared.prompt_token_ids, prepared.params,
                           self.tokenizer, prepared.grammar, rules)
+        request.seqs[0].lora_slot, request.seqs[0].hash_seed = self.loras.resolve(prepared.lora)
         self.requests[request_id] = request
         self.scheduler.add(request.seqs[0])
         return request_id

@@ -21,6 +21,7 @@ class ModelRunner:
         self.model, self.kv, self.block_manager = model, kv, block_manager
         self.block_size = block_manager.block_size
         self.decode_graphs = decode_graphs
+        self.lora = None  # the engine's LoRAAdapters, when adapters may run
 
     def run(self, plan: StepPlan) -> StepLogits | None:
         """The plan's forward pass; then each chunk's tokens count as computed (its full
@@ -66,10 +67,10 @@ class ModelRunner:
         if batch.block_copies:
             ops.copy_blocks(self.kv.k, self.kv.v, batch.block_copies)
         token_ids, meta = self.prepare(batch, logits_rows)
-        graphs = self.decode_graphs
-        if graphs is not None and graphs.accepts(meta):
+        graphs, lora = self.decode_graphs, self.lora and self.lora.batch(batch.chunks)
+        if graphs is not None and lora is None and graphs.accepts(meta):
             logits = graphs.run(token_ids, meta)
-        else:
-            logits = self.model.forward_on_device(*ops.prepare_inputs(token_ids, meta), self.kv)
+        else:  # (a step with adapters runs eager: its rows' slots change the launches)
+            logits = self.model.forward_on_device(*ops.prepare_inputs(token_ids, meta), self.kv, lora=lora)
         return ops.logits_for_sampling(logits, needs if needs is not None
                                        else [WHOLE_ROW] * logits.shape[0])

@@ -18,6 +18,7 @@ class PreparedRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     grammar: CompiledGrammar | None = None  # params.structured_outputs, compiled
+    lora: str | None = None  # the LoRA adapter it runs (its name); None: the base model
 
 
 class SampleText:

@@ -20,7 +20,8 @@ class RequestCheck:
         self.max_num_seqs, self.block_manager, self.grammars = max_num_seqs, block_manager, grammars
         self.embedding_only = False  # a bare base model: embeddings only (ModelConfig's)
 
-    def prepare(self, prompt, params: SamplingParams | None = None) -> PreparedRequest:
+    def prepare(self, prompt, params: SamplingParams | None = None,
+                lora: str | None = None) -> PreparedRequest:
         """Check a request and tokenize its prompt, touching no engine state (so any
         thread may call it). Raises TypeError or ValueError naming what is wrong. The
         request keeps its own checked copy of params (SamplingParams.checked)."""
@@ -28,6 +29,8 @@ class RequestCheck:
             raise ValueError("this is an embedding model (a bare base model, without an "
                              "lm_head): it embeds (LLM.embed, /v1/embeddings) and does not "
                              "generate")
+        if lora is not None and not isinstance(lora, str):
+            raise TypeError(f"lora must be an adapter's name (a str), got {type(lora).__name__}")
         if params is None:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
@@ -47,7 +50,7 @@ class RequestCheck:
         grammar = None
         if params.structured_outputs is not None:  # compiled here: a bad one queues nothing
             grammar = self.grammars.compile(params.structured_outputs)
-        return PreparedRequest(prompt if isinstance(prompt, str) else None, ids, params, grammar)
+        return PreparedRequest(prompt if isinstance(prompt, str) else None, ids, params, grammar, lora)
 
     def prompt_ids(self, prompt: str | list[int]) -> list[int]:
         """A normalized prompt's token ids (see prompts.normalize_prompt), checked against

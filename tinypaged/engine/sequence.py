@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 
+from ..model.lora_slots import NO_ADAPTER
 from ..outputs import TokenLogprobs
 from ..sampling import SamplingParams
 
@@ -51,6 +52,8 @@ class Sequence:
         self.ngram_index = None  # its n-grams, for prompt-lookup proposals (ngram_proposer.py)
         self.acceptance = None  # its proposals' record (draft_sizer.py)
         self.draft_grammars = None  # its grammar's state before each proposal's row (speculation.py)
+        self.lora_slot = NO_ADAPTER  # the LoRA slot its rows run (lora_adapters.py)
+        self.hash_seed = None  # its first block's parent hash (an adapter's load id; None: the base)
 
     @property
     def block_table(self) -> list[int]:
@@ -111,6 +114,7 @@ class Sequence:
         child.logprobs = list(self.logprobs)
         child.cumulative_logprob = self.cumulative_logprob
         child.grammar = self.grammar.fork() if self.grammar is not None else None
+        child.lora_slot, child.hash_seed = self.lora_slot, self.hash_seed
         return child
 
 

@@ -416,3 +416,23 @@ def apply_token_mask(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
     token t allowed when bit t % 32 of word t // 32 is set (llguidance's layout)."""
     allowed = np.unpackbits(mask.astype("<i4").view(np.uint8), bitorder="little")[:len(logits)]
     return np.where(allowed.astype(bool), logits, -np.inf).astype(logits.dtype)
+
+
+def upload(x: np.ndarray) -> np.ndarray:
+    """A host array where this backend's kernels read it (here: as it is)."""
+    return x
+
+
+def add_lora(y: np.ndarray, x: np.ndarray, a: np.ndarray, bt: np.ndarray, ranks: np.ndarray,
+             scales: np.ndarray, rows: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """LoRA's low-rank terms, added in place to y (T, out), the product of x (T, in):
+    y[row] += scales[s] * (x[row] @ a[s, :r].T) @ bt[s, :r], r = ranks[s], for each
+    rows[k] with slot s = slots[k] (rows: the batch rows that run an adapter, grouped
+    by slot). a (S, R, in), bt (S, R, out): each slot's A and B^T, zero past its rank;
+    ranks[s] 0: slot s does not adapt this product. Returns y."""
+    for row, s in zip(rows, slots):
+        r = ranks[s]
+        if r:
+            t = (x[row] @ a[s, :r].T) * scales[s]  # (r,)
+            y[row] += t @ bt[s, :r]
+    return y

@@ -64,19 +64,20 @@ class PagedModel:
         self.kv_groups = KVGroups.of(cfg)
 
     def forward(self, token_ids: np.ndarray, meta: AttentionMetadata,
-                kv: PagedKVCache) -> np.ndarray:
+                kv: PagedKVCache, lora=None) -> np.ndarray:
         """token_ids (T,) -> logits (S, vocab) of each sequence's last token in the batch
         (a host array; everything else stays where the backend keeps it)."""
         token_ids, meta = self.ops.prepare_inputs(token_ids, meta)
-        return self.ops.to_host(self.forward_on_device(token_ids, meta, kv))
+        return self.ops.to_host(self.forward_on_device(token_ids, meta, kv, lora=lora))
 
-    def forward_on_device(self, token_ids, meta, kv: PagedKVCache, head: bool = True):
+    def forward_on_device(self, token_ids, meta, kv: PagedKVCache, head: bool = True, lora=None):
         """The forward on inputs the backend already holds (prepare_inputs' results, or
         a static decode step's fixed buffers): logits (R, vocab) where the backend
         keeps them; without the head, the final norm's hidden states (R, H) of those
-        rows (embeddings). Every shape comes from the inputs' shapes, never their values."""
+        rows (embeddings). Every shape comes from the inputs' shapes, never their values.
+        lora: a LoRABatch (lora_slots.py) whose rows' adapters add to the products."""
         with self.ops.step_workspace():  # (one step's scope: cpu/out_arrays.py)
-            return self._forward(token_ids, meta, kv, head)
+            return self._forward(token_ids, meta, kv, head, lora)
 
     def hidden_states(self, token_ids: np.ndarray, meta: AttentionMetadata,
                       kv: PagedKVCache) -> np.ndarray:
@@ -86,7 +87,7 @@ class PagedModel:
         hidden = self.ops.to_host(self.forward_on_device(token_ids, meta, kv, head=False))
         return np.array(hidden, dtype=np.float32)  # (a copy: the step's workspace is reused)
 
-    def _forward(self, token_ids, meta, kv: PagedKVCache, head: bool = True):
+    def _forward(self, token_ids, meta, kv: PagedKVCache, head: bool = True, lora=None):
         cfg, w, ops = self.cfg, self.w, self.ops
         x = ops.embedding(token_ids, w["model.embed_tokens.weight"])  # (T, H)
         if cfg.embedding_scale != 1.0:
@@ -95,9 +96,12 @@ class PagedModel:
         metas = [meta.for_group(g) for g in range(self.kv_groups.num_groups)]
 
         def attention(layer: int, h, qk_norm):  # with its KV group's tables and slots
-            return self._attention(layer, h, qk_norm, metas[self.kv_groups.group_of[layer]], kv)
+            return self._attention(layer, h, qk_norm, metas[self.kv_groups.group_of[layer]], kv, lora)
+
+        def mlp(prefix: str, h, activation: str):
+            return self._mlp(prefix, h, activation, lora)
         for layer in range(cfg.num_hidden_layers):
-            pieces = LayerPieces(ops, cfg, w, layer, attention, self._mlp)
+            pieces = LayerPieces(ops, cfg, w, layer, attention, mlp)
             x, residual = cfg.family.layer(pieces, x, residual)
 
         rows = meta.logits_indices  # (S,): only these tokens need logits
@@ -108,7 +112,7 @@ class PagedModel:
         logits = ops.linear(h, w["lm_head.weight"])  # (R, vocab)
         return logits if cfg.final_softcap is None else ops.softcap(logits, cfg.final_softcap)
 
-    def _attention(self, layer: int, h, qk_norm: str | None, meta, kv: PagedKVCache):
+    def _attention(self, layer: int, h, qk_norm: str | None, meta, kv: PagedKVCache, lora=None):
         """h (T, H) -> o_proj(attention) (T, H); writes the layer's K/V to the pool."""
         cfg, w, ops = self.cfg, self.w, self.ops
         n_tokens = len(h)
@@ -117,6 +121,8 @@ class PagedModel:
         biases = [w[a + f"{n}_proj.bias"] for n in "qkv"] if cfg.attention_bias else [None] * 3
         q, k, v = ops.qkv_proj(h, w[a + "q_proj.weight"], w[a + "k_proj.weight"],
                                w[a + "v_proj.weight"], *biases)  # (T, n_heads * D), (T, n_kv * D) x 2
+        if lora is not None:
+            q, k, v = (lora.add(y, h, layer, name) for y, name in zip((q, k, v), ("q_proj", "k_proj", "v_proj")))
         q, k = qk_norms(ops, cfg, w, a, qk_norm, q, k)
         cos, sin = self.rope_tables[layer]
         slot = self.kv_groups.slot_of[layer]
@@ -126,12 +132,22 @@ class PagedModel:
                               cos, sin, kv.k[slot], kv.v[slot], meta.slot_mapping)
         attn = ops.paged_attention(q, kv.k[slot], kv.v[slot], meta, cfg.window(layer),
                                    cfg.attention_scale, cfg.attn_softcap)  # (T, n_heads, D)
-        return ops.linear(attn.reshape(n_tokens, n_heads * head_dim), w[a + "o_proj.weight"],
-                          w[a + "o_proj.bias"] if cfg.o_proj_bias else None)
+        attn = attn.reshape(n_tokens, n_heads * head_dim)
+        out = ops.linear(attn, w[a + "o_proj.weight"], w[a + "o_proj.bias"] if cfg.o_proj_bias else None)
+        return out if lora is None else lora.add(out, attn, layer, "o_proj")
 
-    def _mlp(self, p: str, h, activation: str):
+    def _mlp(self, p: str, h, activation: str, lora=None):
         """h (T, H) -> down(act(gate(h)) * up(h)) (T, H); act SiLU or GELU (tanh)."""
         w, ops = self.w, self.ops
-        gate_up = ops.gate_up_gelu if activation == "gelu_tanh" else ops.gate_up_silu
-        act = gate_up(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"])
-        return ops.linear(act, w[p + "mlp.down_proj.weight"])  # act: (T, I)
+        gate, up = w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]
+        layer = int(p.split(".")[2])
+        if lora is not None and (lora.adapts(layer, "gate_proj") or lora.adapts(layer, "up_proj")):
+            # the adapters' terms go in before the activation: the two products apart
+            mul = ops.gelu_tanh_mul if activation == "gelu_tanh" else ops.silu_mul
+            act = mul(lora.add(ops.linear(h, gate), h, layer, "gate_proj"),
+                      lora.add(ops.linear(h, up), h, layer, "up_proj"))
+        else:
+            gate_up = ops.gate_up_gelu if activation == "gelu_tanh" else ops.gate_up_silu
+            act = gate_up(h, gate, up)
+        out = ops.linear(act, w[p + "mlp.down_proj.weight"])  # act: (T, I)
+        return out if lora is None else lora.add(out, act, layer, "down_proj")

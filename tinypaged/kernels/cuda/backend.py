@@ -14,7 +14,7 @@ from numba import cuda
 
 from ...batch.step_logits import WHOLE_ROW
 from ...formats.quant_kind import QK
-from . import attention, elementwise, kv_rows, matmul
+from . import attention, elementwise, kv_rows, lora, matmul
 from .device_memory import DeviceMemory
 from .launcher import Launcher
 from .logits import DeviceLogits, LogitsCopier
@@ -146,6 +146,9 @@ class CudaBackend(DeviceMemory):
         wq.qkv(self.launcher, x, wk, wv, (bq, bk, bv) if has_bias else (self._no_bias,) * 3, has_bias, outs)
         return outs
 
+    def add_lora(self, y, x, a, bt, ranks, scales, rows, slots):
+        return lora.add_lora(self.launcher, y, x, a, bt, ranks, scales, rows, slots)
+
     def gate_up_silu(self, x, w_gate, w_up):
         if not w_gate.fuses_with(w_up):
             return self.silu_mul(self.linear(x, w_gate), self.linear(x, w_up))
@@ -189,6 +192,9 @@ class CudaBackend(DeviceMemory):
         """Gemma's GeGLU: two products, then gelu_tanh(gate) * up."""
         return self._elementwise(elementwise.gelu_tanh_mul, self.linear(x, w_gate),
                                  self.linear(x, w_up))
+
+    def gelu_tanh_mul(self, gate, up):
+        return self._elementwise(elementwise.gelu_tanh_mul, gate, up)
 
     def silu_mul(self, gate, up):
         return self._elementwise(elementwise.silu_mul, gate, up)

@@ -94,6 +94,10 @@ class DeviceMemory:
         self.kv_pool = cuda.device_array((2, *shape), dtype=dtype)
         return self.kv_pool[0], self.kv_pool[1]
 
+    def upload(self, x: np.ndarray):
+        """A host array where the kernels read it: a device copy."""
+        return cuda.to_device(x)
+
     def rope_tables(self, max_positions: int, head_dim: int, rope):
         cos, sin = host_rope_tables(max_positions, head_dim, rope)
         return cuda.to_device(cos), cuda.to_device(sin)

@@ -18,7 +18,7 @@ import sys
 from numba import cuda, types
 
 from ....formats.quant_kind import KINDS
-from .. import attention, elementwise, kquant_matmul, kv_rows, logits, matmul, packed_matmul
+from .. import attention, elementwise, kquant_matmul, kv_rows, logits, lora, matmul, packed_matmul
 
 f32, f16, i32, i64 = types.float32, types.float16, types.int32, types.int64
 i8, u8 = types.int8, types.uint8
@@ -104,6 +104,10 @@ def signatures() -> list[tuple[str, object, tuple]]:
         ("gather_rows", elementwise.gather_rows, (arr(f32, 2), arr(i32, 1), arr(f32, 2))),
         ("round_activations", elementwise.round_activations, (arr(f32, 2), arr(f32, 2))),
         ("top_candidates", logits.top_candidates, (arr(f32, 2), arr(i32, 1), i64, arr(f32, 3))),
+        ("lora_shrink", lora.lora_shrink, (arr(f32, 2), arr(f32, 3), arr(i32, 1), arr(f32, 1),
+                                           arr(i32, 1), arr(i32, 1), arr(f32, 2))),
+        ("lora_expand", lora.lora_expand, (arr(f32, 2), arr(f32, 3), arr(i32, 1), arr(i32, 1),
+                                           arr(i32, 1), arr(f32, 2))),
     ]
     return sigs
 
@@ -122,7 +126,8 @@ def block_threads(label: str) -> int:
             "silu_mul": 256, "scale": 256, "add": 256, "gelu_tanh_mul": 256, "softcap": 256, "gather_rows": elementwise.ROW_THREADS,
             "copy_blocks": elementwise.ROW_THREADS,
             "round_activations": elementwise.ROUND_THREADS,
-            "top_candidates": logits.TOP_THREADS}[name]
+            "top_candidates": logits.TOP_THREADS, "lora_shrink": lora.SHRINK_THREADS,
+            "lora_expand": lora.EXPAND_THREADS}[name]
 
 
 def resources(compiled: dict[str, str] | None = None) -> list:

@@ -1,0 +1,94 @@
+"""LoRASlots: room for max_loras adapters in a backend's memory, and LoRABatch: which
+rows of one step run which adapter.
+
+A slot holds one loaded adapter. For each product any loaded adapter targets, the
+slots' terms are stacked, zero past each one's rank: A as (max_loras, max_rank, in),
+B^T as (max_loras, max_rank, out), with each slot's rank (0: it leaves this product
+alone) and scale. A step's rows name their slots, so requests for different adapters
+and the base run in one batch and each product adds its adapted rows' terms in one
+call (reference.add_lora). The host arrays are the masters; the backend holds copies
+(ops.upload), made again when a slot changes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .config import ModelConfig
+from .lora_adapter import LoRAAdapter, product_shape
+
+NO_ADAPTER = -1  # a row's slot when it runs the base model alone
+
+
+class _Stack:
+    """One product's terms across the slots."""
+
+    def __init__(self, slots: int, rank: int, shape: tuple[int, int]):
+        out, inner = shape
+        self.a = np.zeros((slots, rank, inner), np.float32)
+        self.bt = np.zeros((slots, rank, out), np.float32)
+        self.ranks = np.zeros(slots, np.int32)
+        self.scales = np.zeros(slots, np.float32)
+        self.held = None  # (a, bt, ranks, scales) as the backend holds them
+
+    def put(self, slot: int, weights) -> None:
+        r = weights.rank
+        self.a[slot] = 0
+        self.bt[slot] = 0
+        self.a[slot, :r], self.bt[slot, :r] = weights.a, weights.b.T
+        self.ranks[slot], self.scales[slot] = r, weights.scale
+
+    def clear(self, slot: int) -> None:
+        self.ranks[slot] = 0  # (its A and B stay until the slot is written again)
+
+
+class LoRASlots:
+    def __init__(self, cfg: ModelConfig, ops, max_loras: int, max_rank: int):
+        self.cfg, self.ops, self.max_loras, self.max_rank = cfg, ops, max_loras, max_rank
+        self.stacks: dict[tuple[int, str], _Stack] = {}  # (layer, module) -> its stack
+
+    def install(self, slot: int, adapter: LoRAAdapter) -> None:
+        """Put adapter's terms in slot (which the caller has freed)."""
+        assert 0 <= slot < self.max_loras and adapter.rank <= self.max_rank
+        for key, weights in adapter.modules.items():
+            if key not in self.stacks:
+                self.stacks[key] = _Stack(self.max_loras, self.max_rank, product_shape(key[1], self.cfg))
+            self.stacks[key].put(slot, weights)
+        self._upload()
+
+    def clear(self, slot: int) -> None:
+        for stack in self.stacks.values():
+            stack.clear(slot)
+        self._upload()
+
+    def _upload(self) -> None:
+        for stack in self.stacks.values():
+            stack.held = tuple(map(self.ops.upload, (stack.a, stack.bt, stack.ranks, stack.scales)))
+
+    def batch(self, row_slots: np.ndarray) -> "LoRABatch | None":
+        """The step whose token rows run row_slots (T,) (NO_ADAPTER: the base); None
+        when no row runs an adapter."""
+        adapted = np.flatnonzero(row_slots != NO_ADAPTER)
+        if len(adapted) == 0 or not self.stacks:
+            return None
+        rows = adapted[np.argsort(row_slots[adapted], kind="stable")].astype(np.int32)
+        slots = row_slots[rows].astype(np.int32)
+        return LoRABatch(self, self.ops.upload(rows), self.ops.upload(slots))
+
+
+class LoRABatch:
+    """One step's adapted rows (grouped by slot) and their slots, where the kernels
+    read them."""
+
+    def __init__(self, slots: LoRASlots, rows, row_slots):
+        self.slots, self.rows, self.row_slots = slots, rows, row_slots
+
+    def adapts(self, layer: int, module: str) -> bool:
+        return (layer, module) in self.slots.stacks
+
+    def add(self, y, x, layer: int, module: str):
+        """y (T, out), the product of x (T, in), with the adapted rows' terms added (in
+        place); y itself where no loaded adapter targets this product."""
+        stack = self.slots.stacks.get((layer, module))
+        if stack is None:
+            return y
+        return self.slots.ops.add_lora(y, x, *stack.held, self.rows, self.row_slots)
