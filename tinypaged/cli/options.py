@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 
 from ..config import KV_CACHE_DTYPES, EngineConfig, parse_size
 
 ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 ENGINE_OPTIONS = ("block_size", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
                   "max_model_len", "backend", "quantization", "kv_cache_dtype",
-                  "grammar_cache_memory", "speculative_config", "chat_template")  # plus --no-prefix-caching, --no-cuda-graphs, --no-layout-cache
+                  "grammar_cache_memory", "speculative_config", "chat_template", "enable_lora",
+                  "max_loras", "max_lora_rank")  # plus --lora-modules, --no-prefix-caching, --no-cuda-graphs, --no-layout-cache
 
 
 def parse_bytes(text: str) -> int:
@@ -67,13 +69,41 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                         metavar="FILE_OR_TEMPLATE",
                         help="a Jinja chat template (a file, or the template itself) in place "
                         "of the model's; for a model that ships none (default: the model's)")
+    parser.add_argument("--enable-lora", action="store_true",
+                        help="LoRA adapters may be loaded while the engine runs "
+                        "(/v1/load_lora_adapter); --lora-modules turns it on too")
+    parser.add_argument("--lora-modules", nargs="+", type=lora_module, metavar="NAME=PATH",
+                        help="PEFT LoRA adapters loaded at start, each as name=folder (or "
+                        'vLLM\'s JSON, {"name": ..., "path": ...}); a request runs one by '
+                        "naming it as its model")
+    parser.add_argument("--max-loras", type=int, default=ENGINE_DEFAULTS["max_loras"],
+                        help="LoRA adapters loaded at once")
+    parser.add_argument("--max-lora-rank", type=int, default=ENGINE_DEFAULTS["max_lora_rank"],
+                        help="the largest rank a LoRA adapter may have")
     parser.add_argument("--backend", choices=["auto", "cpu", "cuda"],
                         default=ENGINE_DEFAULTS["backend"],
                         help="auto: CUDA when an NVIDIA GPU is usable, else the CPU")
 
 
+def lora_module(text: str) -> tuple[str, str]:
+    """'name=path' or '{"name": ..., "path": ...}' -> (name, path) (argparse type)."""
+    if text.lstrip().startswith("{"):
+        try:
+            spec = json.loads(text)
+            return str(spec["name"]), str(spec["path"])
+        except (ValueError, KeyError, TypeError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object with a name and "
+                                             f"a path") from None
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not name=path")
+    return name, path
+
+
 def engine_options(args) -> dict:
     options = {name: getattr(args, name) for name in ENGINE_OPTIONS}
+    if args.lora_modules:
+        options["lora_modules"] = dict(args.lora_modules)
     return {**options, "enable_prefix_caching": not args.no_prefix_caching,
             "cuda_graphs": False if args.no_cuda_graphs else ENGINE_DEFAULTS["cuda_graphs"],
             "layout_cache": not args.no_layout_cache}

@@ -418,6 +418,11 @@ def apply_token_mask(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.where(allowed.astype(bool), logits, -np.inf).astype(logits.dtype)
 
 
+def gate_up(x: np.ndarray, w_gate, w_up) -> tuple[np.ndarray, np.ndarray]:
+    """(x @ w_gate.T, x @ w_up.T): the MLP's products before its activation."""
+    return linear(x, w_gate), linear(x, w_up)
+
+
 def upload(x: np.ndarray) -> np.ndarray:
     """A host array where this backend's kernels read it (here: as it is)."""
     return x

@@ -17,6 +17,7 @@ from .config import ModelConfig
 from .lora_adapter import LoRAAdapter, product_shape
 
 NO_ADAPTER = -1  # a row's slot when it runs the base model alone
+RANK_PADDING = 4  # the stacks' rank dimension is a multiple of this (the CPU kernel's fours)
 
 
 class _Stack:
@@ -24,6 +25,7 @@ class _Stack:
 
     def __init__(self, slots: int, rank: int, shape: tuple[int, int]):
         out, inner = shape
+        rank = -(-rank // RANK_PADDING) * RANK_PADDING  # (zero terms past any rank)
         self.a = np.zeros((slots, rank, inner), np.float32)
         self.bt = np.zeros((slots, rank, out), np.float32)
         self.ranks = np.zeros(slots, np.int32)

@@ -142,10 +142,10 @@ class PagedModel:
         gate, up = w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]
         layer = int(p.split(".")[2])
         if lora is not None and (lora.adapts(layer, "gate_proj") or lora.adapts(layer, "up_proj")):
-            # the adapters' terms go in before the activation: the two products apart
+            # the adapters' terms go in before the activation
             mul = ops.gelu_tanh_mul if activation == "gelu_tanh" else ops.silu_mul
-            act = mul(lora.add(ops.linear(h, gate), h, layer, "gate_proj"),
-                      lora.add(ops.linear(h, up), h, layer, "up_proj"))
+            g, u = ops.gate_up(h, gate, up)  # (T, I) x 2
+            act = mul(lora.add(g, h, layer, "gate_proj"), lora.add(u, h, layer, "up_proj"))
         else:
             gate_up = ops.gate_up_gelu if activation == "gelu_tanh" else ops.gate_up_silu
             act = gate_up(h, gate, up)

@@ -1,7 +1,8 @@
 """The FastAPI application: routes, the API-key and body-size guard, error handlers.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings,
-POST /v1/rerank, GET /v1/models, GET /v1/models/{model}, GET /health, GET /metrics (and
+POST /v1/rerank, POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter, GET /v1/models
+(the model and its LoRA adapters), GET /v1/models/{model}, GET /health, GET /metrics (and
 FastAPI's /docs).
 """
 from __future__ import annotations
@@ -26,6 +27,8 @@ from . import metrics
 from .chat import create_chat_completion
 from .completions import create_completion
 from .embeddings import EmbeddingRequest, create_embeddings
+from .lora import (LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest, adapter_cards,
+                   load_adapter, unload_adapter)
 from .rerank import RerankRequest, create_rerank
 from .config import ServerConfig
 from .engine_client import EngineClient
@@ -210,8 +213,17 @@ def build_app(llm: LLM, config: ServerConfig, ready: threading.Event | None = No
         return await client.text_work.run(lambda: json_response(detokenize(body, client)),
                                           "detokenizing", "tokens")
 
+    @app.post("/v1/load_lora_adapter", openapi_extra=body_schema(LoadLoRAAdapterRequest))
+    async def load_lora_adapter(request: Request):
+        return await load_adapter(await read_body(request, LoadLoRAAdapterRequest, limits), client)
+
+    @app.post("/v1/unload_lora_adapter", openapi_extra=body_schema(UnloadLoRAAdapterRequest))
+    async def unload_lora_adapter(request: Request):
+        return await unload_adapter(await read_body(request, UnloadLoRAAdapterRequest, limits), client)
+
     add_body_schemas(app, [CompletionRequest, ChatCompletionRequest, EmbeddingRequest,
-                           RerankRequest, TokenizeRequest, DetokenizeRequest])
+                           RerankRequest, TokenizeRequest, DetokenizeRequest,
+                           LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest])
 
     def model_card() -> dict:
         return {"id": client.model_name, "object": "model", "created": started,
@@ -219,11 +231,12 @@ def build_app(llm: LLM, config: ServerConfig, ready: threading.Event | None = No
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(), *adapter_cards(client, started)]}
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str):
-        client.check_model(model)
+        if client.check_model(model) is not None:
+            return next(c for c in adapter_cards(client, started) if c["id"] == model)
         return model_card()
 
     @app.head("/health", include_in_schema=False)  # load balancers' probes

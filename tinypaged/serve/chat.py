@@ -33,7 +33,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     client.check_logprob_entries(prepared, False, "top_logprobs")
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     record = RequestLog(f"{request.state.request_id} {response_id}", started, constraint_param)
-    handles = client.submit(prepared, response_id)
+    handles = client.submit(prepared, response_id, client.check_model(req.model))
     tokenizer = client.llm.tokenizer
 
     def logprobs_of(entries):
@@ -50,7 +50,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     def body() -> dict:
         choices = [chat_choice(o.index, *answer(o, tool_plan), logprobs_of(o.token_logprobs or []))
                    for o in outputs[0].outputs]
-        return envelope("chat.completion", response_id, created, client.model_name, choices,
+        return envelope("chat.completion", response_id, created, client.served_name(req.model), choices,
                         usage=usage(outputs))
     return await json_built_off_the_loop(body)
 
@@ -125,7 +125,7 @@ async def stream_chat(req: ChatCompletionRequest, client: EngineClient, handles,
 
     def chunk(index: int, delta: dict, entries=None, finish=None) -> str:
         choice = chat_delta_choice(index, delta, logprobs_of(entries) if entries else None, finish)
-        return event(envelope("chat.completion.chunk", response_id, created, client.model_name,
+        return event(envelope("chat.completion.chunk", response_id, created, client.served_name(req.model),
                               [choice], **extra))
 
     deltas: dict[int, ChoiceDelta] = {}
@@ -156,7 +156,7 @@ async def stream_chat(req: ChatCompletionRequest, client: EngineClient, handles,
                 if finish is not None:
                     yield chunk(o.index, {}, entries, finish)
         if include_usage:
-            yield event(envelope("chat.completion.chunk", response_id, created, client.model_name,
+            yield event(envelope("chat.completion.chunk", response_id, created, client.served_name(req.model),
                                  [], usage=usage([last])))
     except (asyncio.CancelledError, GeneratorExit):  # the client left
         record.left()

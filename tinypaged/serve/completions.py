@@ -64,7 +64,7 @@ async def create_completion(req: CompletionRequest, request: Request,
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     record = RequestLog(f"{request.state.request_id} {response_id}", started,
                         constraint_param)
-    handles = client.submit(prepared, response_id)
+    handles = client.submit(prepared, response_id, client.check_model(req.model))
 
     def offsets_for(i: int) -> TextOffsets:
         """text_offset of prompt i's generated tokens, which follow its echo."""
@@ -100,7 +100,7 @@ async def create_completion(req: CompletionRequest, request: Request,
             for choice in choices:
                 choice["prompt_logprobs"] = vllm_prompt_logprobs(
                     outputs[choice["index"] // req.n], req.prompt_logprobs)
-        return envelope("text_completion", response_id, created, client.model_name, choices,
+        return envelope("text_completion", response_id, created, client.served_name(req.model), choices,
                         usage=usage(outputs))
     return await json_built_off_the_loop(body)
 
@@ -129,10 +129,10 @@ async def stream_completion(req: CompletionRequest, client: EngineClient, handle
                 logprobs = logprobs_of(i, out, ids, entries, offsets[key], echo)
                 text = (echoes[i] if echo else "") + text
                 choice = completion_choice(i * req.n + o.index, text, logprobs, finish)
-                yield event(envelope("text_completion", response_id, created, client.model_name,
+                yield event(envelope("text_completion", response_id, created, client.served_name(req.model),
                                      [choice], **extra))
         if include_usage:
-            yield event(envelope("text_completion", response_id, created, client.model_name, [],
+            yield event(envelope("text_completion", response_id, created, client.served_name(req.model), [],
                                  usage=usage([final[i] for i in sorted(final)])))
     except (asyncio.CancelledError, GeneratorExit):  # the client left
         record.left()

@@ -103,12 +103,20 @@ class EngineClient:
             field = constraint_param or "structured_outputs"
             raise APIError(400, f"{field}: {message}", param=field) from None
 
-    def check_model(self, name: str | None) -> None:
-        """Any name serves the one model, unless strict_model_name (responses always
-        name the model that answered)."""
+    def check_model(self, name: str | None) -> str | None:
+        """The LoRA adapter a request's model names (None: the base model). Any other
+        name serves the base model, unless strict_model_name (responses always name
+        the model that answered)."""
+        if name is not None and name in self.llm.engine.loras.loaded:
+            return name
         if self.config.strict_model_name and name is not None and name != self.model_name:
             raise APIError(404, f"the model {shown(name)} does not exist; this server has "
                                 f"{self.model_name!r}", param="model", code="model_not_found")
+        return None
+
+    def served_name(self, name: str | None) -> str:
+        """The model a response names: the adapter the request ran, else the base."""
+        return name if name is not None and name in self.llm.engine.loras.loaded else self.model_name
 
     def check_alive(self) -> None:
         if not self.llm.is_alive:
@@ -163,10 +171,13 @@ class EngineClient:
                                 f"{limit:,} per request: ask for fewer prompts, samples, "
                                 f"tokens or alternatives", param=param)
 
-    def submit(self, prepared: list[PreparedRequest], response_id: str) -> list[RequestHandle]:
+    def submit(self, prepared: list[PreparedRequest], response_id: str,
+               lora: str | None = None) -> list[RequestHandle]:
         """Queue every prompt of one API request, or none: 503 when the sequences it adds
-        (prompts x n) would take the queue past max_waiting, 400 when they alone would."""
+        (prompts x n) would take the queue past max_waiting, 400 when they alone would.
+        lora: the adapter they run (check_model's)."""
         self.check_alive()
+        prepared = [dataclasses.replace(p, lora=lora) for p in prepared] if lora else prepared
         adding = sum(p.params.n for p in prepared)
         limit = self.config.max_waiting
         if adding > limit:

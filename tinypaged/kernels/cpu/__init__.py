@@ -22,7 +22,7 @@ kv_cache_dtypes = ("float32", "float16", "int8")  # the pools this backend holds
 __all__ = ["name", "use_in_this_thread", "default_kv_memory", "memory_available", "prepare_weights", "load_prepared_weights", "save_prepared_weights", "allocate_kv",
            "prepare_inputs", "step_workspace", "to_host", "logits_for_sampling", "rope_tables", "embedding", "add_rms_norm", "rms_norm", "linear",
            "qkv_proj", "gate_up_silu", "rope_write_kv", "paged_attention", "silu_mul",
-           "gather_rows", "copy_blocks", "write_kv", "rope", "scale", "add", "gate_up_gelu", "softcap", "upload", "add_lora"]
+           "gather_rows", "copy_blocks", "write_kv", "rope", "scale", "add", "gate_up_gelu", "softcap", "upload", "add_lora", "gate_up"]
 
 
 def prepare_weights(weights: dict) -> dict:
@@ -42,6 +42,12 @@ def qkv_proj(x, wq, wk, wv, bq=None, bk=None, bv=None):
     """The attention's three projections of x: (q, k, v)."""
     q, k, v = stacked_linear(x, [wq, wk, wv])
     return tuple(out if b is None else out + b for out, b in ((q, bq), (k, bk), (v, bv)))
+
+
+def gate_up(x, w_gate, w_up):
+    """(x @ w_gate.T, x @ w_up.T): the MLP's products before its activation (where
+    LoRA terms join them), one product when they are one stack."""
+    return tuple(stacked_linear(x, [w_gate, w_up]))
 
 
 def gate_up_gelu(x, w_gate, w_up):

@@ -146,6 +146,9 @@ class CudaBackend(DeviceMemory):
         wq.qkv(self.launcher, x, wk, wv, (bq, bk, bv) if has_bias else (self._no_bias,) * 3, has_bias, outs)
         return outs
 
+    def gate_up(self, x, w_gate, w_up):
+        return self.linear(x, w_gate), self.linear(x, w_up)
+
     def add_lora(self, y, x, a, bt, ranks, scales, rows, slots):
         return lora.add_lora(self.launcher, y, x, a, bt, ranks, scales, rows, slots)
 
