@@ -4,7 +4,8 @@ one engine, in short runs alternated pair by pair (this VM's rate moves by a fif
 between minutes: a pair's ratio is read, the median of the pairs printed). The
 adapters are random PEFT folders written under weights/derived/lora-bench/.
 
-    python bench/lora.py [--model GGUF] [--rank 16] [--pairs 8] [--tokens 24]
+    python bench/lora.py [--model GGUF] [--rank 16] [--targets all|qv] [--lora-dtype auto]
+                         [--pairs 8] [--tokens 24]
 """
 from __future__ import annotations
 
@@ -26,15 +27,16 @@ from tinypaged.model.lora_adapter import ATTENTION_MODULES, MLP_MODULES, product
 from tinypaged.model.loading import load_model  # noqa: E402
 
 ADAPTERS = 4
+TARGETS = {"all": ATTENTION_MODULES + MLP_MODULES, "qv": ("q_proj", "v_proj")}
 
 
-def write_adapter(folder: str, cfg, rank: int, seed: int) -> None:
-    """A random PEFT adapter on every product of every layer."""
+def write_adapter(folder: str, cfg, rank: int, seed: int, modules: tuple) -> None:
+    """A random PEFT adapter on `modules` of every layer."""
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(seed)
     tensors = {}
     for layer in range(cfg.num_hidden_layers):
-        for module in ATTENTION_MODULES + MLP_MODULES:
+        for module in modules:
             out, inner = product_shape(module, cfg)
             stem = f"base_model.model.model.layers.{layer}.{'mlp' if module in MLP_MODULES else 'self_attn'}.{module}"
             tensors[stem + ".lora_A.weight"] = (rng.standard_normal((rank, inner)) / inner ** 0.5).astype(np.float32)
@@ -42,7 +44,7 @@ def write_adapter(folder: str, cfg, rank: int, seed: int) -> None:
     save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
     with open(os.path.join(folder, "adapter_config.json"), "w") as f:
         json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank,
-                   "target_modules": list(ATTENTION_MODULES + MLP_MODULES)}, f)
+                   "target_modules": list(modules)}, f)
 
 
 def decode_rate(engine, loras: list, params: SamplingParams) -> float:
@@ -68,14 +70,18 @@ def main():
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--targets", choices=TARGETS, default="all",
+                    help="all: the seven products of every layer; qv: PEFT's default for Llama")
+    ap.add_argument("--lora-dtype", default="auto")
     args = ap.parse_args()
     cfg = load_model(args.model)[0]
     folders = {}
     for i in range(ADAPTERS):
-        folders[f"adapter{i}"] = os.path.join(ROOT, "weights", "derived", "lora-bench", f"r{args.rank}-{i}")
-        write_adapter(folders[f"adapter{i}"], cfg, args.rank, i)
+        folders[f"adapter{i}"] = os.path.join(ROOT, "weights", "derived", "lora-bench",
+                                              f"r{args.rank}-{args.targets}-{i}")
+        write_adapter(folders[f"adapter{i}"], cfg, args.rank, i, TARGETS[args.targets])
     llm = LLM(args.model, kv_cache_memory=256 << 20, max_model_len=1024, lora_modules=folders,
-              max_loras=ADAPTERS, max_lora_rank=args.rank)
+              max_loras=ADAPTERS, max_lora_rank=args.rank, lora_dtype=args.lora_dtype)
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     runs = {"base": [None] * args.concurrency,
             "mixed": [f"adapter{i % ADAPTERS}" for i in range(args.concurrency)]}
@@ -86,8 +92,9 @@ def main():
         for name in (("base", "mixed") if pair % 2 == 0 else ("mixed", "base")):
             rates[name].append(on_engine_thread(llm, lambda engine: decode_rate(engine, runs[name], params)))
     ratios = np.array(rates["mixed"]) / np.array(rates["base"])
-    print(f"| {args.concurrency} concurrent, rank {args.rank} | base tokens/s | "
-          f"{ADAPTERS} adapters mixed tokens/s | mixed / base |")
+    print(f"| {os.path.basename(args.model)}, {args.concurrency} concurrent, rank {args.rank} on "
+          f"{args.targets}, {llm.engine.loras.dtype} | base tokens/s | {ADAPTERS} adapters mixed "
+          f"tokens/s | mixed / base |")
     print("|---|---|---|---|")
     print(f"| medians of {args.pairs} pairs | {np.median(rates['base']):.0f} | "
           f"{np.median(rates['mixed']):.0f} | **{np.median(ratios):.3f}** "

@@ -84,7 +84,8 @@ def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
                                                           "silu_mul", "scale", "add", "gelu_tanh_mul", "softcap",
                                                           "gather_rows",
                                                           "round_activations", "top_candidates",
-                                                          "lora_shrink", "lora_expand"}
+                                                          "lora_shrink[f16]", "lora_expand[f16]",
+                                                          "lora_shrink[f32]", "lora_expand[f32]"}
     assert all(r["ptx_bytes"] > 0 for r in audit.values())
     tiled = audit["matmul_tiled[f16]"]
     assert (tiled["threads"], tiled["stack"], tiled["shared"]) == (256, 0, 2 * 16 * 16 * 4)

@@ -34,8 +34,10 @@ def base_of(case: str) -> str:
 
 
 def engine(model: str, **options) -> LLM:
+    """Adapters held as PEFT saves them (float32; a float16 model's default would
+    round them to float16: test_float16_adapters_...)."""
     options = {"backend": "cpu", "block_size": 4, "kv_cache_dtype": "float32",
-               "max_num_batched_tokens": 16, **options}
+               "max_num_batched_tokens": 16, "lora_dtype": "float32", **options}
     return LLM(model, **options)
 
 
@@ -66,6 +68,21 @@ def test_an_adapter_gives_pefts_merged_logits_at_every_position(case, tmp_path):
         tuned, plain = llm.generate([ids.tolist()] * 2, PROMPT_LOGPROBS, lora=["tuned", None])
         assert_prompt_logits(tuned, ids, merged, f"{case} with the adapter")
         assert_prompt_logits(plain, ids, base, f"{case} without it")  # (the same batch)
+    llm.close()
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_float16_adapters_stay_within_their_rounding_of_pefts_logits(backend, tmp_path):
+    """A float16 model holds its adapters in float16 by default (half the bytes each
+    step streams): A and B rounded to float16 move these strong adapters' logits by up
+    to 2e-4 of their spread; the bound is 5e-4, and a dropped term moves them 0.2."""
+    case = "llama-r16-rslora"
+    llm = engine(model_folder(base_of(case), "config.json", tmp_path), backend=backend,
+                 lora_dtype="auto", lora_modules={"tuned": os.path.join(FIXTURES, case)})
+    assert llm.engine.loras.slots.dtype == np.float16
+    for ids, merged, _ in fixture(case)[:1 if backend == "cuda" else 2]:
+        out = llm.generate([ids.tolist()], PROMPT_LOGPROBS, lora="tuned")[0]
+        assert prompt_error(out, ids, merged) <= 5e-4 * np.ptp(log_softmax(merged))
     llm.close()
 
 
@@ -106,7 +123,8 @@ def test_the_cuda_backend_runs_adapters_as_peft_does(tmp_path):
     llm.close()
 
 
-def test_the_cpu_kernel_matches_the_reference_on_random_terms():
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_the_cpu_kernel_matches_the_reference_on_random_terms(dtype):
     rng = np.random.default_rng()
     slots, max_rank, n_in, n_out, rows = 3, 8, 40, 24, 9
     a = rng.standard_normal((slots, max_rank, n_in)).astype(np.float32)
@@ -115,6 +133,7 @@ def test_the_cpu_kernel_matches_the_reference_on_random_terms():
     scales = rng.uniform(0.5, 4, slots).astype(np.float32)
     for r, s in enumerate(ranks):  # (zero past each rank, as LoRASlots keeps them)
         a[r, s:], bt[r, s:] = 0, 0
+    a, bt = a.astype(dtype), bt.astype(dtype)  # (the float16 values, widened, are the spec's)
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
     y = rng.standard_normal((rows, n_out)).astype(np.float32)
     adapted = np.array([5, 0, 7, 2, 8, 3], np.int32)

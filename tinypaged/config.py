@@ -13,6 +13,7 @@ KV_CACHE_DTYPES = ("auto", "float32", "float16", "int8")
 DEFAULT_KV_MEMORY_FRACTION = 0.2  # of available RAM at most, when no pool size is given
 QUANTIZATIONS = ("q8_0", "q4_0", "q4_1")  # what quantization= may ask for
 MAX_BLOCK_SIZE = 1024  # tokens per block; larger blocks waste up to a block per sequence
+LORA_DTYPES = ("auto", "float16", "float32")
 MAX_LORA_RANK = 256  # the largest max_lora_rank (the CPU kernel's scratch row: cpu/lora.py)
 
 
@@ -81,6 +82,9 @@ class EngineConfig:
     lora_modules: dict | None = None  # adapter name -> PEFT adapter folder, loaded at start
     max_loras: int = 4  # adapters loaded at once; each one's rows run in any batch
     max_lora_rank: int = 16  # the largest rank an adapter may have (vLLM's default)
+    lora_dtype: str = "auto"  # how adapters' A and B are held: "float16" (half the bytes each
+    #   step streams), "float32" (as PEFT saves them); "auto": float32 for a float32 model,
+    #   else float16 (vLLM's auto: the model's dtype)
 
     def __post_init__(self):
         """Check every field (TypeError: wrong type, ValueError: out of range)."""
@@ -127,6 +131,7 @@ class EngineConfig:
             self.enable_lora = self.enable_lora or bool(self.lora_modules)
         self.max_loras = checks.integer("max_loras", self.max_loras, 1)
         self.max_lora_rank = checks.integer("max_lora_rank", self.max_lora_rank, 1, MAX_LORA_RANK)
+        self.lora_dtype = checks.one_of("lora_dtype", self.lora_dtype, LORA_DTYPES)
         if self.lora_modules and len(self.lora_modules) > self.max_loras:
             raise ValueError(f"lora_modules names {len(self.lora_modules)} adapters; max_loras "
                              f"is {self.max_loras}")

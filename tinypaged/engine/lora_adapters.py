@@ -31,11 +31,20 @@ class LoadedAdapter:
     load_id: int  # unique per load: its sequences' hash seed
 
 
+def lora_dtype(asked: str, model_dtype: str) -> str:
+    """EngineConfig.lora_dtype resolved: "auto" is float32 for a float32 model, else
+    float16."""
+    if asked != "auto":
+        return asked
+    return "float32" if model_dtype == "float32" else "float16"
+
+
 class LoRAAdapters:
     def __init__(self, cfg: ModelConfig, ops, config: EngineConfig, requests: dict):
         """requests: the engine's live requests (a slot is in use while one holds it)."""
         self.cfg, self.ops, self.enabled = cfg, ops, config.enable_lora
         self.max_loras, self.max_rank = config.max_loras, config.max_lora_rank
+        self.dtype = lora_dtype(config.lora_dtype, cfg.dtype)
         self.requests = requests
         self.loaded: dict[str, LoadedAdapter] = {}
         self.slots: LoRASlots | None = None  # allocated with the first adapter
@@ -63,7 +72,7 @@ class LoRAAdapters:
             raise ValueError(f"max_loras={self.max_loras} adapters are loaded (or still "
                              f"finishing requests); unload one first")
         if self.slots is None:
-            self.slots = LoRASlots(self.cfg, self.ops, self.max_loras, self.max_rank)
+            self.slots = LoRASlots(self.cfg, self.ops, self.max_loras, self.max_rank, self.dtype)
         self.slots.install(free[0], adapter)
         loaded = LoadedAdapter(name, adapter.path, adapter.rank, free[0], next(self._load_ids))
         self.loaded[name] = loaded

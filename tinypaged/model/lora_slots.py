@@ -3,8 +3,9 @@ rows of one step run which adapter.
 
 A slot holds one loaded adapter. For each product any loaded adapter targets, the
 slots' terms are stacked, zero past each one's rank: A as (max_loras, max_rank, in),
-B^T as (max_loras, max_rank, out), with each slot's rank (0: it leaves this product
-alone) and scale. A step's rows name their slots, so requests for different adapters
+B^T as (max_loras, max_rank, out), in float32 or float16 (half the bytes a step
+streams; the kernels widen each value as they read it), with each slot's rank (0: it
+leaves this product alone) and scale. A step's rows name their slots, so requests for different adapters
 and the base run in one batch and each product adds its adapted rows' terms in one
 call (reference.add_lora). The host arrays are the masters; the backend holds copies
 (ops.upload), made again when a slot changes.
@@ -23,11 +24,11 @@ RANK_PADDING = 4  # the stacks' rank dimension is a multiple of this (the CPU ke
 class _Stack:
     """One product's terms across the slots."""
 
-    def __init__(self, slots: int, rank: int, shape: tuple[int, int]):
+    def __init__(self, slots: int, rank: int, shape: tuple[int, int], dtype):
         out, inner = shape
         rank = -(-rank // RANK_PADDING) * RANK_PADDING  # (zero terms past any rank)
-        self.a = np.zeros((slots, rank, inner), np.float32)
-        self.bt = np.zeros((slots, rank, out), np.float32)
+        self.a = np.zeros((slots, rank, inner), dtype)
+        self.bt = np.zeros((slots, rank, out), dtype)
         self.ranks = np.zeros(slots, np.int32)
         self.scales = np.zeros(slots, np.float32)
         self.held = None  # (a, bt, ranks, scales) as the backend holds them
@@ -44,8 +45,9 @@ class _Stack:
 
 
 class LoRASlots:
-    def __init__(self, cfg: ModelConfig, ops, max_loras: int, max_rank: int):
+    def __init__(self, cfg: ModelConfig, ops, max_loras: int, max_rank: int, dtype=np.float32):
         self.cfg, self.ops, self.max_loras, self.max_rank = cfg, ops, max_loras, max_rank
+        self.dtype = np.dtype(dtype)  # float32 or float16
         self.stacks: dict[tuple[int, str], _Stack] = {}  # (layer, module) -> its stack
 
     def install(self, slot: int, adapter: LoRAAdapter) -> None:
@@ -53,7 +55,8 @@ class LoRASlots:
         assert 0 <= slot < self.max_loras and adapter.rank <= self.max_rank
         for key, weights in adapter.modules.items():
             if key not in self.stacks:
-                self.stacks[key] = _Stack(self.max_loras, self.max_rank, product_shape(key[1], self.cfg))
+                self.stacks[key] = _Stack(self.max_loras, self.max_rank, product_shape(key[1], self.cfg),
+                                         self.dtype)
             self.stacks[key].put(slot, weights)
         self._upload()
 

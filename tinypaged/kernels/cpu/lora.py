@@ -1,21 +1,37 @@
 """LoRA's low-rank terms on the CPU (reference.add_lora is the spec): per batch row,
-t = x A^T * scale (r values), then y += t B^T, reading the row's slot's A and B^T.
+t = x A^T * scale (r values), then y += t B^T, reading the row's slot's A and B^T
+(float32, or float16 widened as read).
 
 Rows of one slot go four at a time (a slot's last four padded with stand-ins that
 read its first row and write a spare one), the fours spread over the threads: each
 value of A and B^T read serves four rows, and the expand adds four of B^T's rows in
 one pass over y (ranks padded to a multiple of four, zero terms past the rank). The
-terms stream each adapter's A and B once a step, which bounds them: 78 MB a step for
-four rank-16 adapters on SmolLM2, ~6.6 ms at this machine's ~12 GB/s (bench/lora.py).
+terms stream each adapter's A and B once a step, which bounds them: for four rank-16
+adapters on SmolLM2, 78 MB a step in float32 (~6.6 ms at this machine's ~12 GB/s),
+39 MB in float16 (bench/lora.py).
 Every row, stand-in or not, runs the same instructions in the same order whatever
 its neighbours: a batch mixing adapters equals each alone, bit for bit.
 """
 import numpy as np
-from numba import float32, njit, prange
+from numba import float32, njit, prange, types
+from numba.extending import overload
 
 from ...jit_cache import cached_njit
+from .common import f16_bits_to_f32
 
 ROWS = 4  # rows of one slot taken together (and model.lora_slots.RANK_PADDING)
+
+
+def widened(value):
+    """A stack's value as float32: float32 as it is, float16 bits (uint16) widened."""
+    raise NotImplementedError("numba-only: see the overload below")
+
+
+@overload(widened, inline="always")
+def _widened_by_type(value):
+    if value == types.uint16:
+        return lambda value: f16_bits_to_f32(value)  # (vcvtph2ps, vectorized)
+    return lambda value: value
 
 
 @njit(fastmath=True, inline="always")
@@ -25,7 +41,7 @@ def _shrink4(x0, x1, x2, x3, a, r, scale, t):
         aj = a[j]
         acc0 = acc1 = acc2 = acc3 = float32(0.0)
         for i in range(aj.shape[0]):
-            w = aj[i]
+            w = widened(aj[i])
             acc0 += x0[i] * w
             acc1 += x1[i] * w
             acc2 += x2[i] * w
@@ -43,7 +59,7 @@ def _expand4(t, bt, r4, y0, y1, y2, y3):
         c20, c21, c22, c23 = t[2, j], t[2, j + 1], t[2, j + 2], t[2, j + 3]
         c30, c31, c32, c33 = t[3, j], t[3, j + 1], t[3, j + 2], t[3, j + 3]
         for o in range(b0.shape[0]):
-            w0, w1, w2, w3 = b0[o], b1[o], b2[o], b3[o]
+            w0, w1, w2, w3 = widened(b0[o]), widened(b1[o]), widened(b2[o]), widened(b3[o])
             y0[o] += c00 * w0 + c01 * w1 + c02 * w2 + c03 * w3
             y1[o] += c10 * w0 + c11 * w1 + c12 * w2 + c13 * w3
             y2[o] += c20 * w0 + c21 * w1 + c22 * w2 + c23 * w3
@@ -76,7 +92,9 @@ def _fours(rows, slots):
 
 
 @cached_njit(fastmath=True, parallel=True)
-def _add_lora(y, x, a, bt, ranks, scales, fours, four_slots):
+def _add_lora(y, column, x, a, bt, ranks, scales, fours, four_slots):
+    """y[:, column:column + out] gains the terms (y: the whole C-contiguous array)."""
+    end = column + bt.shape[2]
     for f in prange(fours.shape[0]):
         s = four_slots[f]
         r = ranks[s]
@@ -90,13 +108,25 @@ def _add_lora(y, x, a, bt, ranks, scales, fours, four_slots):
                  x[rr[3] if rr[3] >= 0 else first], a[s], r, scales[s], t)
         for j in range(r, -(-r // ROWS) * ROWS):  # (the padding's terms: zero)
             t[0, j] = t[1, j] = t[2, j] = t[3, j] = float32(0.0)
-        _expand4(t, bt[s], -(-r // ROWS) * ROWS, y[first], y[rr[1]] if rr[1] >= 0 else spare,
-                 y[rr[2]] if rr[2] >= 0 else spare, y[rr[3]] if rr[3] >= 0 else spare)
+        _expand4(t, bt[s], -(-r // ROWS) * ROWS, y[first, column:end],
+                 y[rr[1], column:end] if rr[1] >= 0 else spare,
+                 y[rr[2], column:end] if rr[2] >= 0 else spare,
+                 y[rr[3], column:end] if rr[3] >= 0 else spare)
 
 
 def add_lora(y, x, a, bt, ranks, scales, rows, slots):
     """reference.add_lora: y (T, out) += each adapted row's low-rank term, in place
-    (a and bt: a rank dimension that is a multiple of ROWS)."""
+    (a and bt: a rank dimension that is a multiple of ROWS). y: C-contiguous, or columns
+    of a C-contiguous array (the kernel reads contiguous rows: strided ones compile
+    to a loop several times slower)."""
     assert a.shape[1] % ROWS == 0, a.shape
-    _add_lora(y, x, a, bt, ranks, scales, *_fours(rows, slots))
+    if a.dtype == np.float16:  # (read as their bits: widened())
+        a, bt = a.view(np.uint16), bt.view(np.uint16)
+    whole, column = y, 0
+    if not y.flags.c_contiguous:  # a column range of a C-contiguous whole (ops.gate_up's halves)
+        whole = y.base
+        assert whole is not None and whole.flags.c_contiguous and whole.strides == y.strides, "y's rows must be contiguous"
+        column = (y.ctypes.data - whole.ctypes.data) // y.itemsize
+        assert 0 <= column < whole.shape[1] and y.shape[0] == whole.shape[0]
+    _add_lora(whole, column, x, a, bt, ranks, scales, *_fours(rows, slots))
     return y

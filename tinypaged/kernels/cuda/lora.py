@@ -46,12 +46,13 @@ def lora_expand(t, bt, ranks, rows, slots, y):
         s = slots[k]
         acc = float32(0.0)
         for j in range(ranks[s]):
-            acc += t[k, j] * bt[s, j, o]
+            acc += t[k, j] * float32(bt[s, j, o])
         y[rows[k], o] += acc
 
 
 def add_lora(launcher, y, x, a, bt, ranks, scales, rows, slots):
-    """reference.add_lora on device arrays (rows, slots: int32 device arrays)."""
+    """reference.add_lora on device arrays (rows, slots: int32 device arrays; a and bt
+    float32 or float16, widened as read)."""
     n, rank = len(rows), a.shape[1]
     t = launcher.empty(n, rank)
     launcher(lora_shrink, (n, rank), SHRINK_THREADS, x, a, ranks, scales, rows, slots, t)

@@ -104,11 +104,13 @@ def signatures() -> list[tuple[str, object, tuple]]:
         ("gather_rows", elementwise.gather_rows, (arr(f32, 2), arr(i32, 1), arr(f32, 2))),
         ("round_activations", elementwise.round_activations, (arr(f32, 2), arr(f32, 2))),
         ("top_candidates", logits.top_candidates, (arr(f32, 2), arr(i32, 1), i64, arr(f32, 3))),
-        ("lora_shrink", lora.lora_shrink, (arr(f32, 2), arr(f32, 3), arr(i32, 1), arr(f32, 1),
-                                           arr(i32, 1), arr(i32, 1), arr(f32, 2))),
-        ("lora_expand", lora.lora_expand, (arr(f32, 2), arr(f32, 3), arr(i32, 1), arr(i32, 1),
-                                           arr(i32, 1), arr(f32, 2))),
     ]
+    for wname, wtype in (("f16", f16), ("f32", f32)):  # (LoRASlots' dtypes)
+        sigs += [(f"lora_shrink[{wname}]", lora.lora_shrink,
+                  (arr(f32, 2), arr(wtype, 3), arr(i32, 1), arr(f32, 1), arr(i32, 1), arr(i32, 1),
+                   arr(f32, 2))),
+                 (f"lora_expand[{wname}]", lora.lora_expand,
+                  (arr(f32, 2), arr(wtype, 3), arr(i32, 1), arr(i32, 1), arr(i32, 1), arr(f32, 2)))]
     return sigs
 
 
