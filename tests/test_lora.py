@@ -15,7 +15,7 @@ import pytest
 from test_hf_parity import RTOL, log_softmax, model_folder, write_gguf
 from tinypaged import LLM, LoRARequest, SamplingParams
 from tinypaged.kernels import reference
-from tinypaged.kernels.cpu.lora import add_lora
+from tinypaged.kernels.cpu.lora import add_lora, lora_groups, upload
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "lora")
 CASES = sorted(os.listdir(FIXTURES))
@@ -125,25 +125,35 @@ def test_the_cuda_backend_runs_adapters_as_peft_does(tmp_path):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_the_cpu_kernel_matches_the_reference_on_random_terms(dtype):
+    """Two products sharing their input, one of them the right columns of a wider
+    array (the MLP's up half), three slots of which one leaves a product alone."""
     rng = np.random.default_rng()
-    slots, max_rank, n_in, n_out, rows = 3, 8, 40, 24, 9
-    a = rng.standard_normal((slots, max_rank, n_in)).astype(np.float32)
-    bt = rng.standard_normal((slots, max_rank, n_out)).astype(np.float32)
-    ranks = np.array([8, 0, 3], np.int32)
-    scales = rng.uniform(0.5, 4, slots).astype(np.float32)
-    for r, s in enumerate(ranks):  # (zero past each rank, as LoRASlots keeps them)
-        a[r, s:], bt[r, s:] = 0, 0
-    a, bt = a.astype(dtype), bt.astype(dtype)  # (the float16 values, widened, are the spec's)
+    slots, max_rank, n_in, rows = 3, 8, 40, 9
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
-    y = rng.standard_normal((rows, n_out)).astype(np.float32)
+    wide = rng.standard_normal((rows, 2 * 24)).astype(np.float32)
+    ys = [rng.standard_normal((rows, 20)).astype(np.float32), wide[:, 24:]]
+    terms = []
+    for y, ranks in zip(ys, (np.array([8, 0, 3], np.int32), np.array([5, 2, 0], np.int32))):
+        a = rng.standard_normal((slots, max_rank, n_in)).astype(np.float32)
+        bt = rng.standard_normal((slots, max_rank, y.shape[1])).astype(np.float32)
+        for s, r in enumerate(ranks):  # (zero past each rank, as LoRASlots keeps them)
+            a[s, r:], bt[s, r:] = 0, 0
+        scales = rng.uniform(0.5, 4, slots).astype(np.float32)
+        terms.append((y, a.astype(dtype), bt.astype(dtype), ranks, scales))  # (float16 widened: the spec's)
     adapted = np.array([5, 0, 7, 2, 8, 3], np.int32)
     slot_of = np.array([0, 0, 1, 2, 2, 2], np.int32)
-    want = reference.add_lora(y.astype(np.float64), x.astype(np.float64), a.astype(np.float64),
-                              bt.astype(np.float64), ranks, scales.astype(np.float64), adapted, slot_of)
-    got = add_lora(y.copy(), x, a, bt, ranks, scales, adapted, slot_of)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
-    untouched = [r for r in range(rows) if r not in adapted[slot_of != 1]]
-    np.testing.assert_array_equal(got[untouched], y[untouched])  # (the base's rows, and slot 1's rank 0)
+    wants = [y.astype(np.float64) for y in ys]
+    reference.add_lora(x.astype(np.float64), [(w, a.astype(np.float64), bt.astype(np.float64), r, sc.astype(np.float64))
+                                              for w, (_, a, bt, r, sc) in zip(wants, terms)], adapted, slot_of)
+    before = [y.copy() for y in ys]
+    left_half = wide[:, :24].copy()
+    add_lora(x, [(y, upload(a), upload(bt), r, sc) for y, a, bt, r, sc in terms],
+             *lora_groups(adapted, slot_of))
+    for got, want, old in zip(ys, wants, before):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(wide[:, :24], left_half)  # (the other half untouched)
+    base_rows = [r for r in range(rows) if r not in adapted]
+    np.testing.assert_array_equal(ys[0][base_rows], before[0][base_rows])
 
 
 @pytest.fixture(scope="module")

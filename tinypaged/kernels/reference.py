@@ -428,16 +428,21 @@ def upload(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def add_lora(y: np.ndarray, x: np.ndarray, a: np.ndarray, bt: np.ndarray, ranks: np.ndarray,
-             scales: np.ndarray, rows: np.ndarray, slots: np.ndarray) -> np.ndarray:
-    """LoRA's low-rank terms, added in place to y (T, out), the product of x (T, in):
-    y[row] += scales[s] * (x[row] @ a[s, :r].T) @ bt[s, :r], r = ranks[s], for each
-    rows[k] with slot s = slots[k] (rows: the batch rows that run an adapter, grouped
-    by slot). a (S, R, in), bt (S, R, out): each slot's A and B^T, zero past its rank;
-    ranks[s] 0: slot s does not adapt this product. Returns y."""
-    for row, s in zip(rows, slots):
-        r = ranks[s]
-        if r:
-            t = (x[row] @ a[s, :r].T) * scales[s]  # (r,)
-            y[row] += t @ bt[s, :r]
-    return y
+def lora_groups(rows: np.ndarray, slots: np.ndarray):
+    """A step's adapted rows (grouped by slot) and their slots, as add_lora takes them."""
+    return rows, slots
+
+
+def add_lora(x: np.ndarray, terms, rows: np.ndarray, slots: np.ndarray) -> None:
+    """LoRA's low-rank terms of products that share their input x (T, in), each added
+    in place to its product y (T, out): y[row] += scales[s] * (x[row] @ a[s, :r].T) @
+    bt[s, :r], r = ranks[s], for each rows[k] with slot s = slots[k] (rows: the batch
+    rows that run an adapter, grouped by slot; lora_groups' form). terms: (y, a, bt,
+    ranks, scales) each; a (S, R, in), bt (S, R, out): each slot's A and B^T, zero
+    past its rank; ranks[s] 0: slot s does not adapt this product."""
+    for y, a, bt, ranks, scales in terms:
+        for row, s in zip(rows, slots):
+            r = ranks[s]
+            if r:
+                t = (x[row] @ a[s, :r].T) * scales[s]  # (r,)
+                y[row] += t @ bt[s, :r]

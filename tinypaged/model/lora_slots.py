@@ -6,8 +6,8 @@ slots' terms are stacked, zero past each one's rank: A as (max_loras, max_rank, 
 B^T as (max_loras, max_rank, out), in float32 or float16 (half the bytes a step
 streams; the kernels widen each value as they read it), with each slot's rank (0: it
 leaves this product alone) and scale. A step's rows name their slots, so requests for different adapters
-and the base run in one batch and each product adds its adapted rows' terms in one
-call (reference.add_lora). The host arrays are the masters; the backend holds copies
+and the base run in one batch and the products that share an input add their adapted
+rows' terms in one call (reference.add_lora). The host arrays are the masters; the backend holds copies
 (ops.upload), made again when a slot changes.
 """
 from __future__ import annotations
@@ -77,23 +77,24 @@ class LoRASlots:
             return None
         rows = adapted[np.argsort(row_slots[adapted], kind="stable")].astype(np.int32)
         slots = row_slots[rows].astype(np.int32)
-        return LoRABatch(self, self.ops.upload(rows), self.ops.upload(slots))
+        return LoRABatch(self, self.ops.lora_groups(rows, slots))
 
 
 class LoRABatch:
-    """One step's adapted rows (grouped by slot) and their slots, where the kernels
-    read them."""
+    """One step's adapted rows (grouped by slot) and their slots, in the form the
+    backend's add_lora takes them (ops.lora_groups)."""
 
-    def __init__(self, slots: LoRASlots, rows, row_slots):
-        self.slots, self.rows, self.row_slots = slots, rows, row_slots
+    def __init__(self, slots: LoRASlots, groups: tuple):
+        self.slots, self.groups = slots, groups
 
     def adapts(self, layer: int, module: str) -> bool:
         return (layer, module) in self.slots.stacks
 
-    def add(self, y, x, layer: int, module: str):
-        """y (T, out), the product of x (T, in), with the adapted rows' terms added (in
-        place); y itself where no loaded adapter targets this product."""
-        stack = self.slots.stacks.get((layer, module))
-        if stack is None:
-            return y
-        return self.slots.ops.add_lora(y, x, *stack.held, self.rows, self.row_slots)
+    def add(self, x, layer: int, *products) -> None:
+        """products: (y, module) pairs, each y (T, out) the product of x (T, in): the
+        adapted rows' terms added to them in place (one call for all: they share x)."""
+        stacks = self.slots.stacks
+        terms = [(y, *stacks[(layer, module)].held) for y, module in products
+                 if (layer, module) in stacks]
+        if terms:
+            self.slots.ops.add_lora(x, terms, *self.groups)

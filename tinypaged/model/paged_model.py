@@ -122,7 +122,7 @@ class PagedModel:
         q, k, v = ops.qkv_proj(h, w[a + "q_proj.weight"], w[a + "k_proj.weight"],
                                w[a + "v_proj.weight"], *biases)  # (T, n_heads * D), (T, n_kv * D) x 2
         if lora is not None:
-            q, k, v = (lora.add(y, h, layer, name) for y, name in zip((q, k, v), ("q_proj", "k_proj", "v_proj")))
+            lora.add(h, layer, (q, "q_proj"), (k, "k_proj"), (v, "v_proj"))  # (in place)
         q, k = qk_norms(ops, cfg, w, a, qk_norm, q, k)
         cos, sin = self.rope_tables[layer]
         slot = self.kv_groups.slot_of[layer]
@@ -134,7 +134,9 @@ class PagedModel:
                                    cfg.attention_scale, cfg.attn_softcap)  # (T, n_heads, D)
         attn = attn.reshape(n_tokens, n_heads * head_dim)
         out = ops.linear(attn, w[a + "o_proj.weight"], w[a + "o_proj.bias"] if cfg.o_proj_bias else None)
-        return out if lora is None else lora.add(out, attn, layer, "o_proj")
+        if lora is not None:
+            lora.add(attn, layer, (out, "o_proj"))
+        return out
 
     def _mlp(self, p: str, h, activation: str, lora=None):
         """h (T, H) -> down(act(gate(h)) * up(h)) (T, H); act SiLU or GELU (tanh)."""
@@ -145,9 +147,12 @@ class PagedModel:
             # the adapters' terms go in before the activation
             mul = ops.gelu_tanh_mul if activation == "gelu_tanh" else ops.silu_mul
             g, u = ops.gate_up(h, gate, up)  # (T, I) x 2
-            act = mul(lora.add(g, h, layer, "gate_proj"), lora.add(u, h, layer, "up_proj"))
+            lora.add(h, layer, (g, "gate_proj"), (u, "up_proj"))
+            act = mul(g, u)
         else:
             gate_up = ops.gate_up_gelu if activation == "gelu_tanh" else ops.gate_up_silu
             act = gate_up(h, gate, up)
         out = ops.linear(act, w[p + "mlp.down_proj.weight"])  # act: (T, I)
-        return out if lora is None else lora.add(out, act, layer, "down_proj")
+        if lora is not None:
+            lora.add(act, layer, (out, "down_proj"))
+        return out

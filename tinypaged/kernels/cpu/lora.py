@@ -1,6 +1,7 @@
 """LoRA's low-rank terms on the CPU (reference.add_lora is the spec): per batch row,
 t = x A^T * scale (r values), then y += t B^T, reading the row's slot's A and B^T
-(float32, or float16 widened as read).
+(float32, or float16 widened as read). The products that share an input (q, k, v;
+gate, up) go in one call: a call's fixed cost was a third of the terms' (bench/lora.py).
 
 Rows of one slot go four at a time (a slot's last four padded with stand-ins that
 read its first row and write a spare one), the fours spread over the threads: each
@@ -92,41 +93,57 @@ def _fours(rows, slots):
 
 
 @cached_njit(fastmath=True, parallel=True)
-def _add_lora(y, column, x, a, bt, ranks, scales, fours, four_slots):
-    """y[:, column:column + out] gains the terms (y: the whole C-contiguous array)."""
-    end = column + bt.shape[2]
+def _add_lora(x, ys, columns, a_s, bts, ranks_s, scales_s, widest, fours, four_slots):
+    """Each term m: ys[m][:, columns[m]:columns[m] + out] gains its terms (ys[m]: the
+    whole C-contiguous array its product is columns of)."""
     for f in prange(fours.shape[0]):
         s = four_slots[f]
-        r = ranks[s]
-        if r == 0:
-            continue
-        t = np.empty((ROWS, a.shape[1]), np.float32)
-        spare = np.empty(y.shape[1], np.float32)
         rr = fours[f]
         first = rr[0]
-        _shrink4(x[first], x[rr[1] if rr[1] >= 0 else first], x[rr[2] if rr[2] >= 0 else first],
-                 x[rr[3] if rr[3] >= 0 else first], a[s], r, scales[s], t)
-        for j in range(r, -(-r // ROWS) * ROWS):  # (the padding's terms: zero)
-            t[0, j] = t[1, j] = t[2, j] = t[3, j] = float32(0.0)
-        _expand4(t, bt[s], -(-r // ROWS) * ROWS, y[first, column:end],
-                 y[rr[1], column:end] if rr[1] >= 0 else spare,
-                 y[rr[2], column:end] if rr[2] >= 0 else spare,
-                 y[rr[3], column:end] if rr[3] >= 0 else spare)
+        x0, x1 = x[first], x[rr[1] if rr[1] >= 0 else first]
+        x2, x3 = x[rr[2] if rr[2] >= 0 else first], x[rr[3] if rr[3] >= 0 else first]
+        t = np.empty((ROWS, a_s[0].shape[1]), np.float32)
+        spare = np.empty(widest, np.float32)
+        for m in range(len(ys)):
+            r = ranks_s[m][s]
+            if r == 0:
+                continue
+            _shrink4(x0, x1, x2, x3, a_s[m][s], r, scales_s[m][s], t)
+            r4 = -(-r // ROWS) * ROWS
+            for j in range(r, r4):  # (the padding's terms: zero)
+                t[0, j] = t[1, j] = t[2, j] = t[3, j] = float32(0.0)
+            y, column = ys[m], columns[m]
+            end = column + bts[m].shape[2]
+            _expand4(t, bts[m][s], r4, y[first, column:end],
+                     y[rr[1], column:end] if rr[1] >= 0 else spare[:end - column],
+                     y[rr[2], column:end] if rr[2] >= 0 else spare[:end - column],
+                     y[rr[3], column:end] if rr[3] >= 0 else spare[:end - column])
 
 
-def add_lora(y, x, a, bt, ranks, scales, rows, slots):
-    """reference.add_lora: y (T, out) += each adapted row's low-rank term, in place
-    (a and bt: a rank dimension that is a multiple of ROWS). y: C-contiguous, or columns
-    of a C-contiguous array (the kernel reads contiguous rows: strided ones compile
-    to a loop several times slower)."""
-    assert a.shape[1] % ROWS == 0, a.shape
-    if a.dtype == np.float16:  # (read as their bits: widened())
-        a, bt = a.view(np.uint16), bt.view(np.uint16)
-    whole, column = y, 0
-    if not y.flags.c_contiguous:  # a column range of a C-contiguous whole (ops.gate_up's halves)
-        whole = y.base
-        assert whole is not None and whole.flags.c_contiguous and whole.strides == y.strides, "y's rows must be contiguous"
-        column = (y.ctypes.data - whole.ctypes.data) // y.itemsize
-        assert 0 <= column < whole.shape[1] and y.shape[0] == whole.shape[0]
-    _add_lora(whole, column, x, a, bt, ranks, scales, *_fours(rows, slots))
-    return y
+def lora_groups(rows, slots):
+    """The step's adapted rows as add_lora takes them: fours of one slot (_fours)."""
+    return _fours(rows, slots)
+
+
+def upload(x: np.ndarray) -> np.ndarray:
+    """A LoRA stack as the kernel reads it: float16 as its bits (widened())."""
+    return x.view(np.uint16) if x.dtype == np.float16 else x
+
+
+def add_lora(x, terms, fours, four_slots):
+    """reference.add_lora, the rows as lora_groups gives them and each term's a and bt
+    as upload() holds them, with a rank dimension that is a multiple of ROWS. Each y:
+    C-contiguous, or columns of a C-contiguous array (the kernel reads contiguous
+    rows: strided ones compile to a loop several times slower)."""
+    ys, columns = [], []
+    for y, *_ in terms:
+        whole, column = y, 0
+        if not y.flags.c_contiguous:  # columns of a C-contiguous whole (ops.gate_up's halves)
+            whole = y.base
+            assert whole is not None and whole.flags.c_contiguous and whole.strides == y.strides
+            column = (y.__array_interface__["data"][0] - whole.__array_interface__["data"][0]) // y.itemsize
+        ys.append(whole)
+        columns.append(column)
+    _, a_s, bts, ranks, scales = zip(*terms)
+    _add_lora(x, tuple(ys), tuple(columns), a_s, bts, ranks, scales,
+              max(bt.shape[2] for bt in bts), fours, four_slots)

@@ -149,8 +149,11 @@ class CudaBackend(DeviceMemory):
     def gate_up(self, x, w_gate, w_up):
         return self.linear(x, w_gate), self.linear(x, w_up)
 
-    def add_lora(self, y, x, a, bt, ranks, scales, rows, slots):
-        return lora.add_lora(self.launcher, y, x, a, bt, ranks, scales, rows, slots)
+    def lora_groups(self, rows, slots):
+        return self.upload(rows), self.upload(slots)
+
+    def add_lora(self, x, terms, rows, slots):
+        lora.add_lora(self.launcher, x, terms, rows, slots)
 
     def gate_up_silu(self, x, w_gate, w_up):
         if not w_gate.fuses_with(w_up):

@@ -50,12 +50,12 @@ def lora_expand(t, bt, ranks, rows, slots, y):
         y[rows[k], o] += acc
 
 
-def add_lora(launcher, y, x, a, bt, ranks, scales, rows, slots):
-    """reference.add_lora on device arrays (rows, slots: int32 device arrays; a and bt
-    float32 or float16, widened as read)."""
-    n, rank = len(rows), a.shape[1]
-    t = launcher.empty(n, rank)
-    launcher(lora_shrink, (n, rank), SHRINK_THREADS, x, a, ranks, scales, rows, slots, t)
-    launcher(lora_expand, (n, -(-y.shape[1] // EXPAND_THREADS)), EXPAND_THREADS,
-             t, bt, ranks, rows, slots, y)
-    return y
+def add_lora(launcher, x, terms, rows, slots):
+    """reference.add_lora on device arrays (rows, slots: int32 device arrays, as
+    lora_groups uploads them; a and bt float32 or float16, widened as read)."""
+    n = len(rows)
+    for y, a, bt, ranks, scales in terms:
+        t = launcher.empty(n, a.shape[1])
+        launcher(lora_shrink, (n, a.shape[1]), SHRINK_THREADS, x, a, ranks, scales, rows, slots, t)
+        launcher(lora_expand, (n, -(-y.shape[1] // EXPAND_THREADS)), EXPAND_THREADS,
+                 t, bt, ranks, rows, slots, y)
