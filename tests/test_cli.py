@@ -309,3 +309,25 @@ def test_the_installed_command_and_python_m_run_the_same_code(tiny_model_dir):
         bad = subprocess.run(command + ["generate", "--bogus"], capture_output=True, text=True,
                              timeout=300)
         assert_one_line_error(bad, re.escape(f"(see {prog} --help)"))
+
+
+def test_generate_with_a_lora_adapter_and_its_mistakes_in_one_line(tmp_path):
+    from test_hf_parity import model_folder
+    folder = model_folder("qwen3", "config.json", tmp_path)
+    adapter = Path(__file__).parent / "fixtures" / "lora" / "qwen3-r16"
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    llm = LLM(folder, backend="cpu", lora_modules={"a": str(adapter)})
+    want = llm.generate("t5", params, lora="a")[0].outputs[0].text
+    assert want != llm.generate("t5", params)[0].outputs[0].text
+    llm.close()
+    result = run_cli("generate", "t5", "--model", folder, "--lora", adapter, "--max-tokens", 6,
+                     "--temperature", 0, "--ignore-eos")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == want + "\n"
+    assert_one_line_error(run_cli("generate", "t5", "--model", folder, "--lora",
+                                  Path(__file__).parent / "fixtures" / "lora" / "llama-r4"),
+                          r"made for LlamaForCausalLM; this model is a Qwen3ForCausalLM")
+    assert_one_line_error(run_cli("generate", "t5", "--model", folder, "--lora", adapter,
+                                  "--beam-width", 2), r"--beam-width runs the base model")
+    assert_one_line_error(run_cli("serve", "--model", folder, "--lora-modules", "nameonly"),
+                          r"'nameonly' is not name=path")

@@ -72,7 +72,14 @@ def cmd_generate(args) -> None:
     if args.beam_width and params.structured_outputs is not None:
         raise ValueError("beam search takes no constraint: drop --beam-width or the "
                          "--json-schema / --regex / --choice / --grammar option")
-    llm = LLM(args.model, **engine_options(args))
+    options, lora = engine_options(args), None
+    if args.lora:
+        if args.beam_width:
+            raise ValueError("--beam-width runs the base model: drop --lora or --beam-width")
+        lora = "adapter"
+        options["lora_modules"] = {**(options.get("lora_modules") or {}), lora: args.lora}
+        options["max_loras"] = max(options["max_loras"], len(options["lora_modules"]))
+    llm = LLM(args.model, **options)
     if args.verbose:
         _log(f"loaded {llm.model_dir} in {llm.load_seconds:.2f} s; KV pool: "
              f"{llm.stats()['blocks_total']} blocks of {args.block_size} tokens")
@@ -87,7 +94,7 @@ def cmd_generate(args) -> None:
                       f"{beam.finish_reason}) ---\n{beam.text}")
     elif len(prompts) == 1 and params.n == 1:  # stream it
         first = None
-        for delta in llm.stream(prompts[0], params):
+        for delta in llm.stream(prompts[0], params, lora=lora):
             first = first or time.perf_counter()
             sys.stdout.write(delta)
             sys.stdout.flush()
@@ -95,7 +102,7 @@ def cmd_generate(args) -> None:
         if args.verbose and first is not None:
             _log(f"first text after {first - start:.2f} s")
     else:  # a batch: print each completion when all are done
-        for i, out in enumerate(llm.generate(prompts, params)):
+        for i, out in enumerate(llm.generate(prompts, params, lora=lora)):
             for sample in out.outputs:
                 label = f"prompt {i}" + (f", sample {sample.index}" if params.n > 1 else "")
                 print(f"--- {label} ({sample.finish_reason}) ---\n{sample.text}")

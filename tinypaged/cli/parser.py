@@ -53,6 +53,9 @@ def build_parser(prog: str = "tinypaged") -> argparse.ArgumentParser:
     g.add_argument("--grammar", metavar="GRAMMAR",
                    help="the output follows this GBNF (llama.cpp) or Lark grammar (text, or @FILE)")
     g.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    g.add_argument("--lora", metavar="FOLDER",
+                   help="run the prompts with this PEFT LoRA adapter (a folder holding "
+                   "adapter_config.json and adapter_model.safetensors)")
     g.add_argument("--stats", action="store_true", help="print KV pool statistics at the end")
     g.add_argument("--show-blocks", action="store_true",
                    help="print a picture of the KV pool at its peak and at the end")
