@@ -109,3 +109,51 @@ def test_poolings_tinypaged_does_not_compute_are_refused_by_name(tmp_path):
         == Pooling("mean", True, "gguf")
     with pytest.raises(ValueError, match="pooling_type=4 is not a pooling"):
         pooling_of("x.gguf", {"general.architecture": "qwen3", "qwen3.pooling_type": 4})
+
+
+def test_a_gguf_embedding_file_pools_as_its_pooling_type_says(tmp_path):
+    """The Qwen3 fixture as llama.cpp's converter writes an embedding model (no output
+    matrix, qwen3.pooling_type 3: last): the vectors sentence-transformers computes."""
+    import gguf_writer as gw
+    from test_hf_parity import write_gguf
+    case = "qwen3-lasttoken"
+    want = expected(case)
+    folder = LLM(FIXTURES / case, backend="cpu")
+    ids = [folder.engine.prompt_ids(text) for text in want["texts"]]  # (BOS and all)
+    folder.close()
+    path = tmp_path / "qwen3-embedding.gguf"
+    write_gguf(case, path, source=str(FIXTURES / case), extra=(("qwen3.pooling_type", gw.U32, 3),))
+    llm = LLM(path, backend="cpu", kv_cache_dtype="float32")
+    assert llm.pooling == Pooling("last", True, "gguf")
+    for g, w in zip(llm.embed(ids), np.array(want["embeddings"], np.float32), strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-5, rtol=0)
+    llm.close()
+
+
+def test_a_matryoshka_model_gives_shorter_embeddings_and_others_refuse_them(tmp_path):
+    """config.json's is_matryoshka or matryoshka_dimensions (vLLM's keys): the first d
+    values, normalized again; a model that declares neither refuses, by name."""
+    import shutil
+    case = "qwen3-lasttoken"
+    want = np.array(expected(case)["embeddings"], np.float32)
+    texts = expected(case)["texts"]
+    plain = LLM(FIXTURES / case, backend="cpu")
+    with pytest.raises(ValueError, match="dimensions=16: this model's embeddings have 64, and "
+                                         "it declares no shorter ones"):
+        plain.embed(texts, dimensions=16)
+    np.testing.assert_allclose(plain.embed(texts, dimensions=64), want, atol=1e-5)
+    plain.close()
+    for key, value, refused in (("is_matryoshka", True, None), ("matryoshka_dimensions", [16, 32], 24)):
+        folder = tmp_path / key
+        shutil.copytree(FIXTURES / case, folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, key: value}))
+        llm = LLM(folder, backend="cpu")
+        for got, w in zip(llm.embed(texts, dimensions=16), want):
+            np.testing.assert_allclose(got, w[:16] / np.linalg.norm(w[:16]), atol=1e-5)
+        if refused is not None:
+            with pytest.raises(ValueError, match="dimensions=24: this model's embeddings have only 16, 32 or 64"):
+                llm.embed(texts, dimensions=refused)
+        with pytest.raises(ValueError, match=r"dimensions=65 must be an integer in \[1, 64\]"):
+            llm.embed(texts, dimensions=65)
+        llm.close()

@@ -166,15 +166,20 @@ def llama_cpp_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
     return np.array(factors, dtype=np.float32)
 
 
-def write_gguf(case: str, path, matrix_type: int | None = None) -> None:
-    """matrix_type: the ggml type of the fused Phi-3 matrices (default F32)."""
+def write_gguf(case: str, path, matrix_type: int | None = None, source: str | None = None,
+               extra: tuple = ()) -> None:
+    """matrix_type: the ggml type of the fused Phi-3 matrices (default F32). source: the
+    model folder (default the case's fixture; a bare base model's tensors, without
+    "model.", are read as a causal model's). extra: (key, type, value) metadata more."""
     import gguf_writer as gw
     from test_gguf_convert import llama_cpp_permute
     from tinypaged.formats.safetensors_io import read_safetensors
 
-    with open(os.path.join(FIXTURES, case, "config.json")) as f:
+    folder = source or os.path.join(FIXTURES, case)
+    with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
-    weights = read_safetensors(os.path.join(FIXTURES, case, "model.safetensors"))
+    weights = read_safetensors(os.path.join(folder, "model.safetensors"))
+    weights = {k if k.startswith(("model.", "lm_head.")) else "model." + k: v for k, v in weights.items()}
     arch = GGUF_ARCH[config["model_type"]]
     gemma = arch.startswith("gemma")
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
@@ -196,6 +201,8 @@ def write_gguf(case: str, path, matrix_type: int | None = None) -> None:
             ("tokenizer.ggml.tokens", gw.ARRAY, (gw.STRING, [f"t{i}" for i in range(config["vocab_size"])])),
             ("tokenizer.ggml.merges", gw.ARRAY, (gw.STRING, [])),
             ("tokenizer.ggml.bos_token_id", gw.U32, 1), ("tokenizer.ggml.eos_token_id", gw.U32, 2)]:
+        w.add(key, vtype, value)
+    for key, vtype, value in extra:
         w.add(key, vtype, value)
     if gemma:
         w.add(f"{arch}.attention.key_length", gw.U32, head_dim)

@@ -73,3 +73,14 @@ def test_langchain_openai_embeddings_against_the_server(embedder):
     want = np.array(embedder.llm.embed(texts))
     np.testing.assert_allclose(docs, want, atol=1e-6, rtol=0)
     np.testing.assert_allclose(query, want[1], atol=1e-6, rtol=0)
+
+
+def test_dimensions_the_model_does_not_declare_are_a_400(embedder):
+    client = client_for(embedder)
+    import openai
+    with pytest.raises(openai.BadRequestError, match="declares no shorter ones") as caught:
+        client.embeddings.create(model="any", input="hello", dimensions=16)
+    assert caught.value.body["param"] == "dimensions"
+    width = embedder.llm.config.hidden_size
+    out = client.embeddings.create(model="any", input="hello", dimensions=width, encoding_format="float")
+    assert len(out.data[0].embedding) == width

@@ -255,15 +255,19 @@ class LLM:
         return lora.lora_name
 
     # -- embeddings --------------------------------------------------------------
-    def embed(self, prompts: str | list[int] | list[str] | list[list[int]]) -> list[np.ndarray]:
+    def embed(self, prompts: str | list[int] | list[str] | list[list[int]],
+              dimensions: int | None = None) -> list[np.ndarray]:
         """One embedding (H,) float32 per prompt (a text or token ids): its hidden states
         pooled as the model says (`pooling`). The prompts are prefilled together on the
         engine (engine/embedding.py), which they have to themselves meanwhile: running
-        requests finish first, and new ones wait."""
+        requests finish first, and new ones wait. dimensions: the first that many
+        values, for a model trained for shorter embeddings (Pooling.shortened)."""
         prompts = as_prompt_list(prompts)
+        pooling, width = self.pooling, self.config.hidden_size
+        pooling.shortened(np.zeros(width, np.float32), dimensions, width)  # (refused before work)
         ids = [self.engine.prompt_ids(p) for p in prompts]  # (bad input refused here)
-        pooling = self.pooling
-        return self._loop.call(lambda: run_embeddings(self.engine, ids, pooling), exclusive=True)
+        vectors = self._loop.call(lambda: run_embeddings(self.engine, ids, pooling), exclusive=True)
+        return [pooling.shortened(v, dimensions, width) for v in vectors]
 
     def score(self, query: str, documents: list[str], instruction: str | None = None) -> list[float]:
         """Each document's relevance to the query in [0, 1], as a Qwen3-Reranker-style

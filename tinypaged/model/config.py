@@ -46,6 +46,7 @@ IGNORED_KEYS = frozenset({
     "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
     "auto_map", "unsloth_version", "unsloth_fixed", "use_return_dict",
     "transformers.js_config", "is_llama_config",  # (HuggingFaceTB's SmolLM configs)
+    "is_matryoshka", "matryoshka_dimensions",  # (shorter embeddings: model/pooling.py reads them)
 })
 
 

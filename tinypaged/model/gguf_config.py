@@ -38,8 +38,9 @@ READ = {"context_length", "embedding_length", "block_count", "feed_forward_lengt
         "rope.scaling.original_context_length", "rope.scaling.attn_factor",
         "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow", "expert_count",
         "expert_used_count"}
-# <arch>.<key>s that change nothing at inference
-IGNORED = {"rope.scaling.finetuned", "tensor_data_layout"}
+# <arch>.<key>s that change nothing the forward computes (pooling_type: how an embedding
+# pools the hidden states, which model/pooling.py reads)
+IGNORED = {"rope.scaling.finetuned", "tensor_data_layout", "pooling_type"}
 
 
 def check_metadata_keys(gguf: GGUFFile, arch: str) -> None:

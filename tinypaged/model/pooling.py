@@ -6,12 +6,18 @@ normalized (vLLM's default for a decoder's embeddings; Qwen3-Embedding's own).
 Modes: "last" (the last token's, as sentence-transformers' lasttoken), "mean" (every
 token's, the prompt's special tokens included), "cls" (the first token's). A module or
 mode tinypaged does not compute (a Dense layer, max pooling) is refused by name.
+
+Shorter embeddings (Matryoshka): a model whose config.json says `is_matryoshka: true`
+(any size) or lists `matryoshka_dimensions` (vLLM's keys) gives its first d values,
+normalized again where the pooling normalizes (OpenAI's and vLLM's `dimensions`).
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 POOLING_MODES = ("last", "mean", "cls")
 # sentence-transformers' names (its newer "pooling_mode", its older flags) -> ours
@@ -28,15 +34,50 @@ class Pooling:
     mode: str = "last"
     normalize: bool = True
     source: str = "default"  # where it was read: "sentence-transformers", "gguf", "default"
+    matryoshka: bool | tuple = False  # shorter sizes it was trained for: True (any), or these
 
     def __post_init__(self):
         if self.mode not in POOLING_MODES:
             raise ValueError(f"pooling mode {self.mode!r} is not one of {', '.join(POOLING_MODES)}")
 
+    def shortened(self, vector, dimensions: int | None, width: int):
+        """vector (width,) as `dimensions` values (None: all); ValueError where the model
+        declares no such size."""
+        if dimensions is None or dimensions == width:
+            return vector
+        if isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 0 < dimensions < width:
+            raise ValueError(f"dimensions={dimensions!r} must be an integer in [1, {width}]")
+        if self.matryoshka is not True and dimensions not in (self.matryoshka or ()):
+            sizes = f"only {', '.join(map(str, self.matryoshka))} or {width}" if self.matryoshka \
+                else f"{width}, and it declares no shorter ones (is_matryoshka, matryoshka_dimensions)"
+            raise ValueError(f"dimensions={dimensions}: this model's embeddings have {sizes}")
+        short = vector[:dimensions]
+        return short / max(float(np.linalg.norm(short)), 1e-12) if self.normalize else short.copy()
+
 
 def pooling_of(model_path: str | os.PathLike, gguf_metadata: dict | None = None) -> Pooling:
     """The model's pooling (the module's docstring); gguf_metadata: a GGUF file's."""
-    model_path = os.fspath(model_path)
+    pooling = _pooling_mode_of(os.fspath(model_path), gguf_metadata)
+    return replace(pooling, matryoshka=_matryoshka(os.fspath(model_path)))
+
+
+def _matryoshka(model_path: str) -> bool | tuple:
+    """config.json's is_matryoshka / matryoshka_dimensions (False: neither)."""
+    path = os.path.join(model_path, "config.json")
+    if not os.path.isfile(path):
+        return False
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    sizes = config.get("matryoshka_dimensions")
+    if sizes is not None:
+        if not isinstance(sizes, list) or not all(isinstance(d, int) and d > 0 for d in sizes):
+            raise ValueError(f"{path}: matryoshka_dimensions must be a list of positive "
+                             f"integers, got {sizes!r}")
+        return tuple(sizes)
+    return config.get("is_matryoshka") is True
+
+
+def _pooling_mode_of(model_path: str, gguf_metadata: dict | None) -> Pooling:
     if gguf_metadata is not None:
         arch = gguf_metadata.get("general.architecture", "")
         kind = gguf_metadata.get(f"{arch}.pooling_type")

@@ -1,8 +1,8 @@
 """POST /v1/embeddings in OpenAI's shape (as vLLM and llama.cpp serve it): `input` a
 string, a list of strings, a list of token ids or a list of such lists;
 `encoding_format` "float" or "base64" (little-endian float32 bytes, as OpenAI's
-client decodes them); `dimensions` the model's own (no model here declares shorter
-ones); `usage` the prompts' tokens. The vectors come from LLM.embed (the engine's
+client decodes them); `dimensions` the model's own, or a shorter size it declares
+(Pooling.shortened); `usage` the prompts' tokens. The vectors come from LLM.embed (the engine's
 pooling: model/pooling.py)."""
 from __future__ import annotations
 
@@ -43,15 +43,16 @@ async def create_embeddings(req: EmbeddingRequest, client: EngineClient) -> dict
     client.check_alive()
     llm = client.llm
     width = llm.config.hidden_size
-    if req.dimensions is not None and req.dimensions != width:
-        raise APIError(400, f"dimensions={req.dimensions}: this model's embeddings have {width} "
-                            f"dimensions, and it declares no shorter ones", param="dimensions")
+    try:
+        llm.pooling.shortened(np.zeros(width, np.float32), req.dimensions, width)
+    except ValueError as e:
+        raise APIError(400, str(e), param="dimensions") from None
     inputs = [req.input] if isinstance(req.input, str) or (req.input and isinstance(req.input[0], int)) \
         else req.input
     ids = await client.text_work.run(lambda: [_ids(x, client) for x in inputs],
                                      "tokenizing the input", "input")
     try:
-        vectors = await asyncio.get_running_loop().run_in_executor(None, llm.embed, ids)
+        vectors = await asyncio.get_running_loop().run_in_executor(None, llm.embed, ids, req.dimensions)
     except (ValueError, TypeError) as e:
         raise APIError(400, str(e), param="input") from None
     data = [{"object": "embedding", "index": i, "embedding": _encoded(v, req.encoding_format)}
