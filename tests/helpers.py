@@ -136,14 +136,14 @@ class StepGate:
             self.open_event.set()
         real_run = llm.engine.runner.forward
 
-        def gated_run(batch, rows=None, needs=None):
+        def gated_run(batch, rows=None, needs=None, pooled=None):
             if close_when is not None and close_when(batch):
                 self.close()
             if not self.open_event.is_set():
                 self.reached.set()
                 self.open_event.wait()
             time.sleep(seconds)
-            return real_run(batch, rows, needs)
+            return real_run(batch, rows, needs, pooled)
         monkeypatch.setattr(llm.engine.runner, "forward", gated_run)
 
     def open(self) -> None:
@@ -221,7 +221,7 @@ def slow_down(llm, monkeypatch, seconds: float = 0.003) -> None:
     a test cuts it off (stories260K decodes a token in ~0.1 ms)."""
     real_run = llm.engine.runner.forward
 
-    def slow_run(batch, rows=None, needs=None):
+    def slow_run(batch, rows=None, needs=None, pooled=None):
         time.sleep(seconds)
-        return real_run(batch, rows, needs)
+        return real_run(batch, rows, needs, pooled)
     monkeypatch.setattr(llm.engine.runner, "forward", slow_run)

@@ -49,8 +49,8 @@ def _record_logits(engine: LLMEngine) -> list[np.ndarray]:
     """Keeps a copy of every step's logits (whole rows: fetched for the record)."""
     logits, run = [], engine.runner.forward
 
-    def recorded_run(batch, rows=None, needs=None):
-        out = run(batch, rows, needs)
+    def recorded_run(batch, rows=None, needs=None, pooled=None):
+        out = run(batch, rows, needs, pooled)
         logits.append(np.array(out.rows(list(range(len(out))))))
         return out
     engine.runner.forward = recorded_run

@@ -157,3 +157,116 @@ def test_a_matryoshka_model_gives_shorter_embeddings_and_others_refuse_them(tmp_
         with pytest.raises(ValueError, match=r"dimensions=65 must be an integer in \[1, 64\]"):
             llm.embed(texts, dimensions=65)
         llm.close()
+
+
+def _engine(case: str, **options):
+    from tinypaged.config import EngineConfig
+    from tinypaged.engine.llm_engine import LLMEngine
+    return LLMEngine(str(FIXTURES / case), EngineConfig(backend="cpu", **options))
+
+
+def _embedding_request(engine, ids: list[int], pooling: Pooling):
+    from tinypaged.engine.request import PreparedRequest
+    from tinypaged.llm import EMBEDDING_PARAMS
+    return PreparedRequest(None, ids, EMBEDDING_PARAMS, pooling=pooling)
+
+
+def test_embeddings_join_the_running_batch_beside_generation(tmp_path):
+    """On a model that generates and embeds, an embedding request added while a request
+    decodes runs in the same steps (its prompt prefilled, never decoded) and ends with
+    its vector, which is what it is alone; the generation goes on, its tokens the same."""
+    from test_hf_parity import model_folder
+    from tinypaged import SamplingParams
+    from tinypaged.config import EngineConfig
+    from tinypaged.engine.llm_engine import LLMEngine
+    folder = model_folder("qwen3", "config.json", tmp_path)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    mean = Pooling("mean", True)
+    doc = list(range(3, 40))
+
+    def fresh():
+        return LLMEngine(folder, EngineConfig(backend="cpu", block_size=4, max_num_batched_tokens=16))
+    alone = fresh()
+    alone.add_prepared(_embedding_request(alone, doc, mean), "e")
+    want = [o for o in alone.step() + alone.step() + alone.step() if o.finished][0].embedding
+    plain = fresh()
+    plain.add_request([5, 6, 7], params, "g")
+    while plain.has_unfinished():
+        outs = plain.step()
+    want_tokens = outs[0].outputs[0].token_ids
+
+    engine = fresh()
+    engine.add_request([5, 6, 7], params, "g")
+    engine.step()  # (its prompt)
+    engine.add_prepared(_embedding_request(engine, doc, mean), "e")
+    steps_together = 0
+    vector = None
+    while engine.has_unfinished():
+        embedding_runs = "e" in engine.requests
+        outs = {o.request_id: o for o in engine.step()}
+        if embedding_runs:  # (and the generation decoded a token in the same step)
+            steps_together += 1
+            assert "g" in outs and not outs["g"].finished
+        if "e" in outs and outs["e"].finished:
+            assert not outs["g"].finished  # (the generation goes on past it)
+            vector = outs["e"].embedding
+        if "g" in outs and outs["g"].finished:
+            assert outs["g"].outputs[0].token_ids == want_tokens
+    assert steps_together == 3  # (37 tokens in chunks of at most 16, beside a decode row)
+    np.testing.assert_allclose(vector, want, atol=1e-6, rtol=0)
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_embeddings_preempted_under_pressure_are_computed_again_whole(tmp_path, monkeypatch):
+    """A pool too small for everything, generations growing beside embedding prompts
+    that pool every row: the prompts preempted part-way are prefilled again from their
+    start (their sums start anew), and every vector is what it is alone."""
+    from test_hf_parity import model_folder
+    from tinypaged import SamplingParams
+    from tinypaged.config import EngineConfig
+    from tinypaged.engine.llm_engine import LLMEngine
+    from tinypaged.engine.pooled import PooledState
+    starts = []
+    take = PooledState.take
+
+    def counted(self, rows, first_chunk, last_chunk, length):
+        starts.append(first_chunk)
+        return take(self, rows, first_chunk, last_chunk, length)
+    folder = model_folder("qwen3", "config.json", tmp_path)
+    docs = [list(range(3 + i, 30 + i)) for i in range(4)]
+    mean = Pooling("mean", True)
+    alone = LLMEngine(folder, EngineConfig(backend="cpu", block_size=4))
+    want = []
+    for doc in docs:
+        alone.add_prepared(_embedding_request(alone, doc, mean), "e")
+        while alone.has_unfinished():
+            outs = alone.step()
+        want.append(outs[0].embedding)
+    monkeypatch.setattr(PooledState, "take", counted)
+    engine = LLMEngine(folder, EngineConfig(backend="cpu", block_size=4, num_blocks=20,
+                                            max_num_batched_tokens=8))
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    for i in range(3):
+        engine.add_request([5 + i, 6, 7], params, f"g{i}")
+    engine.step()
+    for i, doc in enumerate(docs):
+        engine.add_prepared(_embedding_request(engine, doc, mean), str(i))
+    got = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            assert out.error is None, out.error
+            if out.finished and out.embedding is not None:
+                got[int(out.request_id)] = out.embedding
+    assert engine.scheduler.num_preemptions > 0 and sum(starts) > len(docs)  # (prefilled again)
+    for i, w in enumerate(want):
+        np.testing.assert_allclose(got[i], w, atol=1e-5, rtol=0)
+
+
+@pytest.mark.cuda
+def test_the_cuda_backend_embeds_as_the_cpu_does():
+    case = "qwen3-mean"
+    want = expected(case)
+    llm = LLM(FIXTURES / case, backend="cuda", gpu_weight_dtype="float32", kv_cache_dtype="float32")
+    for g, w in zip(llm.embed(want["texts"][:2]), np.array(want["embeddings"][:2], np.float32)):
+        np.testing.assert_allclose(g, w, atol=1e-5, rtol=0)
+    llm.close()

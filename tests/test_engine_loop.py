@@ -170,12 +170,12 @@ def test_a_failed_step_reaches_every_caller_in_it_and_the_engine_goes_on(stories
     expected = [o.token_ids for o in stories.generate(prompts, params)]
     runner, real_run, calls, in_failed_step = stories.engine.runner, stories.engine.runner.forward, [], set()
 
-    def failing_run(batch, rows=None, needs=None):
+    def failing_run(batch, rows=None, needs=None, pooled=None):
         calls.append(1)
         if len(calls) == 3:
             in_failed_step.update(seq.request_id for seq, _ in batch.chunks)
             raise MemoryError("the device ran out of memory")
-        return real_run(batch, rows, needs)
+        return real_run(batch, rows, needs, pooled)
     monkeypatch.setattr(runner, "forward", failing_run)
     outcome = {}
 

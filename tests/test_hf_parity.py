@@ -375,8 +375,8 @@ def test_replayed_decode_steps_read_every_kv_groups_tables(tmp_path):
         assert engine.block_manager.num_groups == 3
         logits, run = [], engine.runner.forward
 
-        def recorded_run(batch, rows=None, needs=None, run=run, logits=logits):
-            out = run(batch, rows, needs)
+        def recorded_run(batch, rows=None, needs=None, pooled=None, run=run, logits=logits):
+            out = run(batch, rows, needs, pooled)
             logits.append(np.array(out.rows(list(range(len(out))))))
             return out
         engine.runner.forward = recorded_run

@@ -19,7 +19,7 @@ from .config import EngineConfig
 from .formats.gguf import GGUFFile
 from .model.pooling import Pooling, pooling_of
 from .engine.beam_search import BeamSearchOutput, run_beam_searches
-from .engine.embedding import run_embeddings
+from .engine.last_logits import last_logits
 from .engine.engine_loop import EngineLoop
 from .engine.llm_engine import LLMEngine
 from .engine.loop_metrics import MetricsSnapshot
@@ -258,29 +258,36 @@ class LLM:
     def embed(self, prompts: str | list[int] | list[str] | list[list[int]],
               dimensions: int | None = None) -> list[np.ndarray]:
         """One embedding (H,) float32 per prompt (a text or token ids): its hidden states
-        pooled as the model says (`pooling`). The prompts are prefilled together on the
-        engine (engine/embedding.py), which they have to themselves meanwhile: running
-        requests finish first, and new ones wait. dimensions: the first that many
-        values, for a model trained for shorter embeddings (Pooling.shortened)."""
+        pooled as the model says (`pooling`). The prompts are requests of the continuous
+        batch like any other, prefilled beside whatever runs and never decoded
+        (engine/pooled.py). dimensions: the first that many values, for a model trained
+        for shorter embeddings (Pooling.shortened). If the call fails or is interrupted,
+        its unfinished requests are aborted."""
         prompts = as_prompt_list(prompts)
         pooling, width = self.pooling, self.config.hidden_size
         pooling.shortened(np.zeros(width, np.float32), dimensions, width)  # (refused before work)
-        ids = [self.engine.prompt_ids(p) for p in prompts]  # (bad input refused here)
-        vectors = self._loop.call(lambda: run_embeddings(self.engine, ids, pooling), exclusive=True)
-        return [pooling.shortened(v, dimensions, width) for v in vectors]
+        prepared = [PreparedRequest(None, self.engine.prompt_ids(p), EMBEDDING_PARAMS, pooling=pooling)
+                    for p in prompts]  # (bad input refused here, before any is queued)
+        handles = [RequestHandle(self._loop, stream)
+                   for stream in self._loop.submit_all(prepared, [None] * len(prepared))]
+        try:
+            return [pooling.shortened(h.result().embedding, dimensions, width) for h in handles]
+        finally:
+            for h in handles:
+                h._abort_unfinished()
 
     def score(self, query: str, documents: list[str], instruction: str | None = None) -> list[float]:
         """Each document's relevance to the query in [0, 1], as a Qwen3-Reranker-style
         model gives it (rerank.py: its prompt, then "yes" against "no" at the last
-        token), in the documents' order; run as embed() runs."""
+        token), in the documents' order. The prompts are prefilled with the engine to
+        themselves (engine/last_logits.py): running requests finish first, new ones wait."""
         checks.text("query", query)
         if isinstance(documents, str) or not documents:
             raise ValueError("documents must be a non-empty list of texts")
         yes, no = answer_ids(self.tokenizer)
         ids = [self.engine.prompt_ids(rerank_prompt(query, checks.text("document", d), instruction))
                for d in documents]
-        last = self._loop.call(lambda: run_embeddings(self.engine, ids, Pooling("last", False),
-                                                      head=True), exclusive=True)
+        last = self._loop.call(lambda: last_logits(self.engine, ids), exclusive=True)
         return [float(1 / (1 + np.exp(float(row[no]) - float(row[yes])))) for row in last]
 
     @property
@@ -345,6 +352,9 @@ def _one_of(sampling_params, params):
     if sampling_params is not None and params is not None:
         raise TypeError("give sampling_params or params, not both")
     return sampling_params if sampling_params is not None else params
+
+
+EMBEDDING_PARAMS = SamplingParams(max_tokens=1, temperature=0)  # (an embedding samples nothing)
 
 
 def _lora_of(lora_request, lora):

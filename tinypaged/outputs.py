@@ -48,6 +48,7 @@ class CompletionOutput:
     token_logprobs: list[TokenLogprobs] | None = None  # per token of token_ids, when asked for
     cumulative_logprob: float | None = None  # sum of those logprobs, when asked for
     decode: object = field(default=None, repr=False, compare=False)  # token id -> its text
+    embedding: object = field(default=None, repr=False)  # (H,) float32 of an embedding request
 
     @property
     def logprobs(self) -> "list[dict[int, Logprob]] | None":
@@ -69,6 +70,7 @@ class RequestOutput:
     error: Exception | None = None  # why the request failed (finish_reason "error")
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache on admission
     decode: object = field(default=None, repr=False, compare=False)  # token id -> its text
+    embedding: object = field(default=None, repr=False)  # (H,) float32 of an embedding request
 
     @property
     def prompt_logprobs(self) -> "list[dict[int, Logprob] | None] | None":

@@ -8,17 +8,17 @@ from ..chat_template import given_template
 from ..config import EngineConfig
 from ..formats.gguf import parses_held
 from ..kernels import get_backend
-from ..model.paged_model import PagedKVCache, PagedModel
+from ..model.paged_model import PagedKVCache
 from ..outputs import RequestOutput
 from ..sampling import SamplingParams
 from ..structured.grammar import Grammars
 from ..tokenizer import Tokenizer
-from .block_manager import BlockManager, blocks_for
+from .block_manager import BlockManager
 from .block_map import render_block_map
 from .engine_stats import EngineStats
 from .lora_adapters import LoRAAdapters
 from .kv_pool import check_pool_fits, kv_cache_dtype, pool_blocks
-from .model_loading import start_loading
+from .model_loading import decode_graphs, start_loading
 from .model_runner import ModelRunner
 from .postprocessor import Postprocessor
 from .request import PreparedRequest, Request
@@ -27,27 +27,6 @@ from .sampler import Sampler
 from .scheduler import Scheduler
 from .speculation import Speculation
 from .token_rules import TokenRules
-
-
-def decode_graphs(config: EngineConfig, model: PagedModel, kv: PagedKVCache,
-                  max_model_len: int):
-    """The CUDA backend's recorded decode steps (kernels/cuda/decode_graphs.py) when
-    config.cuda_graphs asks for them; None (every step eager) otherwise. cuda_graphs
-    None means on with a real GPU; on the simulator True replays launch by launch.
-    Verification steps are recorded too: their rows are decode rows."""
-    if model.ops.name != "cuda":
-        return None
-    from ..kernels.cuda import cuda_usable
-    from ..kernels.cuda.decode_graphs import DecodeGraphs
-
-    gpu = cuda_usable()
-    if not (gpu if config.cuda_graphs is None else config.cuda_graphs):
-        return None
-    rows = config.max_num_seqs
-    if config.speculative_config is not None:  # (a verification's rows: speculation.py)
-        rows = max(rows, min(rows * (1 + config.speculative_config.num_speculative_tokens),
-                             config.max_num_batched_tokens))
-    return DecodeGraphs(model, kv, rows, blocks_for(max_model_len, config.block_size), capture=gpu)
 
 
 class LLMEngine:
@@ -124,7 +103,7 @@ class LLMEngine:
         rules = TokenRules(prepared.params, self.tokenizer, self.eos_token_ids,
                            self.model_config.vocab_size)
         request = Request(request_id, prepared.prompt, prepared.prompt_token_ids, prepared.params,
-                          self.tokenizer, prepared.grammar, rules)
+                          self.tokenizer, prepared.grammar, rules, prepared.pooling)
         request.seqs[0].lora_slot, request.seqs[0].hash_seed = self.loras.resolve(prepared.lora)
         self.requests[request_id] = request
         self.scheduler.add(request.seqs[0])

@@ -8,6 +8,7 @@ from ..batch.attention_metadata import AttentionMetadata
 from ..batch.step_logits import WHOLE_ROW, StepLogits
 from ..model.paged_model import PagedKVCache, PagedModel
 from .block_manager import BlockManager
+from .pooled import pooled_rows, take_pooled
 from .scheduler import ScheduledBatch
 from .speculation import row_spans
 from .step_plan import StepPlan
@@ -30,7 +31,7 @@ class ModelRunner:
         if not plan:
             return None
         try:
-            logits = self.forward(plan.batch, plan.rows, plan.needs())
+            logits = self.forward(plan.batch, plan.rows, plan.needs(), pooled_rows(plan.chunks))
         except Exception as e:
             plan.outcome.fail_batch([seq for seq, _ in plan.batch.chunks], e)
             return None
@@ -44,6 +45,8 @@ class ModelRunner:
                 self.block_manager.register_full_blocks(seq, seq.num_computed_tokens - seq.num_drafts)
             except Exception as e:
                 plan.outcome.fail(seq, e)
+        if isinstance(logits, tuple):  # (logits, the pooled rows' states: pooled.py)
+            logits = take_pooled(plan, *logits)
         return logits
 
     def prepare(self, batch: ScheduledBatch,
@@ -58,19 +61,26 @@ class ModelRunner:
         return token_ids, meta
 
     def forward(self, batch: ScheduledBatch, logits_rows: list[int] | None = None,
-                needs: list[int] | None = None) -> StepLogits:
+                needs: list[int] | None = None, pooled: tuple | None = None):
         """Copy-on-write copies, then the forward pass: logits (R, vocab) in batch.chunks
         order, logits_rows[i] rows for chunk i (default: one each, its last token's),
         left where the backend computed them; needs[r] says what sampling needs of row
-        r (step_logits.py; None: whole rows)."""
+        r (step_logits.py; None: whole rows). pooled: (head rows, pooled rows) of those
+        (pooled.pooled_rows): then (StepLogits of the head rows or None, the pooled
+        rows' states (P, H) on the host)."""
         ops = self.model.ops
         if batch.block_copies:
             ops.copy_blocks(self.kv.k, self.kv.v, batch.block_copies)
         token_ids, meta = self.prepare(batch, logits_rows)
         graphs, lora = self.decode_graphs, self.lora and self.lora.batch(batch.chunks)
-        if graphs is not None and lora is None and graphs.accepts(meta):
+        if graphs is not None and lora is None and pooled is None and graphs.accepts(meta):
             logits = graphs.run(token_ids, meta)
         else:  # (a step with adapters runs eager: its rows' slots change the launches)
-            logits = self.model.forward_on_device(*ops.prepare_inputs(token_ids, meta), self.kv, lora=lora)
+            logits = self.model.forward_on_device(*ops.prepare_inputs(token_ids, meta), self.kv, lora=lora,
+                                                  pooled_rows=pooled and tuple(map(ops.upload, pooled)))
+        if pooled is not None:  # (no head row: no logits)
+            logits, hidden = logits
+            return (None if logits is None else ops.logits_for_sampling(logits, needs),
+                    np.array(ops.to_host(hidden)))
         return ops.logits_for_sampling(logits, needs if needs is not None
                                        else [WHOLE_ROW] * logits.shape[0])

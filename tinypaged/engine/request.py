@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..model.pooling import Pooling
 from ..outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
 from ..structured.grammar import CompiledGrammar
+from .pooled import PooledState
 from .sequence import Sequence
 from .token_rules import TokenRules
 
@@ -19,6 +21,7 @@ class PreparedRequest:
     params: SamplingParams
     grammar: CompiledGrammar | None = None  # params.structured_outputs, compiled
     lora: str | None = None  # the LoRA adapter it runs (its name); None: the base model
+    pooling: Pooling | None = None  # an embedding request: how its prompt's states pool
 
 
 class SampleText:
@@ -66,10 +69,13 @@ class SampleText:
 class Request:
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                  params: SamplingParams, tokenizer: Tokenizer,
-                 grammar: CompiledGrammar | None = None, rules: TokenRules | None = None):
+                 grammar: CompiledGrammar | None = None, rules: TokenRules | None = None,
+                 pooling: Pooling | None = None):
         self.request_id, self.prompt, self.params = request_id, prompt, params
         self.prompt_token_ids = prompt_token_ids
         self.seqs = [Sequence(request_id, prompt_token_ids, params, 0)]
+        if pooling is not None:  # an embedding: every row computed unless only the last is read
+            self.seqs[0].pooled, self.seqs[0].every_row = PooledState(pooling), pooling.mode != "last"
         if grammar is not None:  # forks copy it with the sequence
             self.seqs[0].grammar = grammar.start()
         self.rules = rules if rules is not None and rules.active else None  # tokens forbidden
@@ -106,6 +112,8 @@ class Request:
                 for seq, text in zip(self.seqs, self.texts)]
         prompt_logprobs = (list(self.prompt_logprobs)
                            if self.params.prompt_logprobs is not None else None)
+        pooled = self.seqs[0].pooled
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs,
                              self.finished, prompt_logprobs, self.error,
-                             self.seqs[0].num_cached_tokens, self.tokenizer.token_text)
+                             self.seqs[0].num_cached_tokens, self.tokenizer.token_text,
+                             None if pooled is None else pooled.vector)

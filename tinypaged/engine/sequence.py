@@ -37,7 +37,7 @@ class Sequence:
         self.num_computed_tokens = 0  # tokens whose K/V are in the pool
         self.num_cached_tokens = 0  # of those, found in the prefix cache on admission
         # every prompt row is computed, none taken from the prefix cache: prompt logprobs,
-        # an embedding pooled over every token (embedding.py)
+        # an embedding pooled over every token (pooled.py)
         self.every_row = params.prompt_logprobs is not None
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
@@ -54,6 +54,7 @@ class Sequence:
         self.draft_grammars = None  # its grammar's state before each proposal's row (speculation.py)
         self.lora_slot = NO_ADAPTER  # the LoRA slot its rows run (lora_adapters.py)
         self.hash_seed = None  # its first block's parent hash (an adapter's load id; None: the base)
+        self.pooled = None  # an embedding's PooledState (pooled.py): prefilled, never decoded
 
     @property
     def block_table(self) -> list[int]:

@@ -20,6 +20,7 @@ class PlannedChunk:
     prompt_logprobs: bool
     first_row: int  # of its rows in the step's logits
     completes: bool  # no token left to compute after it (a decode, a prompt's last chunk): a token is due
+    hidden: int = 0  # rows whose states its pooling reads, after its logits rows (pooled.py)
 
 
 class StepPlan:
@@ -32,15 +33,18 @@ class StepPlan:
             want = requests[seq.request_id].wants_prompt_logprobs
             completes = seq.num_computed_tokens + n == len(seq)
             # (a decode with proposals, speculation.py: a row after its token and each proposal)
-            self.chunks.append(PlannedChunk(seq, n, n if want or seq.num_drafts else 1, want, row, completes))
-            row += self.chunks[-1].rows
+            rows = 0 if seq.pooled else n if want or seq.num_drafts else 1
+            hidden = seq.pooled.rows_wanted(n, seq.num_computed_tokens) if seq.pooled else 0
+            self.chunks.append(PlannedChunk(seq, n, rows, want, row, completes, hidden))
+            row += rows
 
     def __bool__(self) -> bool:
         return bool(self.batch)
 
     @property
     def rows(self) -> list[int]:
-        return [c.rows for c in self.chunks]
+        """Each chunk's rows of the forward's output: its logits rows and its pooled ones."""
+        return [c.rows + c.hidden for c in self.chunks]
 
     def needs(self) -> list[int]:
         """What sampling needs of each row: whole rows for prompt logprobs, a sample's
@@ -53,5 +57,5 @@ class StepPlan:
             elif c.completes:  # (forks share the row; a row after each proposal)
                 needs += [candidates_needed(c.seq.params)] * c.rows
             else:
-                needs.append(NOT_NEEDED)
+                needs += [NOT_NEEDED] * c.rows
         return needs

@@ -70,24 +70,21 @@ class PagedModel:
         token_ids, meta = self.ops.prepare_inputs(token_ids, meta)
         return self.ops.to_host(self.forward_on_device(token_ids, meta, kv, lora=lora))
 
-    def forward_on_device(self, token_ids, meta, kv: PagedKVCache, head: bool = True, lora=None):
+    def forward_on_device(self, token_ids, meta, kv: PagedKVCache, head: bool = True, lora=None,
+                          pooled_rows=None):
         """The forward on inputs the backend already holds (prepare_inputs' results, or
         a static decode step's fixed buffers): logits (R, vocab) where the backend
         keeps them; without the head, the final norm's hidden states (R, H) of those
         rows (embeddings). Every shape comes from the inputs' shapes, never their values.
-        lora: a LoRABatch (lora_slots.py) whose rows' adapters add to the products."""
+        lora: a LoRABatch (lora_slots.py) whose rows' adapters add to the products.
+        pooled_rows: (head rows, pooled rows), index arrays into those R rows: then
+        (logits of the head rows, None when there are none; the pooled rows' final
+        norm states), and no head for the pooled rows (embeddings in the batch)."""
         with self.ops.step_workspace():  # (one step's scope: cpu/out_arrays.py)
-            return self._forward(token_ids, meta, kv, head, lora)
+            return self._forward(token_ids, meta, kv, head, lora, pooled_rows)
 
-    def hidden_states(self, token_ids: np.ndarray, meta: AttentionMetadata,
-                      kv: PagedKVCache) -> np.ndarray:
-        """token_ids (T,) -> the final norm's output (R, H) at meta's logits rows, a host
-        array: what an embedding pools."""
-        token_ids, meta = self.ops.prepare_inputs(token_ids, meta)
-        hidden = self.ops.to_host(self.forward_on_device(token_ids, meta, kv, head=False))
-        return np.array(hidden, dtype=np.float32)  # (a copy: the step's workspace is reused)
-
-    def _forward(self, token_ids, meta, kv: PagedKVCache, head: bool = True, lora=None):
+    def _forward(self, token_ids, meta, kv: PagedKVCache, head: bool = True, lora=None,
+                 pooled_rows=None):
         cfg, w, ops = self.cfg, self.w, self.ops
         x = ops.embedding(token_ids, w["model.embed_tokens.weight"])  # (T, H)
         if cfg.embedding_scale != 1.0:
@@ -109,8 +106,18 @@ class PagedModel:
                        None if residual is None else ops.gather_rows(residual, rows))
         if not head:
             return h  # (R, H)
-        logits = ops.linear(h, w["lm_head.weight"])  # (R, vocab)
-        return logits if cfg.final_softcap is None else ops.softcap(logits, cfg.final_softcap)
+        if pooled_rows is not None:
+            head_rows, pooled = pooled_rows
+            if not len(head_rows):
+                return None, ops.gather_rows(h, pooled)
+            return self._head(ops.gather_rows(h, head_rows)), ops.gather_rows(h, pooled)
+        return self._head(h)
+
+    def _head(self, h):
+        """h (R, H) -> logits (R, vocab)."""
+        logits = self.ops.linear(h, self.w["lm_head.weight"])
+        cap = self.cfg.final_softcap
+        return logits if cap is None else self.ops.softcap(logits, cap)
 
     def _attention(self, layer: int, h, qk_norm: str | None, meta, kv: PagedKVCache, lora=None):
         """h (T, H) -> o_proj(attention) (T, H); writes the layer's K/V to the pool."""
