@@ -78,6 +78,7 @@ def main():
     folders = {}
     for i in range(ADAPTERS):
         folders[f"adapter{i}"] = os.path.join(ROOT, "weights", "derived", "lora-bench",
+                                              os.path.basename(args.model),
                                               f"r{args.rank}-{args.targets}-{i}")
         write_adapter(folders[f"adapter{i}"], cfg, args.rank, i, TARGETS[args.targets])
     llm = LLM(args.model, kv_cache_memory=256 << 20, max_model_len=1024, lora_modules=folders,
