@@ -21,7 +21,7 @@ def served(tmp_path_factory):
     folder = model_folder("qwen3", "config.json", tmp_path_factory.mktemp("qwen3"))
     llm = LLM(folder, backend="cpu", block_size=4, max_loras=2,
               lora_modules={"tuned": os.path.join(FIXTURES, "qwen3-r16")})
-    server = ServerThread(llm, served_model_name="qwen3-tiny")
+    server = ServerThread(llm, served_model_name="qwen3-tiny", warm_up=True)  # (its adapter too)
     yield server
     server.stop()
     llm.close()

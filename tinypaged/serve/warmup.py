@@ -22,7 +22,7 @@ PROMPT_TOKENS = 16  # a prefill of several rows (the products' GEMM, prefill att
 
 def start_warm_up(llm: LLM, ready: threading.Event, text: TextWork | None = None) -> threading.Thread:
     """Runs one greedy request of PROMPT_TOKENS tokens and 2 generated (prefill, then a
-    decode step) on a daemon thread; ready is set when it ends, whether it worked or
+    decode step), and one more on a LoRA adapter where one is loaded, on a daemon thread; ready is set when it ends, whether it worked or
     not (a failure is logged: the requests after it meet the engine's own error)."""
 
     def run() -> None:
@@ -31,8 +31,10 @@ def start_warm_up(llm: LLM, ready: threading.Event, text: TextWork | None = None
             prompt = [i % llm.tokenizer.vocab_size for i in range(1, PROMPT_TOKENS + 1)]
             if llm.config.embedding_only:  # (an embedding model: its prefill alone)
                 llm.embed([prompt])
-            else:
-                llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+            else:  # (with a LoRA adapter beside the base where one is loaded: its kernels too)
+                loaded = list(llm.engine.loras.loaded)
+                llm.generate([prompt] * (1 + bool(loaded)), SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+                             lora=[None] + loaded[:1])
             if text is not None:
                 text.start()
             try:
