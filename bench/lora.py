@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -22,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tinypaged import LLM, SamplingParams  # noqa: E402
-from tinypaged.bench.rates import on_engine_thread  # noqa: E402
+from tinypaged.bench.rates import engine_decode_rate, on_engine_thread  # noqa: E402
 from tinypaged.model.lora_adapter import ATTENTION_MODULES, MLP_MODULES, product_shape  # noqa: E402
 from tinypaged.model.loading import load_model  # noqa: E402
 
@@ -45,22 +44,6 @@ def write_adapter(folder: str, cfg, rank: int, seed: int, modules: tuple) -> Non
     with open(os.path.join(folder, "adapter_config.json"), "w") as f:
         json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank,
                    "target_modules": list(modules)}, f)
-
-
-def decode_rate(engine, loras: list, params: SamplingParams) -> float:
-    """Tokens/s of the decode steps with one request per entry of loras running."""
-    for i, lora in enumerate(loras):
-        prompt = f"Write a short story about a lighthouse keeper. Story number {i}."
-        engine.add_prepared(engine.prepare_request(prompt, params, lora))
-    tokens, seconds = 0, 0.0
-    while engine.has_unfinished():
-        decoding = engine.scheduler.num_waiting == 0
-        t = time.perf_counter()
-        outs = engine.step()
-        if decoding:
-            seconds += time.perf_counter() - t
-            tokens += sum(len(o.outputs) for o in outs)
-    return tokens / seconds
 
 
 def main():
@@ -87,11 +70,12 @@ def main():
     runs = {"base": [None] * args.concurrency,
             "mixed": [f"adapter{i % ADAPTERS}" for i in range(args.concurrency)]}
     for loras in runs.values():  # (warm: kernels)
-        on_engine_thread(llm, lambda engine: decode_rate(engine, loras[:4], params))
+        on_engine_thread(llm, lambda engine: engine_decode_rate(engine, 4, params, loras[:4]))
     rates = {name: [] for name in runs}
     for pair in range(args.pairs):
         for name in (("base", "mixed") if pair % 2 == 0 else ("mixed", "base")):
-            rates[name].append(on_engine_thread(llm, lambda engine: decode_rate(engine, runs[name], params)))
+            rates[name].append(on_engine_thread(
+                llm, lambda engine: engine_decode_rate(engine, args.concurrency, params, runs[name])))
     ratios = np.array(rates["mixed"]) / np.array(rates["base"])
     print(f"| {os.path.basename(args.model)}, {args.concurrency} concurrent, rank {args.rank} on "
           f"{args.targets}, {llm.engine.loras.dtype} | base tokens/s | {ADAPTERS} adapters mixed "

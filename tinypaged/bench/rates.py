@@ -37,11 +37,14 @@ def decode_rate(llm, concurrency: int, params: SamplingParams) -> float:
     return on_engine_thread(llm, lambda engine: engine_decode_rate(engine, concurrency, params))
 
 
-def engine_decode_rate(engine, concurrency: int, params: SamplingParams | list[SamplingParams]) -> float:
-    """params: one for every request, or one each."""
+def engine_decode_rate(engine, concurrency: int, params: SamplingParams | list[SamplingParams],
+                       loras: list | None = None) -> float:
+    """params: one for every request, or one each; loras: each request's LoRA adapter
+    (None: the base)."""
     for i in range(concurrency):
-        engine.add_request(f"Write a short story about a lighthouse keeper. Story number {i}.",
-                           params[i] if isinstance(params, list) else params)
+        prompt = f"Write a short story about a lighthouse keeper. Story number {i}."
+        engine.add_prepared(engine.prepare_request(prompt, params[i] if isinstance(params, list) else params,
+                                                   None if loras is None else loras[i]))
     tokens, seconds = 0, 0.0
     while engine.has_unfinished():
         decoding = engine.scheduler.num_waiting == 0
