@@ -64,27 +64,24 @@ class PagedModel:
         self.kv_groups = KVGroups.of(cfg)
 
     def forward(self, token_ids: np.ndarray, meta: AttentionMetadata,
-                kv: PagedKVCache, lora=None) -> np.ndarray:
+                kv: PagedKVCache) -> np.ndarray:
         """token_ids (T,) -> logits (S, vocab) of each sequence's last token in the batch
         (a host array; everything else stays where the backend keeps it)."""
         token_ids, meta = self.ops.prepare_inputs(token_ids, meta)
-        return self.ops.to_host(self.forward_on_device(token_ids, meta, kv, lora=lora))
+        return self.ops.to_host(self.forward_on_device(token_ids, meta, kv))
 
-    def forward_on_device(self, token_ids, meta, kv: PagedKVCache, head: bool = True, lora=None,
-                          pooled_rows=None):
+    def forward_on_device(self, token_ids, meta, kv: PagedKVCache, lora=None, pooled_rows=None):
         """The forward on inputs the backend already holds (prepare_inputs' results, or
-        a static decode step's fixed buffers): logits (R, vocab) where the backend
-        keeps them; without the head, the final norm's hidden states (R, H) of those
-        rows (embeddings). Every shape comes from the inputs' shapes, never their values.
+        a static decode step's fixed buffers): logits (R, vocab) where the backend keeps
+        them. Every shape comes from the inputs' shapes, never their values.
         lora: a LoRABatch (lora_slots.py) whose rows' adapters add to the products.
         pooled_rows: (head rows, pooled rows), index arrays into those R rows: then
         (logits of the head rows, None when there are none; the pooled rows' final
         norm states), and no head for the pooled rows (embeddings in the batch)."""
         with self.ops.step_workspace():  # (one step's scope: cpu/out_arrays.py)
-            return self._forward(token_ids, meta, kv, head, lora, pooled_rows)
+            return self._forward(token_ids, meta, kv, lora, pooled_rows)
 
-    def _forward(self, token_ids, meta, kv: PagedKVCache, head: bool = True, lora=None,
-                 pooled_rows=None):
+    def _forward(self, token_ids, meta, kv: PagedKVCache, lora=None, pooled_rows=None):
         cfg, w, ops = self.cfg, self.w, self.ops
         x = ops.embedding(token_ids, w["model.embed_tokens.weight"])  # (T, H)
         if cfg.embedding_scale != 1.0:
@@ -104,8 +101,6 @@ class PagedModel:
         rows = meta.logits_indices  # (S,): only these tokens need logits
         h = final_norm(ops, cfg, w, ops.gather_rows(x, rows),
                        None if residual is None else ops.gather_rows(residual, rows))
-        if not head:
-            return h  # (R, H)
         if pooled_rows is not None:
             head_rows, pooled = pooled_rows
             if not len(head_rows):
