@@ -363,3 +363,27 @@ def test_unloading_under_load_loses_no_request(tmp_path):
     llm.load_lora("c", os.path.join(FIXTURES, "qwen3-r16"))  # (a's slot, now free)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, lora="c")] == want
     llm.close()
+
+
+def test_a_freed_slot_keeps_nothing_of_its_earlier_adapter(tmp_path):
+    """An adapter on q and v alone, loaded into the slot an adapter on every product
+    left: the products it does not target run without the earlier one's terms (its
+    outputs are those it gives in a fresh engine)."""
+    folder = model_folder("qwen3", "config.json", tmp_path)
+    qv = adapter_copy(tmp_path, "qwen3-r16", tensors=lambda t: {
+        k: v for k, v in t.items() if ".q_proj." in k or ".v_proj." in k})
+    params = SamplingParams(max_tokens=8, temperature=0, logprobs=3, ignore_eos=True)
+    prompt = [5, 6, 7, 8, 9]
+
+    def run(llm):
+        out = llm.generate([prompt], params, lora="qv")[0].outputs[0]
+        return out.token_ids, [e.logprob for e in out.token_logprobs]
+    fresh = engine(folder, lora_modules={"qv": qv})
+    want = run(fresh)
+    fresh.close()
+    reused = engine(folder, max_loras=1, lora_modules={"all": os.path.join(FIXTURES, "qwen3-r16")})
+    reused.generate([prompt], params, lora="all")
+    reused.unload_lora("all")
+    reused.load_lora("qv", qv)  # (the one slot, "all"'s before)
+    assert run(reused) == want
+    reused.close()

@@ -51,18 +51,16 @@ class LoRASlots:
         self.stacks: dict[tuple[int, str], _Stack] = {}  # (layer, module) -> its stack
 
     def install(self, slot: int, adapter: LoRAAdapter) -> None:
-        """Put adapter's terms in slot (which the caller has freed)."""
+        """Put adapter's terms in slot (which the caller has freed): the products it
+        does not target are cleared of the slot's earlier adapter's."""
         assert 0 <= slot < self.max_loras and adapter.rank <= self.max_rank
+        for stack in self.stacks.values():
+            stack.clear(slot)
         for key, weights in adapter.modules.items():
             if key not in self.stacks:
                 self.stacks[key] = _Stack(self.max_loras, self.max_rank, product_shape(key[1], self.cfg),
                                          self.dtype)
             self.stacks[key].put(slot, weights)
-        self._upload()
-
-    def clear(self, slot: int) -> None:
-        for stack in self.stacks.values():
-            stack.clear(slot)
         self._upload()
 
     def _upload(self) -> None:
