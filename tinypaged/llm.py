@@ -246,7 +246,7 @@ class LLM:
         if loaded is None:
             try:
                 self.load_lora(lora.lora_name, lora.lora_path)
-            except ValueError as e:
+            except ValueError:
                 if lora.lora_name not in self.engine.loras.loaded:  # (not a second thread's load)
                     raise
         elif lora.lora_path and os.path.abspath(lora.lora_path) != os.path.abspath(loaded.path):
