@@ -257,7 +257,7 @@ def test_the_default_pool_holds_the_work_not_a_share_of_ram(stories_dir):
         assert llm.stats()["kv_cache_bytes"] == 2560 * 20 * 1024
     with LLM(stories_dir, backend="cpu", max_num_seqs=4, max_model_len=100) as llm:
         assert llm.stats()["blocks_total"] == math.ceil(4 * 7 * 1.25)
-        assert llm.engine.runner.model.rope_tables[0][0].shape == (100, 4)  # RoPE covers max_model_len only
+        assert llm.engine.runner.model.rope.of_layer[0][0].shape == (100, 4)  # RoPE within max_model_len
 
 
 def test_rope_tables_larger_than_memory_are_refused(stories_copy):

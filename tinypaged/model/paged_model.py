@@ -18,6 +18,7 @@ from ..kernels.kv_q8 import KV_INT8, row_width
 from .config import ModelConfig
 from .layer import LayerPieces, final_norm, qk_norms
 from .kv_groups import KVGroups
+from .rope_tables import RopeTables
 
 
 class PagedKVCache:
@@ -55,12 +56,7 @@ class PagedModel:
         backend's form already (ops.load_prepared_weights)."""
         self.cfg, self.ops = cfg, ops
         self.w = weights if prepared else ops.prepare_weights(weights)
-        positions = max_positions or cfg.max_position_embeddings
-        tables = {}  # Rope -> (cos, sin), each (positions, D/2): one per kind the layers use
-        for rope in map(cfg.rope_of, range(cfg.num_hidden_layers)):
-            if rope not in tables:
-                tables[rope] = ops.rope_tables(positions, cfg.head_dim, rope)
-        self.rope_tables = [tables[cfg.rope_of(layer)] for layer in range(cfg.num_hidden_layers)]
+        self.rope = RopeTables(cfg, ops, max_positions or cfg.max_position_embeddings)
         self.kv_groups = KVGroups.of(cfg)
 
     def forward(self, token_ids: np.ndarray, meta: AttentionMetadata,
@@ -87,6 +83,7 @@ class PagedModel:
         if cfg.embedding_scale != 1.0:
             x = ops.scale(x, cfg.embedding_scale)
         residual = None
+        self.rope.cover(meta.positions)  # (a host backend's tables grow to the step's positions)
         metas = [meta.for_group(g) for g in range(self.kv_groups.num_groups)]
 
         def attention(layer: int, h, qk_norm):  # with its KV group's tables and slots
@@ -126,7 +123,7 @@ class PagedModel:
         if lora is not None:
             lora.add(h, layer, (q, "q_proj"), (k, "k_proj"), (v, "v_proj"))  # (in place)
         q, k = qk_norms(ops, cfg, w, a, qk_norm, q, k)
-        cos, sin = self.rope_tables[layer]
+        cos, sin = self.rope.of_layer[layer]
         slot = self.kv_groups.slot_of[layer]
         q = ops.rope_write_kv(q.reshape(n_tokens, n_heads, head_dim),
                               k.reshape(n_tokens, n_kv, head_dim),
