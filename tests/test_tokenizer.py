@@ -1,5 +1,6 @@
 import pytest
 
+import gguf_writer
 from helpers import write_tiny_model
 from tinypaged.tokenizer import Tokenizer
 
@@ -71,7 +72,7 @@ def test_sentencepiece_style_tokenizer_streams_spaces(stories_dir):
 def test_a_long_text_is_encoded_by_the_call_that_lets_other_threads_run(stories_dir):
     """tokenizers' encode keeps the GIL (a 4 MB /tokenize held the server's event loop
     2.7 s); encode_batch lets go of it. A long text takes that path, to the same ids."""
-    from tinypaged import tokenizer as module
+    from tinypaged.formats.hf_tokens import LONG_TEXT
 
     tok = Tokenizer(stories_dir)
     calls = []
@@ -83,10 +84,10 @@ def test_a_long_text_is_encoded_by_the_call_that_lets_other_threads_run(stories_
         def __getattr__(self, name):
             calls.append(name)
             return getattr(self.inner, name)
-    text = "Once upon a time, a little dog ran to the park. " * (module.LONG_TEXT // 40)
-    inner = tok._tok
+    text = "Once upon a time, a little dog ran to the park. " * (LONG_TEXT // 40)
+    inner = tok._tok._tok
     expected = inner.encode(text, add_special_tokens=True).ids
-    tok._tok = Spy(inner)
+    tok._tok._tok = Spy(inner)
     assert tok.encode(text) == expected and calls == ["encode_batch"]
     assert tok.decode(expected) == inner.decode(expected) and calls[-1] == "decode_batch"
     calls.clear()
@@ -94,7 +95,7 @@ def test_a_long_text_is_encoded_by_the_call_that_lets_other_threads_run(stories_
     assert calls == ["encode"]
 
 
-@pytest.mark.parametrize("source", ["sentencepiece", "byte-level", "gguf"])
+@pytest.mark.parametrize("source", ["sentencepiece", "byte-level", "gguf", "gguf-sentencepiece"])
 def test_the_size_bound_never_exceeds_the_real_token_count(source, stories_dir, tmp_path, request):
     """check_fits refuses from a text's bytes alone: its bound (bytes over the longest
     token's) must stay at or under the tokens the text really has, on texts built to
@@ -102,10 +103,14 @@ def test_the_size_bound_never_exceeds_the_real_token_count(source, stories_dir, 
     import random
     if source == "byte-level":
         write_tiny_model(str(tmp_path))
-    path = {"sentencepiece": stories_dir, "byte-level": tmp_path}.get(source) \
+    if source == "gguf-sentencepiece":  # (formats/sentencepiece_bpe.py's pieces)
+        gguf_writer.sentencepiece_vocab_gguf(tmp_path / "spm.gguf", add_space_prefix=True,
+                                             added=(("\n", 4), ("<ctl>", 3)))
+    path = {"sentencepiece": stories_dir, "byte-level": tmp_path,
+            "gguf-sentencepiece": tmp_path / "spm.gguf"}.get(source) \
         or request.getfixturevalue("smollm2_gguf")
     tok = Tokenizer(path)
-    longest = tok._longest_token()
+    longest = tok._tok.text_bytes_bound()
     tok.check_fits("xx", 2)  # (measures the vocabulary)
     vocab = tok.vocab()
     texts = [tok.decode([i], skip_special_tokens=False) * 50 for i in

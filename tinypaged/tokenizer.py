@@ -1,15 +1,16 @@
-"""Tokenizer: HF `tokenizer.json` through `tokenizers`, the model's chat template
-(chat_template.py renders it), and incremental detokenisation for streaming."""
+"""Tokenizer: a model's vocabulary (a HF `tokenizer.json` through `tokenizers`; a
+GGUF's SentencePiece vocabulary by formats/sentencepiece_bpe.py, any other GGUF one
+rebuilt as a `tokenizers` one), the model's chat template (chat_template.py renders
+it), and incremental detokenisation for streaming."""
 from __future__ import annotations
 
 import json
 import os
 import re
 
-from tokenizers import Tokenizer as HFTokenizer
-
 from . import checks
 from .chat_template import render
+from .formats.hf_tokens import HFTokens
 
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -68,8 +69,10 @@ def _check_message(i: int, message: dict) -> None:
                          f"{type(content).__name__}")
 
 
-def _from_folder(model_dir: str) -> tuple[HFTokenizer, dict, str]:
+def _from_folder(model_dir: str) -> tuple[HFTokens, dict, str]:
     """tokenizer.json and tokenizer_config.json of a HF model folder."""
+    from tokenizers import Tokenizer as HFTokenizer
+
     path = os.path.join(model_dir, "tokenizer.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"tokenizer not found: {path}")
@@ -78,15 +81,23 @@ def _from_folder(model_dir: str) -> tuple[HFTokenizer, dict, str]:
     except Exception as e:  # the Rust side raises a bare Exception on bad JSON
         raise ValueError(f"{path}: cannot load tokenizer ({e})") from None
     config_path = os.path.join(model_dir, "tokenizer_config.json")
-    return tok, _read_json(config_path) if os.path.isfile(config_path) else {}, config_path
+    return HFTokens(tok), _read_json(config_path) if os.path.isfile(config_path) else {}, config_path
 
 
-def _from_gguf(path: str) -> tuple[HFTokenizer, dict, str]:
+def _from_gguf(path: str):
     """The vocabulary, merges and chat template a GGUF file carries."""
     from .formats.gguf import GGUFFile
-    from .formats.gguf_tokenizer import build_tokenizer, tokenizer_config
+    from .formats.gguf_vocab import tokenizer_config
+    from .formats.sentencepiece_bpe import SentencePieceBPE, SentencePieceMisfit
     gguf = GGUFFile.open(path)
-    return build_tokenizer(gguf), tokenizer_config(gguf), path
+    config = tokenizer_config(gguf)
+    if gguf.get("tokenizer.ggml.model") == "llama":
+        try:
+            return SentencePieceBPE.from_gguf(gguf), config, path
+        except SentencePieceMisfit:
+            pass  # (the `tokenizers` form, which reads such a vocabulary its own way)
+    from .formats.gguf_tokenizer import build_tokenizer  # (imports `tokenizers`)
+    return HFTokens(build_tokenizer(gguf)), config, path
 
 
 class Tokenizer:
@@ -94,14 +105,10 @@ class Tokenizer:
         """model_path: a HF model folder, or a GGUF file."""
         model_path = os.fspath(model_path)
         is_gguf = model_path.lower().endswith(".gguf")
+        # (HFTokens or SentencePieceBPE: the same questions answered)
         self._tok, config, config_path = (_from_gguf if is_gguf else _from_folder)(model_path)
-        # the decoder alone as JSON (the whole tokenizer's, for a 262,144-token
-        # vocabulary, took ~150 MiB as Python objects)
-        decoder = json.loads(self._tok.decoder.__getstate__()) if self._tok.decoder else {}
-        parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
-        self._byte_level = _byte_level_chars() if any(
-            d.get("type") == "ByteLevel" for d in parts) else None
-        self._special_ids = set(self._tok.get_added_tokens_decoder())
+        self._byte_level = _byte_level_chars() if self._tok.byte_level else None
+        self._special_ids = self._tok.special_ids
         self.chat_template = config.get("chat_template")
         if self.chat_template is not None and not isinstance(self.chat_template, str):
             raise ValueError(f"{config_path}: chat_template must be a string (a list of "
@@ -114,25 +121,24 @@ class Tokenizer:
     @property
     def special_tokens(self) -> set[str]:
         """The text of every special (added) token."""
-        return {t.content for t in self._tok.get_added_tokens_decoder().values()}
+        return {self._tok.id_to_token(i) for i in self._special_ids}
 
     @property
     def vocab_size(self) -> int:
-        return self._tok.get_vocab_size()
+        return self._tok.vocab_size
 
     def vocab(self) -> dict[str, int]:
         """Every token's string -> its id, added tokens included."""
-        return self._tok.get_vocab(with_added_tokens=True)
+        return self._tok.vocab_dict()
 
     def json_text(self) -> str:
         """The whole tokenizer as tokenizer.json text (what llguidance reads)."""
-        return self._tok.to_str()
+        return self._tok.json_text()
 
     def encode(self, text: str, add_special_tokens: bool = True,
                max_model_len: int | None = None) -> list[int]:
         """Token ids of text; a str with lone surrogates is a ValueError (checks.text).
-        A long text goes through encode_batch, which lets go of the GIL while it works
-        (encode keeps it: 2.7 s for 4 MB, during which no other thread ran). Given
+        A long text is encoded without the GIL (other threads run meanwhile). Given
         max_model_len, a text too long to leave room for a token is refused from its
         size before it is tokenized (check_fits)."""
         self.check_fits(checks.text("prompt", text), max_model_len)
@@ -140,14 +146,14 @@ class Tokenizer:
 
     def check_fits(self, text: str, max_model_len: int | None) -> None:
         """ValueError where text surely has max_model_len tokens or more: no token
-        stands for more of a text than its vocabulary's longest token (_longest_token;
-        twice that where a normalizer may compose characters), so its bytes bound its
+        stands for more of a text than its vocabulary's longest token (text_bytes_bound),
+        so its bytes bound its
         tokens from below, at the cost of measuring them (a 3 MB text took 2-7 s to
         tokenize before the length refused it)."""
         if max_model_len is None or len(text) < max_model_len:
             return
         if self._longest_token_bytes is None:  # (once: the vocabulary's strings)
-            self._longest_token_bytes = self._longest_token() * (2 if self._tok.normalizer else 1)
+            self._longest_token_bytes = self._tok.text_bytes_bound()
         size = len(text.encode("utf-8"))
         fewest = size // self._longest_token_bytes
         if fewest >= max_model_len:
@@ -156,16 +162,11 @@ class Tokenizer:
                              f"generate")
 
     def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
-        if len(text) > LONG_TEXT:
-            return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        return self._tok.encode_ids(text, add_special_tokens)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        """The text of ids (a long list through decode_batch, which lets go of the GIL)."""
-        ids = list(ids)
-        if len(ids) > LONG_TEXT // 4:
-            return self._tok.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
-        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        """The text of ids."""
+        return self._tok.decode(list(ids), skip_special_tokens)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for, leading space included (what an API shows
@@ -208,14 +209,6 @@ class Tokenizer:
         return render(self.chat_template, [dict(m) for m in messages], add_generation_prompt,
                       **names)
 
-    def _longest_token(self) -> int:
-        """Bytes of text the longest token stands for, or more: a byte-level token's
-        characters are its bytes; any other token's UTF-8 bytes bound its text's (a
-        SentencePiece "▁" is 3 bytes for a space's 1)."""
-        special = self.special_tokens
-        return max(len(t) if self._byte_level is not None and t not in special
-                   else len(t.encode("utf-8")) for t in self.vocab())
-
     def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True,
                  tools: list[dict] | None = None, max_model_len: int | None = None) -> list[int]:
         """The rendered conversation's token ids (no BOS added: the template writes it);
@@ -237,8 +230,6 @@ class Tokenizer:
         tail = list(context[-CONTEXT_TOKENS:])
         return self.decode(tail + list(ids))[len(self.decode(tail)):]
 
-
-LONG_TEXT = 1 << 16  # characters past which encoding lets other threads run
 
 CONTEXT_TOKENS = 5  # of a prompt, before the first generated token (vLLM's choice too)
 

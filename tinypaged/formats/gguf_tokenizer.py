@@ -26,10 +26,9 @@ from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normaliz
                         processors)
 
 from .gguf import GGUFFile
+from .gguf_vocab import (SPACE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_USER_DEFINED, bos_of,
+                         sentencepiece_arrays, strings, token_types, tokenizer_config)
 
-# GGUF token types (llama.cpp's llama_token_type)
-TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_BYTE = 1, 2, 3, 4, 6
-SPACE = "\u2581"  # SentencePiece's visible space
 # How byte-level BPE vocabularies split text into words before merging, by the name
 # llama.cpp's converter writes in tokenizer.ggml.pre (the patterns llama.cpp uses)
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -49,22 +48,6 @@ SPLITS = {**dict.fromkeys(("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "dbrx
 SUPPORTED_PRE = ("smollm", "gpt2", "default", *SPLITS)
 
 
-def _strings(gguf: GGUFFile, key: str) -> list[str]:
-    values = gguf.require(key)
-    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-        raise ValueError(f"{gguf.path}: {key} must be an array of strings")
-    return values
-
-
-def _token_types(gguf: GGUFFile, tokens: list[str]) -> list[int]:
-    types = gguf.get("tokenizer.ggml.token_type")
-    if types is None:
-        return [TOKEN_NORMAL] * len(tokens)
-    if not isinstance(types, np.ndarray) or types.dtype.kind not in "iu" or len(types) != len(tokens):
-        raise ValueError(f"{gguf.path}: tokenizer.ggml.token_type must be {len(tokens)} integers")
-    return types.tolist()
-
-
 def _add_special_and_user_tokens(tokenizer: Tokenizer, tokens: list[str], types: list[int]) -> None:
     tokenizer.add_special_tokens([
         AddedToken(tok, special=True, normalized=False)
@@ -72,18 +55,6 @@ def _add_special_and_user_tokens(tokenizer: Tokenizer, tokens: list[str], types:
     tokenizer.add_tokens([
         AddedToken(tok, special=False, normalized=False)
         for tok, t in zip(tokens, types) if t == TOKEN_USER_DEFINED])
-
-
-def _bos(gguf: GGUFFile, tokens: list[str]) -> tuple[str, int] | None:
-    """(BOS text, id) when the file asks for BOS to open every prompt."""
-    if gguf.get("tokenizer.ggml.add_bos_token", False) is not True \
-            or gguf.get("tokenizer.ggml.bos_token_id") is None:
-        return None
-    bos_id = gguf.integer("tokenizer.ggml.bos_token_id")
-    if not 0 <= bos_id < len(tokens):
-        raise ValueError(f"{gguf.path}: tokenizer.ggml.bos_token_id={bos_id} is not a "
-                         f"token id (the vocabulary has {len(tokens)})")
-    return tokens[bos_id], bos_id
 
 
 def sentencepiece_merges(tokens: list[str], scores, types: list[int]) -> list[tuple[str, str]]:
@@ -111,14 +82,7 @@ def sentencepiece_merges(tokens: list[str], scores, types: list[int]) -> list[tu
 
 
 def build_sentencepiece(gguf: GGUFFile) -> Tokenizer:
-    tokens = _strings(gguf, "tokenizer.ggml.tokens")
-    types = _token_types(gguf, tokens)
-    scores = gguf.get("tokenizer.ggml.scores")
-    if not isinstance(scores, np.ndarray) or scores.dtype.kind != "f" or len(scores) != len(tokens):
-        raise ValueError(f"{gguf.path}: tokenizer.ggml.scores must be {len(tokens)} numbers")
-    if sum(t == TOKEN_BYTE for t in types) != 256:
-        raise ValueError(f"{gguf.path}: a SentencePiece vocabulary needs its 256 byte tokens "
-                         f"(<0x00>..<0xFF>) for the characters it lacks")
+    tokens, types, scores = sentencepiece_arrays(gguf)
     unknown = gguf.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[int(unknown)] if unknown is not None and 0 <= int(unknown) < len(tokens) else None
     tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)},
@@ -132,7 +96,7 @@ def build_sentencepiece(gguf: GGUFFile) -> Tokenizer:
     if prefix:
         steps.append(decoders.Strip(" ", 1, 0))
     tokenizer.decoder = decoders.Sequence(steps)
-    bos = _bos(gguf, tokens)
+    bos = bos_of(gguf, tokens)
     if bos is not None:
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"{bos[0]} $A", pair=f"{bos[0]} $A $B", special_tokens=[bos])
@@ -151,9 +115,9 @@ def build_tokenizer(gguf: GGUFFile) -> Tokenizer:
     if pre not in SUPPORTED_PRE:
         raise ValueError(f"{gguf.path}: pre-tokenizer {pre!r} is not supported "
                          f"(supported: {', '.join(SUPPORTED_PRE)})")
-    tokens = _strings(gguf, "tokenizer.ggml.tokens")
-    types = _token_types(gguf, tokens)
-    merges = [tuple(m.split(" ", 1)) for m in _strings(gguf, "tokenizer.ggml.merges")]
+    tokens = strings(gguf, "tokenizer.ggml.tokens")
+    types = token_types(gguf, tokens)
+    merges = [tuple(m.split(" ", 1)) for m in strings(gguf, "tokenizer.ggml.merges")]
     if any(len(m) != 2 for m in merges):
         raise ValueError(f"{gguf.path}: malformed BPE merge in tokenizer.ggml.merges")
 
@@ -171,7 +135,7 @@ def build_tokenizer(gguf: GGUFFile) -> Tokenizer:
         tokenizer.pre_tokenizer = byte_level
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    bos = _bos(gguf, tokens)
+    bos = bos_of(gguf, tokens)
     if bos is not None:
         tokenizer.post_processor = processors.Sequence([
             processors.ByteLevel(trim_offsets=False),
@@ -186,28 +150,3 @@ def write_tokenizer_files(gguf: GGUFFile, out_dir: str) -> None:
     build_tokenizer(gguf).save(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(tokenizer_config(gguf), f, indent=2, ensure_ascii=False)
-
-
-def tokenizer_config(gguf: GGUFFile) -> dict:
-    """What HF keeps in tokenizer_config.json: special tokens and the chat template."""
-    tokens = gguf.require("tokenizer.ggml.tokens")
-
-    def token_at(key: str) -> str | None:
-        if gguf.get(key) is None:
-            return None
-        i = gguf.integer(key)
-        return tokens[i] if 0 <= i < len(tokens) else None
-
-    config = {
-        "bos_token": token_at("tokenizer.ggml.bos_token_id"),
-        "eos_token": token_at("tokenizer.ggml.eos_token_id"),
-        "unk_token": token_at("tokenizer.ggml.unknown_token_id"),
-        "pad_token": token_at("tokenizer.ggml.padding_token_id"),
-        "add_bos_token": gguf.get("tokenizer.ggml.add_bos_token", False) is True,
-    }
-    template = gguf.get("tokenizer.chat_template")
-    if template is not None and not isinstance(template, str):
-        raise ValueError(f"{gguf.path}: tokenizer.chat_template must be a string")
-    if template is not None:
-        config["chat_template"] = template
-    return config

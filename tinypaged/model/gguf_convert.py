@@ -16,7 +16,6 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from ..formats.gguf import GGUFFile, unpermute_rows
-from ..formats.gguf_tokenizer import write_tokenizer_files
 from ..formats.quant_kind import BLOCK_LAYOUT
 from .config import ModelConfig
 from .gguf_config import ARCHITECTURES, gguf_model_config, hf_name
@@ -68,6 +67,7 @@ def convert_gguf(path: str | os.PathLike, out_dir: str | os.PathLike,
                   metadata={"format": "pt", "source": os.path.basename(os.fspath(path))})
         with open(os.path.join(partial, "config.json"), "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2)
+        from ..formats.gguf_tokenizer import write_tokenizer_files  # (imports `tokenizers`)
         write_tokenizer_files(gguf, partial)
         if os.path.isdir(out_dir):
             os.rmdir(out_dir)  # empty, checked above
