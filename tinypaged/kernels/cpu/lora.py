@@ -36,18 +36,36 @@ def _widened_by_type(value):
 
 
 @njit(fastmath=True, inline="always")
-def _shrink4(x0, x1, x2, x3, a, r, scale, t):
-    """t[q, j] = scale * (x_q . a[j]) for j < r."""
-    for j in range(r):
-        aj = a[j]
-        acc0 = acc1 = acc2 = acc3 = float32(0.0)
-        for i in range(aj.shape[0]):
-            w = widened(aj[i])
-            acc0 += x0[i] * w
-            acc1 += x1[i] * w
-            acc2 += x2[i] * w
-            acc3 += x3[i] * w
-        t[0, j], t[1, j], t[2, j], t[3, j] = acc0 * scale, acc1 * scale, acc2 * scale, acc3 * scale
+def _shrink4(x0, x1, x2, x3, a, r4, scale, t):
+    """t[q, j] = scale * (x_q . a[j]) for j < r4, four of a's rows a pass (each x
+    value read serves four of them, each a value four rows)."""
+    for j in range(0, r4, 4):
+        a0, a1, a2, a3 = a[j], a[j + 1], a[j + 2], a[j + 3]
+        s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = float32(0.0)
+        s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = float32(0.0)
+        for i in range(a0.shape[0]):
+            w0, w1, w2, w3 = widened(a0[i]), widened(a1[i]), widened(a2[i]), widened(a3[i])
+            v0, v1, v2, v3 = x0[i], x1[i], x2[i], x3[i]
+            s00 += v0 * w0
+            s01 += v0 * w1
+            s02 += v0 * w2
+            s03 += v0 * w3
+            s10 += v1 * w0
+            s11 += v1 * w1
+            s12 += v1 * w2
+            s13 += v1 * w3
+            s20 += v2 * w0
+            s21 += v2 * w1
+            s22 += v2 * w2
+            s23 += v2 * w3
+            s30 += v3 * w0
+            s31 += v3 * w1
+            s32 += v3 * w2
+            s33 += v3 * w3
+        t[0, j], t[0, j + 1], t[0, j + 2], t[0, j + 3] = s00 * scale, s01 * scale, s02 * scale, s03 * scale
+        t[1, j], t[1, j + 1], t[1, j + 2], t[1, j + 3] = s10 * scale, s11 * scale, s12 * scale, s13 * scale
+        t[2, j], t[2, j + 1], t[2, j + 2], t[2, j + 3] = s20 * scale, s21 * scale, s22 * scale, s23 * scale
+        t[3, j], t[3, j + 1], t[3, j + 2], t[3, j + 3] = s30 * scale, s31 * scale, s32 * scale, s33 * scale
 
 
 @njit(fastmath=True, inline="always")
@@ -108,8 +126,8 @@ def _add_lora(x, ys, columns, a_s, bts, ranks_s, scales_s, widest, fours, four_s
             r = ranks_s[m][s]
             if r == 0:
                 continue
-            _shrink4(x0, x1, x2, x3, a_s[m][s], r, scales_s[m][s], t)
             r4 = -(-r // ROWS) * ROWS
+            _shrink4(x0, x1, x2, x3, a_s[m][s], r4, scales_s[m][s], t)
             for j in range(r, r4):  # (the padding's terms: zero)
                 t[0, j] = t[1, j] = t[2, j] = t[3, j] = float32(0.0)
             y, column = ys[m], columns[m]
