@@ -183,12 +183,13 @@ SPM_PIECES = ["▁", "e", "l", "h", "o", "w", "r", "d", "1", "2", "3", "a", "t",
 
 
 def sentencepiece_vocab_gguf(path, add_space_prefix: bool, pieces=SPM_PIECES,
-                             added: tuple[tuple[str, int], ...] = ()) -> None:
+                             added: tuple[tuple[str, int], ...] = (),
+                             byte_piece: str = "<0x{:02X}>") -> None:
     """A GGUF holding only a SentencePiece BPE vocabulary (tokenizer.ggml.model =
     llama): <unk>, <s>, </s>, the 256 byte pieces, then pieces scored best first (the
     order SentencePiece merges them), as Llama 2's or Gemma's files hold theirs; then
     `added` (piece, type): control (3) or user-defined (4) pieces, Gemma's kinds."""
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list(pieces)
+    tokens = ["<unk>", "<s>", "</s>"] + [byte_piece.format(b) for b in range(256)] + list(pieces)
     types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)
     scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
     tokens += [piece for piece, _ in added]

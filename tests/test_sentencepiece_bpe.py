@@ -81,11 +81,13 @@ def test_the_pieces_answer_as_the_vocabulary_holds_them(tmp_path):
     assert tok.eos_token_id == 2
 
 
-@pytest.mark.parametrize("trouble", ["a piece twice", "a byte piece's text in a normal piece"])
+@pytest.mark.parametrize("trouble", ["a piece twice", "a byte piece's text in a normal piece",
+                                     "a byte piece spelled otherwise"])
 def test_a_vocabulary_it_cannot_read_so_falls_back_to_the_tokenizers_form(trouble, tmp_path):
     path = tmp_path / "spm.gguf"
-    extra = ["▁hello"] if trouble == "a piece twice" else ["<0x41>he"]
-    gw.sentencepiece_vocab_gguf(path, add_space_prefix=True, pieces=gw.SPM_PIECES + extra)
+    extra = {"a piece twice": ["▁hello"], "a byte piece's text in a normal piece": ["<0x41>he"]}
+    gw.sentencepiece_vocab_gguf(path, add_space_prefix=True, pieces=gw.SPM_PIECES + extra.get(trouble, []),
+                                byte_piece="<0x{:02x}>" if trouble.endswith("otherwise") else "<0x{:02X}>")
     tok = Tokenizer(path)
     assert isinstance(tok._tok, HFTokens)
     assert tok.encode("hello world") == build_tokenizer(GGUFFile.open(path)).encode("hello world").ids

@@ -1,8 +1,8 @@
 """SentencePieceBPE: a GGUF's SentencePiece vocabulary (tokenizer.ggml.model = llama:
 Llama 1-2, Mistral, Gemma) tokenized from its pieces and scores as they are, the same
 ids as the `tokenizers` BPE that gguf_tokenizer.build_sentencepiece expresses the rule
-as, at a thirtieth of its memory: Gemma 3's 262,144 pieces held ~120 MB there (a
-hash map both ways and 513,511 merges) and ~5 MB here, which is most of what its
+as, at a thirteenth of its memory: Gemma 3's 262,144 pieces held ~115 MB there (a
+hash map both ways and 513,511 merges) and ~9 MB here, which is most of what its
 `generate` held beyond the weights.
 
 The rule (llama.cpp's, and the file's own): the control and user-defined pieces are
@@ -52,11 +52,11 @@ class SentencePieceBPE:
         if again != kernels.NO_ID:
             raise SentencePieceMisfit(f"{source}: piece {again} ({pieces[again]!r}) appears "
                                       f"twice in the vocabulary")
-        self.byte_ids = np.array([self.token_to_id(f"<0x{b:02X}>") for b in range(256)],
-                                 dtype=np.int32)
-        missing = [b for b in range(256) if self.byte_ids[b] == kernels.NO_ID]
+        byte_ids = [self.token_to_id(f"<0x{b:02X}>") for b in range(256)]
+        missing = [b for b, found in enumerate(byte_ids) if found is None]
         if missing:
             raise SentencePieceMisfit(f"{source}: byte piece <0x{missing[0]:02X}> is missing")
+        self.byte_ids = np.array(byte_ids, dtype=np.int32)
         mergeable = self.types == TOKEN_NORMAL
         self.vocab = (self.table, self.blob, self.offsets, mergeable,
                       -np.asarray(scores, dtype=np.float32))
