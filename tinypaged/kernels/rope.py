@@ -178,7 +178,7 @@ def rope_from_config(cfg: dict, where: str, max_position_embeddings: int) -> Rop
     params = dict(params)
     if any(isinstance(v, dict) for v in params.values()):
         raise ValueError(f"{where}: {key} holds a RoPE setting per layer type "
-                         f"({', '.join(k for k, v in params.items() if isinstance(v, dict))}), "
+                         f"({', '.join(repr(k) for k, v in params.items() if isinstance(v, dict))}), "
                          f"which this architecture does not have")
     theta = cfg.get("rope_theta")
     if theta is not None:
