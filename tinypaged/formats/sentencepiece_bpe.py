@@ -45,7 +45,7 @@ class SentencePieceBPE:
         np.cumsum([len(b) for b in encoded], out=self.offsets[1:])
         self.blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
         del encoded
-        self.types = np.asarray(types, dtype=np.int8)
+        kinds = np.asarray(types, dtype=np.int8)
         self.table = np.full(1 << max(4, (2 * len(pieces) - 1).bit_length()), kernels.NO_ID,
                              dtype=np.int32)
         again = kernels.fill_table(self.table, self.blob, self.offsets)
@@ -57,12 +57,12 @@ class SentencePieceBPE:
         if missing:
             raise SentencePieceMisfit(f"{source}: byte piece <0x{missing[0]:02X}> is missing")
         self.byte_ids = np.array(byte_ids, dtype=np.int32)
-        mergeable = self.types == TOKEN_NORMAL
+        mergeable = kinds == TOKEN_NORMAL
         self.vocab = (self.table, self.blob, self.offsets, mergeable,
                       -np.asarray(scores, dtype=np.float32))
-        added = np.flatnonzero(np.isin(self.types, (TOKEN_CONTROL, TOKEN_USER_DEFINED)))
+        added = np.flatnonzero(np.isin(kinds, (TOKEN_CONTROL, TOKEN_USER_DEFINED)))
         self.special_ids = frozenset(added.tolist())  # (matched in the raw text first)
-        self.skipped = self.types == TOKEN_CONTROL  # (decode's skip_special_tokens)
+        self.skipped = kinds == TOKEN_CONTROL  # (decode's skip_special_tokens)
         self.trie = self._trie(added)
         self.add_space_prefix, self.bos_id, self.source = add_space_prefix, bos_id, source
         self.byte_level = False
