@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tinypaged import LLM, SamplingParams  # noqa: E402
-from tinypaged.bench.rates import engine_decode_rate, on_engine_thread  # noqa: E402
+from tinypaged.bench.rates import commit_kv_pool, engine_decode_rate, on_engine_thread  # noqa: E402
 from tinypaged.model.lora_adapter import ATTENTION_MODULES, MLP_MODULES, product_shape  # noqa: E402
 from tinypaged.model.loading import load_model  # noqa: E402
 
@@ -66,6 +66,7 @@ def main():
         write_adapter(folders[f"adapter{i}"], cfg, args.rank, i, TARGETS[args.targets])
     llm = LLM(args.model, kv_cache_memory=256 << 20, max_model_len=1024, lora_modules=folders,
               max_loras=ADAPTERS, max_lora_rank=args.rank, lora_dtype=args.lora_dtype)
+    commit_kv_pool(llm)  # (a page's first write would land in whichever timed run took it)
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     runs = {"base": [None] * args.concurrency,
             "mixed": [f"adapter{i % ADAPTERS}" for i in range(args.concurrency)]}
