@@ -15,7 +15,7 @@ import pytest
 from test_hf_parity import RTOL, log_softmax, model_folder, write_gguf
 from tinypaged import LLM, LoRARequest, SamplingParams
 from tinypaged.kernels import reference
-from tinypaged.kernels.cpu.lora import add_lora, lora_groups, upload
+from tinypaged.kernels.cpu.lora import add_lora, lora_groups, lora_stacks, upload
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "lora")
 CASES = sorted(os.listdir(FIXTURES))
@@ -131,7 +131,7 @@ def test_the_cpu_kernel_matches_the_reference_on_random_terms(dtype):
     slots, max_rank, n_in, rows = 3, 8, 40, 9
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
     wide = rng.standard_normal((rows, 2 * 24)).astype(np.float32)
-    ys = [rng.standard_normal((rows, 20)).astype(np.float32), wide[:, 24:]]
+    ys = [rng.standard_normal((rows, 37)).astype(np.float32), wide[:, 24:]]  # (IR: 16 at a time, the rest after)
     terms = []
     for y, ranks in zip(ys, (np.array([8, 0, 3], np.int32), np.array([5, 2, 0], np.int32))):
         a = rng.standard_normal((slots, max_rank, n_in)).astype(np.float32)
@@ -143,11 +143,12 @@ def test_the_cpu_kernel_matches_the_reference_on_random_terms(dtype):
     adapted = np.array([5, 0, 7, 2, 8, 3], np.int32)
     slot_of = np.array([0, 0, 1, 2, 2, 2], np.int32)
     wants = [y.astype(np.float64) for y in ys]
-    reference.add_lora(x.astype(np.float64), [(w, a.astype(np.float64), bt.astype(np.float64), r, sc.astype(np.float64))
-                                              for w, (_, a, bt, r, sc) in zip(wants, terms)], adapted, slot_of)
+    reference.add_lora(x.astype(np.float64), wants, reference.lora_stacks(
+        [(a.astype(np.float64), bt.astype(np.float64), r, sc.astype(np.float64)) for _, a, bt, r, sc in terms]),
+        adapted, slot_of)
     before = [y.copy() for y in ys]
     left_half = wide[:, :24].copy()
-    add_lora(x, [(y, upload(a), upload(bt), r, sc) for y, a, bt, r, sc in terms],
+    add_lora(x, tuple(ys), lora_stacks([(upload(a), upload(bt), r, sc) for _, a, bt, r, sc in terms]),
              *lora_groups(adapted, slot_of))
     for got, want, old in zip(ys, wants, before):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)

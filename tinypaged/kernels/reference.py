@@ -433,14 +433,21 @@ def lora_groups(rows: np.ndarray, slots: np.ndarray):
     return rows, slots
 
 
-def add_lora(x: np.ndarray, terms, rows: np.ndarray, slots: np.ndarray) -> None:
+def lora_stacks(stacks: list) -> list:
+    """The stacks of products that share an input, as add_lora takes them (here: the
+    list of (a, bt, ranks, scales) as it is). Made once per layer's products, not per step."""
+    return stacks
+
+
+def add_lora(x: np.ndarray, ys, stacks, rows: np.ndarray, slots: np.ndarray) -> None:
     """LoRA's low-rank terms of products that share their input x (T, in), each added
     in place to its product y (T, out): y[row] += scales[s] * (x[row] @ a[s, :r].T) @
     bt[s, :r], r = ranks[s], for each rows[k] with slot s = slots[k] (rows: the batch
-    rows that run an adapter, grouped by slot; lora_groups' form). terms: (y, a, bt,
-    ranks, scales) each; a (S, R, in), bt (S, R, out): each slot's A and B^T, zero
-    past its rank; ranks[s] 0: slot s does not adapt this product."""
-    for y, a, bt, ranks, scales in terms:
+    rows that run an adapter, grouped by slot; lora_groups' form). ys: the products;
+    stacks: lora_stacks of their (a, bt, ranks, scales), in the same order; a (S, R,
+    in), bt (S, R, out): each slot's A and B^T, zero past its rank; ranks[s] 0: slot s
+    does not adapt this product."""
+    for y, (a, bt, ranks, scales) in zip(ys, stacks):
         for row, s in zip(rows, slots):
             r = ranks[s]
             if r:

@@ -7,7 +7,7 @@ B^T as (max_loras, max_rank, out), in float32 or float16 (half the bytes a step
 streams; the kernels widen each value as they read it), with each slot's rank (0: it
 leaves this product alone) and scale. A step's rows name their slots, so requests for different adapters
 and the base run in one batch and the products that share an input add their adapted
-rows' terms in one call (reference.add_lora). The host arrays are the masters; the backend holds copies
+rows' terms in one call (reference.add_lora), their stacks put together once (ops.lora_stacks). The host arrays are the masters; the backend holds copies
 (ops.upload), made again when a slot changes.
 """
 from __future__ import annotations
@@ -49,6 +49,9 @@ class LoRASlots:
         self.cfg, self.ops, self.max_loras, self.max_rank = cfg, ops, max_loras, max_rank
         self.dtype = np.dtype(dtype)  # float32 or float16
         self.stacks: dict[tuple[int, str], _Stack] = {}  # (layer, module) -> its stack
+        # (layer, modules of products sharing an input) -> (which of them have stacks,
+        # those stacks as ops.lora_stacks makes them), built at the first step that asks
+        self.shared: dict[tuple, tuple] = {}
 
     def install(self, slot: int, adapter: LoRAAdapter) -> None:
         """Put adapter's terms in slot (which the caller has freed): the products it
@@ -66,6 +69,18 @@ class LoRASlots:
     def _upload(self) -> None:
         for stack in self.stacks.values():
             stack.held = tuple(map(self.ops.upload, (stack.a, stack.bt, stack.ranks, stack.scales)))
+        self.shared.clear()
+
+    def of_products(self, layer: int, modules: tuple) -> tuple:
+        """(indices into modules of the products some slot adapts, their stacks as
+        ops.add_lora takes them, None where none is)."""
+        key = (layer, modules)
+        if key not in self.shared:
+            adapted = tuple(i for i, module in enumerate(modules) if (layer, module) in self.stacks)
+            stacks = self.ops.lora_stacks([self.stacks[(layer, modules[i])].held for i in adapted]) \
+                if adapted else None
+            self.shared[key] = adapted, stacks
+        return self.shared[key]
 
     def batch(self, row_slots: np.ndarray) -> "LoRABatch | None":
         """The step whose token rows run row_slots (T,) (NO_ADAPTER: the base); None
@@ -91,8 +106,6 @@ class LoRABatch:
     def add(self, x, layer: int, *products) -> None:
         """products: (y, module) pairs, each y (T, out) the product of x (T, in): the
         adapted rows' terms added to them in place (one call for all: they share x)."""
-        stacks = self.slots.stacks
-        terms = [(y, *stacks[(layer, module)].held) for y, module in products
-                 if (layer, module) in stacks]
-        if terms:
-            self.slots.ops.add_lora(x, terms, *self.groups)
+        adapted, stacks = self.slots.of_products(layer, tuple(module for _, module in products))
+        if stacks is not None:
+            self.slots.ops.add_lora(x, tuple(products[i][0] for i in adapted), stacks, *self.groups)

@@ -12,7 +12,7 @@ from . import elementwise
 from .elementwise import add_rms_norm, gelu_tanh_mul_halves, rms_norm, rope, silu_mul_halves
 from .lane_packed import lay_out_weights
 from .linear import linear, prepare_linear_weights
-from .lora import add_lora, lora_groups, upload
+from .lora import add_lora, lora_groups, lora_stacks, upload
 from .out_arrays import from_pool, step_workspace
 from .stacks import stack_layer_matrices, stacked_linear, whole_stack
 from .weight_cache import load_prepared_weights, save_prepared_weights
@@ -22,7 +22,7 @@ kv_cache_dtypes = ("float32", "float16", "int8")  # the pools this backend holds
 __all__ = ["name", "use_in_this_thread", "default_kv_memory", "memory_available", "prepare_weights", "load_prepared_weights", "save_prepared_weights", "allocate_kv",
            "prepare_inputs", "step_workspace", "to_host", "logits_for_sampling", "rope_tables", "embedding", "add_rms_norm", "rms_norm", "linear",
            "qkv_proj", "gate_up_silu", "rope_write_kv", "paged_attention", "silu_mul",
-           "gather_rows", "copy_blocks", "write_kv", "rope", "scale", "add", "gate_up_gelu", "softcap", "upload", "add_lora", "lora_groups", "gate_up"]
+           "gather_rows", "copy_blocks", "write_kv", "rope", "scale", "add", "gate_up_gelu", "softcap", "upload", "add_lora", "lora_groups", "lora_stacks", "gate_up"]
 
 
 def prepare_weights(weights: dict) -> dict:

@@ -4,12 +4,12 @@ t = x A^T * scale (r values), then y += t B^T, reading the row's slot's A and B^
 gate, up) go in one call: a call's fixed cost was a third of the terms' (bench/lora.py).
 
 Rows of one slot go four at a time (a slot's last four padded with stand-ins that
-read its first row and write a spare one), the fours spread over the threads: each
-value of A and B^T read serves four rows, and the expand adds four of B^T's rows in
-one pass over y (ranks padded to a multiple of four, zero terms past the rank). The
-terms stream each adapter's A and B once a step, which bounds them: for four rank-16
-adapters on SmolLM2, 78 MB a step in float32 (~6.6 ms at this machine's ~12 GB/s),
-39 MB in float16 (bench/lora.py).
+read its first row and whose sums are dropped), the fours spread over the threads:
+each value of A and B^T read serves four rows. The expand sums 16 outputs at a time
+over all the ranks in registers (lora_ir.expand_lanes), then adds them to y (ranks
+padded to a multiple of four, zero terms past the rank). The terms stream each
+adapter's A and B once a step: for four rank-16 adapters on SmolLM2, 78 MB a step in
+float32, 39 MB in float16 (bench/lora.py).
 Every row, stand-in or not, runs the same instructions in the same order whatever
 its neighbours: a batch mixing adapters equals each alone, bit for bit.
 """
@@ -19,8 +19,8 @@ from numba.extending import overload
 
 from ...jit_cache import cached_njit
 from .common import f16_bits_to_f32
-
-ROWS = 4  # rows of one slot taken together (and model.lora_slots.RANK_PADDING)
+from .lora_ir import ROWS, columns_in, expand_lanes
+from .vector_ir import LANES
 
 
 def widened(value):
@@ -69,20 +69,23 @@ def _shrink4(x0, x1, x2, x3, a, r4, scale, t):
 
 
 @njit(fastmath=True, inline="always")
-def _expand4(t, bt, r4, y0, y1, y2, y3):
-    """y_q += t[q, :r4] @ bt[:r4], four of bt's rows a pass (r4 a multiple of four)."""
-    for j in range(0, r4, 4):
-        b0, b1, b2, b3 = bt[j], bt[j + 1], bt[j + 2], bt[j + 3]
-        c00, c01, c02, c03 = t[0, j], t[0, j + 1], t[0, j + 2], t[0, j + 3]
-        c10, c11, c12, c13 = t[1, j], t[1, j + 1], t[1, j + 2], t[1, j + 3]
-        c20, c21, c22, c23 = t[2, j], t[2, j + 1], t[2, j + 2], t[2, j + 3]
-        c30, c31, c32, c33 = t[3, j], t[3, j + 1], t[3, j + 2], t[3, j + 3]
-        for o in range(b0.shape[0]):
-            w0, w1, w2, w3 = widened(b0[o]), widened(b1[o]), widened(b2[o]), widened(b3[o])
-            y0[o] += c00 * w0 + c01 * w1 + c02 * w2 + c03 * w3
-            y1[o] += c10 * w0 + c11 * w1 + c12 * w2 + c13 * w3
-            y2[o] += c20 * w0 + c21 * w1 + c22 * w2 + c23 * w3
-            y3[o] += c30 * w0 + c31 * w1 + c32 * w2 + c33 * w3
+def _expand4(t, bt, r4, sums, rows, y, column):
+    """y[rows[q], column:column + out] += t[q, :r4] @ bt[:r4] for each row that is not a
+    stand-in (-1): the sums in `sums` (4, >= out) first, 16 outputs at a time in IR."""
+    n_out = bt.shape[1]
+    chunks = n_out // LANES
+    expand_lanes(t, bt, r4, sums, chunks)
+    for q in range(ROWS):  # (what is left past the last 16)
+        for o in range(chunks * LANES, n_out):
+            acc = float32(0.0)
+            for j in range(r4):
+                acc += t[q, j] * widened(bt[j, o])
+            sums[q, o] = acc
+    for q in range(ROWS):
+        if rows[q] >= 0:
+            y_row, sums_q = y[rows[q], column:column + n_out], sums[q]
+            for o in range(n_out):
+                y_row[o] += sums_q[o]
 
 
 @cached_njit(fastmath=True)
@@ -111,9 +114,10 @@ def _fours(rows, slots):
 
 
 @cached_njit(fastmath=True, parallel=True)
-def _add_lora(x, ys, columns, a_s, bts, ranks_s, scales_s, widest, fours, four_slots):
-    """Each term m: ys[m][:, columns[m]:columns[m] + out] gains its terms (ys[m]: the
-    whole C-contiguous array its product is columns of)."""
+def _add_lora(x, products, wholes, a_s, bts, ranks_s, scales_s, widest, fours, four_slots):
+    """Each term m: products[m], which is wholes[m][:, column:column + out] (the
+    C-contiguous array it is columns of), gains its terms."""
+    columns = columns_in(products, wholes)
     for f in prange(fours.shape[0]):
         s = four_slots[f]
         rr = fours[f]
@@ -121,8 +125,8 @@ def _add_lora(x, ys, columns, a_s, bts, ranks_s, scales_s, widest, fours, four_s
         x0, x1 = x[first], x[rr[1] if rr[1] >= 0 else first]
         x2, x3 = x[rr[2] if rr[2] >= 0 else first], x[rr[3] if rr[3] >= 0 else first]
         t = np.empty((ROWS, a_s[0].shape[1]), np.float32)
-        spare = np.empty(widest, np.float32)
-        for m in range(len(ys)):
+        sums = np.empty((ROWS, widest), np.float32)
+        for m in range(len(wholes)):
             r = ranks_s[m][s]
             if r == 0:
                 continue
@@ -130,12 +134,7 @@ def _add_lora(x, ys, columns, a_s, bts, ranks_s, scales_s, widest, fours, four_s
             _shrink4(x0, x1, x2, x3, a_s[m][s], r4, scales_s[m][s], t)
             for j in range(r, r4):  # (the padding's terms: zero)
                 t[0, j] = t[1, j] = t[2, j] = t[3, j] = float32(0.0)
-            y, column = ys[m], columns[m]
-            end = column + bts[m].shape[2]
-            _expand4(t, bts[m][s], r4, y[first, column:end],
-                     y[rr[1], column:end] if rr[1] >= 0 else spare[:end - column],
-                     y[rr[2], column:end] if rr[2] >= 0 else spare[:end - column],
-                     y[rr[3], column:end] if rr[3] >= 0 else spare[:end - column])
+            _expand4(t, bts[m][s], r4, sums, rr, wholes[m], columns[m])
 
 
 def lora_groups(rows, slots):
@@ -148,20 +147,24 @@ def upload(x: np.ndarray) -> np.ndarray:
     return x.view(np.uint16) if x.dtype == np.float16 else x
 
 
-def add_lora(x, terms, fours, four_slots):
-    """reference.add_lora, the rows as lora_groups gives them and each term's a and bt
-    as upload() holds them, with a rank dimension that is a multiple of ROWS. Each y:
+def lora_stacks(stacks):
+    """reference.lora_stacks: (a_s, bts, ranks, scales, widest) of the products' stacks
+    ((a, bt, ranks, scales) each, as upload() holds them), the tuples the kernel takes."""
+    a_s, bts, ranks, scales = (tuple(part) for part in zip(*stacks))
+    return a_s, bts, ranks, scales, max(bt.shape[2] for bt in bts)
+
+
+def add_lora(x, ys, stacks, fours, four_slots):
+    """reference.add_lora, the rows as lora_groups gives them and the stacks as
+    lora_stacks, with a rank dimension that is a multiple of ROWS. Each y:
     C-contiguous, or columns of a C-contiguous array (the kernel reads contiguous
     rows: strided ones compile to a loop several times slower)."""
-    ys, columns = [], []
-    for y, *_ in terms:
-        whole, column = y, 0
-        if not y.flags.c_contiguous:  # columns of a C-contiguous whole (ops.gate_up's halves)
-            whole = y.base
-            assert whole is not None and whole.flags.c_contiguous and whole.strides == y.strides
-            column = (y.__array_interface__["data"][0] - whole.__array_interface__["data"][0]) // y.itemsize
-        ys.append(whole)
-        columns.append(column)
-    _, a_s, bts, ranks, scales = zip(*terms)
-    _add_lora(x, tuple(ys), tuple(columns), a_s, bts, ranks, scales,
-              max(bt.shape[2] for bt in bts), fours, four_slots)
+    wholes = tuple(y if y.flags.c_contiguous else _whole(y) for y in ys)
+    _add_lora(x, ys, wholes, *stacks, fours, four_slots)
+
+
+def _whole(y):
+    """The C-contiguous array whose columns y is (ops.gate_up's halves, qkv's thirds)."""
+    whole = y.base
+    assert whole is not None and whole.flags.c_contiguous and whole.strides == y.strides
+    return whole

@@ -152,8 +152,10 @@ class CudaBackend(DeviceMemory):
     def lora_groups(self, rows, slots):
         return self.upload(rows), self.upload(slots)
 
-    def add_lora(self, x, terms, rows, slots):
-        lora.add_lora(self.launcher, x, terms, rows, slots)
+    lora_stacks = staticmethod(lora.lora_stacks)
+
+    def add_lora(self, x, ys, stacks, rows, slots):
+        lora.add_lora(self.launcher, x, ys, stacks, rows, slots)
 
     def gate_up_silu(self, x, w_gate, w_up):
         if not w_gate.fuses_with(w_up):

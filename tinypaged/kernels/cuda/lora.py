@@ -50,11 +50,17 @@ def lora_expand(t, bt, ranks, rows, slots, y):
         y[rows[k], o] += acc
 
 
-def add_lora(launcher, x, terms, rows, slots):
-    """reference.add_lora on device arrays (rows, slots: int32 device arrays, as
-    lora_groups uploads them; a and bt float32 or float16, widened as read)."""
+def lora_stacks(stacks):
+    """reference.lora_stacks: the list as it is (add_lora reads each stack in turn)."""
+    return stacks
+
+
+def add_lora(launcher, x, ys, stacks, rows, slots):
+    """reference.add_lora on device arrays (stacks as reference.lora_stacks makes them;
+    rows, slots: int32 device arrays, as lora_groups uploads them; a and bt float32 or
+    float16, widened as read)."""
     n = len(rows)
-    for y, a, bt, ranks, scales in terms:
+    for y, (a, bt, ranks, scales) in zip(ys, stacks):
         t = launcher.empty(n, a.shape[1])
         launcher(lora_shrink, (n, a.shape[1]), SHRINK_THREADS, x, a, ranks, scales, rows, slots, t)
         launcher(lora_expand, (n, -(-y.shape[1] // EXPAND_THREADS)), EXPAND_THREADS,
