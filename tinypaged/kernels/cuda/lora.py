@@ -4,6 +4,7 @@ the dot summed in a fixed order; expand: y += t B^T, a thread per output value.
 Every row runs the same sums whatever else is in the batch."""
 from numba import config, cuda, float32
 
+from ..reference import lora_stacks  # noqa: F401 (the backend's: the list as it is)
 from .disk_cache import cached_kernel
 
 # threads per shrink block (a power of two: the tree sum halves it); the simulator
@@ -48,11 +49,6 @@ def lora_expand(t, bt, ranks, rows, slots, y):
         for j in range(ranks[s]):
             acc += t[k, j] * float32(bt[s, j, o])
         y[rows[k], o] += acc
-
-
-def lora_stacks(stacks):
-    """reference.lora_stacks: the list as it is (add_lora reads each stack in turn)."""
-    return stacks
 
 
 def add_lora(launcher, x, ys, stacks, rows, slots):
