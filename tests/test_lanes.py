@@ -88,6 +88,8 @@ def test_every_batch_gives_a_row_the_oracles_bits(kind, n_out, width):
         rounded = reference.round_activations(x).astype(np.float64)
         assert (np.abs(got - rounded @ w.T) <= packed_product_bound(rounded, w)).all()
         assert np.array_equal(linear(x[-1:], laid)[0], got[-1])  # alone as in the batch
+        ahead = rng.integers(0, 256, 3000 + 640 * rows, dtype=np.uint8)  # (hinted, never read into a value)
+        assert np.array_equal(linear(x, laid, ahead=ahead), got)
 
 
 def _layer(rng) -> dict:

@@ -16,6 +16,7 @@ from test_hf_parity import RTOL, log_softmax, model_folder, write_gguf
 from tinypaged import LLM, LoRARequest, SamplingParams
 from tinypaged.kernels import reference
 from tinypaged.kernels.cpu.lora import add_lora, lora_groups, lora_stacks, upload
+from tinypaged.model.lora_adapter import SHARED_INPUTS
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "lora")
 CASES = sorted(os.listdir(FIXTURES))
@@ -388,3 +389,38 @@ def test_a_freed_slot_keeps_nothing_of_its_earlier_adapter(tmp_path):
     reused.load_lora("qv", qv)  # (the one slot, "all"'s before)
     assert run(reused) == want
     reused.close()
+
+
+def test_a_layers_stacks_sharing_an_input_lie_in_one_buffer_as_adapters_join(tmp_path):
+    """The stacks of the products that share an input lie in one buffer (the product
+    before their call hints it), and stay there, values and all, when a later adapter
+    adds a product to the group: the first adapter's tokens do not change (its logprobs
+    may move by float32 rounding, as they did before the buffers), and the second's
+    equal a fresh engine's."""
+    folder = model_folder("qwen3", "config.json", tmp_path)
+    qv = adapter_copy(tmp_path, "qwen3-r16", tensors=lambda t: {
+        k: v for k, v in t.items() if ".q_proj." in k or ".v_proj." in k})
+    every = os.path.join(FIXTURES, "qwen3-r4-rslora")
+    params = SamplingParams(max_tokens=8, temperature=0, logprobs=3, ignore_eos=True)
+    prompt = [5, 6, 7, 8, 9]
+
+    def run(llm, lora):
+        out = llm.generate([prompt], params, lora=lora)[0].outputs[0]
+        return out.token_ids, [e.logprob for e in out.token_logprobs]
+    fresh = engine(folder, lora_modules={"every": every})
+    want = run(fresh, "every")
+    fresh.close()
+    llm = engine(folder, max_loras=2, lora_modules={"qv": qv})
+    before = run(llm, "qv")
+    slots = llm.engine.loras.slots
+    assert {group for _, group in slots.regions} == {("q_proj", "k_proj", "v_proj")}
+    llm.load_lora("every", every)
+    after = run(llm, "qv")
+    assert after[0] == before[0] and after[1] == pytest.approx(before[1], abs=1e-5)
+    assert run(llm, "every") == want
+    assert {group for _, group in slots.regions} == set(SHARED_INPUTS)
+    for (layer, group), region in slots.regions.items():
+        stacks = [slots.stacks[(layer, m)] for m in group if (layer, m) in slots.stacks]
+        assert sum(s.a.nbytes + s.bt.nbytes for s in stacks) == region.nbytes
+        assert all(np.shares_memory(part, region) for s in stacks for part in (s.a, s.bt))
+    llm.close()

@@ -291,8 +291,8 @@ def add_rms_norm(x: np.ndarray, residual: np.ndarray | None, weight: np.ndarray,
     return rms_norm(residual, weight, eps), residual
 
 
-def qkv_proj(x: np.ndarray, wq, wk, wv, bq=None, bk=None, bv=None):
-    """The attention's three projections of x (T, H): (q, k, v)."""
+def qkv_proj(x: np.ndarray, wq, wk, wv, bq=None, bk=None, bv=None, ahead=None):
+    """The attention's three projections of x (T, H): (q, k, v); ahead: as linear's."""
     return linear(x, wq, bq), linear(x, wk, bk), linear(x, wv, bv)
 
 
@@ -329,9 +329,11 @@ def round_activations(x: np.ndarray) -> np.ndarray:
     return rounded.reshape(x.shape)
 
 
-def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
+def linear(x: np.ndarray, weight, bias: np.ndarray | None = None, ahead=None) -> np.ndarray:
     """x (T, K) @ weight (N, K).T (+ bias (N,)) -> (T, N); a WidenedPacked weight
-    multiplies round_activations(x)."""
+    multiplies round_activations(x). ahead: None, or bytes (flat uint8, on the host) the
+    caller reads right after; a backend may hint them into the caches while the product
+    runs (no value changes; here: nothing)."""
     if isinstance(weight, WidenedPacked):
         x, weight = round_activations(x), weight.dense
     y = x @ weight.T
@@ -418,8 +420,9 @@ def apply_token_mask(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.where(allowed.astype(bool), logits, -np.inf).astype(logits.dtype)
 
 
-def gate_up(x: np.ndarray, w_gate, w_up) -> tuple[np.ndarray, np.ndarray]:
-    """(x @ w_gate.T, x @ w_up.T): the MLP's products before its activation."""
+def gate_up(x: np.ndarray, w_gate, w_up, ahead=None) -> tuple[np.ndarray, np.ndarray]:
+    """(x @ w_gate.T, x @ w_up.T): the MLP's products before its activation; ahead:
+    as linear's."""
     return linear(x, w_gate), linear(x, w_up)
 
 

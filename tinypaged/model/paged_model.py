@@ -17,8 +17,11 @@ from ..batch.attention_metadata import AttentionMetadata
 from ..kernels.kv_q8 import KV_INT8, row_width
 from .config import ModelConfig
 from .layer import LayerPieces, final_norm, qk_norms
+from .lora_adapter import SHARED_INPUTS
 from .kv_groups import KVGroups
 from .rope_tables import RopeTables
+
+QKV, O_PROJ, GATE_UP, DOWN_PROJ = SHARED_INPUTS  # (the module names of each LoRA call)
 
 
 class PagedKVCache:
@@ -118,10 +121,10 @@ class PagedModel:
         n_heads, n_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         a = f"model.layers.{layer}.self_attn."
         biases = [w[a + f"{n}_proj.bias"] for n in "qkv"] if cfg.attention_bias else [None] * 3
-        q, k, v = ops.qkv_proj(h, w[a + "q_proj.weight"], w[a + "k_proj.weight"],
-                               w[a + "v_proj.weight"], *biases)  # (T, n_heads * D), (T, n_kv * D) x 2
+        q, k, v = ops.qkv_proj(h, w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"], *biases,
+                               ahead=lora and lora.ahead(layer, QKV))  # (T, n_heads * D), (T, n_kv * D) x 2
         if lora is not None:
-            lora.add(h, layer, (q, "q_proj"), (k, "k_proj"), (v, "v_proj"))  # (in place)
+            lora.add(h, layer, *zip((q, k, v), QKV))  # (in place)
         q, k = qk_norms(ops, cfg, w, a, qk_norm, q, k)
         cos, sin = self.rope.of_layer[layer]
         slot = self.kv_groups.slot_of[layer]
@@ -132,9 +135,10 @@ class PagedModel:
         attn = ops.paged_attention(q, kv.k[slot], kv.v[slot], meta, cfg.window(layer),
                                    cfg.attention_scale, cfg.attn_softcap)  # (T, n_heads, D)
         attn = attn.reshape(n_tokens, n_heads * head_dim)
-        out = ops.linear(attn, w[a + "o_proj.weight"], w[a + "o_proj.bias"] if cfg.o_proj_bias else None)
+        out = ops.linear(attn, w[a + "o_proj.weight"], w[a + "o_proj.bias"] if cfg.o_proj_bias else None,
+                         ahead=lora and lora.ahead(layer, O_PROJ))
         if lora is not None:
-            lora.add(attn, layer, (out, "o_proj"))
+            lora.add(attn, layer, (out, *O_PROJ))
         return out
 
     def _mlp(self, p: str, h, activation: str, lora=None):
@@ -145,13 +149,13 @@ class PagedModel:
         if lora is not None and (lora.adapts(layer, "gate_proj") or lora.adapts(layer, "up_proj")):
             # the adapters' terms go in before the activation
             mul = ops.gelu_tanh_mul if activation == "gelu_tanh" else ops.silu_mul
-            g, u = ops.gate_up(h, gate, up)  # (T, I) x 2
-            lora.add(h, layer, (g, "gate_proj"), (u, "up_proj"))
+            g, u = ops.gate_up(h, gate, up, ahead=lora.ahead(layer, GATE_UP))  # (T, I) x 2
+            lora.add(h, layer, *zip((g, u), GATE_UP))
             act = mul(g, u)
         else:
             gate_up = ops.gate_up_gelu if activation == "gelu_tanh" else ops.gate_up_silu
             act = gate_up(h, gate, up)
-        out = ops.linear(act, w[p + "mlp.down_proj.weight"])  # act: (T, I)
+        out = ops.linear(act, w[p + "mlp.down_proj.weight"], ahead=lora and lora.ahead(layer, DOWN_PROJ))
         if lora is not None:
-            lora.add(act, layer, (out, "down_proj"))
+            lora.add(act, layer, (out, *DOWN_PROJ))
         return out

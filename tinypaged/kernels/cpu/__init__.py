@@ -38,21 +38,21 @@ def to_host(x):
     return np.array(x) if from_pool(x) else x
 
 
-def qkv_proj(x, wq, wk, wv, bq=None, bk=None, bv=None):
+def qkv_proj(x, wq, wk, wv, bq=None, bk=None, bv=None, ahead=None):
     """The attention's three projections of x: (q, k, v)."""
-    q, k, v = stacked_linear(x, [wq, wk, wv])
+    q, k, v = stacked_linear(x, [wq, wk, wv], ahead)
     return tuple(out if b is None else out + b for out, b in ((q, bq), (k, bk), (v, bv)))
 
 
-def gate_up(x, w_gate, w_up):
+def gate_up(x, w_gate, w_up, ahead=None):
     """(x @ w_gate.T, x @ w_up.T): the MLP's products before its activation (where
     LoRA terms join them). One product when they are one stack, its halves returned
     as views: a copy of each (a fresh allocation past glibc's mmap threshold, its
     pages faulted in anew) cost ~70 us a layer at 32 rows."""
     whole = whole_stack([w_gate, w_up])
     if whole is None:
-        return tuple(stacked_linear(x, [w_gate, w_up]))
-    out = linear(x, whole)
+        return tuple(stacked_linear(x, [w_gate, w_up], ahead))
+    out = linear(x, whole, ahead=ahead)
     return out[:, :w_gate.shape[0]], out[:, w_gate.shape[0]:]
 
 

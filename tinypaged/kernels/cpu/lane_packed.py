@@ -37,9 +37,9 @@ class LanePacked:
     def ndim(self) -> int:
         return 2
 
-    def product(self, x: np.ndarray) -> np.ndarray:
-        """round_activations(x) (M, K) @ W.T -> (M, N)."""
-        return lanes_product(x, self)
+    def product(self, x: np.ndarray, ahead=None) -> np.ndarray:
+        """round_activations(x) (M, K) @ W.T -> (M, N); ahead: as reference.linear's."""
+        return lanes_product(x, self, ahead)
 
     def rows(self, rows) -> PackedWeight:
         """The selected rows (an index array) as a PackedWeight."""

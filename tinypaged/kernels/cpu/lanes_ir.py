@@ -19,7 +19,8 @@ from numba.extending import intrinsic, overload
 from ...formats.quant_kind import Q6_K, Q8_0, QuantKind
 from .byte_dot import LANES_ISA, BlockDot, signed_bytes_direct
 from .kind_arg import QuantKindType
-from .vector_ir import IR_F32, IR_I32, FLOATS, LANES, X_ROWS, c_array, index, pointer, splat
+from .vector_ir import (IR_F32, IR_I32, FLOATS, LANES, TO_L1, TO_L2, X_ROWS, c_array, index, pointer,
+                        prefetch_line, splat)
 
 CHUNKS_PER_BLOCK = 8  # 4 columns a chunk, 32 a block
 W_VIEWS = ("quants", "scales", "mins", "supers", "fifths")  # a group's, from its first lane
@@ -53,7 +54,7 @@ _WORDS = ir.VectorType(ir.IntType(16), 2 * LANES)
 # GEMM's to L1 (3: its group is read by every pass): a hint to L1 holds one of the
 # core's few L1 miss buffers until its line comes, which capped a thread's stream
 # (Zen 5, Llama-1B at batch 1: 30.5-32.1 -> 22.1-27.4 ms a step; 32 rows: no change)
-AHEAD, TO_L1, TO_L2 = 8192, 3, 2
+AHEAD = 8192
 
 
 def w_dtypes(k: QuantKind) -> tuple:
@@ -113,15 +114,6 @@ def _views_of(tuple_type, dtypes) -> bool:
     return isinstance(tuple_type, types.BaseTuple) and len(tuple_type) == len(dtypes) and all(
         isinstance(t, types.NoneType) if d is None else
         c_array(t, (d,)) and t.ndim == 1 for t, d in zip(tuple_type, dtypes))
-
-
-def _prefetch_line(builder, address, level):
-    """Hints the cache line holding address into the caches (a read; level: TO_L1 or
-    TO_L2)."""
-    i8p = ir.IntType(8).as_pointer()
-    hint = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.VoidType(), [i8p, IR_I32, IR_I32, IR_I32]), "llvm.prefetch.p0i8")
-    builder.call(hint, [builder.bitcast(address, i8p)] + [ir.Constant(IR_I32, v) for v in (0, level, 1)])
 
 
 class _Views:
@@ -328,14 +320,14 @@ def _pass(context, builder, k: QuantKind, x_rows: int, half_group: bool, blocks,
             at = builder.add(chunk0, c_at)
             w = _unpack(builder, k, w_views, width, at, high, b, c)
             if x_rows <= X_ROWS:  # (a chunk is a cache line; a line of high bits: a new one)
-                _prefetch_line(builder, w_views.address(
+                prefetch_line(builder, w_views.address(
                     "quants", builder.add(builder.mul(at, index(4 * LANES)), ahead), None), TO_L2)
                 if k.high_bits and c % (8 // k.high_bits) == 0:
                     line = builder.add(builder.mul(b, index(k.high_bits)), index(c // 4))
-                    _prefetch_line(builder, w_views.address("fifths", builder.add(
+                    prefetch_line(builder, w_views.address("fifths", builder.add(
                         builder.mul(line, index(4 * LANES)), index(AHEAD * k.high_bits // 4)), None), TO_L2)
             elif not high:  # (the next group's same chunk: one line a chunk, spread over the pass)
-                _prefetch_line(builder, w_views.address(
+                prefetch_line(builder, w_views.address(
                     "quants", builder.add(builder.mul(at, index(4 * LANES)), group_bytes), None), TO_L1)
             half = c // 4 if k.code == Q6_K else c % 2 if x_rows <= SHORT_ROWS and not half_group else 0
             # x's rows side by side: a chunk's 4 columns of every row in one line at

@@ -25,7 +25,9 @@ from .kind_arg import QuantKindType, kind_arg
 from .lanes_ir import (SHORT_ROWS, HALF_ROWS, WIDE_ROWS, by_halves, group_product, store_lanes, widest_pass,
                        x_row_sums)
 from .out_arrays import output_array
-from .vector_ir import LANES, X_ROWS
+from .vector_ir import LANES, LINE_BYTES, X_ROWS, hint_line
+
+_NOTHING = np.zeros(0, np.uint8)  # (no bytes ahead)
 
 
 def _pass_form(kind):
@@ -104,20 +106,23 @@ def _gemv_lanes(kind, x, w, out):
 
 
 @cached_njit(parallel=True)
-def _gemm_lanes(kind, x_values, x_scales, x_sums, padded_rows, width, w, out):
+def _gemm_lanes(kind, x_values, x_scales, x_sums, padded_rows, width, w, out, ahead):
     """out (M, N) for W's laid-out arrays w; x's padded_rows (M rounded up to a multiple
     of 4, zero rows after M) of `width` values as _gemm_x lays them out. Threads take
     groups of 16 rows (AVX2's 4-bit kinds: each half apart); each is multiplied by
     widest_pass's rows of x at a time, 8 or 4 where _pass_rows says, while its
     bytes are in L1 (unpacked in registers, chunk by chunk, each pass), the next group's
-    prefetched."""
+    prefetched. ahead (flat uint8): bytes the caller reads next, hinted into the caches
+    a share at each group (memory idles while 32 rows are multiplied)."""
     n_out, (halves, widest) = out.shape[1], _pass_form(kind)
     lanes = LANES // halves
     n_groups, n_blocks, out_flat = w[0].shape[0], width // QK, out.reshape(-1)
-    sums_a_row, by_group = x_sums.size // padded_rows, _by_groups(w)
+    sums_a_row, by_group, ahead_lines = x_sums.size // padded_rows, _by_groups(w), -(-ahead.size // LINE_BYTES)
     for c in prange(PACKED_RANGES):  # (the passes hint the bytes ahead: lanes_ir._pass)
         acc = np.empty(widest * lanes, dtype=np.float32)
         for g in range(c * n_groups // PACKED_RANGES, (c + 1) * n_groups // PACKED_RANGES):
+            for line in range(g * ahead_lines // n_groups, (g + 1) * ahead_lines // n_groups):
+                hint_line(ahead, line)
             for h in range(halves):
                 lane0 = g * LANES + h * lanes
                 rows = min(lanes, n_out - lane0)
@@ -197,8 +202,9 @@ def _gemm_x(kind, x, padded_rows):
     return values, scales, sums
 
 
-def lanes_product(x: np.ndarray, weight) -> np.ndarray:
-    """round_activations(x) (M, K) @ W.T for a LanePacked W -> (M, N)."""
+def lanes_product(x: np.ndarray, weight, ahead: np.ndarray | None = None) -> np.ndarray:
+    """round_activations(x) (M, K) @ W.T for a LanePacked W -> (M, N). ahead: as
+    reference.linear's (the GEMM hints it; the GEMV, bound by its own bytes, does not)."""
     out = output_array(len(x), weight.shape[0])
     kind, w = kind_arg(weight.kind), (weight.quants, weight.scales, weight.mins, weight.supers, weight.fifths)
     if len(x) <= PACKED_GEMV_MAX_ROWS:
@@ -206,5 +212,6 @@ def lanes_product(x: np.ndarray, weight) -> np.ndarray:
     else:
         padded_rows = -(-len(x) // SHORT_ROWS) * SHORT_ROWS
         values, scales, sums = _gemm_x(kind, x, padded_rows)
-        _gemm_lanes(kind, values, scales, sums, padded_rows, x.shape[1], w, out)
+        _gemm_lanes(kind, values, scales, sums, padded_rows, x.shape[1], w, out,
+                    _NOTHING if ahead is None else ahead)
     return out

@@ -105,9 +105,9 @@ class LinearWeight:
     def ndim(self) -> int:
         return 2
 
-    def product(self, x: np.ndarray) -> np.ndarray:
+    def product(self, x: np.ndarray, ahead=None) -> np.ndarray:
         """x (M, K) float32 @ W.T -> (M, N): numba's GEMV or GEMM for a few rows, BLAS for
-        many (the module's docstring says where the line is)."""
+        many (the module's docstring says where the line is). ahead: not hinted here."""
         if len(x) > NUMBA_MAX_ROWS or self.shape[0] < GROUP:
             _last_product.blas = True
             if self.kind.code == F32:
@@ -138,9 +138,9 @@ def prepare_linear_weights(weights: dict[str, np.ndarray]) -> dict:
                             if isinstance(w, np.ndarray) and w.ndim == 2 else None)
 
 
-def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
+def linear(x: np.ndarray, weight, bias: np.ndarray | None = None, ahead=None) -> np.ndarray:
     """x (T, K) @ weight.T (+ bias) -> (T, N): the weight's own product (LinearWeight,
-    LanePacked and StackRows each have one)."""
+    LanePacked and StackRows each have one); ahead: as reference.linear's."""
     _last_product.blas = False  # (a LinearWeight's product says when it takes BLAS)
-    out = weight.product(np.ascontiguousarray(x, dtype=np.float32))
+    out = weight.product(np.ascontiguousarray(x, dtype=np.float32), ahead)
     return out if bias is None else out + bias

@@ -27,12 +27,12 @@ class StackRows:
     def ndim(self) -> int:
         return 2
 
-    def product(self, x: np.ndarray) -> np.ndarray:
+    def product(self, x: np.ndarray, ahead=None) -> np.ndarray:
         """x @ these rows.T: its own form's product, or the stack's, sliced."""
         if self.own is not None:
-            return self.own.product(x)
+            return self.own.product(x, ahead)
         whole, start, stop = self.stack
-        return np.ascontiguousarray(whole.product(x)[:, start:stop])
+        return np.ascontiguousarray(whole.product(x, ahead)[:, start:stop])
 
     def dequantize(self, rows=None) -> np.ndarray:
         whole, start, stop = self.stack

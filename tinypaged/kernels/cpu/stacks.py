@@ -78,13 +78,14 @@ def whole_stack(parts: list):
         else None
 
 
-def stacked_linear(x: np.ndarray, parts: list) -> list[np.ndarray]:
+def stacked_linear(x: np.ndarray, parts: list, ahead=None) -> list[np.ndarray]:
     """[x @ p.T for p in parts]: one product for the first parts that make a whole
-    stack (all of them, or q and k), then one product each."""
+    stack (all of them, or q and k), then one product each; the first product hints
+    ahead (reference.linear)."""
     for run in range(len(parts), 1, -1):
         whole = whole_stack(parts[:run])
         if whole is not None:
-            out = linear(x, whole)
+            out = linear(x, whole, ahead=ahead)
             return [np.ascontiguousarray(out[:, p.stack[1]:p.stack[2]]) for p in parts[:run]] + \
                 [linear(x, p) for p in parts[run:]]
-    return [linear(x, p) for p in parts]
+    return [linear(x, parts[0], ahead=ahead)] + [linear(x, p) for p in parts[1:]]

@@ -126,7 +126,7 @@ class CudaBackend(DeviceMemory):
                       elementwise.ROUND_THREADS, x, out)
         return out
 
-    def linear(self, x, weight, bias=None):
+    def linear(self, x, weight, bias=None, ahead=None):  # (ahead: host bytes, not hinted here)
         return self._product(self._input_for(x, weight), weight, bias)
 
     def _product(self, x, weight, bias=None):
@@ -135,7 +135,7 @@ class CudaBackend(DeviceMemory):
         weight.product(self.launcher, x, bias if has_bias else self._no_bias, has_bias, out)
         return out
 
-    def qkv_proj(self, x, wq, wk, wv, bq=None, bk=None, bv=None):
+    def qkv_proj(self, x, wq, wk, wv, bq=None, bk=None, bv=None, ahead=None):
         if not wq.fuses_with(wk, wv) or wq.kernels.qkv is None:
             return self.linear(x, wq, bq), self.linear(x, wk, bk), self.linear(x, wv, bv)
         x = self._input_for(x, wq)
@@ -146,7 +146,7 @@ class CudaBackend(DeviceMemory):
         wq.qkv(self.launcher, x, wk, wv, (bq, bk, bv) if has_bias else (self._no_bias,) * 3, has_bias, outs)
         return outs
 
-    def gate_up(self, x, w_gate, w_up):
+    def gate_up(self, x, w_gate, w_up, ahead=None):
         return self.linear(x, w_gate), self.linear(x, w_up)
 
     def lora_groups(self, rows, slots):
