@@ -18,9 +18,9 @@ from numba.extending import intrinsic, overload
 
 from ...formats.quant_kind import Q6_K, Q8_0, QuantKind
 from .byte_dot import LANES_ISA, BlockDot, signed_bytes_direct
+from .cache_hints import TO_L1, TO_L2, prefetch_line
 from .kind_arg import QuantKindType
-from .vector_ir import (IR_F32, IR_I32, FLOATS, LANES, TO_L1, TO_L2, X_ROWS, c_array, index, pointer,
-                        prefetch_line, splat)
+from .vector_ir import IR_F32, IR_I32, FLOATS, LANES, X_ROWS, c_array, index, pointer, splat
 
 CHUNKS_PER_BLOCK = 8  # 4 columns a chunk, 32 a block
 W_VIEWS = ("quants", "scales", "mins", "supers", "fifths")  # a group's, from its first lane

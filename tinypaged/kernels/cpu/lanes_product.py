@@ -20,12 +20,13 @@ from numba.extending import overload
 from ...formats.quant_kind import QK
 from ...jit_cache import cached_njit
 from .activations import quantize_activations, quantize_row
+from .cache_hints import hint_share
 from .common import PACKED_GEMV_MAX_ROWS, PACKED_RANGES
 from .kind_arg import QuantKindType, kind_arg
 from .lanes_ir import (SHORT_ROWS, HALF_ROWS, WIDE_ROWS, by_halves, group_product, store_lanes, widest_pass,
                        x_row_sums)
 from .out_arrays import output_array
-from .vector_ir import LANES, LINE_BYTES, X_ROWS, hint_line
+from .vector_ir import LANES, X_ROWS
 
 _NOTHING = np.zeros(0, np.uint8)  # (no bytes ahead)
 
@@ -117,12 +118,11 @@ def _gemm_lanes(kind, x_values, x_scales, x_sums, padded_rows, width, w, out, ah
     n_out, (halves, widest) = out.shape[1], _pass_form(kind)
     lanes = LANES // halves
     n_groups, n_blocks, out_flat = w[0].shape[0], width // QK, out.reshape(-1)
-    sums_a_row, by_group, ahead_lines = x_sums.size // padded_rows, _by_groups(w), -(-ahead.size // LINE_BYTES)
+    sums_a_row, by_group = x_sums.size // padded_rows, _by_groups(w)
     for c in prange(PACKED_RANGES):  # (the passes hint the bytes ahead: lanes_ir._pass)
         acc = np.empty(widest * lanes, dtype=np.float32)
         for g in range(c * n_groups // PACKED_RANGES, (c + 1) * n_groups // PACKED_RANGES):
-            for line in range(g * ahead_lines // n_groups, (g + 1) * ahead_lines // n_groups):
-                hint_line(ahead, line)
+            hint_share(ahead, g, n_groups)
             for h in range(halves):
                 lane0 = g * LANES + h * lanes
                 rows = min(lanes, n_out - lane0)

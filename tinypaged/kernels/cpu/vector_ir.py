@@ -3,15 +3,11 @@ attention_ir.py): 16 lanes of float32 or int32, one 512-bit vector (two 256-bit 
 with AVX2), and addressing into numba's C-contiguous arrays."""
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
 LANES = 16  # W rows per group: one 512-bit vector of float32 / int32
 X_ROWS = 8  # rows of x a narrow GEMM pass takes: eight accumulators
 
 IR_I8, IR_I32, IR_I64, IR_F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
-LINE_BYTES = 64  # a cache line
-TO_L1, TO_L2 = 3, 2  # LLVM's prefetch locality: 3 into L1 (prefetcht0), 2 into L2 (prefetcht1)
 FLOATS = ir.VectorType(IR_F32, LANES)
 INTS = ir.VectorType(IR_I32, LANES)
 
@@ -39,26 +35,3 @@ def pointer(context, builder, array_type, array, offset, as_type=None):
 
 def c_array(array_type, dtypes) -> bool:
     return isinstance(array_type, types.Array) and array_type.layout == "C" and array_type.dtype in dtypes
-
-
-def prefetch_line(builder, address, level):
-    """Hints the cache line holding address into the caches (a read; level: TO_L1 or
-    TO_L2)."""
-    i8p = IR_I8.as_pointer()
-    hint = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.VoidType(), [i8p, IR_I32, IR_I32, IR_I32]), "llvm.prefetch.p0i8")
-    builder.call(hint, [builder.bitcast(address, i8p)] + [ir.Constant(IR_I32, v) for v in (0, level, 1)])
-
-
-@intrinsic
-def hint_line(typingctx, data, line):
-    """Hints line `line` (LINE_BYTES each) of a flat uint8 array into L2 (no effect on
-    any value; a line past the end is hinted as well: a hint never faults)."""
-    if not (c_array(data, (types.uint8,)) and data.ndim == 1 and isinstance(line, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        at = builder.mul(args[1], index(LINE_BYTES))
-        prefetch_line(builder, pointer(context, builder, sig.args[0], args[0], at), TO_L2)
-        return context.get_dummy_value()
-    return types.void(data, types.intp), codegen
