@@ -20,7 +20,7 @@ from numba.extending import overload
 from ...formats.quant_kind import QK
 from ...jit_cache import cached_njit
 from .activations import quantize_activations, quantize_row
-from .cache_hints import hint_share
+from .cache_hints import hint_parts
 from .common import PACKED_GEMV_MAX_ROWS, PACKED_RANGES
 from .kind_arg import QuantKindType, kind_arg
 from .lanes_ir import (SHORT_ROWS, HALF_ROWS, WIDE_ROWS, by_halves, group_product, store_lanes, widest_pass,
@@ -114,7 +114,7 @@ def _gemm_lanes(kind, x_values, x_scales, x_sums, padded_rows, width, w, out, ah
     widest_pass's rows of x at a time, 8 or 4 where _pass_rows says, while its
     bytes are in L1 (unpacked in registers, chunk by chunk, each pass), the next group's
     prefetched. ahead (flat uint8): bytes the caller reads next, hinted into the caches
-    a share at each group (memory idles while 32 rows are multiplied)."""
+    a share at each pass (memory idles while 32 rows are multiplied)."""
     n_out, (halves, widest) = out.shape[1], _pass_form(kind)
     lanes = LANES // halves
     n_groups, n_blocks, out_flat = w[0].shape[0], width // QK, out.reshape(-1)
@@ -122,7 +122,6 @@ def _gemm_lanes(kind, x_values, x_scales, x_sums, padded_rows, width, w, out, ah
     for c in prange(PACKED_RANGES):  # (the passes hint the bytes ahead: lanes_ir._pass)
         acc = np.empty(widest * lanes, dtype=np.float32)
         for g in range(c * n_groups // PACKED_RANGES, (c + 1) * n_groups // PACKED_RANGES):
-            hint_share(ahead, g, n_groups)
             for h in range(halves):
                 lane0 = g * LANES + h * lanes
                 rows = min(lanes, n_out - lane0)
@@ -130,6 +129,7 @@ def _gemm_lanes(kind, x_values, x_scales, x_sums, padded_rows, width, w, out, ah
                 m0 = 0
                 while m0 < padded_rows and rows > 0:
                     tile = _pass_rows(padded_rows - m0, widest)
+                    hint_parts(ahead, (g * halves + h) * padded_rows + m0, tile, n_groups * halves * padded_rows)
                     x = (x_values[m0 * width:], x_scales[m0 * n_blocks:], x_sums[m0 * sums_a_row:])
                     group_product(kind, tile, n_blocks, group, x, acc)
                     for i in range(min(tile, out.shape[0] - m0)):
