@@ -37,6 +37,22 @@ def test_rms_norm_rope_silu(seed):
                                rtol=RTOL, atol=ATOL)
 
 
+def test_the_activations_read_views_of_one_array_whether_or_not_they_are_its_halves():
+    """gate_up's halves go to the in-place kernel; views of one array that are not its
+    halves (swapped, offset, narrower) must not: each equals the reference."""
+    rng = np.random.default_rng()
+    whole, wider = rand(rng, 5, 2 * 24) * 4, rand(rng, 5, 2 * 24 + 3) * 4
+    for gate, up in ((whole[:, :24], whole[:, 24:]), (whole[:, 24:], whole[:, :24]),
+                     (wider[:, 1:25], wider[:, 25:49]), (wider[:, :24], wider[:, 24:48]),
+                     (whole[:, :20], whole[:, 24:44]), (whole[:3, :24], whole[:3, 24:])):
+        for op in ("silu_mul", "gelu_tanh_mul"):
+            np.testing.assert_allclose(getattr(cpu, op)(gate, up), getattr(reference, op)(gate, up),
+                                       rtol=RTOL, atol=ATOL)
+    assert cpu._whole_of(whole[:, :24], whole[:, 24:]) is whole
+    assert cpu._whole_of(whole[:, 24:], whole[:, :24]) is None
+    assert cpu._whole_of(wider[:, :24], wider[:, 24:48]) is None
+
+
 def test_the_activations_exp_holds_over_float32s_range():
     """silu and GeGLU take e^x from fast_exp (a vectorisable polynomial, not libm):
     gates from -100 to 100, where e^x under- and overflows, against float64."""

@@ -17,6 +17,7 @@ from tinypaged import LLM, LoRARequest, SamplingParams
 from tinypaged.kernels import reference
 from tinypaged.kernels.cpu.lora import add_lora, lora_groups, lora_stacks, upload
 from tinypaged.model.lora_adapter import SHARED_INPUTS
+from tinypaged.model.lora_slots import slot_major
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "lora")
 CASES = sorted(os.listdir(FIXTURES))
@@ -133,14 +134,16 @@ def test_the_cpu_kernel_matches_the_reference_on_random_terms(dtype):
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
     wide = rng.standard_normal((rows, 2 * 24)).astype(np.float32)
     ys = [rng.standard_normal((rows, 37)).astype(np.float32), wide[:, 24:]]  # (IR: 16 at a time, the rest after)
+    region, views = slot_major(slots, [(max_rank, n) for y in ys for n in (n_in, y.shape[1])], dtype)
     terms = []
-    for y, ranks in zip(ys, (np.array([8, 0, 3], np.int32), np.array([5, 2, 0], np.int32))):
-        a = rng.standard_normal((slots, max_rank, n_in)).astype(np.float32)
-        bt = rng.standard_normal((slots, max_rank, y.shape[1])).astype(np.float32)
+    for y, ranks, a, bt in zip(ys, (np.array([8, 0, 3], np.int32), np.array([5, 2, 0], np.int32)),
+                               views[::2], views[1::2]):
+        a[...] = rng.standard_normal(a.shape)
+        bt[...] = rng.standard_normal(bt.shape)
         for s, r in enumerate(ranks):  # (zero past each rank, as LoRASlots keeps them)
             a[s, r:], bt[s, r:] = 0, 0
         scales = rng.uniform(0.5, 4, slots).astype(np.float32)
-        terms.append((y, a.astype(dtype), bt.astype(dtype), ranks, scales))  # (float16 widened: the spec's)
+        terms.append((y, a, bt, ranks, scales))  # (float16 widened: the spec's)
     adapted = np.array([5, 0, 7, 2, 8, 3], np.int32)
     slot_of = np.array([0, 0, 1, 2, 2, 2], np.int32)
     wants = [y.astype(np.float64) for y in ys]
@@ -149,7 +152,7 @@ def test_the_cpu_kernel_matches_the_reference_on_random_terms(dtype):
         adapted, slot_of)
     before = [y.copy() for y in ys]
     left_half = wide[:, :24].copy()
-    add_lora(x, tuple(ys), lora_stacks([(upload(a), upload(bt), r, sc) for _, a, bt, r, sc in terms]),
+    add_lora(x, tuple(ys), lora_stacks([(upload(a), upload(bt), r, sc) for _, a, bt, r, sc in terms], region),
              *lora_groups(adapted, slot_of))
     for got, want, old in zip(ys, wants, before):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
@@ -421,6 +424,8 @@ def test_a_layers_stacks_sharing_an_input_lie_in_one_buffer_as_adapters_join(tmp
     assert {group for _, group in slots.regions} == set(SHARED_INPUTS)
     for (layer, group), region in slots.regions.items():
         stacks = [slots.stacks[(layer, m)] for m in group if (layer, m) in slots.stacks]
-        assert sum(s.a.nbytes + s.bt.nbytes for s in stacks) == region.nbytes
-        assert all(np.shares_memory(part, region) for s in stacks for part in (s.a, s.bt))
+        assert len(region) == slots.max_loras
+        for slot in range(slots.max_loras):  # (a slot's parts together, in its row)
+            assert sum(s.a[slot].nbytes + s.bt[slot].nbytes for s in stacks) <= region[slot].nbytes
+            assert all(np.shares_memory(part[slot], region[slot]) for s in stacks for part in (s.a, s.bt))
     llm.close()

@@ -436,9 +436,11 @@ def lora_groups(rows: np.ndarray, slots: np.ndarray):
     return rows, slots
 
 
-def lora_stacks(stacks: list) -> list:
+def lora_stacks(stacks: list, region: np.ndarray | None = None) -> list:
     """The stacks of products that share an input, as add_lora takes them (here: the
-    list of (a, bt, ranks, scales) as it is). Made once per layer's products, not per step."""
+    list of (a, bt, ranks, scales) as it is). Made once per layer's products, not per
+    step. region: the host buffer (slots, bytes a slot) the stacks' a and bt are
+    views of, slot by slot (model.lora_slots.slot_major), where there is one."""
     return stacks
 
 

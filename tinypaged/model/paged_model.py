@@ -124,7 +124,7 @@ class PagedModel:
         q, k, v = ops.qkv_proj(h, w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"], *biases,
                                ahead=lora and lora.ahead(layer, QKV))  # (T, n_heads * D), (T, n_kv * D) x 2
         if lora is not None:
-            lora.add(h, layer, *zip((q, k, v), QKV))  # (in place)
+            lora.add(h, layer, QKV, (q, k, v))  # (in place)
         q, k = qk_norms(ops, cfg, w, a, qk_norm, q, k)
         cos, sin = self.rope.of_layer[layer]
         slot = self.kv_groups.slot_of[layer]
@@ -138,7 +138,7 @@ class PagedModel:
         out = ops.linear(attn, w[a + "o_proj.weight"], w[a + "o_proj.bias"] if cfg.o_proj_bias else None,
                          ahead=lora and lora.ahead(layer, O_PROJ))
         if lora is not None:
-            lora.add(attn, layer, (out, *O_PROJ))
+            lora.add(attn, layer, O_PROJ, (out,))
         return out
 
     def _mlp(self, p: str, h, activation: str, lora=None):
@@ -150,12 +150,12 @@ class PagedModel:
             # the adapters' terms go in before the activation
             mul = ops.gelu_tanh_mul if activation == "gelu_tanh" else ops.silu_mul
             g, u = ops.gate_up(h, gate, up, ahead=lora.ahead(layer, GATE_UP))  # (T, I) x 2
-            lora.add(h, layer, *zip((g, u), GATE_UP))
+            lora.add(h, layer, GATE_UP, (g, u))
             act = mul(g, u)
         else:
             gate_up = ops.gate_up_gelu if activation == "gelu_tanh" else ops.gate_up_silu
             act = gate_up(h, gate, up)
         out = ops.linear(act, w[p + "mlp.down_proj.weight"], ahead=lora and lora.ahead(layer, DOWN_PROJ))
         if lora is not None:
-            lora.add(act, layer, (out, *DOWN_PROJ))
+            lora.add(act, layer, DOWN_PROJ, (out,))
         return out

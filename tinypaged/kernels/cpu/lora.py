@@ -2,6 +2,8 @@
 t = x A^T * scale (r values), then y += t B^T, reading the row's slot's A and B^T
 (float32, or float16 widened as read). The products that share an input (q, k, v;
 gate, up) go in one call: a call's fixed cost was a third of the terms' (bench/lora.py).
+The call reads their stacks from one buffer, a row per slot (model.lora_slots), so it
+takes five arrays for them all, not four per product.
 
 Rows of one slot go four at a time (a slot's last four padded with stand-ins that
 read its first row and whose sums are dropped), the fours spread over the threads:
@@ -19,7 +21,8 @@ from numba.extending import overload
 
 from ...jit_cache import cached_njit
 from .common import f16_bits_to_f32
-from .lora_ir import ROWS, columns_in, expand_lanes
+from .lora_ir import ROWS, expand_lanes
+from .views_ir import columns_in
 from .vector_ir import LANES
 
 
@@ -114,27 +117,38 @@ def _fours(rows, slots):
 
 
 @cached_njit(fastmath=True, parallel=True)
-def _add_lora(x, products, wholes, a_s, bts, ranks_s, scales_s, widest, fours, four_slots):
+def _add_lora(x, products, wholes, buf, layout, ranks, scales, widest, fours, four_slots):
     """Each term m: products[m], which is wholes[m][:, column:column + out] (the
-    C-contiguous array it is columns of), gains its terms."""
+    C-contiguous array it is columns of), gains its terms; its stacks lie in each
+    slot's row of buf where layout[m] says (lora_stacks)."""
     columns = columns_in(products, wholes)
+    room = 0
+    for m in range(len(layout)):  # (not layout[:, 2].max(): under parallel=True, a parallel region of its own)
+        room = max(room, layout[m, 2])
     for f in prange(fours.shape[0]):
-        s = four_slots[f]
-        rr = fours[f]
-        first = rr[0]
-        x0, x1 = x[first], x[rr[1] if rr[1] >= 0 else first]
-        x2, x3 = x[rr[2] if rr[2] >= 0 else first], x[rr[3] if rr[3] >= 0 else first]
-        t = np.empty((ROWS, a_s[0].shape[1]), np.float32)
+        t = np.empty((ROWS, room), np.float32)
         sums = np.empty((ROWS, widest), np.float32)
-        for m in range(len(wholes)):
-            r = ranks_s[m][s]
-            if r == 0:
-                continue
-            r4 = -(-r // ROWS) * ROWS
-            _shrink4(x0, x1, x2, x3, a_s[m][s], r4, scales_s[m][s], t)
-            for j in range(r, r4):  # (the padding's terms: zero)
-                t[0, j] = t[1, j] = t[2, j] = t[3, j] = float32(0.0)
-            _expand4(t, bts[m][s], r4, sums, rr, wholes[m], columns[m])
+        _add_four(x, wholes, columns, buf, layout, ranks, scales, fours[f], four_slots[f], t, sums)
+
+
+@njit(fastmath=True)
+def _add_four(x, wholes, columns, buf, layout, ranks, scales, rr, s, t, sums):
+    """One four's terms (rows rr of slot s; t and sums: its scratch)."""
+    first = rr[0]
+    x0, x1 = x[first], x[rr[1] if rr[1] >= 0 else first]
+    x2, x3 = x[rr[2] if rr[2] >= 0 else first], x[rr[3] if rr[3] >= 0 else first]
+    for m in range(len(wholes)):
+        r = ranks[m, s]
+        if r == 0:
+            continue
+        a_at, bt_at, room, n_in, n_out = layout[m, 0], layout[m, 1], layout[m, 2], layout[m, 3], layout[m, 4]
+        a = buf[s, a_at:a_at + room * n_in].reshape((room, n_in))
+        bt = buf[s, bt_at:bt_at + room * n_out].reshape((room, n_out))
+        r4 = -(-r // ROWS) * ROWS
+        _shrink4(x0, x1, x2, x3, a, r4, scales[m, s], t)
+        for j in range(r, r4):  # (the padding's terms: zero)
+            t[0, j] = t[1, j] = t[2, j] = t[3, j] = float32(0.0)
+        _expand4(t, bt, r4, sums, rr, wholes[m], columns[m])
 
 
 def lora_groups(rows, slots):
@@ -147,11 +161,24 @@ def upload(x: np.ndarray) -> np.ndarray:
     return x.view(np.uint16) if x.dtype == np.float16 else x
 
 
-def lora_stacks(stacks):
-    """reference.lora_stacks: (a_s, bts, ranks, scales, widest) of the products' stacks
-    ((a, bt, ranks, scales) each, as upload() holds them), the tuples the kernel takes."""
-    a_s, bts, ranks, scales = (tuple(part) for part in zip(*stacks))
-    return a_s, bts, ranks, scales, max(bt.shape[2] for bt in bts)
+def lora_stacks(stacks, region):
+    """reference.lora_stacks: (buf, layout, ranks, scales, widest) of the products'
+    stacks ((a, bt, ranks, scales) each, as upload() holds them, a and bt views into
+    region, slot by slot): buf the region as the stacks' values (slots, values a slot),
+    layout (products, 5) each one's (A's start, B^T's start, R, in, out) in a slot's
+    row, ranks and scales (products, slots)."""
+    a_s, bts, ranks, scales = zip(*stacks)
+    item = a_s[0].itemsize
+    origin, slot_bytes = region.ctypes.data, region.strides[0]
+
+    def start(part):  # (where part's slot 0 begins in a slot's row, in values)
+        at = part.ctypes.data - origin
+        assert part.strides[0] == slot_bytes and part[0].flags.c_contiguous and 0 <= at < slot_bytes
+        return at // item
+    layout = np.array([(start(a), start(bt), a.shape[1], a.shape[2], bt.shape[2]) for a, bt in zip(a_s, bts)],
+                      np.int64)
+    return (region.view(a_s[0].dtype), layout, np.stack(ranks).astype(np.int32),
+            np.stack(scales).astype(np.float32), int(layout[:, 4].max()))
 
 
 def add_lora(x, ys, stacks, fours, four_slots):

@@ -9,7 +9,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .vector_ir import FLOATS, IR_F32, IR_I64, LANES, c_array, index, pointer, splat
+from .vector_ir import FLOATS, IR_F32, LANES, c_array, index, pointer, splat
 
 ROWS = 4  # rows of one slot taken together (lora.py; and model.lora_slots.RANK_PADDING)
 _HALVES = ir.VectorType(ir.HalfType(), LANES)
@@ -54,28 +54,3 @@ def expand_lanes(typingctx, t, bt, r4, out, chunks):
                 builder.store(builder.load(sums[q]), pointer(context, builder, out_ty, out_arr, at, FLOATS), align=4)
         return context.get_dummy_value()
     return types.void(t, bt, types.intp, out, types.intp), codegen
-
-
-@intrinsic
-def columns_in(typingctx, views, wholes):
-    """Where each of views (2-d float32 arrays, any layout) starts in the C-contiguous
-    whole of the same index: (view's address - whole's) / 4, a tuple of intp. The views'
-    tuple may mix layouts (numba cannot index such a tuple in a loop)."""
-    if not (isinstance(views, types.BaseTuple) and isinstance(wholes, types.BaseTuple)
-            and len(views) == len(wholes) and all(isinstance(v, types.Array) and v.dtype == types.float32
-                                                  for v in views)
-            and all(c_array(w, (types.float32,)) for w in wholes)):
-        return None
-    out_type = types.UniTuple(types.intp, len(views))
-
-    def codegen(context, builder, sig, args):
-        n, columns = len(sig.args[0]), []
-        view_values = cgutils.unpack_tuple(builder, args[0], n)
-        whole_values = cgutils.unpack_tuple(builder, args[1], n)
-        for view_type, view, whole_type, whole in zip(sig.args[0], view_values, sig.args[1], whole_values):
-            start = builder.ptrtoint(context.make_array(view_type)(context, builder, view).data, IR_I64)
-            origin = builder.ptrtoint(context.make_array(whole_type)(context, builder, whole).data, IR_I64)
-            column = builder.sdiv(builder.sub(start, origin), index(4))
-            columns.append(column)
-        return context.make_tuple(builder, out_type, columns)
-    return out_type(views, wholes), codegen

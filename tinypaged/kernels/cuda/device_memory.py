@@ -95,8 +95,9 @@ class DeviceMemory:
         return self.kv_pool[0], self.kv_pool[1]
 
     def upload(self, x: np.ndarray):
-        """A host array where the kernels read it: a device copy."""
-        return cuda.to_device(x)
+        """A host array where the kernels read it: a device copy (C-contiguous; LoRA's
+        stacks are strided views of their slot-major buffers on the host)."""
+        return cuda.to_device(np.ascontiguousarray(x))
 
     def rope_tables(self, max_positions: int, head_dim: int, rope):
         cos, sin = host_rope_tables(max_positions, head_dim, rope)
