@@ -52,3 +52,57 @@ def test_the_rerank_route_ranks_and_cuts(reranker):
         "return_documents": False}).json()
     assert [r["index"] for r in short["results"]] == order[:2]
     assert all("document" not in r for r in short["results"])
+
+
+def test_scoring_joins_the_running_batch_beside_generation():
+    """A reranker's prompts are requests of the continuous batch (as LLM.score sends
+    them): added while a request decodes, they are prefilled in the same steps, the
+    generation going on with the same tokens, and their last states through the head
+    give transformers' scores; every block goes back."""
+    from tinypaged import SamplingParams
+    from tinypaged.config import EngineConfig
+    from tinypaged.engine.llm_engine import LLMEngine
+    from tinypaged.engine.pooled import SCORE_POOLING, head_logits
+    from tinypaged.engine.request import PreparedRequest
+    from tinypaged.llm import EMBEDDING_PARAMS
+    from tinypaged.rerank import answer_ids
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+
+    def fresh():
+        return LLMEngine(str(FIXTURE), EngineConfig(backend="cpu", max_num_batched_tokens=128))
+    plain = fresh()
+    plain.add_request([5, 6, 7], params, "g")
+    while plain.has_unfinished():
+        outs = plain.step()
+    want_tokens = outs[0].outputs[0].token_ids
+
+    engine = fresh()
+    engine.add_request([5, 6, 7], params, "g")
+    engine.step()  # (its prompt)
+    names = [f"score-{i}" for i in range(len(EXPECTED["prompt_ids"]))]
+    for name, ids in zip(names, EXPECTED["prompt_ids"]):
+        engine.add_prepared(PreparedRequest(None, ids, EMBEDDING_PARAMS, pooling=SCORE_POOLING), name)
+    states, steps_together = {}, 0
+    while engine.has_unfinished():
+        scoring = any(name in engine.requests for name in names)
+        outs = {o.request_id: o for o in engine.step()}
+        if scoring:  # (and the generation decoded a token in the same step)
+            steps_together += 1
+            assert "g" in outs and not outs["g"].finished
+        states.update({name: outs[name].embedding for name in names if name in outs and outs[name].finished})
+        if "g" in outs and outs["g"].finished:
+            assert outs["g"].outputs[0].token_ids == want_tokens
+    assert 1 < steps_together < 64 and len(states) == len(names)
+    yes, no = answer_ids(engine.tokenizer)
+    answers = head_logits(engine.runner.model, np.stack([states[n] for n in names]), (yes, no))
+    np.testing.assert_allclose(1 / (1 + np.exp(answers[:, 1] - answers[:, 0])), EXPECTED["scores"],
+                               atol=1e-5, rtol=0)
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+@pytest.mark.cuda
+def test_the_cuda_backend_scores_as_transformers_does():
+    llm = LLM(FIXTURE, backend="cuda", gpu_weight_dtype="float32", kv_cache_dtype="float32")
+    got = llm.score(EXPECTED["query"], EXPECTED["documents"][:1], EXPECTED["instruction"])
+    np.testing.assert_allclose(got, EXPECTED["scores"][:1], atol=1e-5, rtol=0)
+    llm.close()

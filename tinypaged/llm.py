@@ -19,10 +19,10 @@ from .config import EngineConfig
 from .formats.gguf import GGUFFile
 from .model.pooling import Pooling, pooling_of
 from .engine.beam_search import BeamSearchOutput, run_beam_searches
-from .engine.last_logits import last_logits
 from .engine.engine_loop import EngineLoop
 from .engine.llm_engine import LLMEngine
 from .engine.loop_metrics import MetricsSnapshot
+from .engine.pooled import SCORE_POOLING, head_logits
 from .engine.request import PreparedRequest
 from . import checks
 from .interrupts import finalize_keeping_interrupts, start_redelivery
@@ -266,29 +266,38 @@ class LLM:
         prompts = as_prompt_list(prompts)
         pooling, width = self.pooling, self.config.hidden_size
         pooling.shortened(np.zeros(width, np.float32), dimensions, width)  # (refused before work)
-        prepared = [PreparedRequest(None, self.engine.prompt_ids(p), EMBEDDING_PARAMS, pooling=pooling)
-                    for p in prompts]  # (bad input refused here, before any is queued)
-        handles = [RequestHandle(self._loop, stream)
-                   for stream in self._loop.submit_all(prepared, [None] * len(prepared))]
-        try:
-            return [pooling.shortened(h.result().embedding, dimensions, width) for h in handles]
-        finally:
-            for h in handles:
-                h._abort_unfinished()
+        vectors = self._pooled([self.engine.prompt_ids(p) for p in prompts], pooling)
+        return [pooling.shortened(v, dimensions, width) for v in vectors]
 
     def score(self, query: str, documents: list[str], instruction: str | None = None) -> list[float]:
         """Each document's relevance to the query in [0, 1], as a Qwen3-Reranker-style
         model gives it (rerank.py: its prompt, then "yes" against "no" at the last
-        token), in the documents' order. The prompts are prefilled with the engine to
-        themselves (engine/last_logits.py): running requests finish first, new ones wait."""
+        token), in the documents' order. The prompts are requests of the continuous
+        batch, as embed's are (their last token's states, then the head for the two
+        answers: engine/pooled.py)."""
         checks.text("query", query)
         if isinstance(documents, str) or not documents:
             raise ValueError("documents must be a non-empty list of texts")
         yes, no = answer_ids(self.tokenizer)
         ids = [self.engine.prompt_ids(rerank_prompt(query, checks.text("document", d), instruction))
                for d in documents]
-        last = self._loop.call(lambda: last_logits(self.engine, ids), exclusive=True)
-        return [float(1 / (1 + np.exp(float(row[no]) - float(row[yes])))) for row in last]
+        states = np.stack(self._pooled(ids, SCORE_POOLING))
+        answers = self._loop.call(lambda: head_logits(self.engine.runner.model, states, (yes, no)))
+        return [float(1 / (1 + np.exp(float(n) - float(y)))) for y, n in answers]
+
+    def _pooled(self, prompts: list[list[int]], pooling: Pooling) -> list[np.ndarray]:
+        """Each prompt's pooled vector: requests of the continuous batch, prefilled beside
+        whatever runs and never decoded. If the call fails or is interrupted, its
+        unfinished requests are aborted."""
+        prepared = [PreparedRequest(None, ids, EMBEDDING_PARAMS, pooling=pooling)
+                    for ids in prompts]  # (bad input refused here, before any is queued)
+        handles = [RequestHandle(self._loop, stream)
+                   for stream in self._loop.submit_all(prepared, [None] * len(prepared))]
+        try:
+            return [h.result().embedding for h in handles]
+        finally:
+            for h in handles:
+                h._abort_unfinished()
 
     @property
     def pooling(self) -> Pooling:

@@ -9,12 +9,19 @@ no head (a mean over a long prompt would otherwise run the vocabulary-wide produ
 every row). Last-token pooling reads the prefix cache like any prompt (a shared
 instruction prefix is computed once); mean and first-token pooling compute every
 token (Sequence.every_row).
+
+A reranker's prompt is such a request too (LLM.score): its last token's state, not
+normalized (SCORE_POOLING), then the head over those states for the two answers'
+logits (head_logits), so scoring runs beside generation as embedding does.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..model.pooling import Pooling
+
+SCORE_POOLING = Pooling("last", normalize=False, source="rerank")  # the state the head reads
+HEAD_ROWS = 64  # states a head product takes at once (its logits: rows x vocab float32)
 
 
 class PooledState:
@@ -86,3 +93,14 @@ def take_pooled(plan, logits, hidden: np.ndarray):
         except Exception as e:
             plan.outcome.fail(seq, e)
     return logits
+
+
+def head_logits(model, states: np.ndarray, columns: tuple) -> np.ndarray:
+    """The logits (R, len(columns)) float32 in `columns` of the vocabulary, of states
+    (R, H): final-norm states (SCORE_POOLING's), through the model's head (on the engine
+    loop's thread: a call between two steps)."""
+    ops, out = model.ops, []
+    for start in range(0, len(states), HEAD_ROWS):
+        logits = model.head(ops.upload(np.ascontiguousarray(states[start:start + HEAD_ROWS], np.float32)))
+        out.append(np.array(ops.to_host(logits), np.float32)[:, list(columns)])
+    return np.concatenate(out)

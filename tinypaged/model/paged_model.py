@@ -105,11 +105,11 @@ class PagedModel:
             head_rows, pooled = pooled_rows
             if not len(head_rows):
                 return None, ops.gather_rows(h, pooled)
-            return self._head(ops.gather_rows(h, head_rows)), ops.gather_rows(h, pooled)
-        return self._head(h)
+            return self.head(ops.gather_rows(h, head_rows)), ops.gather_rows(h, pooled)
+        return self.head(h)
 
-    def _head(self, h):
-        """h (R, H) -> logits (R, vocab)."""
+    def head(self, h):
+        """h (R, H): rows of the final norm's states -> their logits (R, vocab)."""
         logits = self.ops.linear(h, self.w["lm_head.weight"])
         cap = self.cfg.final_softcap
         return logits if cap is None else self.ops.softcap(logits, cap)
