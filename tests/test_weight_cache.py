@@ -155,3 +155,22 @@ def test_every_prepared_form_comes_back_with_its_values_and_its_sharing(tmp_path
     other = "avx2" if weight_cache.LANES_ISA == "vnni" else "vnni"
     monkeypatch.setattr(weight_cache, "LANES_ISA", other)  # another CPU: not this file's layout
     assert weight_cache.load(source) is None
+
+
+def test_a_models_kernel_list_is_written_at_exit_and_preloaded_at_its_next_load(tmp_path, monkeypatch):
+    """kernel_list: what a run called is kept for the model file (merged with what the
+    list held), and the next load of that file loads each of them first."""
+    import pickle
+    from tinypaged.kernels import cpu
+    from tinypaged.kernels.cpu import kernel_list
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    listed = str(tmp_path / "kernels.pkl")
+    monkeypatch.setattr(kernel_list, "_list_path", lambda source: listed)
+    x = np.ones((2, 8), np.float32)
+    cpu.rms_norm(x, np.ones(8, np.float32), 1e-5)
+    kernel_list._save(listed, {"tinypaged.kernels.cpu.gone:_old": []})
+    with open(listed, "rb") as f:
+        saved = pickle.load(f)
+    assert saved["tinypaged.kernels.cpu.elementwise:_rms_norm"] and "tinypaged.kernels.cpu.gone:_old" in saved
+    assert kernel_list.load_kernels_for(model) == sum(len(sigs) for sigs in saved.values())

@@ -1,5 +1,7 @@
 """`cached_njit`: numba.njit with an on-disk cache that goes stale when any source it
-compiled in changes, not only the kernel's own file.
+compiled in changes, not only the kernel's own file; the kernels a run loaded, to load
+again before the next one's weights are read (preload), and numba's compiler's pages
+given back once they are (give_back_compiler_pages).
 
 numba links every njit function and intrinsic a kernel calls into the kernel's
 machine code, but checks a cached kernel against the kernel's own file alone. A change
@@ -13,7 +15,10 @@ Imports are read from the sources, so those inside functions count too.
 from __future__ import annotations
 
 import ast
+import ctypes
 import hashlib
+import importlib
+import logging
 import os
 import sys
 from functools import lru_cache
@@ -21,14 +26,84 @@ from functools import lru_cache
 from numba import njit
 from numba.core.caching import CompileResultCacheImpl, FunctionCache
 
+log = logging.getLogger("tinypaged")
+MADV_DONTNEED, MADV_PAGEOUT = 4, 21  # Linux: drop these pages; (5.4+) reclaim them now
+
+
+_KERNELS: dict = {}  # "module:qualname" -> each cached_njit dispatcher made
+_CALLED: set = set()  # the keys of those called from Python (not only from other kernels)
+
 
 def cached_njit(**options):
     """Decorator: `njit(**options)` cached on disk, stamped with its sources (above)."""
     def decorate(py_func):
         dispatcher = njit(**options)(py_func)
         dispatcher._cache = _SourcesCache(py_func)  # what njit(cache=True) sets, stamped
+        key = f"{py_func.__module__}:{py_func.__qualname__}"
+        _KERNELS[key] = dispatcher
+        compile_for_args = dispatcher._compile_for_args
+
+        def called(*args, **kws):  # (numba's path for a call from Python it has no code for)
+            _CALLED.add(key)
+            return compile_for_args(*args, **kws)
+        dispatcher._compile_for_args = called
         return dispatcher
     return decorate
+
+
+def called_signatures() -> dict:
+    """{"module:qualname": [signature, ...]} of the cached kernels this process called
+    from Python (numba types: picklable, as numba's own cache index keeps them). Not
+    a kernel only other kernels call: its code is in theirs."""
+    return {key: list(_KERNELS[key].signatures) for key in _CALLED}
+
+
+def preload(signatures: dict) -> int:
+    """Loads each kernel's signatures (called_signatures' form) from the disk cache
+    (compiles those it lacks), as a first call would: returns how many. A kernel or
+    signature this version does not have is skipped."""
+    loaded = 0
+    for key, sigs in signatures.items():
+        module = key.partition(":")[0]
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
+        kernel = _KERNELS.get(key)
+        for sig in sigs if kernel is not None else ():
+            try:
+                kernel.compile(sig)
+                loaded += 1
+            except Exception as e:  # (a signature that no longer types)
+                log.debug("kernel %s%s not preloaded: %s", key, sig, e)
+    return loaded
+
+
+def give_back_compiler_pages() -> bool:
+    """Drops this process's pages of numba's compiler (LLVM, libllvmlite.so: ~67 MB
+    resident once kernels are loaded, none of it used to run them); a later compile
+    faults back what it needs. A mapping none of whose pages was written is dropped
+    outright (MADV_DONTNEED: its pages are the file's), one with written pages (its
+    relocated data) only reclaimed (MADV_PAGEOUT keeps what it cannot write back, and
+    leaves a page another process maps too). False where this cannot be asked (not
+    Linux, a kernel before 5.4)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    done, span = True, None
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:  # (a mapping's first line)
+                named = len(fields) > 5 and os.path.basename(fields[5]).startswith("libllvmlite")
+                span = tuple(int(x, 16) for x in fields[0].split("-")) if named else None
+            elif span is not None and fields[0] == "Private_Dirty:":
+                advice = MADV_DONTNEED if fields[1] == "0" else MADV_PAGEOUT
+                done = libc.madvise(span[0], span[1] - span[0], advice) == 0 and done
+                span = None
+    libc.malloc_trim(0)  # (and the heap the compiler freed, in every thread's arena)
+    return done
 
 
 @lru_cache(maxsize=None)

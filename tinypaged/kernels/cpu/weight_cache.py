@@ -30,6 +30,7 @@ import numpy as np
 
 from ...formats.quant_kind import KINDS
 from .byte_dot import LANES_ISA
+from .kernel_list import load_kernels_for
 from .lane_packed import LANE_ARRAYS, LanePacked
 from .linear import LinearWeight
 from .stack_rows import StackRows
@@ -48,8 +49,12 @@ log = logging.getLogger("tinypaged")
 
 def load_prepared_weights(source) -> dict | None:
     """The backend's op (reference.load_prepared_weights): a GGUF file's prepared
-    weights from the file beside it, when it matches the GGUF as it is now."""
-    return load(source) if _cacheable(source) else None
+    weights from the file beside it, when it matches the GGUF as it is now; the
+    kernels its last run used loaded first (kernel_list.py)."""
+    if not _cacheable(source):
+        return None
+    load_kernels_for(source)
+    return load(source)
 
 
 def save_prepared_weights(source, weights: dict) -> None:
