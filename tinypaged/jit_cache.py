@@ -1,6 +1,6 @@
 """`cached_njit`: numba.njit with an on-disk cache that goes stale when any source it
-compiled in changes, not only the kernel's own file; the kernels a run loaded, to load
-again before the next one's weights are read (preload), and numba's compiler's pages
+compiled in changes, not only the kernel's own file; the kernels a run called, to load
+again before the next run's weights are read (preload), and numba's compiler's pages
 given back once they are (give_back_compiler_pages).
 
 numba links every njit function and intrinsic a kernel calls into the kernel's
