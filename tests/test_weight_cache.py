@@ -158,8 +158,9 @@ def test_every_prepared_form_comes_back_with_its_values_and_its_sharing(tmp_path
 
 
 def test_a_models_kernel_list_is_written_at_exit_and_preloaded_at_its_next_load(tmp_path, monkeypatch):
-    """kernel_list: what a run called is kept for the model file (merged with what the
-    list held), and the next load of that file loads each of them first."""
+    """kernel_list: what a run of one model called is kept for the model file (merged
+    with what the list held), and the next load of that file loads each of them first;
+    a process that loaded two models writes no list (what it called is not one's)."""
     import pickle
     from tinypaged.kernels import cpu
     from tinypaged.kernels.cpu import kernel_list
@@ -167,6 +168,7 @@ def test_a_models_kernel_list_is_written_at_exit_and_preloaded_at_its_next_load(
     model.write_bytes(b"GGUF")
     listed = str(tmp_path / "kernels.pkl")
     monkeypatch.setattr(kernel_list, "_list_path", lambda source: listed)
+    monkeypatch.setattr(kernel_list, "_recorded", {listed})
     x = np.ones((2, 8), np.float32)
     cpu.rms_norm(x, np.ones(8, np.float32), 1e-5)
     kernel_list._save(listed, {"tinypaged.kernels.cpu.gone:_old": []})
@@ -174,3 +176,7 @@ def test_a_models_kernel_list_is_written_at_exit_and_preloaded_at_its_next_load(
         saved = pickle.load(f)
     assert saved["tinypaged.kernels.cpu.elementwise:_rms_norm"] and "tinypaged.kernels.cpu.gone:_old" in saved
     assert kernel_list.load_kernels_for(model) == sum(len(sigs) for sigs in saved.values())
+    kernel_list._recorded.add(str(tmp_path / "other.pkl"))
+    os.remove(listed)
+    kernel_list._save(listed, {})
+    assert not os.path.exists(listed)

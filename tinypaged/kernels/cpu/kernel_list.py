@@ -9,8 +9,8 @@ the kernels are in place and the compiler's pages can be given back first
 (jit_cache.give_back_compiler_pages): Gemma 3 270M's peak RSS 1.79x -> 1.57-1.60x its file
 (bench/NOTES.md). The list is numba types pickled, as numba's own cache index keeps
 them, in numba's cache folder (never beside a model: a model folder is not code one
-runs), named by the model file's path, size and mtime; a run that loaded kernels the
-list lacked writes it at exit. KEPT_LISTS bound the folder's lists.
+runs), named by the model file's path, size and mtime; a run of that one model that
+called kernels the list lacked writes it at exit. KEPT_LISTS bound the folder's lists.
 """
 from __future__ import annotations
 
@@ -49,7 +49,10 @@ def load_kernels_for(source) -> int:
 
 
 def _save(path: str, known: dict) -> None:
-    """The list at `path`: the kernels loaded before (known) and called in this process."""
+    """The list at `path`: the kernels loaded before (known) and called in this process;
+    none where the process loaded other models too (what it called is not this one's)."""
+    if len(_recorded) > 1:
+        return
     merged = {key: list(dict.fromkeys(known.get(key, []) + sigs)) for key, sigs in called_signatures().items()}
     merged = {**known, **merged}
     if merged == known:
