@@ -225,3 +225,32 @@ def slow_down(llm, monkeypatch, seconds: float = 0.003) -> None:
         time.sleep(seconds)
         return real_run(batch, rows, needs, pooled)
     monkeypatch.setattr(llm.engine.runner, "forward", slow_run)
+
+
+def pooled_beside_generation(fresh, params, add_pooled) -> tuple[dict, int]:
+    """A generation of [5, 6, 7] run alone on fresh() (an engine), then on another with
+    the pooled requests add_pooled(engine) adds after its prompt (their ids returned):
+    in every step they run in, the generation decodes a token too, and its tokens are
+    those it had alone; every block goes back. Returns ({id: its vector}, the steps
+    they ran in)."""
+    plain = fresh()
+    plain.add_request([5, 6, 7], params, "g")
+    while plain.has_unfinished():
+        outs = plain.step()
+    want_tokens = outs[0].outputs[0].token_ids
+    engine = fresh()
+    engine.add_request([5, 6, 7], params, "g")
+    engine.step()  # (its prompt)
+    names = add_pooled(engine)
+    vectors, together = {}, 0
+    while engine.has_unfinished():
+        pooling = any(name in engine.requests for name in names)
+        outs = {o.request_id: o for o in engine.step()}
+        if pooling:
+            together += 1
+            assert "g" in outs and not outs["g"].finished
+        vectors.update({name: outs[name].embedding for name in names if name in outs and outs[name].finished})
+        if "g" in outs and outs["g"].finished:
+            assert outs["g"].outputs[0].token_ids == want_tokens
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    return vectors, together

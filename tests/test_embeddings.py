@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import pooled_beside_generation
 from tinypaged import LLM
 from tinypaged.model.pooling import Pooling, pooling_of
 
@@ -189,32 +190,10 @@ def test_embeddings_join_the_running_batch_beside_generation(tmp_path):
     alone = fresh()
     alone.add_prepared(_embedding_request(alone, doc, mean), "e")
     want = [o for o in alone.step() + alone.step() + alone.step() if o.finished][0].embedding
-    plain = fresh()
-    plain.add_request([5, 6, 7], params, "g")
-    while plain.has_unfinished():
-        outs = plain.step()
-    want_tokens = outs[0].outputs[0].token_ids
-
-    engine = fresh()
-    engine.add_request([5, 6, 7], params, "g")
-    engine.step()  # (its prompt)
-    engine.add_prepared(_embedding_request(engine, doc, mean), "e")
-    steps_together = 0
-    vector = None
-    while engine.has_unfinished():
-        embedding_runs = "e" in engine.requests
-        outs = {o.request_id: o for o in engine.step()}
-        if embedding_runs:  # (and the generation decoded a token in the same step)
-            steps_together += 1
-            assert "g" in outs and not outs["g"].finished
-        if "e" in outs and outs["e"].finished:
-            assert not outs["g"].finished  # (the generation goes on past it)
-            vector = outs["e"].embedding
-        if "g" in outs and outs["g"].finished:
-            assert outs["g"].outputs[0].token_ids == want_tokens
+    vectors, steps_together = pooled_beside_generation(
+        fresh, params, lambda engine: [engine.add_prepared(_embedding_request(engine, doc, mean), "e")])
     assert steps_together == 3  # (37 tokens in chunks of at most 16, beside a decode row)
-    np.testing.assert_allclose(vector, want, atol=1e-6, rtol=0)
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    np.testing.assert_allclose(vectors["e"], want, atol=1e-6, rtol=0)
 
 
 def test_embeddings_preempted_under_pressure_are_computed_again_whole(tmp_path, monkeypatch):

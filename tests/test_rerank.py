@@ -8,6 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
+from helpers import pooled_beside_generation
 from serving import ServerThread
 from tinypaged import LLM
 from tinypaged.rerank import rerank_prompt
@@ -67,37 +68,23 @@ def test_scoring_joins_the_running_batch_beside_generation():
     from tinypaged.llm import EMBEDDING_PARAMS
     from tinypaged.rerank import answer_ids
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    engines = []
 
     def fresh():
-        return LLMEngine(str(FIXTURE), EngineConfig(backend="cpu", max_num_batched_tokens=128))
-    plain = fresh()
-    plain.add_request([5, 6, 7], params, "g")
-    while plain.has_unfinished():
-        outs = plain.step()
-    want_tokens = outs[0].outputs[0].token_ids
+        engines.append(LLMEngine(str(FIXTURE), EngineConfig(backend="cpu", max_num_batched_tokens=128)))
+        return engines[-1]
 
-    engine = fresh()
-    engine.add_request([5, 6, 7], params, "g")
-    engine.step()  # (its prompt)
+    def add_prompts(engine):
+        return [engine.add_prepared(PreparedRequest(None, ids, EMBEDDING_PARAMS, pooling=SCORE_POOLING),
+                                    f"score-{i}") for i, ids in enumerate(EXPECTED["prompt_ids"])]
+    states, steps_together = pooled_beside_generation(fresh, params, add_prompts)
+    assert 1 < steps_together < 64 and len(states) == len(EXPECTED["prompt_ids"])
+    engine = engines[-1]
     names = [f"score-{i}" for i in range(len(EXPECTED["prompt_ids"]))]
-    for name, ids in zip(names, EXPECTED["prompt_ids"]):
-        engine.add_prepared(PreparedRequest(None, ids, EMBEDDING_PARAMS, pooling=SCORE_POOLING), name)
-    states, steps_together = {}, 0
-    while engine.has_unfinished():
-        scoring = any(name in engine.requests for name in names)
-        outs = {o.request_id: o for o in engine.step()}
-        if scoring:  # (and the generation decoded a token in the same step)
-            steps_together += 1
-            assert "g" in outs and not outs["g"].finished
-        states.update({name: outs[name].embedding for name in names if name in outs and outs[name].finished})
-        if "g" in outs and outs["g"].finished:
-            assert outs["g"].outputs[0].token_ids == want_tokens
-    assert 1 < steps_together < 64 and len(states) == len(names)
     yes, no = answer_ids(engine.tokenizer)
     answers = head_logits(engine.runner.model, np.stack([states[n] for n in names]), (yes, no))
     np.testing.assert_allclose(1 / (1 + np.exp(answers[:, 1] - answers[:, 0])), EXPECTED["scores"],
                                atol=1e-5, rtol=0)
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
 @pytest.mark.cuda
