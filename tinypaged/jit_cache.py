@@ -102,7 +102,8 @@ def give_back_compiler_pages() -> bool:
                 advice = MADV_DONTNEED if fields[1] == "0" else MADV_PAGEOUT
                 done = libc.madvise(span[0], span[1] - span[0], advice) == 0 and done
                 span = None
-    libc.malloc_trim(0)  # (and the heap the compiler freed, in every thread's arena)
+    if hasattr(libc, "malloc_trim"):  # (glibc's; musl has none)
+        libc.malloc_trim(0)  # (and the heap the compiler freed, in every thread's arena)
     return done
 
 
