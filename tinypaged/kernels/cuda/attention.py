@@ -42,6 +42,9 @@ CHUNK_ROUNDS, CHUNK_SYNCS, MERGE_SYNCS, SYNC_ROUNDS = 1, 6, 6, 0.25
 Q_TILE = 16  # prefill: queries per block
 KV_TILE = 16  # prefill: keys staged in shared memory per step
 PREFILL_THREADS = 128
+# prefill: q_s and k_s rows of MAX_HEAD_DIM + 1 words: a warp scores 16 keys at one d,
+# which rows of 128 words put in one bank (16-way conflicts); padded, 16 banks
+PADDED_DIM = MAX_HEAD_DIM + 1
 PREFILL_BLOCKS_PER_SM = 6  # what its ~34 KB of shared memory allows; as a launch bound it
 #   keeps registers at or under 85 a thread so that registers do not lower it further
 
@@ -235,8 +238,8 @@ def _prefill_kernel(kv_value, kv_rows):
         at the tile containing the first query's first key, and scores outside a
         query's window are -inf.
         """
-        q_s = cuda.shared.array((Q_TILE, MAX_HEAD_DIM), dtype=float32)
-        k_s = cuda.shared.array((KV_TILE, MAX_HEAD_DIM), dtype=float32)
+        q_s = cuda.shared.array((Q_TILE, PADDED_DIM), dtype=float32)
+        k_s = cuda.shared.array((KV_TILE, PADDED_DIM), dtype=float32)
         v_s = cuda.shared.array((KV_TILE, MAX_HEAD_DIM), dtype=float32)
         acc = cuda.shared.array((Q_TILE, MAX_HEAD_DIM), dtype=float32)
         p_s = cuda.shared.array((Q_TILE, KV_TILE), dtype=float32)  # scores, then probabilities
