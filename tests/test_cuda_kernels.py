@@ -38,6 +38,42 @@ def test_linear(gpu, rows, weight_dtype):
     np.testing.assert_allclose(got, reference.linear(x, w), **TOL)
 
 
+@pytest.mark.parametrize("sms", [1, 16, 64])  # one split; 2 splits; 5 (more than SPLITS_AT_ONCE)
+def test_tiled_product_over_several_tiles_and_splits_of_k(gpu, sms):
+    """M = 20, N = 21: 3 x 3 tiles, the last ones partly outside; K = 100: 13 slices of the
+    simulator's 8, the last partly. With fewer tiles than SMs, K is split and the last
+    block of each tile adds the splits' partials; it leaves the arrival counts at zero
+    for the next launch (the second product here counts from them)."""
+    from tinypaged.kernels.cuda import tiled_matmul
+    rng = np.random.default_rng(sms)
+    w = rand(rng, 21, 100).astype(np.float16)
+    x, bias = rand(rng, 20, 100), rand(rng, 21)
+    gpu.launcher.sms = sms
+    splits, k_span = tiled_matmul.tiled_split(20, 21, 100, sms)
+    assert splits == {1: 1, 16: 2, 64: 5}[sms] and k_span % tiled_matmul.DEPTH == 0
+    dev_w, dev_x, dev_b = DeviceFloat(w, np.float16), cuda.to_device(x), cuda.to_device(bias)
+    for with_bias in (True, False):
+        got = gpu.linear(dev_x, dev_w, dev_b if with_bias else None).copy_to_host()
+        want = reference.linear(x, w.astype(np.float32), bias if with_bias else None)
+        np.testing.assert_allclose(got, want, **TOL)
+    assert not gpu.launcher.arrival_counts(3, 3).copy_to_host().any()
+
+
+def test_tiled_split_fills_the_sms_only_where_the_tiles_do_not():
+    """In tiles and slices (the GPU's 64 x 64 and 16: a 2,048-row prompt over SmolLM2's
+    576 x 576, then batch 64 there, 16 rows over 1,536 outputs, 64 over a 1,536-wide K)."""
+    from tinypaged.kernels.cuda.tiled_matmul import DEPTH, MIN_SPLIT_SLICES, TILE, tiled_split
+    assert tiled_split(32 * TILE, 9 * TILE, 36 * DEPTH, 132) == (1, 36 * DEPTH)
+    for row_tiles, col_tiles, slices in ((1, 9, 36), (1, 24, 36), (1, 9, 96), (0.6, 1, 2.5)):
+        rows, cols, width = int(row_tiles * TILE), col_tiles * TILE, int(slices * DEPTH)
+        splits, k_span = tiled_split(rows, cols, width, 132)
+        assert k_span % DEPTH == 0 and k_span >= min(-(-width // DEPTH), MIN_SPLIT_SLICES) * DEPTH
+        assert (splits - 1) * k_span < width <= splits * k_span  # no split is empty
+        tiles = -(-cols // TILE) * -(-rows // TILE)
+        assert splits * tiles < 132 + tiles  # the SMs filled, a wave at most
+        assert (splits > 1) == (-(-width // DEPTH) >= 2 * MIN_SPLIT_SLICES)  # (the last: too short)
+
+
 @pytest.mark.parametrize("blocks", [None, 2])  # the simulator's two blocks; 45, a block a row
 def test_warp_gemv_over_long_rows_and_every_decode_row(gpu, blocks):
     """K = 300: a block's threads split a row into 4-weight chunks (FLOAT_ROW_WARPS warps

@@ -3,7 +3,8 @@ ones a recorded step launches, and the design it describes reaches the goal of
 issue 33 (SmolLM2, batch 1, graph mode: >= 1,000 tokens/s) under its assumptions."""
 import pytest
 
-from tinypaged.kernels.cuda.tools.step_model import ASSUMPTIONS, KernelCost, decode_step, predict
+from tinypaged.kernels.cuda.tools.step_model import (ASSUMPTIONS, KernelCost, decode_step, predict, prefill_prompt,
+                                                     prefill_step, tiled_product)
 
 SMOLLM2 = dict(hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64, intermediate=1536,
                vocab=49152)
@@ -36,9 +37,41 @@ def test_a_kernel_costs_its_bandwidth_or_its_latency_whichever_is_more():
     assert waves.waves() == 3
 
 
-def test_batches_past_the_gemv_steps_are_refused():
-    with pytest.raises(ValueError, match="batch=16: the model covers the GEMV steps"):
-        decode_step(**SMOLLM2, batch=16)
+def test_batches_past_the_gemvs_run_the_tiled_products():
+    """Batch 64: q, k, v, o, gate, up and down as tiled products (split along K to fill
+    the SMs), SiLU apart, lm_head tiled too: 4 launches a layer more than the GEMVs."""
+    gemv, tiled = (predict(decode_step(**SMOLLM2, batch=b, context=512)) for b in (8, 64))
+    assert tiled["launches"] == gemv["launches"] + 4 * 30
+    names = {k.name for _, k in tiled["costs"]}
+    assert {"tiled q_proj", "tiled down_proj", "tiled lm_head", "silu_mul"} <= names
+    assert not any(name.startswith("gemv") for name in names)
+    assert tiled["step_us"] > gemv["step_us"]
+
+
+def test_a_tiled_product_splits_k_at_decode_and_not_in_prefill():
+    decode = tiled_product("o", 1, 64, 576, 576)  # 9 tiles: K split in 12 (48 wide)
+    prefill = tiled_product("o", 1, 2048, 576, 576)  # 288 tiles, K whole: 36 slices each
+    assert decode.blocks == 9 * 12 and decode.rounds == 1 + 3 + 2 + 3  # slices, fence and count, merge
+    assert prefill.blocks == 288 and prefill.rounds == 1 + 36
+    # shared loads: a warp's 16 x (4 + 4) a slice; 2 FLOPs an FMA, 2 FMAs a load
+    flops = 2 * 2048 * 576 * 576
+    assert prefill.shared_loads * 32 * 2 * 2 == flops
+
+
+def test_compute_kernels_are_bound_by_their_shared_loads():
+    a = ASSUMPTIONS
+    one_us = int(a["sms"] * a["sm_clock_ghz"] * 1e3 * a["shared_loads_per_sm_clock"])
+    compute = KernelCost("gemm", 1, 1000, 132, 256, 1, 0, shared_loads=100 * one_us)
+    assert compute.micros() == pytest.approx(a["node_us"] + 100.0)
+
+
+def test_a_prompt_is_prefilled_in_chunks_each_reading_the_keys_before_it():
+    result = prefill_prompt(SMOLLM2, prompt=2048, chunk=512)
+    times = [s["step_us"] for s in result["steps"]]
+    assert len(times) == 4 and times == sorted(times)  # later chunks attend to more keys
+    assert result["tokens_per_s"] == pytest.approx(2048e6 / sum(times))
+    last = predict(prefill_step(**SMOLLM2, rows=512, before=1536))
+    assert last["step_us"] == pytest.approx(times[-1])
 
 
 def test_the_resource_report_prints_the_model_for_a_config(tmp_path):

@@ -15,7 +15,7 @@ import numpy as np
 from numba import cuda
 
 from ...formats.quant_kind import F16, F32, KINDS
-from . import kquant_matmul, matmul, packed_matmul
+from . import kquant_matmul, matmul, packed_matmul, tiled_matmul
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class MatrixKernels:
 
 
 FLOAT_KERNELS = MatrixKernels(matmul.gemv_rows, matmul.gemv_qkv, matmul.gemv_gate_up_silu,
-                              matmul.matmul_tiled, matmul.float_gemv_blocks, matmul.FLOAT_ROW_THREADS)
+                              tiled_matmul.matmul_tiled, matmul.float_gemv_blocks, matmul.FLOAT_ROW_THREADS)
 
 
 def _packed(family: tuple, tiled, upload) -> MatrixKernels:
@@ -72,8 +72,7 @@ class DeviceMatrix:
             launch(self.kernels.gemv, self.kernels.gemv_blocks(self.shape[0]), self.kernels.gemv_threads,
                    x, self.decode, bias, has_bias, out)
         else:
-            grid = (-(-self.shape[0] // matmul.TILE), -(-x.shape[0] // matmul.TILE))
-            launch(self.kernels.tiled, grid, (matmul.TILE, matmul.TILE), x, self.tiled, bias, has_bias, out)
+            tiled_matmul.launch_tiled(launch, self.kernels.tiled, x, self.tiled, bias, has_bias, out)
 
     def qkv(self, launch, x, wk, wv, biases, has_bias, outs) -> None:
         """q, k, v = x @ (self, wk, wv).T (+ biases) in one GEMV launch (decode rows; the

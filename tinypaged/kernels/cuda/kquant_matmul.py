@@ -22,7 +22,8 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from ...formats.quant_kind import QK, QK_K, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
-from .matmul import GEMV_MAX_ROWS, VEC, WARP, _warp_sum_rows, tiled_kernel
+from .matmul import GEMV_MAX_ROWS, VEC, WARP, _warp_sum_rows
+from .tiled_matmul import tiled_kernel
 from .packed_matmul import decode_kernel_family
 
 

@@ -1,9 +1,7 @@
-"""CUDA matrix products out (M, N) = x (M, K) @ W (N, K).T (+ bias), float32 accumulation.
+"""CUDA decode products out (M, N) = x (M, K) @ W (N, K).T (+ bias), float32 accumulation,
+for M <= GEMV_MAX_ROWS (more rows: tiled_matmul.py).
 
-W is float16 (half the bytes; the default on the device) or float32. Two shapes:
-- `matmul_tiled`: prefill and large batches. Each 16x16 block stages a 16x16 tile
-  of x and of W in shared memory per step along K, so every element loaded from
-  global memory is used 16 times. Traffic: x read N/16 times, W read M/16 times.
+W is float16 (half the bytes; the default on the device) or float32.
 - `gemv_rows`: decode (M <= GEMV_MAX_ROWS). A warp per weight row: its lanes read
   consecutive VEC-weight chunks of the row (coalesced), dot them with every row of
   x, and sum across the warp with shfl_xor_sync. Traffic: W once, x from cache.
@@ -16,11 +14,9 @@ import math
 from numba import config, cuda, float32
 
 from .bounded_jit import jit_bounded
-from .disk_cache import cached_kernel
 from .warp import WARP, warp_sum
 
-TILE = 16  # matmul_tiled: block (TILE, TILE), shared tiles TILE x TILE
-GEMV_MAX_ROWS = 8  # rows of x the decode path takes; beyond this, matmul_tiled
+GEMV_MAX_ROWS = 8  # rows of x the decode path takes; beyond this, tiled_matmul.py
 GEMV_WARPS = 4  # gemv kernels: warps (one weight row each at a time) per block
 GEMV_THREADS = GEMV_WARPS * WARP
 VEC = 4  # consecutive weights a lane reads per step (8 bytes of float16)
@@ -30,50 +26,6 @@ GEMV_BOUNDS = (GEMV_THREADS, 8)  # 8 blocks of 128 threads an SM (50%): at most 
 # thread and Python shuffles, takes one: the GPU tests and the PTX hold the cross-warp sum)
 FLOAT_ROW_WARPS = 1 if config.ENABLE_CUDASIM else GEMV_WARPS
 FLOAT_ROW_THREADS = FLOAT_ROW_WARPS * WARP
-
-
-def tiled_kernel(weight):
-    """The tiled product with W's tile staged through weight(w, n, k, half) (half = K/2,
-    where packed nibble rows fold): float16/32 W here, packed W in packed_matmul.py and
-    kquant_matmul.py. Grid (ceil(N / TILE), ceil(M / TILE)), block (TILE, TILE):
-    thread (tx, ty) computes out[by * TILE + ty, bx * TILE + tx]."""
-
-    @cached_kernel()
-    def matmul_tiled(x, w, bias, has_bias, out):
-        x_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [row, k]
-        w_tile = cuda.shared.array((TILE, TILE), dtype=float32)  # [k, n]: read along n, no bank conflicts
-        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-        n_rows, width = x.shape
-        n_out = out.shape[1]
-        half = width // 2
-        row = cuda.blockIdx.y * TILE + ty
-        col = cuda.blockIdx.x * TILE + tx
-        w_row = cuda.blockIdx.x * TILE + ty  # the W row this thread stages
-        acc = float32(0.0)
-        for k0 in range(0, width, TILE):
-            k = k0 + tx
-            x_tile[ty, tx] = x[row, k] if row < n_rows and k < width else float32(0.0)
-            w_tile[tx, ty] = weight(w, w_row, k, half) if w_row < n_out and k < width \
-                else float32(0.0)
-            cuda.syncthreads()  # both tiles are staged
-            for kk in range(TILE):
-                acc += x_tile[ty, kk] * w_tile[kk, tx]
-            cuda.syncthreads()  # everyone is done reading before the next stage
-        if row < n_rows and col < n_out:
-            if has_bias:
-                acc += bias[col]
-            out[row, col] = acc
-
-    return matmul_tiled
-
-
-@cuda.jit(device=True, inline="always")
-def _plain_weight(w, n, k, half):
-    """Weight (n, k) of a float16 / float32 matrix, as float32."""
-    return float32(w[n, k])
-
-
-matmul_tiled = tiled_kernel(_plain_weight)
 
 
 @cuda.jit(device=True, inline="always")

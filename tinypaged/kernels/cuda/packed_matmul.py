@@ -18,7 +18,7 @@ backend's packed products take it; products accumulate in float32.
   int32 word; the warp reads 128 consecutive bytes a step, coalesced), shfl_xor
   sums. Traffic: the packed row once (Q8_0: 34 bytes per 32 weights, Q4_0: 18,
   Q4_1: 20; float16: 64), x from cache.
-- `matmul_tiled_packed`: prefill and large batches, matmul.tiled_kernel with each W
+- `matmul_tiled_packed`: prefill and large batches, tiled_matmul.tiled_kernel with each W
   tile dequantized as it is staged in shared memory.
 """
 import math
@@ -29,7 +29,8 @@ from numba import cuda, float32, int32
 from ...formats.quant_kind import Q4_0, Q4_1, Q8_0, QK
 from .bounded_jit import jit_bounded
 from .matmul import (GEMV_BOUNDS, GEMV_MAX_ROWS, VEC, WARP, _first_warp_and_stride, _store_rows,
-                     _warp_sum_rows, tiled_kernel)
+                     _warp_sum_rows)
+from .tiled_matmul import tiled_kernel
 
 
 @cuda.jit(device=True, inline="always")

@@ -6,7 +6,9 @@ to sm_90 SASS and prints its registers, stack frame, spills, shared memory and
 theoretical occupancy (resources.py); `--audit` prints all of it, with each
 kernel's count of float64 and of fused multiply-add instructions, as JSON from
 one compile. Needs numba-cuda with NVVM (the `cuda`
-extra) and must run without NUMBA_ENABLE_CUDASIM.
+extra) and must run without NUMBA_ENABLE_CUDASIM. `--step-model CONFIG_DIR [BATCH
+[CONTEXT]]` and `--prefill-model CONFIG_DIR [PROMPT [CHUNK]]` print step_model.py's
+predictions for a config.json's shapes instead (no compile).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import sys
 from numba import cuda, types
 
 from ....formats.quant_kind import KINDS
-from .. import attention, elementwise, kquant_matmul, kv_rows, logits, lora, matmul, packed_matmul
+from .. import attention, elementwise, kquant_matmul, kv_rows, logits, lora, matmul, packed_matmul, tiled_matmul
 
 f32, f16, i32, i64 = types.float32, types.float16, types.int32, types.int64
 i8, u8 = types.int8, types.uint8
@@ -50,11 +52,12 @@ def packed_families() -> list[tuple[str, tuple, object]]:
 def signatures() -> list[tuple[str, object, tuple]]:
     """(label, kernel, argument types) for every kernel and dtype combination used."""
     sigs = []
+    tiled = (arr(f32, 3), arr(i32, 2), i32)  # (the tiled product's partials, arrivals, k_span)
     for wname, wtype in (("f16", f16), ("f32", f32)):
         mm = (arr(f32, 2), arr(wtype, 2), arr(f32, 1), types.boolean, arr(f32, 2))
         qkv = (arr(f32, 2), arr(wtype, 2), arr(wtype, 2), arr(wtype, 2), arr(f32, 1),
                arr(f32, 1), arr(f32, 1), types.boolean, arr(f32, 2), arr(f32, 2), arr(f32, 2))
-        sigs += [(f"matmul_tiled[{wname}]", matmul.matmul_tiled, mm),
+        sigs += [(f"matmul_tiled[{wname}]", tiled_matmul.matmul_tiled, mm + tiled),
                  (f"gemv_rows[{wname}]", matmul.gemv_rows, mm),
                  (f"gemv_qkv[{wname}]", matmul.gemv_qkv, qkv),
                  (f"gemv_gate_up_silu[{wname}]", matmul.gemv_gate_up_silu,
@@ -70,10 +73,10 @@ def signatures() -> list[tuple[str, object, tuple]]:
     for qname, qtype in (("q8_0", i8), ("q4", u8)):  # (the tiled product reads Q8_0 as bytes)
         matrix = types.Tuple((arr(qtype, 2), arr(f16, 2), arr(f16, 2), i64))
         sigs.append((f"matmul_tiled_packed[{qname}]", packed_matmul.matmul_tiled_packed,
-                     (x, matrix, bias, flag, x)))
+                     (x, matrix, bias, flag, x, *tiled)))
     for qname, kind, matrix in packed_families()[2:]:
         sigs.append((f"matmul_tiled_packed[{qname}]", kquant_matmul.TILED_KERNELS[kind],
-                     (x, matrix, bias, flag, x)))
+                     (x, matrix, bias, flag, x, *tiled)))
     q = arr(f32, 3)
     q8_layer = types.Tuple((arr(i8, 4), types.Array(f16, 4, "A")))  # kv_rows.py's (rows, scales)
     for kv_name, kv_type, pool in (("", f32, arr(f32, 4)), ("[kv-f16]", f16, arr(f16, 4)),
@@ -117,8 +120,8 @@ def signatures() -> list[tuple[str, object, tuple]]:
 def block_threads(label: str) -> int:
     """Threads per block the backend launches the kernel with (RoPE: a 128-wide head)."""
     name = label.split("[")[0]
-    return {"matmul_tiled": matmul.TILE * matmul.TILE, "gemv_rows": matmul.FLOAT_ROW_THREADS,
-            "matmul_tiled_packed": matmul.TILE * matmul.TILE,
+    return {"matmul_tiled": tiled_matmul.TILED_THREADS, "gemv_rows": matmul.FLOAT_ROW_THREADS,
+            "matmul_tiled_packed": tiled_matmul.TILED_THREADS,
             **{f"gemv_{q}{f}": matmul.GEMV_THREADS for q, _, _ in packed_families()
                for f in ("", "_qkv", "_gate_up_silu")},
             "gemv_qkv": matmul.FLOAT_ROW_THREADS, "gemv_gate_up_silu": matmul.FLOAT_ROW_THREADS,
@@ -170,18 +173,36 @@ def compile_all(cc: tuple[int, int] = (9, 0)) -> dict[str, str]:
             for label, kernel, args in signatures()}
 
 
+def _shape(config_dir: str) -> dict:
+    """The step model's shape arguments from the config.json in config_dir."""
+    with open(os.path.join(config_dir, "config.json")) as f:
+        cfg = json.load(f)
+    heads = cfg["num_attention_heads"]
+    return dict(hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=heads,
+                kv_heads=cfg.get("num_key_value_heads", heads),
+                head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+                intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"])
+
+
 def step_model_report(config_dir: str, batch: str = "1", context: str = "64") -> str:
     """The latency model (step_model.py) of a decode step of the model whose
     config.json is in config_dir (its shapes only), float16 weights."""
     from .step_model import decode_step, report
-    with open(os.path.join(config_dir, "config.json")) as f:
-        cfg = json.load(f)
-    heads = cfg["num_attention_heads"]
-    kernels = decode_step(cfg["hidden_size"], cfg["num_hidden_layers"], heads,
-                          cfg.get("num_key_value_heads", heads),
-                          cfg.get("head_dim") or cfg["hidden_size"] // heads,
-                          cfg["intermediate_size"], cfg["vocab_size"], int(batch), int(context))
-    return report(kernels, int(batch))
+    return report(decode_step(**_shape(config_dir), batch=int(batch), context=int(context)), int(batch))
+
+
+def prefill_model_report(config_dir: str, prompt: str = "2048", chunk: str = "512") -> str:
+    """The model of a prompt's prefill, `chunk` tokens a step: the last step's table,
+    then each step's time and the prompt's tokens/s."""
+    from .step_model import prefill_prompt, prefill_step, report
+    shape, prompt, chunk = _shape(config_dir), int(prompt), int(chunk)
+    result = prefill_prompt(shape, prompt, chunk)
+    last = (prompt - 1) // chunk * chunk
+    lines = [report(prefill_step(**shape, rows=prompt - last, before=last), prompt - last)]
+    lines += [f"step {i}: {s['step_us']:.0f} us" for i, s in enumerate(result["steps"])]
+    lines.append(f"predicted prefill: {result['prompt_us']:.0f} us for {prompt} tokens, {chunk} a step: "
+                 f"{result['tokens_per_s']:.0f} tokens/s")
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> None:
@@ -194,6 +215,9 @@ def main(argv: list[str]) -> None:
         return
     if argv[:1] == ["--step-model"]:  # --step-model CONFIG_DIR [BATCH [CONTEXT]]
         print(step_model_report(*argv[1:]))
+        return
+    if argv[:1] == ["--prefill-model"]:  # --prefill-model CONFIG_DIR [PROMPT [CHUNK]]
+        print(prefill_model_report(*argv[1:]))
         return
     cc = tuple(int(p) for p in argv[0].split(".")) if argv else (9, 0)
     for label, ptx in compile_all(cc).items():

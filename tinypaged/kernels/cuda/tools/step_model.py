@@ -1,18 +1,24 @@
-"""A latency model of one recorded decode step on a GPU: per kernel, its launches,
-bytes, blocks and the memory round trips its threads wait through one after the
-other; the step's predicted time and which kernel bounds it.
+"""A latency model of one recorded decode step, and of a prompt's prefill, on a GPU: per
+kernel, its launches, bytes, blocks, the memory round trips its threads wait through
+one after the other and its shared-memory loads; the step's predicted time and which
+kernel bounds it.
 
 At batch 1 a small model's step moves ~270 MB (SmolLM2 in float16: 63 us at the
 H200's 4 TB/s), but runs ~245 kernels, each of which waits on memory a few times in
 sequence: the time is latency, not bandwidth. So a kernel costs
 
-    node + max(bytes / bandwidth, waves x rounds x round_trip) + syncs x barrier
+    node + max(bytes / bandwidth, waves x rounds x round_trip, shared loads / rate)
+         + syncs x barrier
 
 with `rounds` the dependent memory accesses of one thread (loads that go out
-together count once), `waves` the times the grid fills the GPU. The constants
-(ASSUMPTIONS) are measured on an H200 or rounded up from its figures; NOTES
-(2026-12-04) says how, and how far the model missed per kernel there: read its
-total, and measure again when a GPU is lent.
+together count once), `waves` the times the grid fills the GPU. The third term is the
+compute kernels' (the tiled products at batch 9-64 and in prefill, prefill attention):
+both read each operand of their FMAs from shared memory, at one warp-wide load an SM a
+clock, which bounds them before the FMA units do (a 4 x 4 patch: 8 loads for 16 FMAs;
+4 FMAs an SM a clock). The constants (ASSUMPTIONS) are measured on an H200, rounded
+up from its figures, or (marked) the card's specification; NOTES (2026-12-04) says how,
+and how far the model missed per kernel there: read its total, and measure again when
+a GPU is lent.
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ ASSUMPTIONS = {
     "sync_us": 0.25,  # a barrier, a shuffle butterfly or a shared-memory pass
     "sms": 132,
     "threads_per_sm": 2048,
+    "sm_clock_ghz": 1.98,  # (specification: H100 and H200 SXM, boost)
+    "shared_loads_per_sm_clock": 1.0,  # warp-wide, without bank conflicts (specification)
 }
 
 
@@ -39,6 +47,7 @@ class KernelCost:
     rounds: int  # dependent memory round trips of one thread
     syncs: int  # barriers, butterflies, shared-memory passes, in sequence
     per_sm: int = 0  # blocks an SM holds at once where registers bound it (0: threads do)
+    shared_loads: int = 0  # warp-wide shared-memory loads of one launch (compute kernels)
 
     def waves(self, a=ASSUMPTIONS) -> int:
         per_wave = a["sms"] * (self.per_sm or max(1, a["threads_per_sm"] // self.threads))
@@ -46,23 +55,52 @@ class KernelCost:
 
     def micros(self, a=ASSUMPTIONS) -> float:
         """Predicted device microseconds of one launch."""
+        shared = self.shared_loads / (a["sms"] * a["sm_clock_ghz"] * 1e3 * a["shared_loads_per_sm_clock"])
         memory = max(self.bytes / (a["bandwidth_gbps"] * 1e3),
-                     self.waves(a) * self.rounds * a["round_trip_us"])
+                     self.waves(a) * self.rounds * a["round_trip_us"], shared)
         return a["node_us"] + memory + self.syncs * a["sync_us"]
+
+
+def tiled_product(name, per_step, rows, cols, width, weight_bytes=2, a=ASSUMPTIONS) -> KernelCost:
+    """The tiled product (tiled_matmul.py) of (rows x width) @ (width x cols) as a GPU
+    launches it: K split to fill the SMs; a block's slices one after another, each
+    waiting a round trip (its loads went out a slice ahead) and two barriers, over the
+    waves; then the last block's merge of the splits."""
+    from ..tiled_matmul import GPU_DEPTH, GPU_PATCH, GPU_TILE, SPLITS_AT_ONCE, TILED_BOUNDS, tiled_split
+    splits, k_span = tiled_split(rows, cols, width, a["sms"], GPU_TILE, GPU_DEPTH)
+    row_tiles, col_tiles = math.ceil(rows / GPU_TILE), math.ceil(cols / GPU_TILE)
+    blocks, slices = row_tiles * col_tiles * splits, k_span // GPU_DEPTH
+    threads = (GPU_TILE // GPU_PATCH) ** 2
+    waves = math.ceil(blocks / (a["sms"] * TILED_BOUNDS[1]))
+    merge = 2 + math.ceil(splits / SPLITS_AT_ONCE) if splits > 1 else 0  # fence, count, partials
+    moved = (weight_bytes * cols * width * row_tiles + 4 * rows * width * col_tiles
+             + 4 * rows * cols * (1 + (2 * splits if splits > 1 else 0)))
+    loads = blocks * slices * (threads // 32) * GPU_DEPTH * 2 * GPU_PATCH  # a's and b's a k
+    return KernelCost(name, per_step, moved, blocks, threads, 1 + slices + merge,
+                      waves * (2 * slices + 2 * (splits > 1)), TILED_BOUNDS[1], loads)
+
+
+def _products(hidden, layers, heads, kv_heads, head_dim, intermediate, rows, weight_bytes):
+    """A layer's products over `rows` rows as the backend launches them past the GEMVs'
+    rows: q, k, v, o, gate, up and down, each a tiled product."""
+    q, kv = heads * head_dim, kv_heads * head_dim
+    return [tiled_product(name, layers * count, rows, cols, width, weight_bytes)
+            for name, count, cols, width in (
+                ("tiled q_proj", 1, q, hidden), ("tiled k_proj, v_proj", 2, kv, hidden),
+                ("tiled o_proj", 1, hidden, q), ("tiled gate_proj, up_proj", 2, intermediate, hidden),
+                ("tiled down_proj", 1, hidden, intermediate))]
 
 
 def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
                 batch=1, context=64, weight_bytes=2):
     """The kernels of one batch-`batch` decode step of a Llama-shaped model at
     `context` keys, as this backend's design launches them (float weights of
-    weight_bytes each, float32 KV pool and activations)."""
+    weight_bytes each, float32 KV pool and activations): the GEMVs up to
+    GEMV_MAX_ROWS rows, the tiled products past them."""
     from ..attention import GPU_CHUNK, LANES_PER_KEY, MIN_DECODE_CHUNKS, decode_block_cost, decode_split
     from ..memory import covering_keys
     from ..elementwise import GPU_NORM_THREADS as NORM_THREADS  # (not the simulator's)
     from ..matmul import GEMV_MAX_ROWS, GEMV_THREADS, VEC
-    if batch > GEMV_MAX_ROWS:
-        raise ValueError(f"batch={batch}: the model covers the GEMV steps (batch <= "
-                         f"{GEMV_MAX_ROWS}); larger batches run the tiled product")
 
     def gemv_rounds(width):  # a thread's steps along a row (gate and up go together)
         return math.ceil(width / (GEMV_THREADS * VEC))
@@ -81,8 +119,6 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
                    batch, 32, 1, 0),
         KernelCost("add_rms_norm", 2 * layers + 1, 3 * act * hidden, batch, NORM_THREADS,
                    1 if hidden <= NORM_THREADS else 2, 3),
-        KernelCost("gemv_qkv", layers, weight_bytes * hidden * (heads + 2 * kv_heads) * head_dim,
-                   (heads + 2 * kv_heads) * head_dim, GEMV_THREADS, gemv_rounds(hidden), 2),
         KernelCost("rope_write_kv", layers, act * 2 * (heads + 2 * kv_heads) * head_dim,
                    batch * (heads + kv_heads), head_dim // 2, 2, 0),
         # the row's position, then its first block id (2 round trips); a chunk: K/V (the
@@ -92,6 +128,16 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
         KernelCost("paged_attention_decode", layers, kv_bytes + (parts > 1) * partials,
                    batch * kv_heads * parts, GPU_CHUNK * LANES_PER_KEY, *decode_block_cost(chunks, parts),
                    per_sm=1),
+        KernelCost("argmax (top_candidates)", 1, act * vocab, batch, 256, 2, 4),
+    ]
+    if batch > GEMV_MAX_ROWS:
+        return kernels + _products(hidden, layers, heads, kv_heads, head_dim, intermediate, batch,
+                                   weight_bytes) + [
+            _elementwise("silu_mul", layers, batch * intermediate, 3),
+            tiled_product("tiled lm_head", 1, batch, vocab, hidden, weight_bytes)]
+    return kernels + [
+        KernelCost("gemv_qkv", layers, weight_bytes * hidden * (heads + 2 * kv_heads) * head_dim,
+                   (heads + 2 * kv_heads) * head_dim, GEMV_THREADS, gemv_rounds(hidden), 2),
         KernelCost("gemv_rows (o_proj)", layers, weight_bytes * heads * head_dim * hidden,
                    hidden, GEMV_THREADS, gemv_rounds(heads * head_dim), 2),
         KernelCost("gemv_gate_up_silu", layers, 2 * weight_bytes * hidden * intermediate,
@@ -100,9 +146,60 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
                    hidden, GEMV_THREADS, gemv_rounds(intermediate), 2),
         KernelCost("gemv_rows (lm_head)", 1, weight_bytes * vocab * hidden, vocab,
                    GEMV_THREADS, gemv_rounds(hidden), 2),
-        KernelCost("argmax (top_candidates)", 1, act * vocab, batch, 256, 2, 4),
     ]
-    return kernels
+
+
+def _elementwise(name, per_step, values, arrays):
+    """A 256-thread elementwise kernel over `values` float32 values of `arrays` arrays."""
+    return KernelCost(name, per_step, 4 * arrays * values, math.ceil(values / 256), 256, 1, 0)
+
+
+def prefill_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
+                 rows=512, before=0, weight_bytes=2):
+    """The kernels of one prefill step of `rows` prompt tokens after `before` tokens of
+    the same prompt (a chunk of a longer prompt: its keys are read from the pool):
+    the tiled products, the tiled prefill attention, the row-wise kernels, and the
+    prompt's last row's logits (a GEMV)."""
+    from ..attention import KV_TILE, PREFILL_BLOCKS_PER_SM, PREFILL_THREADS, Q_TILE
+    from ..elementwise import GPU_NORM_THREADS as NORM_THREADS
+    from ..matmul import GEMV_THREADS, VEC
+    act = 4 * rows
+    # a tile of Q_TILE queries walks its keys KV_TILE at a time: on average the chunk's
+    # earlier keys and half its own; a key tile: block ids, then K and V (2 round trips),
+    # 4 barriers and the softmax's 16-step walk; scores and the weighted sum read q, k
+    # (p, v) from shared memory: 4 Q_TILE KV_TILE head_dim words, a warp-wide load per 32
+    blocks = math.ceil(rows / Q_TILE) * heads
+    key_tiles = math.ceil((before + (rows + Q_TILE) / 2) / KV_TILE)
+    waves = math.ceil(blocks / (ASSUMPTIONS["sms"] * PREFILL_BLOCKS_PER_SM))
+    attention = KernelCost("paged_attention_prefill", layers,
+                           blocks * key_tiles * KV_TILE * head_dim * 2 * 4 + 2 * act * heads * head_dim,
+                           blocks, PREFILL_THREADS, 1 + 2 * key_tiles, waves * key_tiles * 8,
+                           PREFILL_BLOCKS_PER_SM, blocks * key_tiles * 4 * Q_TILE * KV_TILE * head_dim // 32)
+    return [
+        KernelCost("gather_rows", 1, act * hidden + weight_bytes * rows * hidden, rows, 32, 1, 0),
+        KernelCost("add_rms_norm", 2 * layers, 3 * act * hidden, rows, NORM_THREADS, 1, 3),
+        KernelCost("rope_write_kv", layers, act * 2 * (heads + 2 * kv_heads) * head_dim,
+                   rows * (heads + kv_heads), head_dim // 2, 2, 0),
+        attention,
+        *_products(hidden, layers, heads, kv_heads, head_dim, intermediate, rows, weight_bytes),
+        _elementwise("silu_mul", layers, rows * intermediate, 3),
+        # the last row: gathered (hidden, residual), its final norm, lm_head, the argmax
+        KernelCost("gather_rows (last row)", 2, 8 * hidden, 1, 32, 1, 0),
+        KernelCost("add_rms_norm (last row)", 1, 12 * hidden, 1, NORM_THREADS, 1, 3),
+        KernelCost("gemv_rows (lm_head)", 1, weight_bytes * vocab * hidden, vocab, GEMV_THREADS,
+                   math.ceil(hidden / (GEMV_THREADS * VEC)), 2),
+        KernelCost("argmax (top_candidates)", 1, 4 * vocab, 1, 256, 2, 4),
+    ]
+
+
+def prefill_prompt(shape: dict, prompt=2048, chunk=512, weight_bytes=2) -> dict:
+    """A prompt of `prompt` tokens prefilled `chunk` tokens a step (the engine's
+    max_num_batched_tokens): each step's prediction, their sum, tokens/s."""
+    steps = [predict(prefill_step(**shape, rows=min(chunk, prompt - start), before=start,
+                                  weight_bytes=weight_bytes))
+             for start in range(0, prompt, chunk)]
+    total = sum(s["step_us"] for s in steps)
+    return {"steps": steps, "prompt_us": total, "tokens_per_s": prompt * 1e6 / total}
 
 
 def predict(kernels, a=ASSUMPTIONS) -> dict:
