@@ -8,7 +8,7 @@ from numba import cuda
 from tinypaged.batch.attention_metadata import AttentionMetadata
 from tinypaged.kernels import reference
 from tinypaged.kernels.cuda.backend import CudaBackend
-from tinypaged.kernels.cuda import attention, matmul
+from tinypaged.kernels.cuda import attention, matmul, prefill_attention
 from tinypaged.kernels.cuda.device_weights import DeviceFloat
 
 pytestmark = pytest.mark.cuda
@@ -229,7 +229,8 @@ def test_rope_write_kv(gpu):
 @pytest.mark.parametrize("n_heads, n_kv", [(4, 2), (2, 2)])
 def test_paged_attention_decode_and_prefill(gpu, block_size, n_heads, n_kv, window, softcap):
     """Ragged block tables, a partial last block, decode rows and prefill tiles mixed
-    (the 19-token prefill spans two query tiles, 11 of its keys cached); a sliding
+    (the 19-token prefill spans two query tiles on the simulator, one on a GPU, 11 of
+    its keys cached); a sliding
     window of 5 (inside one key tile) or 18 (the first query tile's first key in
     another tile than its last query's); scores soft-capped (Gemma 2), scaled by 0.3."""
     rng = np.random.default_rng(block_size + n_heads)
@@ -244,7 +245,31 @@ def test_paged_attention_decode_and_prefill(gpu, block_size, n_heads, n_kv, wind
     scale = None if softcap is None else 0.3
     want = reference.paged_attention(q, k_cache, v_cache, meta, window, scale, softcap)
     ids, dev_meta = gpu.prepare_inputs(np.zeros(meta.num_tokens, np.int64), meta)
-    assert (dev_meta.num_decode, dev_meta.num_tiles) == (2, 2)
+    assert (dev_meta.num_decode, dev_meta.num_tiles) == (2, -(-19 // prefill_attention.Q_TILE))
+    got = gpu.paged_attention(cuda.to_device(q), cuda.to_device(k_cache), cuda.to_device(v_cache),
+                              dev_meta, window, scale, softcap).copy_to_host()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim, window, softcap", [(80, None, None), (128, 9, 0.8), (64, None, None)])
+def test_prefill_attention_over_wide_heads_and_chunks_after_a_prefix(gpu, head_dim, window, softcap):
+    """The prefill kernel built for heads of up to 128 (80 and 128: a key's lanes take
+    ten or sixteen dimensions each, the last partly) and for up to 64; two sequences'
+    chunks of 21 and 35 rows after 13 and 0 keys in the pool (key tiles that start
+    mid-block; a chunk over several query tiles), a GQA group of 3, a window of 9
+    (tiles whose keys are all outside it) soft-capped."""
+    rng = np.random.default_rng(head_dim)
+    block_size, n_heads, n_kv, context_lens, n_new = 16, 6, 2, [34, 35], [21, 35]
+    free = list(rng.permutation(64))
+    tables = [[int(free.pop()) for _ in range(-(-n // block_size))] for n in context_lens]
+    k_cache, v_cache = (rand(rng, 64, block_size, n_kv, head_dim) for _ in range(2))
+    meta = AttentionMetadata.build([(t, n - m, n) for t, n, m in zip(tables, context_lens, n_new)],
+                                   block_size)
+    q = rand(rng, meta.num_tokens, n_heads, head_dim)
+    scale = None if softcap is None else 0.3
+    want = reference.paged_attention(q, k_cache, v_cache, meta, window, scale, softcap)
+    _, dev_meta = gpu.prepare_inputs(np.zeros(meta.num_tokens, np.int64), meta)
+    assert dev_meta.num_decode == 0 and prefill_attention.head_width(head_dim) == (64 if head_dim == 64 else 128)
     got = gpu.paged_attention(cuda.to_device(q), cuda.to_device(k_cache), cuda.to_device(v_cache),
                               dev_meta, window, scale, softcap).copy_to_host()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

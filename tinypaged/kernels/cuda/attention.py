@@ -1,13 +1,13 @@
-"""CUDA paged attention: decode (one query per sequence) and tiled prefill.
+"""CUDA paged decode attention: one query per sequence (prefill: prefill_attention.py).
 
-Both read K/V through the block table: position j of sequence s lives in block
+It reads K/V through the block table: position j of sequence s lives in block
 block_tables[s, j // block_size] at offset j % block_size. GQA: query head h uses
 KV head h // (n_heads // n_kv). Scores are scaled by `scale` = 1/sqrt(D). With a
 sliding window (window > 0), a query at position p sees keys p - window + 1 .. p
 only; window 0 means every key up to p. softcap > 0 (Gemma 2) turns each scaled
-score s into softcap * tanh(s / softcap). Each kernel is built once per form of the
-pool (DECODE, PREFILL: kv_rows.POOL_READS): a float32 or float16 pool widened on
-read, an int8 pool's values times their scales.
+score s into softcap * tanh(s / softcap). The kernel is built once per form of the
+pool (DECODE: kv_rows.POOL_READS): a float32 or float16 pool widened on read, an int8
+pool's values times their scales.
 """
 import math
 
@@ -39,14 +39,6 @@ MERGE_UNROLL = 16  # decode: partitions' partial sums a merging thread loads at 
 # loads (K and V: its block ids come while the chunk before it is summed) and its
 # barriers and butterflies in sequence; the merge's; a barrier against a round trip
 CHUNK_ROUNDS, CHUNK_SYNCS, MERGE_SYNCS, SYNC_ROUNDS = 1, 6, 6, 0.25
-Q_TILE = 16  # prefill: queries per block
-KV_TILE = 16  # prefill: keys staged in shared memory per step
-PREFILL_THREADS = 128
-# prefill: q_s and k_s rows of MAX_HEAD_DIM + 1 words: a warp scores 16 keys at one d,
-# which rows of 128 words put in one bank (16-way conflicts); padded, 16 banks
-PADDED_DIM = MAX_HEAD_DIM + 1
-PREFILL_BLOCKS_PER_SM = 6  # what its ~34 KB of shared memory allows; as a launch bound it
-#   keeps registers at or under 85 a thread so that registers do not lower it further
 
 
 def _decode_kernel(kv_value, kv_rows):
@@ -222,98 +214,8 @@ def _merge(i, r, h0, group, head_dim, first_part, live_parts, part_acc, part_ml,
         out[r, h0 + g, d] = acc / ml_s[g, 1]
 
 
-def _prefill_kernel(kv_value, kv_rows):
-    """paged_attention_prefill over a pool read by kv_value and kv_rows (kv_rows.py)."""
-    @jit_bounded((PREFILL_THREADS, PREFILL_BLOCKS_PER_SM))
-    def paged_attention_prefill(q, k_cache, v_cache, block_tables, positions, token_seq,
-                                prefill_tiles, scale, window, softcap, out):
-        """Grid (len(prefill_tiles), n_heads), block PREFILL_THREADS; flash-style.
-
-        Tile i holds query rows r0 .. r0 + nq - 1 (prefill_tiles[i] = (r0, nq), nq <=
-        Q_TILE) of one sequence at consecutive positions p0 .. p0 + nq - 1. The block
-        walks the keys 0 .. p0 + nq - 1 KV_TILE at a time: stages K/V in shared memory
-        (through the block table, so a cached prefix is read like new tokens), scores
-        the tile, and updates each query's online softmax. Traffic: each K/V row read
-        once per (tile, head) instead of once per query. With a window, the walk starts
-        at the tile containing the first query's first key, and scores outside a
-        query's window are -inf.
-        """
-        q_s = cuda.shared.array((Q_TILE, PADDED_DIM), dtype=float32)
-        k_s = cuda.shared.array((KV_TILE, PADDED_DIM), dtype=float32)
-        v_s = cuda.shared.array((KV_TILE, MAX_HEAD_DIM), dtype=float32)
-        acc = cuda.shared.array((Q_TILE, MAX_HEAD_DIM), dtype=float32)
-        p_s = cuda.shared.array((Q_TILE, KV_TILE), dtype=float32)  # scores, then probabilities
-        m_s = cuda.shared.array(Q_TILE, dtype=float32)
-        l_s = cuda.shared.array(Q_TILE, dtype=float32)
-        corr_s = cuda.shared.array(Q_TILE, dtype=float32)
-        t, h = cuda.threadIdx.x, cuda.blockIdx.y
-        r0, nq = prefill_tiles[cuda.blockIdx.x, 0], prefill_tiles[cuda.blockIdx.x, 1]
-        head_dim = q.shape[2]
-        block_size = kv_rows(k_cache).shape[1]
-        kvh = h // (q.shape[1] // kv_rows(k_cache).shape[2])
-        s, p0 = token_seq[r0], positions[r0]
-        for e in range(t, Q_TILE * head_dim, PREFILL_THREADS):
-            qi, d = e // head_dim, e % head_dim
-            q_s[qi, d] = q[r0 + qi, h, d] if qi < nq else float32(0.0)
-            acc[qi, d] = float32(0.0)
-        if t < Q_TILE:
-            m_s[t], l_s[t] = NEG_INF, float32(0.0)
-        cuda.syncthreads()  # queries staged, state initialised
-
-        lowest = max(0, p0 - window + 1) if window > 0 else 0  # the first query's first key
-        for k0 in range(lowest - lowest % KV_TILE, p0 + nq, KV_TILE):
-            for e in range(t, KV_TILE * head_dim, PREFILL_THREADS):
-                j, d = e // head_dim, e % head_dim
-                pos = k0 + j
-                if lowest <= pos < p0 + nq:  # (before lowest: masked, its block maybe released)
-                    block, offset = block_tables[s, pos // block_size], pos % block_size
-                    k_s[j, d] = kv_value(k_cache, block, offset, kvh, d)
-                    v_s[j, d] = kv_value(v_cache, block, offset, kvh, d)
-            cuda.syncthreads()  # K/V tile staged
-            for e in range(t, Q_TILE * KV_TILE, PREFILL_THREADS):
-                qi, j = e // KV_TILE, e % KV_TILE
-                score = NEG_INF
-                if qi < nq and k0 + j <= p0 + qi and (window <= 0 or k0 + j > p0 + qi - window):
-                    # causal (key position <= query position), and inside the window
-                    score = float32(0.0)
-                    for d in range(head_dim):
-                        score += q_s[qi, d] * k_s[j, d]
-                    score *= scale
-                    if softcap > float32(0.0):
-                        score = softcap * math.tanh(score / softcap)
-                p_s[qi, j] = score
-            cuda.syncthreads()  # scores of the tile complete
-            if t < Q_TILE:
-                m_new = m_s[t]
-                for j in range(KV_TILE):
-                    m_new = max(m_new, p_s[t, j])
-                corr = math.exp(m_s[t] - m_new) if m_new > NEG_INF else float32(0.0)
-                total = float32(0.0)
-                for j in range(KV_TILE):
-                    p = math.exp(p_s[t, j] - m_new) if m_new > NEG_INF else float32(0.0)
-                    p_s[t, j] = p
-                    total += p
-                l_s[t] = l_s[t] * corr + total
-                m_s[t], corr_s[t] = m_new, corr
-            cuda.syncthreads()  # probabilities and corrections ready
-            for e in range(t, Q_TILE * head_dim, PREFILL_THREADS):
-                qi, d = e // head_dim, e % head_dim
-                a = acc[qi, d] * corr_s[qi]
-                for j in range(KV_TILE):
-                    if lowest <= k0 + j < p0 + nq:  # (only staged rows: p is 0 elsewhere)
-                        a += p_s[qi, j] * v_s[j, d]
-                acc[qi, d] = a
-            cuda.syncthreads()  # done with this tile's shared arrays
-
-        for e in range(t, nq * head_dim, PREFILL_THREADS):
-            qi, d = e // head_dim, e % head_dim
-            out[r0 + qi, h, d] = acc[qi, d] / l_s[qi]
-    return paged_attention_prefill
-
-
-# the kernels per form of the pool (kv_rows.POOL_READS: "" float32 or float16, "q8" int8)
+# the kernel per form of the pool (kv_rows.POOL_READS: "" float32 or float16, "q8" int8)
 DECODE = {form: _decode_kernel(*reads) for form, reads in POOL_READS.items()}
-PREFILL = {form: _prefill_kernel(*reads) for form, reads in POOL_READS.items()}
 
 
 def merge_rounds(parts: int) -> int:

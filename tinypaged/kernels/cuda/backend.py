@@ -14,7 +14,7 @@ from numba import cuda
 
 from ...batch.step_logits import WHOLE_ROW
 from ...formats.quant_kind import QK
-from . import attention, elementwise, kv_rows, lora, matmul
+from . import attention, elementwise, kv_rows, lora, matmul, prefill_attention
 from .device_memory import DeviceMemory
 from .launcher import Launcher
 from .logits import DeviceLogits, LogitsCopier
@@ -43,7 +43,7 @@ class CudaBackend(DeviceMemory):
     def prepare_inputs(self, token_ids: np.ndarray, meta):
         self.launcher.new_step()
         self._last_norm = None
-        return self.uploader.upload(token_ids, meta, attention.Q_TILE, attention.MIN_DECODE_KEYS)
+        return self.uploader.upload(token_ids, meta, prefill_attention.Q_TILE, attention.MIN_DECODE_KEYS)
 
     def step_workspace(self):
         """(The device's step workspace is reset by prepare_inputs: launcher.py.)"""
@@ -191,9 +191,7 @@ class CudaBackend(DeviceMemory):
         if meta.num_decode:
             attention.launch_decode(self.launcher, args, meta, scale, window, cap, out)
         if meta.num_tiles:
-            self.launcher(attention.PREFILL[kv_rows.pool_form(k_cache)], (meta.num_tiles, q.shape[1]),
-                          attention.PREFILL_THREADS, *args, meta.prefill_tiles, scale, window, cap,
-                          out)
+            prefill_attention.launch_prefill(self.launcher, args, meta, scale, window, cap, out)
         return out
 
     def gate_up_gelu(self, x, w_gate, w_up):

@@ -25,3 +25,24 @@ def warp_max(value):
         value = max(value, cuda.shfl_xor_sync(FULL_MASK, value, offset))
         offset //= 2
     return value
+
+
+@cuda.jit(device=True, inline="always")
+def lanes_sum(value, lanes):
+    """Sum over each aligned group of `lanes` lanes (a power of two, at most 32): the
+    butterfly's first steps only. Every lane of the warp must call it."""
+    offset = lanes // 2
+    while offset > 0:
+        value += cuda.shfl_xor_sync(FULL_MASK, value, offset)
+        offset //= 2
+    return value
+
+
+@cuda.jit(device=True, inline="always")
+def lanes_max(value, lanes):
+    """Max over each aligned group of `lanes` lanes (as lanes_sum)."""
+    offset = lanes // 2
+    while offset > 0:
+        value = max(value, cuda.shfl_xor_sync(FULL_MASK, value, offset))
+        offset //= 2
+    return value

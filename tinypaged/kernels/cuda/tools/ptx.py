@@ -20,7 +20,8 @@ import sys
 from numba import cuda, types
 
 from ....formats.quant_kind import KINDS
-from .. import attention, elementwise, kquant_matmul, kv_rows, logits, lora, matmul, packed_matmul, tiled_matmul
+from .. import (attention, elementwise, kquant_matmul, kv_rows, logits, lora, matmul, packed_matmul,
+               prefill_attention, tiled_matmul)
 
 f32, f16, i32, i64 = types.float32, types.float16, types.int32, types.int64
 i8, u8 = types.int8, types.uint8
@@ -88,8 +89,8 @@ def signatures() -> list[tuple[str, object, tuple]]:
             ("paged_attention_decode" + kv_name, attention.DECODE[form],
              (*attn, arr(i32, 1), f32, i32, f32, i32, arr(f32, 4), arr(f32, 4), arr(i32, 2),
               arr(f32, 3))),
-            ("paged_attention_prefill" + kv_name, attention.PREFILL[form],
-             (*attn, arr(i32, 2), f32, i32, f32, arr(f32, 3))),
+            *((f"paged_attention_prefill[d{width}]" + kv_name, prefill_attention.PREFILL[form, width],
+               (*attn, arr(i32, 2), f32, i32, f32, arr(f32, 3))) for width in prefill_attention.KV_TILES),
             ("rope_write_kv" + kv_name, rope,
              (q, q, q, arr(i32, 1), arr(f32, 2), arr(f32, 2), pool, pool, arr(i32, 1))),
             ("copy_blocks" + kv_name, elementwise.copy_blocks,
@@ -126,7 +127,7 @@ def block_threads(label: str) -> int:
                for f in ("", "_qkv", "_gate_up_silu")},
             "gemv_qkv": matmul.FLOAT_ROW_THREADS, "gemv_gate_up_silu": matmul.FLOAT_ROW_THREADS,
             "paged_attention_decode": attention.DECODE_THREADS,
-            "paged_attention_prefill": attention.PREFILL_THREADS,
+            "paged_attention_prefill": prefill_attention.PREFILL_THREADS,
             "add_rms_norm": elementwise.NORM_THREADS, "rope_write_kv": kv_rows.rope_write_threads(kv_rows.MAX_HEAD_DIM),
             "silu_mul": 256, "scale": 256, "add": 256, "gelu_tanh_mul": 256, "softcap": 256, "gather_rows": elementwise.ROW_THREADS,
             "copy_blocks": elementwise.ROW_THREADS,

@@ -160,21 +160,28 @@ def prefill_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
     the same prompt (a chunk of a longer prompt: its keys are read from the pool):
     the tiled products, the tiled prefill attention, the row-wise kernels, and the
     prompt's last row's logits (a GEMV)."""
-    from ..attention import KV_TILE, PREFILL_BLOCKS_PER_SM, PREFILL_THREADS, Q_TILE
     from ..elementwise import GPU_NORM_THREADS as NORM_THREADS
     from ..matmul import GEMV_THREADS, VEC
+    from ..prefill_attention import (GPU_KEY_LANES, GPU_KV_TILES, GPU_PREFILL_THREADS, GPU_Q_TILE,
+                                     PREFILL_BLOCKS_PER_SM)
     act = 4 * rows
-    # a tile of Q_TILE queries walks its keys KV_TILE at a time: on average the chunk's
-    # earlier keys and half its own; a key tile: block ids, then K and V (2 round trips),
-    # 4 barriers and the softmax's 16-step walk; scores and the weighted sum read q, k
-    # (p, v) from shared memory: 4 Q_TILE KV_TILE head_dim words, a warp-wide load per 32
-    blocks = math.ceil(rows / Q_TILE) * heads
-    key_tiles = math.ceil((before + (rows + Q_TILE) / 2) / KV_TILE)
+    # a tile of GPU_Q_TILE query rows walks its keys a key tile at a time: on average the
+    # chunk's earlier keys and half its own. A key tile: K and V (their block id read
+    # during the tile before: one round trip), 3 barriers and 2 butterflies; shared
+    # loads of a thread: q's 4 rows and its keys at every d, then p's 4 rows and its
+    # dimensions at every key
+    kv_tile = GPU_KV_TILES[min(w for w in GPU_KV_TILES if w >= head_dim)]
+    rows_a_thread = GPU_Q_TILE * GPU_KEY_LANES // GPU_PREFILL_THREADS
+    thread_loads = (head_dim * (rows_a_thread + kv_tile // GPU_KEY_LANES)
+                    + kv_tile * (rows_a_thread + math.ceil(head_dim / GPU_KEY_LANES)))
+    blocks = math.ceil(rows / GPU_Q_TILE) * heads
+    key_tiles = math.ceil((before + (rows + GPU_Q_TILE) / 2) / kv_tile)
     waves = math.ceil(blocks / (ASSUMPTIONS["sms"] * PREFILL_BLOCKS_PER_SM))
     attention = KernelCost("paged_attention_prefill", layers,
-                           blocks * key_tiles * KV_TILE * head_dim * 2 * 4 + 2 * act * heads * head_dim,
-                           blocks, PREFILL_THREADS, 1 + 2 * key_tiles, waves * key_tiles * 8,
-                           PREFILL_BLOCKS_PER_SM, blocks * key_tiles * 4 * Q_TILE * KV_TILE * head_dim // 32)
+                           blocks * key_tiles * kv_tile * head_dim * 2 * 4 + 2 * act * heads * head_dim,
+                           blocks, GPU_PREFILL_THREADS, 2 + key_tiles, waves * key_tiles * 5,
+                           PREFILL_BLOCKS_PER_SM,
+                           blocks * key_tiles * GPU_PREFILL_THREADS // 32 * thread_loads)
     return [
         KernelCost("gather_rows", 1, act * hidden + weight_bytes * rows * hidden, rows, 32, 1, 0),
         KernelCost("add_rms_norm", 2 * layers, 3 * act * hidden, rows, NORM_THREADS, 1, 3),
