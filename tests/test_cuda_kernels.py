@@ -59,6 +59,35 @@ def test_tiled_product_over_several_tiles_and_splits_of_k(gpu, sms):
     assert not gpu.launcher.arrival_counts(3, 3).copy_to_host().any()
 
 
+@pytest.mark.parametrize("sms", [1, 64])  # K whole; K split, the partials merged
+def test_fused_tiled_qkv_and_gate_up_silu_over_tiles_that_straddle_matrices(gpu, sms):
+    """20 rows (tiles of 8 on the simulator, the last partial). q | k | v = 20 | 6 | 6
+    columns side by side: tiles hold the end of q and the start of k, of k and v; biases.
+    gate/up over 18 rows: each tile takes 4 rows of gate and the same 4 of up (the last
+    tile half empty), SiLU applied where a thread holds both. One launch each."""
+    from tinypaged.kernels.cuda import tiled_matmul
+    rng = np.random.default_rng(sms + 5)
+    gpu.launcher.sms = sms
+    x = rand(rng, 20, 40)
+    wq, wk, wv = (rand(rng, n, 40).astype(np.float16) for n in (20, 6, 6))
+    biases = [rand(rng, n) for n in (20, 6, 6)]
+    want = reference.qkv_proj(x, *(w.astype(np.float32) for w in (wq, wk, wv)), *biases)
+    before = gpu.launcher.launches
+    got = gpu.qkv_proj(cuda.to_device(x), *(DeviceFloat(w, np.float16) for w in (wq, wk, wv)),
+                       *(cuda.to_device(b) for b in biases))
+    assert gpu.launcher.launches - before == 1
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.copy_to_host(), w, **TOL)
+    wg, wu = (rand(rng, 18, 40).astype(np.float16) for _ in range(2))
+    want = reference.gate_up_silu(x, wg.astype(np.float32), wu.astype(np.float32))
+    before = gpu.launcher.launches
+    got = gpu.gate_up_silu(cuda.to_device(x), DeviceFloat(wg, np.float16), DeviceFloat(wu, np.float16))
+    assert gpu.launcher.launches - before == 1
+    np.testing.assert_allclose(got.copy_to_host(), want, **TOL)
+    assert tiled_matmul.tiled_split(20, tiled_matmul.gate_up_columns(18), 40, sms)[0] == (1 if sms == 1 else 2)
+    assert not gpu.launcher.arrival_counts(3, 5).copy_to_host().any()
+
+
 def test_tiled_split_fills_the_sms_only_where_the_tiles_do_not():
     """In tiles and slices (the GPU's 64 x 64 and 16: a 2,048-row prompt over SmolLM2's
     576 x 576, then batch 64 there, 16 rows over 1,536 outputs, 64 over a 1,536-wide K)."""

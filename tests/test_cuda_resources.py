@@ -71,7 +71,8 @@ def audit():
 
 
 def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
-    per_dtype = {f"{k}[{d}]" for k in ("matmul_tiled", "gemv_rows", "gemv_qkv", "gemv_gate_up_silu")
+    per_dtype = {f"{k}[{d}]" for k in ("matmul_tiled", "matmul_tiled_qkv", "matmul_tiled_gate_up_silu",
+                                       "gemv_rows", "gemv_qkv", "gemv_gate_up_silu")
                  for d in ("f16", "f32")}
     per_pool = {f"{k}{pool}" for k in ("paged_attention_decode", "paged_attention_prefill[d64]",
                                         "paged_attention_prefill[d128]", "rope_write_kv", "copy_blocks")
@@ -79,7 +80,10 @@ def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
     wide = ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k")  # (no fused q/k/v: kquant_matmul.py)
     packed = {f"gemv_{q}{form}" for q in ("q8_0", "q4") for form in ("", "_qkv", "_gate_up_silu")}
     packed |= {f"gemv_{q}{form}" for q in wide for form in ("", "_gate_up_silu")}
-    packed |= {f"matmul_tiled_packed[{q}]" for q in ("q8_0", "q4") + wide}
+    packed |= {f"matmul_tiled{form}_packed[{q}]" for q in ("q8_0", "q4") for form in ("", "_qkv", "_gate_up_silu")}
+    # the wide kinds' tiled q, k and v one by one, and Q5_0's gate and up (kquant_matmul.py)
+    packed |= {f"matmul_tiled_packed[{q}]" for q in wide}
+    packed |= {f"matmul_tiled_gate_up_silu_packed[{q}]" for q in wide if q != "q5_0"}
     assert set(audit) == per_dtype | per_pool | packed | {"add_rms_norm",
                                                           "silu_mul", "scale", "add", "gelu_tanh_mul", "softcap",
                                                           "gather_rows",

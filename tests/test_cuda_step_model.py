@@ -38,12 +38,12 @@ def test_a_kernel_costs_its_bandwidth_or_its_latency_whichever_is_more():
 
 
 def test_batches_past_the_gemvs_run_the_tiled_products():
-    """Batch 64: q, k, v, o, gate, up and down as tiled products (split along K to fill
-    the SMs), SiLU apart, lm_head tiled too: 4 launches a layer more than the GEMVs."""
+    """Batch 64: q/k/v, o, gate/up (SiLU fused) and down as tiled products (split along K
+    to fill the SMs), lm_head tiled too: as many launches as the GEMVs' step."""
     gemv, tiled = (predict(decode_step(**SMOLLM2, batch=b, context=512)) for b in (8, 64))
-    assert tiled["launches"] == gemv["launches"] + 4 * 30
+    assert tiled["launches"] == gemv["launches"] == 246
     names = {k.name for _, k in tiled["costs"]}
-    assert {"tiled q_proj", "tiled down_proj", "tiled lm_head", "silu_mul"} <= names
+    assert {"tiled qkv", "tiled gate_up_silu", "tiled down_proj", "tiled lm_head"} <= names
     assert not any(name.startswith("gemv") for name in names)
     assert tiled["step_us"] > gemv["step_us"]
 
@@ -91,3 +91,11 @@ def test_the_resource_report_prints_the_model_for_a_config(tmp_path):
     verdict = re.search(r"predicted step: (\d+) us, 246 launches: (\d+) tokens/s at batch 1; "
                         r"bound by (\S+)", result.stdout)
     assert verdict and int(verdict[2]) >= 1000, result.stdout[-1500:]
+
+
+def test_the_design_reaches_issue_45s_batch_64_and_prefill_figures_under_the_model():
+    """SmolLM2 shapes, float16: batch 64 at 512 keys >= 15,000 tokens/s, a 2,048-token
+    prompt (512 a step) >= 40,000 (the card decides; the model says the design can)."""
+    step = predict(decode_step(**SMOLLM2, batch=64, context=512))
+    assert 64e6 / step["step_us"] >= 15_000
+    assert prefill_prompt(SMOLLM2, prompt=2048, chunk=512)["tokens_per_s"] >= 40_000

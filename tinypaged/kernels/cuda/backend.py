@@ -14,7 +14,7 @@ from numba import cuda
 
 from ...batch.step_logits import WHOLE_ROW
 from ...formats.quant_kind import QK
-from . import attention, elementwise, kv_rows, lora, matmul, prefill_attention
+from . import attention, elementwise, kv_rows, lora, prefill_attention
 from .device_memory import DeviceMemory
 from .launcher import Launcher
 from .logits import DeviceLogits, LogitsCopier
@@ -136,11 +136,9 @@ class CudaBackend(DeviceMemory):
         return out
 
     def qkv_proj(self, x, wq, wk, wv, bq=None, bk=None, bv=None, ahead=None):
-        if not wq.fuses_with(wk, wv) or wq.kernels.qkv is None:
+        if not wq.fuses_with(wk, wv):
             return self.linear(x, wq, bq), self.linear(x, wk, bk), self.linear(x, wv, bv)
         x = self._input_for(x, wq)
-        if x.shape[0] > matmul.GEMV_MAX_ROWS:
-            return self._product(x, wq, bq), self._product(x, wk, bk), self._product(x, wv, bv)
         outs = tuple(self._empty(x.shape[0], w.shape[0]) for w in (wq, wk, wv))
         has_bias = bq is not None
         wq.qkv(self.launcher, x, wk, wv, (bq, bk, bv) if has_bias else (self._no_bias,) * 3, has_bias, outs)
@@ -161,8 +159,6 @@ class CudaBackend(DeviceMemory):
         if not w_gate.fuses_with(w_up):
             return self.silu_mul(self.linear(x, w_gate), self.linear(x, w_up))
         x = self._input_for(x, w_gate)
-        if x.shape[0] > matmul.GEMV_MAX_ROWS:
-            return self.silu_mul(self._product(x, w_gate), self._product(x, w_up))
         out = self._empty(x.shape[0], w_gate.shape[0])
         w_gate.gate_up_silu(self.launcher, x, w_up, out)
         return out

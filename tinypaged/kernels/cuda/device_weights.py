@@ -15,7 +15,7 @@ import numpy as np
 from numba import cuda
 
 from ...formats.quant_kind import F16, F32, KINDS
-from . import kquant_matmul, matmul, packed_matmul, tiled_matmul
+from . import elementwise, kquant_matmul, matmul, packed_matmul, tiled_matmul
 
 
 @dataclass(frozen=True)
@@ -23,14 +23,14 @@ class MatrixKernels:
     gemv: object  # (x, matrix, bias, has_bias, out): decode rows
     qkv: object | None  # (x, wq, wk, wv, bq, bk, bv, has_bias, q, k, v): None, three GEMVs
     gate_up_silu: object  # (x, w_gate, w_up, out)
-    tiled: object  # (x, matrix, bias, has_bias, out): prefill rows
+    tiled: tiled_matmul.TiledKernels  # past the GEMVs' rows: batches of 9+ and prefill
     gemv_blocks: object  # rows -> blocks of a GEMV launch
     gemv_threads: int
     upload: object = None  # packed: PackedWeight -> (device arrays, decode's matrix, tiled's)
 
 
 FLOAT_KERNELS = MatrixKernels(matmul.gemv_rows, matmul.gemv_qkv, matmul.gemv_gate_up_silu,
-                              tiled_matmul.matmul_tiled, matmul.float_gemv_blocks, matmul.FLOAT_ROW_THREADS)
+                              tiled_matmul.FLOAT_TILED, matmul.float_gemv_blocks, matmul.FLOAT_ROW_THREADS)
 
 
 def _packed(family: tuple, tiled, upload) -> MatrixKernels:
@@ -38,7 +38,7 @@ def _packed(family: tuple, tiled, upload) -> MatrixKernels:
 
 
 PACKED_KERNELS = {  # by QuantKind.code
-    **{code: _packed(family, packed_matmul.matmul_tiled_packed, packed_matmul.upload)
+    **{code: _packed(family, packed_matmul.TILED_PACKED, packed_matmul.upload)
        for code, family in packed_matmul.GEMV_FAMILIES.items()},
     **{code: _packed(family, kquant_matmul.TILED_KERNELS[code], kquant_matmul.upload)
        for code, family in kquant_matmul.DECODE_KERNELS.items()},
@@ -72,19 +72,39 @@ class DeviceMatrix:
             launch(self.kernels.gemv, self.kernels.gemv_blocks(self.shape[0]), self.kernels.gemv_threads,
                    x, self.decode, bias, has_bias, out)
         else:
-            tiled_matmul.launch_tiled(launch, self.kernels.tiled, x, self.tiled, bias, has_bias, out)
+            tiled_matmul.launch_tiled(launch, self.kernels.tiled.product, x, (self.tiled,), out.shape[1],
+                                      bias, has_bias, out)
 
     def qkv(self, launch, x, wk, wv, biases, has_bias, outs) -> None:
-        """q, k, v = x @ (self, wk, wv).T (+ biases) in one GEMV launch (decode rows; the
-        three fuse: fuses_with, and kernels.qkv is not None)."""
-        rows = self.shape[0] + wk.shape[0] + wv.shape[0]
-        launch(self.kernels.qkv, self.kernels.gemv_blocks(rows), self.kernels.gemv_threads,
-               x, self.decode, wk.decode, wv.decode, *biases, has_bias, *outs)
+        """q, k, v = x @ (self, wk, wv).T (+ biases) in one launch (the three fuse:
+        fuses_with): a GEMV for decode rows (three where the kind has no fused one),
+        else the tiled product over their rows side by side."""
+        fused = self.kernels.tiled.qkv if not _decode(x) else self.kernels.qkv
+        if fused is None:
+            for w, bias, out in zip((self, wk, wv), biases, outs):
+                w.product(launch, x, bias, has_bias, out)
+        elif not _decode(x):
+            tiled_matmul.launch_tiled(launch, fused, x, (self.tiled, wk.tiled, wv.tiled),
+                                      sum(out.shape[1] for out in outs), *biases, has_bias, *outs)
+        else:
+            rows = self.shape[0] + wk.shape[0] + wv.shape[0]
+            launch(self.kernels.qkv, self.kernels.gemv_blocks(rows), self.kernels.gemv_threads,
+                   x, self.decode, wk.decode, wv.decode, *biases, has_bias, *outs)
 
     def gate_up_silu(self, launch, x, w_up, out) -> None:
-        """out = silu(x @ self.T) * (x @ w_up.T) in one GEMV launch (decode rows)."""
-        launch(self.kernels.gate_up_silu, self.kernels.gemv_blocks(self.shape[0]),
-               self.kernels.gemv_threads, x, self.decode, w_up.decode, out)
+        """out = silu(x @ self.T) * (x @ w_up.T) in one launch (the GEMV for decode rows;
+        a kind without a fused tiled kernel: two products and SiLU)."""
+        if _decode(x):
+            launch(self.kernels.gate_up_silu, self.kernels.gemv_blocks(self.shape[0]),
+                   self.kernels.gemv_threads, x, self.decode, w_up.decode, out)
+        elif self.kernels.tiled.gate_up_silu is None:  # two products, then SiLU
+            gate, up, no_bias = launch.empty(*out.shape), launch.empty(*out.shape), launch.empty(1)
+            self.product(launch, x, no_bias, False, gate)
+            w_up.product(launch, x, no_bias, False, up)
+            launch(elementwise.silu_mul, -(-out.size // 256), 256, gate, up, out)
+        else:
+            tiled_matmul.launch_tiled(launch, self.kernels.tiled.gate_up_silu, x, (self.tiled, w_up.tiled),
+                                      tiled_matmul.gate_up_columns(out.shape[1]), out)
 
 
 class DeviceFloat(DeviceMatrix):

@@ -23,7 +23,7 @@ from numba import cuda, float32, int32
 
 from ...formats.quant_kind import QK, QK_K, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
 from .matmul import GEMV_MAX_ROWS, VEC, WARP, _warp_sum_rows
-from .tiled_matmul import tiled_kernel
+from .tiled_matmul import tiled_kernels
 from .packed_matmul import decode_kernel_family
 
 
@@ -104,7 +104,10 @@ def _q(nibble, extra, v):
 _FUNCTIONS = {code: _kind_functions(code) for code in (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)}
 # (gemv, None, gate_up_silu): q, k and v go as three GEMVs (fused, they spilled registers)
 DECODE_KERNELS = {code: decode_kernel_family(row_dots, fused_qkv=False) for code, (row_dots, _) in _FUNCTIONS.items()}
-TILED_KERNELS = {code: tiled_kernel(weight) for code, (_, weight) in _FUNCTIONS.items()}
+# q, k and v as three tiled products too (fused: Q6_K's went through 80 bytes of local
+# memory), gate and up fused but for Q5_0 (32 bytes spilled)
+TILED_KERNELS = {code: tiled_kernels(weight, fuse_qkv=False, fuse_gate_up=code != Q5_0)
+                 for code, (_, weight) in _FUNCTIONS.items()}
 
 
 def upload(packed) -> tuple:

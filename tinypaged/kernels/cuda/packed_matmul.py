@@ -18,7 +18,7 @@ backend's packed products take it; products accumulate in float32.
   int32 word; the warp reads 128 consecutive bytes a step, coalesced), shfl_xor
   sums. Traffic: the packed row once (Q8_0: 34 bytes per 32 weights, Q4_0: 18,
   Q4_1: 20; float16: 64), x from cache.
-- `matmul_tiled_packed`: prefill and large batches, tiled_matmul.tiled_kernel with each W
+- `TILED_PACKED`: prefill and large batches, tiled_matmul.tiled_kernels with each W
   tile dequantized as it is staged in shared memory.
 """
 import math
@@ -30,7 +30,7 @@ from ...formats.quant_kind import Q4_0, Q4_1, Q8_0, QK
 from .bounded_jit import jit_bounded
 from .matmul import (GEMV_BOUNDS, GEMV_MAX_ROWS, VEC, WARP, _first_warp_and_stride, _store_rows,
                      _warp_sum_rows)
-from .tiled_matmul import tiled_kernel
+from .tiled_matmul import tiled_kernels
 
 
 @cuda.jit(device=True, inline="always")
@@ -144,7 +144,7 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True):
 
 gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu = decode_kernel_family(_q8_0_row_dots)
 gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu = decode_kernel_family(_q4_row_dots)
-matmul_tiled_packed = tiled_kernel(_weight)
+TILED_PACKED = tiled_kernels(_weight)  # (Q8_0 and Q4_x: _weight reads both)
 # (gemv, qkv, gate_up_silu) by QuantKind.code, beside kquant_matmul.DECODE_KERNELS
 GEMV_FAMILIES = {Q8_0: (gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu),
                  **{code: (gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu) for code in (Q4_0, Q4_1)}}

@@ -18,6 +18,9 @@ block writes its partial tile, fences it and counts itself in arrivals[tile]; th
 to arrive adds the splits' partials in split order (the same sums whichever block is
 last), adds the bias and sets the count back to zero. Prefill has tiles enough: one split.
 """
+import math
+from typing import NamedTuple
+
 import numpy as np
 from numba import config, cuda, float32, int32
 
@@ -29,6 +32,7 @@ from .bounded_jit import jit_bounded
 GPU_TILE, GPU_PATCH, GPU_DEPTH = 64, 4, 16
 TILE, PATCH, DEPTH = (8, 2, 8) if config.ENABLE_CUDASIM else (GPU_TILE, GPU_PATCH, GPU_DEPTH)
 SIDE = TILE // PATCH  # threads along a tile's rows and along its columns
+HALF = TILE // 2  # the fused gate/up product: gate rows a tile takes (and as many of up)
 TILED_THREADS = SIDE * SIDE  # 256 on a GPU
 LOADS = TILE * DEPTH // TILED_THREADS  # x values, and W values, a thread stages a slice
 SHARED_ROW = DEPTH + 1  # words a staged row takes: a warp's 16 columns of W fall in 16 banks
@@ -38,6 +42,13 @@ SPLITS_AT_ONCE = 4  # split-K: partials the last block loads at once
 # their addresses); 3 (80 registers) spills 24-68 bytes a thread, and so does a DEPTH of
 # 32 (16 loads in flight) at 128
 TILED_BOUNDS = (TILED_THREADS, 2)
+
+
+class TiledKernels(NamedTuple):
+    """A weight kind's tiled kernels (tiled_kernels)."""
+    product: object  # (x, w, bias, has_bias, out)
+    qkv: object | None  # (x, wq, wk, wv, bq, bk, bv, has_bias, q, k, v)
+    gate_up_silu: object | None  # (x, w_gate, w_up, out)
 
 
 def tiled_split(rows: int, cols: int, width: int, sms: int, tile: int = TILE,
@@ -53,28 +64,68 @@ def tiled_split(rows: int, cols: int, width: int, sms: int, tile: int = TILE,
     return -(-slices // per_split), per_split * depth
 
 
-def launch_tiled(launch, kernel, x, matrix, bias, has_bias, out) -> None:
-    """out = x @ W.T (+ bias) through `launch` (the backend's Launcher): kernel is a
-    tiled_kernel's product, matrix the arguments its weight reads."""
+def gate_up_columns(intermediate: int, tile: int = TILE) -> int:
+    """The columns the fused gate/up product computes: each tile's first half gate
+    rows, its second half the same rows of up (so a thread holds both of an output)."""
+    return -(-intermediate // (tile // 2)) * tile
+
+
+def launch_tiled(launch, kernel, x, matrices, n_cols, *args) -> None:
+    """A tiled kernel over x's rows and n_cols columns through `launch` (the backend's
+    Launcher): kernel(x, *matrices, *args, partials, arrivals, k_span), with K split
+    as tiled_split finds."""
     rows, width = x.shape
-    cols = out.shape[1]
-    splits, k_span = tiled_split(rows, cols, width, launch.sms)
-    tiles = (-(-cols // TILE), -(-rows // TILE))
-    partials = launch.empty(splits, rows, cols) if splits > 1 else launch.empty(1, 1, 1)
-    launch(kernel, (*tiles, splits), TILED_THREADS, x, matrix, bias, has_bias, out, partials,
+    splits, k_span = tiled_split(rows, n_cols, width, launch.sms)
+    tiles = (-(-n_cols // TILE), -(-rows // TILE))
+    partials = launch.empty(splits, rows, n_cols) if splits > 1 else launch.empty(1, 1, 1)
+    launch(kernel, (*tiles, splits), TILED_THREADS, x, *matrices, *args, partials,
            launch.arrival_counts(tiles[1], tiles[0]), np.int32(k_span))
 
 
-def tiled_kernel(weight):
-    """The tiled product with W's values read through weight(w, n, k, half) (half = K/2,
-    where packed nibble rows fold). Grid (ceil(N / TILE), ceil(M / TILE), splits), block
-    TILED_THREADS (launch_tiled)."""
+@cuda.jit(device=True, inline="always")
+def _pick_one(n, bound1, bound2):
+    """(which matrix, its row, whether the row exists) of column n: the one matrix's row n."""
+    return 0, n, True
+
+
+@cuda.jit(device=True, inline="always")
+def _pick_qkv(n, bound1, bound2):
+    """Column n of q | k | v side by side: bound1 = Nq, bound2 = Nq + Nk."""
+    if n < bound1:
+        return 0, n, True
+    if n < bound2:
+        return 1, n - bound1, True
+    return 2, n - bound2, True
+
+
+@cuda.jit(device=True, inline="always")
+def _pick_gate_up(n, intermediate, unused):
+    """Column n of the fused gate/up product (gate_up_columns): a tile's first HALF
+    columns are gate rows, its next HALF the same rows of up."""
+    v = n % TILE
+    row = n // TILE * HALF + v % HALF
+    return (0 if v < HALF else 1), row, row < intermediate
+
+
+def _tile_sums(weight, pick):
+    """The main loop of a tiled kernel over up to three matrices (w0, w1, w2: the one
+    matrix thrice for a plain product) whose column n reads row `row` of matrix m
+    (pick(n, bound1, bound2) -> (m, row, exists)), through weight(w, row, k, half)."""
 
     @cuda.jit(device=True, inline="always")
-    def load_slice(x, w, row0, col0, k0, k_end, half, n_out, x_next, w_next):
+    def read(w0, w1, w2, m, row, k, half):
+        """weight(w_m, row, k, half), a call per matrix (a matrix picked first, or from a
+        tuple by a run-time index, went through local memory: 64-640 bytes of stack).
+        A plain product's m is the constant 0: the other branches compile away."""
+        if m == 0:
+            return weight(w0, row, k, half)
+        return weight(w1, row, k, half) if m == 1 else weight(w2, row, k, half)
+
+    @cuda.jit(device=True, inline="always")
+    def load_slice(x, w0, w1, w2, bound1, bound2, n_cols, row0, col0, k0, k_end, half, x_next, w_next):
         """This thread's share of the slice at k0: x_next[l], w_next[l] for the slice's
-        values t + l TILED_THREADS (row-major [row, k] and [n, k]: a warp reads runs along K).
-        Values past M, N or the split's k_end are zeros."""
+        values t + l TILED_THREADS (row-major [row, k] and [n, k]: a warp reads runs
+        along K). Values past M, the columns or the split's k_end are zeros."""
         t = cuda.threadIdx.x
         for l in range(LOADS):
             e = t + l * TILED_THREADS
@@ -83,22 +134,23 @@ def tiled_kernel(weight):
         for l in range(LOADS):
             e = t + l * TILED_THREADS
             n, k = col0 + e // DEPTH, k0 + e % DEPTH
-            w_next[l] = weight(w, n, k, half) if n < n_out and k < k_end else float32(0.0)
+            w_next[l] = float32(0.0)
+            if n < n_cols and k < k_end:
+                m, row, exists = pick(n, bound1, bound2)
+                if exists:
+                    w_next[l] = read(w0, w1, w2, m, row, k, half)
 
-    @jit_bounded(TILED_BOUNDS)
-    def matmul_tiled(x, w, bias, has_bias, out, partials, arrivals, k_span):
-        x_s = cuda.shared.array((TILE, SHARED_ROW), dtype=float32)  # [row, k]
-        w_s = cuda.shared.array((TILE, SHARED_ROW), dtype=float32)  # [n, k]
-        last_s = cuda.shared.array(1, dtype=int32)  # this block arrived last
-        acc = cuda.local.array((PATCH, PATCH), dtype=float32)
+    @cuda.jit(device=True, inline="always")
+    def tile_sums(x, w0, w1, w2, bound1, bound2, n_cols, k_span, acc, x_s, w_s):
+        """acc[i, j] = the sum over this block's split of K of x[row] . W[column], for
+        the thread's rows row0 + ty + SIDE i and columns col0 + tx + SIDE j."""
         a = cuda.local.array(PATCH, dtype=float32)
         b = cuda.local.array(PATCH, dtype=float32)
         x_next = cuda.local.array(LOADS, dtype=float32)
         w_next = cuda.local.array(LOADS, dtype=float32)
         t = cuda.threadIdx.x
         tx, ty = t % SIDE, t // SIDE
-        n_rows, width = x.shape
-        n_out = out.shape[1]
+        width = x.shape[1]
         half = width // 2
         row0, col0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
         k_start = cuda.blockIdx.z * k_span
@@ -106,7 +158,7 @@ def tiled_kernel(weight):
         for i in range(PATCH):
             for j in range(PATCH):
                 acc[i, j] = float32(0.0)
-        load_slice(x, w, row0, col0, k_start, k_end, half, n_out, x_next, w_next)
+        load_slice(x, w0, w1, w2, bound1, bound2, n_cols, row0, col0, k_start, k_end, half, x_next, w_next)
         for k0 in range(k_start, k_end, DEPTH):
             for l in range(LOADS):
                 e = t + l * TILED_THREADS
@@ -114,7 +166,8 @@ def tiled_kernel(weight):
                 w_s[e // DEPTH, e % DEPTH] = w_next[l]
             cuda.syncthreads()  # the slice is staged
             if k0 + DEPTH < k_end:  # the next slice's loads go out before these sums
-                load_slice(x, w, row0, col0, k0 + DEPTH, k_end, half, n_out, x_next, w_next)
+                load_slice(x, w0, w1, w2, bound1, bound2, n_cols, row0, col0, k0 + DEPTH, k_end, half,
+                           x_next, w_next)
             for kk in range(DEPTH):
                 for i in range(PATCH):
                     a[i] = x_s[ty + SIDE * i, kk]
@@ -124,37 +177,122 @@ def tiled_kernel(weight):
                     for j in range(PATCH):
                         acc[i, j] += a[i] * b[j]
             cuda.syncthreads()  # everyone has read the slice before the next is staged
+    return tile_sums
 
-        splits = cuda.gridDim.z
-        if splits > 1:
-            for i in range(PATCH):
-                for j in range(PATCH):
-                    r, c = row0 + ty + SIDE * i, col0 + tx + SIDE * j
-                    if r < n_rows and c < n_out:
-                        partials[cuda.blockIdx.z, r, c] = acc[i, j]
-            cuda.threadfence()  # this block's partials are visible before it is counted
-            cuda.syncthreads()  # every thread's partials written and fenced
-            if t == 0:
-                last_s[0] = cuda.atomic.add(arrivals, (cuda.blockIdx.y, cuda.blockIdx.x), 1) == splits - 1
-            cuda.syncthreads()  # the count read
-            if last_s[0] == 0:
-                return
+
+@cuda.jit(device=True, inline="always")
+def _merge_splits(acc, n_rows, n_cols, partials, arrivals, last_s):
+    """With K split (gridDim.z > 1): write this block's partial sums, fence, count
+    the block; the last to arrive replaces acc with the splits' sums in split order
+    and resets the count. Returns whether this block writes the outputs."""
+    splits = cuda.gridDim.z
+    if splits == 1:
+        return True
+    t = cuda.threadIdx.x
+    tx, ty = t % SIDE, t // SIDE
+    row0, col0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
+    for i in range(PATCH):
+        for j in range(PATCH):
+            r, c = row0 + ty + SIDE * i, col0 + tx + SIDE * j
+            if r < n_rows and c < n_cols:
+                partials[cuda.blockIdx.z, r, c] = acc[i, j]
+    cuda.threadfence()  # this block's partials are visible before it is counted
+    cuda.syncthreads()  # every thread's partials written and fenced
+    if t == 0:
+        last_s[0] = cuda.atomic.add(arrivals, (cuda.blockIdx.y, cuda.blockIdx.x), 1) == splits - 1
+    cuda.syncthreads()  # the count read
+    if last_s[0] == 0:
+        return False
+    for i in range(PATCH):
+        for j in range(PATCH):
+            r, c = row0 + ty + SIDE * i, col0 + tx + SIDE * j
+            total = float32(0.0)
+            if r < n_rows and c < n_cols:
+                for s0 in range(0, splits, SPLITS_AT_ONCE):
+                    for u in range(SPLITS_AT_ONCE):  # (a constant count: loads in flight)
+                        if s0 + u < splits:
+                            total += partials[s0 + u, r, c]
+            acc[i, j] = total
+    if t == 0:
+        arrivals[cuda.blockIdx.y, cuda.blockIdx.x] = 0  # (the next launch counts from zero)
+    return True
+
+
+def tiled_kernels(weight, fuse_qkv=True, fuse_gate_up=True) -> TiledKernels:
+    """The tiled kernels with W's values read through weight(w, n, k, half) (half = K/2,
+    where packed nibble rows fold): launched by launch_tiled, grid (column tiles, row
+    tiles, splits), block TILED_THREADS. A kind whose fused kernel ptxas cannot keep
+    in registers (three or two inlined reads of a wide kind) has None there: its
+    products then go one by one."""
+    one, qkv, gate_up = (_tile_sums(weight, pick) for pick in (_pick_one, _pick_qkv, _pick_gate_up))
+
+    @jit_bounded(TILED_BOUNDS)
+    def matmul_tiled(x, w, bias, has_bias, out, partials, arrivals, k_span):
+        """out = x @ W.T (+ bias)."""
+        x_s = cuda.shared.array((TILE, SHARED_ROW), dtype=float32)  # [row, k]
+        w_s = cuda.shared.array((TILE, SHARED_ROW), dtype=float32)  # [n, k]
+        last_s = cuda.shared.array(1, dtype=int32)  # this block arrived last
+        acc = cuda.local.array((PATCH, PATCH), dtype=float32)
+        n_rows, n_out = out.shape
+        one(x, w, w, w, 0, 0, n_out, k_span, acc, x_s, w_s)
+        if not _merge_splits(acc, n_rows, n_out, partials, arrivals, last_s):
+            return
+        tx, ty = cuda.threadIdx.x % SIDE, cuda.threadIdx.x // SIDE
         for i in range(PATCH):
             for j in range(PATCH):
-                r, c = row0 + ty + SIDE * i, col0 + tx + SIDE * j
+                r, c = cuda.blockIdx.y * TILE + ty + SIDE * i, cuda.blockIdx.x * TILE + tx + SIDE * j
                 if r < n_rows and c < n_out:
-                    total = acc[i, j]
-                    if splits > 1:
-                        total = float32(0.0)
-                        for s0 in range(0, splits, SPLITS_AT_ONCE):
-                            for u in range(SPLITS_AT_ONCE):  # (a constant count: loads in flight)
-                                if s0 + u < splits:
-                                    total += partials[s0 + u, r, c]
-                    out[r, c] = total + bias[c] if has_bias else total
-        if splits > 1 and t == 0:
-            arrivals[cuda.blockIdx.y, cuda.blockIdx.x] = 0  # (the next launch counts from zero)
+                    out[r, c] = acc[i, j] + bias[c] if has_bias else acc[i, j]
 
-    return matmul_tiled
+    @jit_bounded(TILED_BOUNDS)
+    def matmul_tiled_qkv(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out, partials,
+                         arrivals, k_span):
+        """q, k, v = x @ (Wq, Wk, Wv).T (+ biases) as one product over their rows side by side."""
+        x_s = cuda.shared.array((TILE, SHARED_ROW), dtype=float32)
+        w_s = cuda.shared.array((TILE, SHARED_ROW), dtype=float32)
+        last_s = cuda.shared.array(1, dtype=int32)
+        acc = cuda.local.array((PATCH, PATCH), dtype=float32)
+        n_rows, nq, nk = x.shape[0], q_out.shape[1], k_out.shape[1]
+        n_cols = nq + 2 * nk
+        qkv(x, wq, wk, wv, nq, nq + nk, n_cols, k_span, acc, x_s, w_s)
+        if not _merge_splits(acc, n_rows, n_cols, partials, arrivals, last_s):
+            return
+        tx, ty = cuda.threadIdx.x % SIDE, cuda.threadIdx.x // SIDE
+        for i in range(PATCH):
+            for j in range(PATCH):
+                r, c = cuda.blockIdx.y * TILE + ty + SIDE * i, cuda.blockIdx.x * TILE + tx + SIDE * j
+                if r < n_rows and c < n_cols:  # (each output by name: arrays picked at
+                    value = acc[i, j]  # run time would go through local memory)
+                    if c < nq:
+                        q_out[r, c] = value + bq[c] if has_bias else value
+                    elif c < nq + nk:
+                        k_out[r, c - nq] = value + bk[c - nq] if has_bias else value
+                    else:
+                        v_out[r, c - nq - nk] = value + bv[c - nq - nk] if has_bias else value
+
+    @jit_bounded(TILED_BOUNDS)
+    def matmul_tiled_gate_up_silu(x, w_gate, w_up, out, partials, arrivals, k_span):
+        """out = silu(x @ Wg.T) * (x @ Wu.T): a thread's columns j < PATCH / 2 are gate
+        rows, j + PATCH / 2 the same rows of up (gate_up_columns)."""
+        x_s = cuda.shared.array((TILE, SHARED_ROW), dtype=float32)
+        w_s = cuda.shared.array((TILE, SHARED_ROW), dtype=float32)
+        last_s = cuda.shared.array(1, dtype=int32)
+        acc = cuda.local.array((PATCH, PATCH), dtype=float32)
+        n_rows, intermediate = out.shape
+        n_cols = (intermediate + HALF - 1) // HALF * TILE
+        gate_up(x, w_gate, w_up, w_up, intermediate, 0, n_cols, k_span, acc, x_s, w_s)
+        if not _merge_splits(acc, n_rows, n_cols, partials, arrivals, last_s):
+            return
+        tx, ty = cuda.threadIdx.x % SIDE, cuda.threadIdx.x // SIDE
+        for i in range(PATCH):
+            for j in range(PATCH // 2):
+                r, n = cuda.blockIdx.y * TILE + ty + SIDE * i, cuda.blockIdx.x * HALF + tx + SIDE * j
+                if r < n_rows and n < intermediate:
+                    g = acc[i, j]
+                    out[r, n] = g / (float32(1.0) + math.exp(-g)) * acc[i, j + PATCH // 2]
+
+    return TiledKernels(matmul_tiled, matmul_tiled_qkv if fuse_qkv else None,
+                        matmul_tiled_gate_up_silu if fuse_gate_up else None)
 
 
 @cuda.jit(device=True, inline="always")
@@ -163,4 +301,4 @@ def _plain_weight(w, n, k, half):
     return float32(w[n, k])
 
 
-matmul_tiled = tiled_kernel(_plain_weight)
+FLOAT_TILED = tiled_kernels(_plain_weight)

@@ -50,19 +50,29 @@ def packed_families() -> list[tuple[str, tuple, object]]:
     return families
 
 
+def tiled_signatures(suffix: str, kernels, matrix) -> list[tuple[str, object, tuple]]:
+    """A weight kind's three tiled kernels (tiled_matmul.TiledKernels) over `matrix`."""
+    x, bias, flag = arr(f32, 2), arr(f32, 1), types.boolean
+    split = (arr(f32, 3), arr(i32, 2), i32)  # partials, arrivals, k_span
+    sigs = [(f"matmul_tiled{suffix}", kernels.product, (x, matrix, bias, flag, x, *split)),
+            (f"matmul_tiled_qkv{suffix}", kernels.qkv,
+             (x, matrix, matrix, matrix, bias, bias, bias, flag, x, x, x, *split)),
+            (f"matmul_tiled_gate_up_silu{suffix}", kernels.gate_up_silu, (x, matrix, matrix, x, *split))]
+    return [sig for sig in sigs if sig[1] is not None]  # (None: a kind's products go one by one)
+
+
 def signatures() -> list[tuple[str, object, tuple]]:
     """(label, kernel, argument types) for every kernel and dtype combination used."""
     sigs = []
-    tiled = (arr(f32, 3), arr(i32, 2), i32)  # (the tiled product's partials, arrivals, k_span)
     for wname, wtype in (("f16", f16), ("f32", f32)):
         mm = (arr(f32, 2), arr(wtype, 2), arr(f32, 1), types.boolean, arr(f32, 2))
         qkv = (arr(f32, 2), arr(wtype, 2), arr(wtype, 2), arr(wtype, 2), arr(f32, 1),
                arr(f32, 1), arr(f32, 1), types.boolean, arr(f32, 2), arr(f32, 2), arr(f32, 2))
-        sigs += [(f"matmul_tiled[{wname}]", tiled_matmul.matmul_tiled, mm + tiled),
-                 (f"gemv_rows[{wname}]", matmul.gemv_rows, mm),
+        sigs += [(f"gemv_rows[{wname}]", matmul.gemv_rows, mm),
                  (f"gemv_qkv[{wname}]", matmul.gemv_qkv, qkv),
                  (f"gemv_gate_up_silu[{wname}]", matmul.gemv_gate_up_silu,
                   (arr(f32, 2), arr(wtype, 2), arr(wtype, 2), arr(f32, 2)))]
+        sigs += tiled_signatures(f"[{wname}]", tiled_matmul.FLOAT_TILED, arr(wtype, 2))
     x, bias, flag = arr(f32, 2), arr(f32, 1), types.boolean
     for qname, kernels, matrix in packed_families():
         gemv, qkv, gate_up = kquant_matmul.DECODE_KERNELS.get(kernels, kernels)
@@ -73,11 +83,9 @@ def signatures() -> list[tuple[str, object, tuple]]:
                          (x, matrix, matrix, matrix, bias, bias, bias, flag, x, x, x)))
     for qname, qtype in (("q8_0", i8), ("q4", u8)):  # (the tiled product reads Q8_0 as bytes)
         matrix = types.Tuple((arr(qtype, 2), arr(f16, 2), arr(f16, 2), i64))
-        sigs.append((f"matmul_tiled_packed[{qname}]", packed_matmul.matmul_tiled_packed,
-                     (x, matrix, bias, flag, x, *tiled)))
+        sigs += tiled_signatures(f"_packed[{qname}]", packed_matmul.TILED_PACKED, matrix)
     for qname, kind, matrix in packed_families()[2:]:
-        sigs.append((f"matmul_tiled_packed[{qname}]", kquant_matmul.TILED_KERNELS[kind],
-                     (x, matrix, bias, flag, x, *tiled)))
+        sigs += tiled_signatures(f"_packed[{qname}]", kquant_matmul.TILED_KERNELS[kind], matrix)
     q = arr(f32, 3)
     q8_layer = types.Tuple((arr(i8, 4), types.Array(f16, 4, "A")))  # kv_rows.py's (rows, scales)
     for kv_name, kv_type, pool in (("", f32, arr(f32, 4)), ("[kv-f16]", f16, arr(f16, 4)),
@@ -121,8 +129,9 @@ def signatures() -> list[tuple[str, object, tuple]]:
 def block_threads(label: str) -> int:
     """Threads per block the backend launches the kernel with (RoPE: a 128-wide head)."""
     name = label.split("[")[0]
-    return {"matmul_tiled": tiled_matmul.TILED_THREADS, "gemv_rows": matmul.FLOAT_ROW_THREADS,
-            "matmul_tiled_packed": tiled_matmul.TILED_THREADS,
+    return {**{f"matmul_tiled{form}": tiled_matmul.TILED_THREADS
+               for form in ("", "_qkv", "_gate_up_silu", "_packed", "_qkv_packed", "_gate_up_silu_packed")},
+            "gemv_rows": matmul.FLOAT_ROW_THREADS,
             **{f"gemv_{q}{f}": matmul.GEMV_THREADS for q, _, _ in packed_families()
                for f in ("", "_qkv", "_gate_up_silu")},
             "gemv_qkv": matmul.FLOAT_ROW_THREADS, "gemv_gate_up_silu": matmul.FLOAT_ROW_THREADS,

@@ -82,13 +82,15 @@ def tiled_product(name, per_step, rows, cols, width, weight_bytes=2, a=ASSUMPTIO
 
 def _products(hidden, layers, heads, kv_heads, head_dim, intermediate, rows, weight_bytes):
     """A layer's products over `rows` rows as the backend launches them past the GEMVs'
-    rows: q, k, v, o, gate, up and down, each a tiled product."""
+    rows, for a float (or Q8_0, Q4_x) matrix: q, k and v as one tiled product over
+    their rows side by side, o, gate and up as one (SiLU on its outputs), down."""
+    from ..tiled_matmul import GPU_TILE, gate_up_columns
     q, kv = heads * head_dim, kv_heads * head_dim
-    return [tiled_product(name, layers * count, rows, cols, width, weight_bytes)
-            for name, count, cols, width in (
-                ("tiled q_proj", 1, q, hidden), ("tiled k_proj, v_proj", 2, kv, hidden),
-                ("tiled o_proj", 1, hidden, q), ("tiled gate_proj, up_proj", 2, intermediate, hidden),
-                ("tiled down_proj", 1, hidden, intermediate))]
+    return [tiled_product(name, layers, rows, cols, width, weight_bytes)
+            for name, cols, width in (
+                ("tiled qkv", q + 2 * kv, hidden), ("tiled o_proj", hidden, q),
+                ("tiled gate_up_silu", gate_up_columns(intermediate, GPU_TILE), hidden),
+                ("tiled down_proj", hidden, intermediate))]
 
 
 def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
@@ -133,7 +135,6 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
     if batch > GEMV_MAX_ROWS:
         return kernels + _products(hidden, layers, heads, kv_heads, head_dim, intermediate, batch,
                                    weight_bytes) + [
-            _elementwise("silu_mul", layers, batch * intermediate, 3),
             tiled_product("tiled lm_head", 1, batch, vocab, hidden, weight_bytes)]
     return kernels + [
         KernelCost("gemv_qkv", layers, weight_bytes * hidden * (heads + 2 * kv_heads) * head_dim,
@@ -147,11 +148,6 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
         KernelCost("gemv_rows (lm_head)", 1, weight_bytes * vocab * hidden, vocab,
                    GEMV_THREADS, gemv_rounds(hidden), 2),
     ]
-
-
-def _elementwise(name, per_step, values, arrays):
-    """A 256-thread elementwise kernel over `values` float32 values of `arrays` arrays."""
-    return KernelCost(name, per_step, 4 * arrays * values, math.ceil(values / 256), 256, 1, 0)
 
 
 def prefill_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
@@ -189,7 +185,6 @@ def prefill_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
                    rows * (heads + kv_heads), head_dim // 2, 2, 0),
         attention,
         *_products(hidden, layers, heads, kv_heads, head_dim, intermediate, rows, weight_bytes),
-        _elementwise("silu_mul", layers, rows * intermediate, 3),
         # the last row: gathered (hidden, residual), its final norm, lm_head, the argmax
         KernelCost("gather_rows (last row)", 2, 8 * hidden, 1, 32, 1, 0),
         KernelCost("add_rms_norm (last row)", 1, 12 * hidden, 1, NORM_THREADS, 1, 3),
