@@ -11,7 +11,11 @@ row stands beside a predicted one (bytes / measured copy bandwidth + launches x 
   bandwidth);
 - the decode GEMVs and prefill matmuls on SmolLM2's shapes (GB/s of weights);
 - end-to-end SmolLM2 decode tokens/s at batch 1, 8 and 64, eager and as replayed
-  CUDA graphs, with launches per step.
+  CUDA graphs, with launches per step; batch 1 at 128 and 1,024 keys, batch 64 at
+  512, a 2,048-token prompt's prefill, each beside the step model's prediction, and
+  the recorded step's kernels one by one beside the model's table;
+- a Llama-3.2-1B-shaped model at batch 1 and 64, and its layer's products float16
+  and with Q4_K_M's kinds (gpu_shapes.py).
 Usage: python bench/gpu_check.py [--skip-tests] [--test-timeout S] [--model DIR | --shape-only DIR] [--tiny]
 On the lent H200 (no network; 64 MiB carried): carry SmolLM2's config.json,
 tokenizer.json and tokenizer_config.json (weights/smollm2-135m-instruct/...) and run
@@ -42,6 +46,7 @@ from tinypaged.kernels.cuda.device_weights import DeviceFloat  # noqa: E402
 from tinypaged.kernels.kv_q8 import quantize_rows  # noqa: E402
 from tinypaged.pull import is_model_folder  # noqa: E402
 
+from gpu_shapes import llama_1b_decode, packed_layer_products, random_model_like  # noqa: E402  (bench/)
 from verification_cost import verification_costs  # noqa: E402  (bench/, the script's folder)
 
 ROWS = []
@@ -275,27 +280,6 @@ def matmuls():
                    predicted=weight_bytes / want / 1e9)
 
 
-def random_model_like(config_dir, out_dir):
-    """A folder with config_dir's config and tokenizer files and random float16 weights of
-    the same shapes: decode speed does not depend on the values, and SmolLM2's 270 MB of
-    weights cannot travel to a machine without network (the carry limit is 64 MiB)."""
-    import shutil
-
-    from safetensors.numpy import save_file
-
-    from tinypaged.model.config import ModelConfig
-    from tinypaged.model.weights import expected_shapes
-    os.makedirs(out_dir, exist_ok=True)
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(config_dir, name), out_dir)
-    rng = np.random.default_rng(0)
-    cfg = ModelConfig.from_json(config_dir)
-    weights = {name: (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])).astype(np.float16)
-               for name, shape in expected_shapes(cfg).items()}
-    save_file(weights, os.path.join(out_dir, "model.safetensors"))
-    return out_dir
-
-
 def end_to_end(model_dir):
     """Decode tokens/s, eager and replayed, at batch 1, 8 and 64, beside the prediction
     bytes / bandwidth + host launches x launch cost + graph nodes x node cost."""
@@ -434,6 +418,12 @@ def step_kernel_times(engine):
         whole = timed(step.recording.launch)
         report(f"decode step, bucket {bucket}, kernels one by one", total * 1e6, "us",
                f"{len(step.recording)} kernels; the whole graph replayed: {whole * 1e6:.0f} us")
+        from tinypaged.kernels.cuda.tools.step_model import decode_step
+        from tinypaged.kernels.cuda.tools.step_model import report as model_table
+        cfg = engine.model_config  # the step model's table for the bucket, to set beside it
+        print(model_table(decode_step(cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+                                      cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size,
+                                      cfg.vocab_size, bucket, context=48), bucket), flush=True)
 
 
 def main():
@@ -469,8 +459,12 @@ def main():
         write_tiny_model("/tmp/tinypaged-gpu-check-tiny", num_hidden_layers=1, hidden_size=16,
                          intermediate_size=16)
         end_to_end("/tmp/tinypaged-gpu-check-tiny")
+        llama_1b_decode(report, "/tmp/tinypaged-gpu-check-tiny", tiny=True)
+        packed_layer_products(report, device_seconds, tiny=True)
     elif args.shape_only:
         end_to_end(random_model_like(args.shape_only, "/tmp/tinypaged-shape-model"))
+        llama_1b_decode(report, args.shape_only)
+        packed_layer_products(report, device_seconds)
     elif is_model_folder(args.model):
         end_to_end(args.model)
     else:

@@ -3,7 +3,7 @@
 # the card's state, gpu_check (preflight, figures, the CUDA tests), then two fresh
 # processes' first generation (the second loads its kernels from the disk cache).
 # Device run: carry [".gpu", ".whl"] (SmolLM2's config and tokenizer files; numpy 2.4's
-# wheel: the image's numpy 2.5 fails numba-cuda 0.30.4), timeout ~460 s.
+# wheel: the image's numpy 2.5 fails numba-cuda 0.30.4), timeout ~540 s.
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -13,7 +13,7 @@ OUT=${OUT:-/tmp/gpu-run}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,memory.used \
   --format=csv 2>&1 | tee "$OUT/smi.txt"
-timeout "${GPU_CHECK_S:-380}" python3 bench/gpu_check.py --shape-only .gpu \
+timeout "${GPU_CHECK_S:-420}" python3 bench/gpu_check.py --shape-only .gpu \
   --test-timeout "${TEST_S:-220}" > "$OUT/gpu_check.log" 2>&1
 echo "gpu_check exit status: $?" >> "$OUT/gpu_check.log"
 for run in 1 2; do
