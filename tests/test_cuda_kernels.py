@@ -305,11 +305,11 @@ def test_prefill_attention_over_wide_heads_and_chunks_after_a_prefix(gpu, head_d
 
 
 @pytest.mark.parametrize("head_dim, window, sms, split", [
-    (40, None, 4, (2, 256)), (128, None, 4, (2, 256)), (40, 150, 4, (2, 256)), (40, 2, 4, (2, 256)),
-    (40, None, 256, (32, 16)), (40, 150, 256, (32, 16))])
+    (40, None, 2, (2, 256)), (128, None, 2, (2, 256)), (40, 150, 2, (2, 256)), (40, 2, 2, (2, 256)),
+    (40, None, 128, (32, 16)), (40, 150, 128, (32, 16))])
 def test_split_k_decode_attention_over_long_contexts(gpu, monkeypatch, head_dim, window, sms, split):
     """Contexts of 300, 7 and 129 keys (the grid covers 512) split as decode_split finds
-    fastest for a GPU of `sms` SMs: 2 partitions of 256 keys (the 300-key row's second
+    fastest for a GPU of `sms` SMs (DECODE_BLOCKS_PER_SM blocks each): 2 partitions of 256 keys (the 300-key row's second
     short, the others in one, written out directly), or 32 of 16 (the 300-key row in
     19, the merge's unrolled loads over more than MERGE_UNROLL partitions), each walked
     in chunks, merged by the last block to arrive (one launch; the arrival counts back
@@ -346,7 +346,7 @@ def test_decode_split_fills_the_gpu_at_batch_1_and_keeps_long_partitions_for_lar
 
     assert decode_split(1, 3, 3, 128, 132, 32) == (4, 32)
     assert decode_split(1, 3, 3, 1024, 132, 32) == (32, 32)
-    assert decode_split(64, 3, 3, 512, 132, 32) == (2, 256)
+    assert decode_split(64, 3, 3, 512, 132, 32) == (1, 512)  # (192 blocks: one wave at 2 an SM)
     assert decode_split(1, 3, 3, 32, 132, 32) == (1, 32)
     assert decode_split(1, 3, 3, 16, 132, 32) == (1, 32)  # (fewer keys than a chunk)
     parts, partition = decode_split(1, 1, 32, 1 << 17, 132, 32)

@@ -105,9 +105,10 @@ def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
     assert len(decode) == 25
     for label, r in decode.items():
         # issue 11's bar for decode kernels: registers only, at least half the SM's threads;
-        # decode attention hides latency by its loads in flight (every key of a partition
-        # at once, 163 registers), not by more warps: one 256-thread block an SM
-        bar = 0.12 if label.startswith("paged_attention_decode") else 0.5
+        # decode attention hides latency by its loads in flight (a chunk's keys at once, at
+        # most 128 registers), not by more warps: two 256-thread blocks an SM (batch 64's
+        # 192 blocks in one wave)
+        bar = 0.25 if label.startswith("paged_attention_decode") else 0.5
         assert r["stack"] == 0 and r["spills"] == 0 and r["occupancy"] >= bar, label
     top = audit["top_candidates"]  # the sampler's candidates: registers only, full occupancy
     assert top["stack"] == 0 and top["spills"] == 0 and top["occupancy"] >= 0.5

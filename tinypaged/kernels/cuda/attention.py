@@ -35,15 +35,19 @@ MAX_GROUP = 32  # decode: query heads a KV head serves (GQA)
 GROUP_DIMS = MAX_GROUP * MAX_HEAD_DIM  # decode: a group's accumulators, in shared memory
 MERGE_WEIGHTS = 2048  # decode: the last block's merge weights, a group's heads x partitions
 MERGE_UNROLL = 16  # decode: partitions' partial sums a merging thread loads at once
+DECODE_BLOCKS_PER_SM = 2  # decode: registers for 2 blocks an SM (128 a thread); the split counts them
 # decode, what decode_split weighs (and tools/step_model.py prices): a chunk's dependent
 # loads (K and V: its block ids come while the chunk before it is summed) and its
 # barriers and butterflies in sequence; the merge's; a barrier against a round trip
 CHUNK_ROUNDS, CHUNK_SYNCS, MERGE_SYNCS, SYNC_ROUNDS = 1, 6, 6, 0.25
 
 
-def _decode_kernel(kv_value, kv_rows):
-    """paged_attention_decode over a pool read by kv_value and kv_rows (kv_rows.py)."""
-    @jit_bounded((DECODE_THREADS, 1))
+def _decode_kernel(kv_value, kv_rows, k_once):
+    """paged_attention_decode over a pool read by kv_value and kv_rows (kv_rows.py). k_once:
+    a key's K dimensions read into registers once for the group's heads (a float pool:
+    that fits 2 blocks an SM; an int8 pool's values and scales then spill, so it reads
+    them head by head, from L1)."""
+    @jit_bounded((DECODE_THREADS, DECODE_BLOCKS_PER_SM))
     def paged_attention_decode(q, k_cache, v_cache, block_tables, row_positions, row_seqs,
                                decode_rows, scale, window, softcap, partition, part_acc,
                                part_ml, arrivals, out):
@@ -78,6 +82,7 @@ def _decode_kernel(kv_value, kv_rows):
         acc_s = cuda.shared.array(GROUP_DIMS, dtype=float32)  # [g * head_dim + d]
         w_s = cuda.shared.array(MERGE_WEIGHTS, dtype=float32)  # the merge's [g * live + p]
         last_s = cuda.shared.array(1, dtype=int32)  # this block arrived last
+        k_vals = cuda.local.array(DIMS_PER_LANE, dtype=float32)
         t = cuda.threadIdx.x
         i, kvh, part = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
         r = decode_rows[i]
@@ -120,13 +125,19 @@ def _decode_kernel(kv_value, kv_rows):
                     d = lane + LANES_PER_KEY * n
                     if d < head_dim:
                         v_s[c, d] = kv_value(v_cache, block, offset, kvh, d)
+            if k_once:  # this key's dimensions, read once for the group
+                for n in range(DIMS_PER_LANE):
+                    d = lane + LANES_PER_KEY * n
+                    k_vals[n] = kv_value(k_cache, block, offset, kvh, d) if live and d < head_dim \
+                        else float32(0.0)
             for g in range(group):
                 partial = float32(0.0)
                 if live:
                     for n in range(DIMS_PER_LANE):
                         d = lane + LANES_PER_KEY * n
                         if d < head_dim:
-                            partial += q[r, h0 + g, d] * kv_value(k_cache, block, offset, kvh, d)
+                            k_d = k_vals[n] if k_once else kv_value(k_cache, block, offset, kvh, d)
+                            partial += q[r, h0 + g, d] * k_d
                 # key c's 8 threads are lanes 8k .. 8k + 7 of one warp: xor 4, 2, 1 stays inside
                 partial += cuda.shfl_xor_sync(FULL_MASK, partial, 4)
                 partial += cuda.shfl_xor_sync(FULL_MASK, partial, 2)
@@ -215,7 +226,7 @@ def _merge(i, r, h0, group, head_dim, first_part, live_parts, part_acc, part_ml,
 
 
 # the kernel per form of the pool (kv_rows.POOL_READS: "" float32 or float16, "q8" int8)
-DECODE = {form: _decode_kernel(*reads) for form, reads in POOL_READS.items()}
+DECODE = {form: _decode_kernel(*reads, k_once=form == "") for form, reads in POOL_READS.items()}
 
 
 def merge_rounds(parts: int) -> int:
@@ -237,9 +248,9 @@ def decode_split(rows: int, n_kv: int, group: int, keys: int, sms: int,
                  chunk: int = CHUNK) -> tuple[int, int]:
     """(partitions, keys a partition) for a decode grid over contexts of up to `keys`
     keys (a power of two: memory.covering_keys): the split whose blocks finish first
-    (decode_block_cost, wave after wave) when a block occupies an SM (its registers:
-    tools/resources.py). So at batch 1 a long context is split until the blocks fill
-    the SMs; a large batch keeps longer partitions. Ties go to fewer partitions; the
+    (decode_block_cost, wave after wave) when DECODE_BLOCKS_PER_SM blocks occupy an SM
+    (their registers: tools/resources.py). So at batch 1 a long context is split until
+    the blocks fill the SMs; a large batch keeps longer partitions. Ties go to fewer partitions; the
     merge's weights must fit MERGE_WEIGHTS. (chunk: the kernel's CHUNK; the step model
     asks for a GPU's on the simulator.)"""
     best = None
@@ -248,7 +259,7 @@ def decode_split(rows: int, n_kv: int, group: int, keys: int, sms: int,
         parts = max(1, keys // partition)
         if group * parts <= MERGE_WEIGHTS:
             rounds, syncs = decode_block_cost(partition // chunk, parts)
-            cost = -(-rows * n_kv * parts // sms) * (rounds + syncs * SYNC_ROUNDS)
+            cost = -(-rows * n_kv * parts // (sms * DECODE_BLOCKS_PER_SM)) * (rounds + syncs * SYNC_ROUNDS)
             if best is None or cost <= best[0]:
                 best = (cost, parts, partition)
         if partition >= keys:

@@ -12,7 +12,7 @@ from numba import config, cuda
 
 from .memory import StepWorkspace
 
-SIMULATOR_SMS = 16  # the simulator's "SMs" for the grids' wave arithmetic (a GPU's own count otherwise)
+SIMULATOR_SMS = 8  # the simulator's "SMs" for the grids' wave arithmetic (a GPU's own count otherwise)
 
 
 class Launcher:

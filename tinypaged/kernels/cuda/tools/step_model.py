@@ -99,7 +99,8 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
     `context` keys, as this backend's design launches them (float weights of
     weight_bytes each, float32 KV pool and activations): the GEMVs up to
     GEMV_MAX_ROWS rows, the tiled products past them."""
-    from ..attention import GPU_CHUNK, LANES_PER_KEY, MIN_DECODE_CHUNKS, decode_block_cost, decode_split
+    from ..attention import (DECODE_BLOCKS_PER_SM, GPU_CHUNK, LANES_PER_KEY, MIN_DECODE_CHUNKS,
+                             decode_block_cost, decode_split)
     from ..memory import covering_keys
     from ..elementwise import GPU_NORM_THREADS as NORM_THREADS  # (not the simulator's)
     from ..matmul import GEMV_MAX_ROWS, GEMV_THREADS, VEC
@@ -108,7 +109,8 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
         return math.ceil(width / (GEMV_THREADS * VEC))
 
     # the decode attention's split as the backend picks it on a GPU (GPU_CHUNK-key
-    # chunks, one block an SM: its registers), each block's chunks one after another
+    # chunks, DECODE_BLOCKS_PER_SM blocks an SM: their registers), each block's chunks
+    # one after another
     keys = covering_keys(context, MIN_DECODE_CHUNKS * GPU_CHUNK)
     parts, partition = decode_split(batch, kv_heads, heads // kv_heads, keys, ASSUMPTIONS["sms"], GPU_CHUNK)
     chunks = math.ceil(min(context, partition) / GPU_CHUNK)
@@ -129,7 +131,7 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
         # block's merge where there are partitions
         KernelCost("paged_attention_decode", layers, kv_bytes + (parts > 1) * partials,
                    batch * kv_heads * parts, GPU_CHUNK * LANES_PER_KEY, *decode_block_cost(chunks, parts),
-                   per_sm=1),
+                   per_sm=DECODE_BLOCKS_PER_SM),
         KernelCost("argmax (top_candidates)", 1, act * vocab, batch, 256, 2, 4),
     ]
     if batch > GEMV_MAX_ROWS:
