@@ -11,7 +11,8 @@ from tinypaged.kernels.cuda import cuda_usable
 pytestmark = pytest.mark.cuda
 GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)  # (each step on the simulator: seconds)
 # at most GEMV_MAX_ROWS tokens (stories260K: 6, its BOS first; the stand-in's: 5), as the
-# decode steps: the simulator's tiled products are held in test_cuda_kernels.py
+# decode steps: the simulator's tiled products are held in test_cuda_kernels.py and in
+# the ten-row test at the end
 PROMPT = "A tale"
 
 
@@ -207,3 +208,19 @@ def test_a_draft_model_speculates_on_the_gpu(cuda_model_dir, monkeypatch, cuda_g
         assert llm.engine.runner.model.ops.launcher.replays > 0
     else:
         assert graphs is None
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_ten_rows_run_the_tiled_kernels_and_generate_the_cpu_backends_tokens(cuda_model_dir, cuda_graphs):
+    """Ten requests at once: their prompts' 49 rows in one step and then each decode
+    step's ten rows go through the tiled products (q | k | v and gate/up fused, K split
+    where the tiles are few) and the prefill attention's tiles; greedy tokens as the CPU
+    backend's, eager and as recorded steps (bucket 16)."""
+    prompts = [[1] + list(range(3 + 7 * i, 6 + 7 * i + i % 3)) for i in range(10)]  # 4-6 tokens
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    cpu = LLM(cuda_model_dir, backend="cpu", num_blocks=32).generate(prompts, params)
+    gpu_llm = LLM(cuda_model_dir, backend="cuda", num_blocks=32, cuda_graphs=cuda_graphs)
+    gpu = gpu_llm.generate(prompts, params)
+    assert [o.token_ids for o in gpu] == [o.token_ids for o in cpu]
+    if cuda_graphs:
+        assert 16 in {bucket for bucket, _ in gpu_llm.engine.runner.decode_graphs.steps}
