@@ -17,6 +17,12 @@ blocks for the SMs, so K is split until they fill them (tiled_split). With split
 block writes its partial tile, fences it and counts itself in arrivals[tile]; the last
 to arrive adds the splits' partials in split order (the same sums whichever block is
 last), adds the bias and sets the count back to zero. Prefill has tiles enough: one split.
+
+Three kernels share that loop (tiled_kernels): the product; q, k and v as one product
+over their rows side by side (a tile may straddle two matrices); and gate/up, each
+tile taking HALF rows of gate and the same HALF of up, so that the thread holding
+both of an output applies SiLU to them: 4 launches a layer past the GEMVs' rows, as
+at batch 1.
 """
 import math
 from typing import NamedTuple
@@ -38,7 +44,7 @@ LOADS = TILE * DEPTH // TILED_THREADS  # x values, and W values, a thread stages
 SHARED_ROW = DEPTH + 1  # words a staged row takes: a warp's 16 columns of W fall in 16 banks
 MIN_SPLIT_SLICES = 2  # split-K: the fewest DEPTH-wide slices a split sums
 SPLITS_AT_ONCE = 4  # split-K: partials the last block loads at once
-# 2 blocks an SM: up to 128 registers a thread (~105 taken: 16 sums, 8 loads in flight,
+# 2 blocks an SM: up to 128 registers a thread (90-128 taken: 16 sums, 8 loads in flight,
 # their addresses); 3 (80 registers) spills 24-68 bytes a thread, and so does a DEPTH of
 # 32 (16 loads in flight) at 128
 TILED_BOUNDS = (TILED_THREADS, 2)
