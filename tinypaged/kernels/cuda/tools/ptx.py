@@ -3,9 +3,9 @@
 `python -m tinypaged.kernels.cuda.tools.ptx [MAJOR.MINOR]` prints one line per kernel
 and signature: name, weight dtype, PTX size. `--resources` instead compiles each
 to sm_90 SASS and prints its registers, stack frame, spills, shared memory and
-theoretical occupancy (resources.py); `--audit` prints all of it, with each
-kernel's count of float64 and of fused multiply-add instructions, as JSON from
-one compile. Needs numba-cuda with NVVM (the `cuda`
+theoretical occupancy (resources.py); `--audit [SHARD SHARDS]` prints all of it,
+with each kernel's count of float64 and of fused multiply-add instructions, as JSON
+from one compile (of every SHARDS-th kernel from SHARD). Needs numba-cuda with NVVM (the `cuda`
 extra) and must run without NUMBA_ENABLE_CUDASIM. `--step-model CONFIG_DIR [BATCH
 [CONTEXT]]` and `--prefill-model CONFIG_DIR [PROMPT [CHUNK]]` print step_model.py's
 predictions for a config.json's shapes instead (no compile).
@@ -163,10 +163,11 @@ def fused_multiply_adds(ptx: str) -> int:
     return len(re.findall(r"^\s*fma\.\w+\.f32\b", ptx, flags=re.MULTILINE))
 
 
-def audit() -> dict:
-    """One compile of every kernel for sm_90: label -> its PTX size, float64
-    instructions and resources (what the tests check without a GPU)."""
-    compiled = compile_all((9, 0))
+def audit(shard: int = 0, shards: int = 1) -> dict:
+    """One compile of every kernel for sm_90 (or of every shards-th from `shard`: the
+    tests run two processes at once): label -> its PTX size, float64 instructions and
+    resources (what the tests check without a GPU)."""
+    compiled = compile_all((9, 0), shard, shards)
     return {r.label: {"ptx_bytes": len(compiled[r.label]),
                       "float64_instructions": float64_instructions(compiled[r.label]),
                       "fma_instructions": fused_multiply_adds(compiled[r.label]),
@@ -176,11 +177,11 @@ def audit() -> dict:
             for r in resources(compiled)}
 
 
-def compile_all(cc: tuple[int, int] = (9, 0)) -> dict[str, str]:
-    """label -> PTX text."""
+def compile_all(cc: tuple[int, int] = (9, 0), shard: int = 0, shards: int = 1) -> dict[str, str]:
+    """label -> PTX text (of every shards-th signature from `shard`)."""
     return {label: cuda.compile_ptx(kernel.py_func, args, cc=cc,
                                     launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
-            for label, kernel, args in signatures()}
+            for label, kernel, args in signatures()[shard::shards]}
 
 
 def _shape(config_dir: str) -> dict:
@@ -216,8 +217,8 @@ def prefill_model_report(config_dir: str, prompt: str = "2048", chunk: str = "51
 
 
 def main(argv: list[str]) -> None:
-    if argv[:1] == ["--audit"]:
-        print(json.dumps(audit()))
+    if argv[:1] == ["--audit"]:  # --audit [SHARD SHARDS]
+        print(json.dumps(audit(*(int(a) for a in argv[1:3]))))
         return
     if argv[:1] == ["--resources"]:
         from .resources import table
