@@ -46,7 +46,7 @@ from tinypaged.kernels.cuda.device_weights import DeviceFloat  # noqa: E402
 from tinypaged.kernels.kv_q8 import quantize_rows  # noqa: E402
 from tinypaged.pull import is_model_folder  # noqa: E402
 
-from gpu_shapes import llama_1b_decode, packed_layer_products, random_model_like  # noqa: E402  (bench/)
+from gpu_shapes import decode_rate, llama_1b_decode, packed_layer_products, random_model_like  # noqa: E402
 from verification_cost import verification_costs  # noqa: E402  (bench/, the script's folder)
 
 ROWS = []
@@ -352,18 +352,8 @@ def decode_at_context(engine, context, batch=1):
     from tinypaged.kernels.cuda.tools.step_model import decode_step, predict
     cfg, n = engine.model_config, (4 if TINY else 64)
     rng = np.random.default_rng(context)
-    for _ in range(batch):
-        engine.add_request(rng.integers(3, cfg.vocab_size, context - n).tolist(),
-                           SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
-    started = set()
-    while len(started) < batch:  # the prompts, in chunks, until each has its first token
-        started.update(o.request_id for o in engine.step() if o.outputs)
-    engine.step()  # the first decode step at this context (recorded)
-    tokens, start = 0, time.perf_counter()
-    while engine.has_unfinished():
-        tokens += sum(len(o.outputs) for o in engine.step())
-    cuda.synchronize()
-    rate = tokens / (time.perf_counter() - start)
+    rate = decode_rate(engine, [rng.integers(3, cfg.vocab_size, context - n).tolist() for _ in range(batch)],
+                       SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
     step_s = predict(decode_step(cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
                                  cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size,
                                  cfg.vocab_size, batch, context=context - n // 2))["step_us"] / 1e6

@@ -53,6 +53,23 @@ def random_model_like(config_dir, out_dir, config=None):
     return out_dir
 
 
+def decode_rate(engine, prompts, params) -> float:
+    """Decode tokens/s of `prompts` run together to the end: after their prompts (in
+    chunks, until each has its first token) and the first decode step (recorded in
+    graph mode), the rest of the steps timed."""
+    for prompt in prompts:
+        engine.add_request(prompt, params)
+    started = set()
+    while len(started) < len(prompts):
+        started.update(o.request_id for o in engine.step() if o.outputs)
+    engine.step()
+    tokens, begin = 0, time.perf_counter()
+    while engine.has_unfinished():
+        tokens += sum(len(o.outputs) for o in engine.step())
+    cuda.synchronize()
+    return tokens / (time.perf_counter() - begin)
+
+
 def llama_1b_decode(report, tokenizer_dir, tiny=False):
     """Batch 1 and 64 graph-mode decode tokens/s of the Llama-3.2-1B-shaped model (a
     prompt of ~40 tokens each, 64 decoded), beside decode_step's prediction."""
@@ -69,17 +86,8 @@ def llama_1b_decode(report, tokenizer_dir, tiny=False):
     params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     llm.generate(["warm up"] * 2, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     for batch in ((1, 2) if tiny else (1, 64)):
-        for i in range(batch):
-            engine.add_request(f"Write a story about a lighthouse keeper and a storm, number {i}.", params)
-        started = set()
-        while len(started) < batch:
-            started.update(o.request_id for o in engine.step() if o.outputs)
-        engine.step()  # the first decode step at this batch (recorded)
-        tokens, begin = 0, time.perf_counter()
-        while engine.has_unfinished():
-            tokens += sum(len(o.outputs) for o in engine.step())
-        cuda.synchronize()
-        rate = tokens / (time.perf_counter() - begin)
+        rate = decode_rate(engine, [f"Write a story about a lighthouse keeper and a storm, number {i}."
+                                    for i in range(batch)], params)
         cfg = engine.model_config
         step = predict(decode_step(cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
                                    cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size,

@@ -253,6 +253,17 @@ def test_rope_write_kv(gpu):
     np.testing.assert_array_equal(dev_v.copy_to_host(), v_pool)
 
 
+def _ragged_case(rng, block_size, n_heads, n_kv, head_dim, context_lens, n_new):
+    """(metadata, q, K pool, V pool): sequences of context_lens keys, the last n_new of
+    each computed this step, their blocks scattered over a 64-block pool."""
+    free = list(rng.permutation(64))
+    tables = [[int(free.pop()) for _ in range(-(-n // block_size))] for n in context_lens]
+    k_cache, v_cache = (rand(rng, 64, block_size, n_kv, head_dim) for _ in range(2))
+    meta = AttentionMetadata.build([(t, n - m, n) for t, n, m in zip(tables, context_lens, n_new)],
+                                   block_size)
+    return meta, rand(rng, meta.num_tokens, n_heads, head_dim), k_cache, v_cache
+
+
 @pytest.mark.parametrize("window, softcap", [(None, None), (5, None), (18, None), (None, 0.8)])
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("n_heads, n_kv", [(4, 2), (2, 2)])
@@ -263,14 +274,7 @@ def test_paged_attention_decode_and_prefill(gpu, block_size, n_heads, n_kv, wind
     window of 5 (inside one key tile) or 18 (the first query tile's first key in
     another tile than its last query's); scores soft-capped (Gemma 2), scaled by 0.3."""
     rng = np.random.default_rng(block_size + n_heads)
-    head_dim, context_lens, n_new = 8, [5, 30, 17], [1, 19, 1]
-    tables, free = [], list(rng.permutation(64))
-    for n in context_lens:
-        tables.append([int(free.pop()) for _ in range(-(-n // block_size))])
-    k_cache, v_cache = (rand(rng, 64, block_size, n_kv, head_dim) for _ in range(2))
-    meta = AttentionMetadata.build([(t, n - m, n) for t, n, m in zip(tables, context_lens, n_new)],
-                                   block_size)
-    q = rand(rng, meta.num_tokens, n_heads, head_dim)
+    meta, q, k_cache, v_cache = _ragged_case(rng, block_size, n_heads, n_kv, 8, [5, 30, 17], [1, 19, 1])
     scale = None if softcap is None else 0.3
     want = reference.paged_attention(q, k_cache, v_cache, meta, window, scale, softcap)
     ids, dev_meta = gpu.prepare_inputs(np.zeros(meta.num_tokens, np.int64), meta)
@@ -288,13 +292,7 @@ def test_prefill_attention_over_wide_heads_and_chunks_after_a_prefix(gpu, head_d
     mid-block; a chunk over several query tiles), a GQA group of 3, a window of 9
     (tiles whose keys are all outside it) soft-capped."""
     rng = np.random.default_rng(head_dim)
-    block_size, n_heads, n_kv, context_lens, n_new = 16, 6, 2, [34, 35], [21, 35]
-    free = list(rng.permutation(64))
-    tables = [[int(free.pop()) for _ in range(-(-n // block_size))] for n in context_lens]
-    k_cache, v_cache = (rand(rng, 64, block_size, n_kv, head_dim) for _ in range(2))
-    meta = AttentionMetadata.build([(t, n - m, n) for t, n, m in zip(tables, context_lens, n_new)],
-                                   block_size)
-    q = rand(rng, meta.num_tokens, n_heads, head_dim)
+    meta, q, k_cache, v_cache = _ragged_case(rng, 16, 6, 2, head_dim, [34, 35], [21, 35])
     scale = None if softcap is None else 0.3
     want = reference.paged_attention(q, k_cache, v_cache, meta, window, scale, softcap)
     _, dev_meta = gpu.prepare_inputs(np.zeros(meta.num_tokens, np.int64), meta)
@@ -309,21 +307,17 @@ def test_prefill_attention_over_wide_heads_and_chunks_after_a_prefix(gpu, head_d
     (40, None, 128, (32, 16)), (40, 150, 128, (32, 16))])
 def test_split_k_decode_attention_over_long_contexts(gpu, monkeypatch, head_dim, window, sms, split):
     """Contexts of 300, 7 and 129 keys (the grid covers 512) split as decode_split finds
-    fastest for a GPU of `sms` SMs (DECODE_BLOCKS_PER_SM blocks each): 2 partitions of 256 keys (the 300-key row's second
-    short, the others in one, written out directly), or 32 of 16 (the 300-key row in
+    fastest for a GPU of `sms` SMs (DECODE_BLOCKS_PER_SM blocks each): 2 partitions of
+    256 keys (the 300-key row's second short, the others in one, written out
+    directly), or 32 of 16 (the 300-key row in
     19, the merge's unrolled loads over more than MERGE_UNROLL partitions), each walked
     in chunks, merged by the last block to arrive (one launch; the arrival counts back
     at zero after it); a GQA group of 3; head_dim 40 leaves a key's 8 threads five
     dimensions each, 128 sixteen. A window of 150 leaves the 300-key row's partitions
     before key 150 out; a window of 2 leaves each row one partition with keys."""
     rng = np.random.default_rng(head_dim + sms)
-    block_size, n_heads, n_kv, context_lens = 16, 6, 2, [300, 7, 129]
-    free = list(rng.permutation(64))
-    tables = [[int(free.pop()) for _ in range(-(-n // block_size))] for n in context_lens]
-    k_cache, v_cache = (rand(rng, 64, block_size, n_kv, head_dim) for _ in range(2))
-    meta = AttentionMetadata.build([(t, n - 1, n) for t, n in zip(tables, context_lens)],
-                                   block_size)
-    q = rand(rng, meta.num_tokens, n_heads, head_dim)
+    n_kv = 2
+    meta, q, k_cache, v_cache = _ragged_case(rng, 16, 6, n_kv, head_dim, [300, 7, 129], [1, 1, 1])
     want = reference.paged_attention(q, k_cache, v_cache, meta, window)
     _, dev_meta = gpu.prepare_inputs(np.zeros(meta.num_tokens, np.int64), meta)
     monkeypatch.setattr(gpu.launcher, "sms", sms)
