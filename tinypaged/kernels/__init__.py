@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..config import BACKENDS
 
 OP_NAMES = ("use_in_this_thread", "default_kv_memory", "memory_available", "prepare_weights", "load_prepared_weights", "save_prepared_weights", "allocate_kv", "prepare_inputs", "step_workspace", "to_host", "logits_for_sampling", "rope_tables",
-            "embedding", "add_rms_norm", "linear", "qkv_proj", "gate_up_silu", "rope_write_kv",
+            "embedding", "add_rms_norm", "norm_for_products", "linear", "qkv_proj", "gate_up_silu", "rope_write_kv",
             "paged_attention", "silu_mul", "gather_rows", "copy_blocks", "rms_norm", "scale", "add", "gate_up_gelu", "softcap")
 
 

@@ -291,6 +291,13 @@ def add_rms_norm(x: np.ndarray, residual: np.ndarray | None, weight: np.ndarray,
     return rms_norm(residual, weight, eps), residual
 
 
+def norm_for_products(x: np.ndarray, residual: np.ndarray | None, weight: np.ndarray,
+                      eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """add_rms_norm whose output goes to products only (linear, qkv_proj, gate_up*,
+    add_lora): a backend may fold the norm into them (the CUDA one does at decode)."""
+    return add_rms_norm(x, residual, weight, eps)
+
+
 def qkv_proj(x: np.ndarray, wq, wk, wv, bq=None, bk=None, bv=None, ahead=None):
     """The attention's three projections of x (T, H): (q, k, v); ahead: as linear's."""
     return linear(x, wq, bq), linear(x, wk, bk), linear(x, wv, bv)

@@ -12,7 +12,10 @@ their dtype), and weights.expected_shapes runs it with pieces that only note the
 tensors they would read: what a layer reads is what its model must hold.
 
     p.norm(x, name)                RMSNorm by model.layers.N.<name>.weight
-    p.add_norm(x, residual, name)  residual + x, then its norm: (h, the new residual)
+    p.input_norm(x, name)          the same, for a block's input: h goes to attention or
+                                   mlp only, whose products may fold the norm in
+    p.add_norm(x, residual, name)  residual + x, then its norm, for a block's input:
+                                   (h, the new residual)
     p.attention(h, qk_norm=None)   q, k, v (with the biases the model has), the q/k
                                    norm ("head": each head alone; "full": all heads
                                    at once), RoPE, attention over the KV cache, o_proj
@@ -37,9 +40,12 @@ class LayerPieces:
     def norm(self, x, name: str):
         return self.ops.rms_norm(x, self.w[self.prefix + name + ".weight"], self.cfg.rms_norm_eps)
 
+    def input_norm(self, x, name: str):
+        return self.add_norm(x, None, name)[0]
+
     def add_norm(self, x, residual, name: str):
-        return self.ops.add_rms_norm(x, residual, self.w[self.prefix + name + ".weight"],
-                                     self.cfg.rms_norm_eps)
+        return self.ops.norm_for_products(x, residual, self.w[self.prefix + name + ".weight"],
+                                          self.cfg.rms_norm_eps)
 
     def attention(self, h, qk_norm: str | None = None):
         return self._attention(self.layer, h, qk_norm)
@@ -93,9 +99,9 @@ def post_norm(p, x, residual, qk_norm=None, activation="silu"):
 
 def sandwich(p, x, residual, qk_norm=None, activation="silu"):
     """Gemma 2's and 3's: x + norm(block(norm(x)))."""
-    a = p.attention(p.norm(x, "input_layernorm"), qk_norm)
+    a = p.attention(p.input_norm(x, "input_layernorm"), qk_norm)
     x = p.add(x, p.norm(a, "post_attention_layernorm"))
-    m = p.mlp(p.norm(x, "pre_feedforward_layernorm"), activation)
+    m = p.mlp(p.input_norm(x, "pre_feedforward_layernorm"), activation)
     return p.add(x, p.norm(m, "post_feedforward_layernorm")), None
 
 
@@ -113,6 +119,9 @@ class TensorList:
     def norm(self, x, name: str):
         self._note(name + ".weight", (self.cfg.hidden_size,))
         return x
+
+    def input_norm(self, x, name: str):
+        return self.norm(x, name)
 
     def add_norm(self, x, residual, name: str):
         return self.norm(x, name), residual

@@ -6,6 +6,7 @@ import numpy as np
 from ..reference import (add, copy_blocks, default_kv_memory, embedding, gather_rows, scale, softcap,
                          logits_for_sampling, memory_available, prepare_inputs, rope_tables,
                          use_in_this_thread)
+from .elementwise import add_rms_norm as norm_for_products  # (nothing to fold it into here)
 from .attention import paged_attention
 from .cache_ops import allocate_kv, rope_write_kv, write_kv
 from . import elementwise
@@ -21,7 +22,7 @@ from .weight_cache import load_prepared_weights, save_prepared_weights
 name = "cpu"
 kv_cache_dtypes = ("float32", "float16", "int8")  # the pools this backend holds
 __all__ = ["name", "use_in_this_thread", "default_kv_memory", "memory_available", "prepare_weights", "load_prepared_weights", "save_prepared_weights", "allocate_kv",
-           "prepare_inputs", "step_workspace", "to_host", "logits_for_sampling", "rope_tables", "embedding", "add_rms_norm", "rms_norm", "linear",
+           "prepare_inputs", "step_workspace", "to_host", "logits_for_sampling", "rope_tables", "embedding", "add_rms_norm", "norm_for_products", "rms_norm", "linear",
            "qkv_proj", "gate_up_silu", "rope_write_kv", "paged_attention", "silu_mul",
            "gather_rows", "copy_blocks", "write_kv", "rope", "scale", "add", "gate_up_gelu", "softcap", "upload", "add_lora", "lora_groups", "lora_stacks", "gate_up"]
 

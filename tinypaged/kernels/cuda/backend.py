@@ -14,11 +14,12 @@ from numba import cuda
 
 from ...batch.step_logits import WHOLE_ROW
 from ...formats.quant_kind import QK
-from . import attention, elementwise, kv_rows, lora, prefill_attention
+from . import attention, elementwise, kv_rows, lora, matmul, prefill_attention
 from .device_memory import DeviceMemory
 from .launcher import Launcher
 from .logits import DeviceLogits, LogitsCopier
 from .memory import MetadataUploader
+from .normed_rows import NormedRows, rows_of
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -50,8 +51,9 @@ class CudaBackend(DeviceMemory):
         return nullcontext()
 
     def to_host(self, x) -> np.ndarray:
+        self.launcher.settle()
         self.launcher.transfers += 1
-        return x.copy_to_host()
+        return rows_of(x).copy_to_host()
 
     def logits_for_sampling(self, logits, needs: list[int]):
         """The step's logits stay here; only what sampling needs comes back (logits.py).
@@ -88,9 +90,17 @@ class CudaBackend(DeviceMemory):
         rounded = self._empty(*x.shape) if do_round else self._no_round
         self.launcher(elementwise.add_rms_norm, x.shape[0], elementwise.NORM_THREADS,
                       x, residual if has_residual else x, has_residual, weight, np.float32(eps),
-                      out, rounded, do_round)
+                      out, residual if has_residual else x, rounded, do_round)
         self._last_norm = (out, rounded) if do_round else None
         return out, (residual if has_residual else x)
+
+    def norm_for_products(self, x, residual, weight, eps):
+        """add_rms_norm whose output goes to products only: with float matrices and
+        decode rows, NormedRows, which their GEMVs fold in (normed_rows.py)."""
+        if self.packed or x.shape[0] > matmul.NORMED_MAX_ROWS:
+            return self.add_rms_norm(x, residual, weight, eps)
+        normed = NormedRows(self.launcher, x, residual, weight, eps)
+        return normed, normed.residual_out
 
     def rms_norm(self, x, weight, eps):
         return self.add_rms_norm(x, None, weight, eps)[0]
@@ -114,7 +124,8 @@ class CudaBackend(DeviceMemory):
         """x, or x rounded to int8 blocks when weight's products take it so (a packed
         kind, on every backend): the norm's rounded output when x is a norm's."""
         if not weight.rounds_x:
-            return x
+            return x  # (NormedRows too: the weight's product folds it or writes it)
+        x = rows_of(x)
         last = self._last_norm  # (a norm's products follow it directly)
         return last[1] if last is not None and last[0] is x else self.round_activations_of(x)
 
@@ -153,7 +164,7 @@ class CudaBackend(DeviceMemory):
     lora_stacks = staticmethod(lora.lora_stacks)
 
     def add_lora(self, x, ys, stacks, rows, slots):
-        lora.add_lora(self.launcher, x, ys, stacks, rows, slots)
+        lora.add_lora(self.launcher, rows_of(x), ys, stacks, rows, slots)
 
     def gate_up_silu(self, x, w_gate, w_up):
         if not w_gate.fuses_with(w_up):

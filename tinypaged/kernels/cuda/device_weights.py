@@ -16,6 +16,7 @@ from numba import cuda
 
 from ...formats.quant_kind import F16, F32, KINDS
 from . import elementwise, kquant_matmul, matmul, packed_matmul, tiled_matmul
+from .normed_rows import NormedRows, rows_of
 
 
 @dataclass(frozen=True)
@@ -27,10 +28,13 @@ class MatrixKernels:
     gemv_blocks: object  # rows -> blocks of a GEMV launch
     gemv_threads: int
     upload: object = None  # packed: PackedWeight -> (device arrays, decode's matrix, tiled's)
+    normed: tuple | None = None  # the three GEMVs with a norm folded in (NormedRows' x)
 
 
 FLOAT_KERNELS = MatrixKernels(matmul.gemv_rows, matmul.gemv_qkv, matmul.gemv_gate_up_silu,
-                              tiled_matmul.FLOAT_TILED, matmul.float_gemv_blocks, matmul.FLOAT_ROW_THREADS)
+                              tiled_matmul.FLOAT_TILED, matmul.float_gemv_blocks, matmul.FLOAT_ROW_THREADS,
+                              normed=matmul.NORMED_GEMVS)
+GEMV_ROWS, GEMV_QKV, GEMV_GATE_UP = range(3)  # a GEMV's place in MatrixKernels.normed
 
 
 def _packed(family: tuple, tiled, upload) -> MatrixKernels:
@@ -48,6 +52,18 @@ PACKED_KERNELS = {  # by QuantKind.code
 def _decode(x) -> bool:
     """Few enough rows of x for the decode GEMVs (else the tiled products)."""
     return x.shape[0] <= matmul.GEMV_MAX_ROWS
+
+
+def _gemv_input(kernels: MatrixKernels, which: int, x) -> tuple:
+    """(kernel, x, extra arguments) of GEMV `which` over x (an array or NormedRows): a
+    norm still owed is folded into the kind's normed GEMV where it has one, else
+    its rows are written first."""
+    plain = (kernels.gemv, kernels.qkv, kernels.gate_up_silu)[which]
+    if (isinstance(x, NormedRows) and not x.written and kernels.normed is not None
+            and x.shape[0] <= matmul.NORMED_MAX_ROWS):
+        x_in, norm = x.fold_args()
+        return kernels.normed[which], x_in, (norm,)
+    return plain, rows_of(x), ()
 
 
 class DeviceMatrix:
@@ -69,11 +85,12 @@ class DeviceMatrix:
     def product(self, launch, x, bias, has_bias, out) -> None:
         """out = x @ W.T (+ bias): the GEMV for decode rows, else the tiled product."""
         if _decode(x):
-            launch(self.kernels.gemv, self.kernels.gemv_blocks(self.shape[0]), self.kernels.gemv_threads,
-                   x, self.decode, bias, has_bias, out)
+            kernel, x, norm = _gemv_input(self.kernels, GEMV_ROWS, x)
+            launch(kernel, self.kernels.gemv_blocks(self.shape[0]), self.kernels.gemv_threads,
+                   x, self.decode, bias, has_bias, out, *norm)
         else:
-            tiled_matmul.launch_tiled(launch, self.kernels.tiled.product, x, (self.tiled,), out.shape[1],
-                                      bias, has_bias, out)
+            tiled_matmul.launch_tiled(launch, self.kernels.tiled.product, rows_of(x), (self.tiled,),
+                                      out.shape[1], bias, has_bias, out)
 
     def qkv(self, launch, x, wk, wv, biases, has_bias, outs) -> None:
         """q, k, v = x @ (self, wk, wv).T (+ biases) in one launch (the three fuse:
@@ -84,20 +101,24 @@ class DeviceMatrix:
             for w, bias, out in zip((self, wk, wv), biases, outs):
                 w.product(launch, x, bias, has_bias, out)
         elif not _decode(x):
-            tiled_matmul.launch_tiled(launch, fused, x, (self.tiled, wk.tiled, wv.tiled),
+            tiled_matmul.launch_tiled(launch, fused, rows_of(x), (self.tiled, wk.tiled, wv.tiled),
                                       sum(out.shape[1] for out in outs), *biases, has_bias, *outs)
         else:
             rows = self.shape[0] + wk.shape[0] + wv.shape[0]
-            launch(self.kernels.qkv, self.kernels.gemv_blocks(rows), self.kernels.gemv_threads,
-                   x, self.decode, wk.decode, wv.decode, *biases, has_bias, *outs)
+            kernel, x, norm = _gemv_input(self.kernels, GEMV_QKV, x)
+            launch(kernel, self.kernels.gemv_blocks(rows), self.kernels.gemv_threads,
+                   x, self.decode, wk.decode, wv.decode, *biases, has_bias, *outs, *norm)
 
     def gate_up_silu(self, launch, x, w_up, out) -> None:
         """out = silu(x @ self.T) * (x @ w_up.T) in one launch (the GEMV for decode rows;
         a kind without a fused tiled kernel: two products and SiLU)."""
         if _decode(x):
-            launch(self.kernels.gate_up_silu, self.kernels.gemv_blocks(self.shape[0]),
-                   self.kernels.gemv_threads, x, self.decode, w_up.decode, out)
-        elif self.kernels.tiled.gate_up_silu is None:  # two products, then SiLU
+            kernel, x, norm = _gemv_input(self.kernels, GEMV_GATE_UP, x)
+            launch(kernel, self.kernels.gemv_blocks(self.shape[0]), self.kernels.gemv_threads,
+                   x, self.decode, w_up.decode, out, *norm)
+            return
+        x = rows_of(x)
+        if self.kernels.tiled.gate_up_silu is None:  # two products, then SiLU
             gate, up, no_bias = launch.empty(*out.shape), launch.empty(*out.shape), launch.empty(1)
             self.product(launch, x, no_bias, False, gate)
             w_up.product(launch, x, no_bias, False, up)

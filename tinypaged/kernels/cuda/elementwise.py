@@ -19,12 +19,12 @@ ROW_THREADS = 32  # row-wise copies: threads per row
 
 
 @cached_kernel()
-def add_rms_norm(x, residual, has_residual, weight, eps, out, rounded, do_round):
-    """Grid (T,), block NORM_THREADS. Row t: r = x + residual (stored back into
-    residual) or x alone, out = r * rsqrt(mean(r^2) + eps) * weight. One read of x
-    and residual, one write of each output; a block per row, so a hidden size of up
-    to NORM_THREADS is one load per thread, all in flight at once (a warp walking the
-    row waits on each of its steps). The sum of squares: each warp's by a shfl_xor
+def add_rms_norm(x, residual, has_residual, weight, eps, out, residual_out, rounded, do_round):
+    """Grid (T,), block NORM_THREADS. Row t: r = x + residual (stored in residual_out,
+    which may be residual itself) or x alone, out = r * rsqrt(mean(r^2) + eps) *
+    weight. One read of x and residual, one write of each output; a block per row, so
+    a hidden size of up to NORM_THREADS is one load per thread, all in flight at once
+    (a warp walking the row waits on each of its steps). The sum of squares: each warp's by a shfl_xor
     butterfly, then the warps' in order from shared memory (the same order every run:
     a replayed step equals the eager one bit for bit). do_round (hidden a multiple of
     32): rounded also gets out as products with packed weights take it
@@ -40,7 +40,7 @@ def add_rms_norm(x, residual, has_residual, weight, eps, out, rounded, do_round)
         v = x[row, i]
         if has_residual:
             v += residual[row, i]
-            residual[row, i] = v
+            residual_out[row, i] = v
         ss += v * v
         kept, kept_weight = v, weight[i]  # (loaded with x: no second round trip)
     ss = warp_sum(ss)
@@ -59,7 +59,7 @@ def add_rms_norm(x, residual, has_residual, weight, eps, out, rounded, do_round)
             if hidden <= NORM_THREADS:
                 v = kept * scale * kept_weight
             else:
-                v = (residual[row, i] if has_residual else x[row, i]) * scale * weight[i]
+                v = (residual_out[row, i] if has_residual else x[row, i]) * scale * weight[i]
             out[row, i] = v
         if do_round:
             d, inverse = block_step(warp_max(abs(v)))

@@ -26,14 +26,34 @@ class Launcher:
         self.bytes_to_host = 0  # of logits and candidates copied back
         self._recording = None  # the StepRecording that launches are added to, if any
         self._arrivals = None  # int32 counts, zero between launches (arrival_counts)
+        self.owed = None  # a launch owed before any other (owe)
         self.sms = SIMULATOR_SMS if config.ENABLE_CUDASIM else \
             cuda.get_current_device().MULTIPROCESSOR_COUNT
 
     def __call__(self, kernel, grid, block, *args) -> None:
+        if self.owed is not None:
+            self.settle()
         self.launches += 1
         if self._recording is not None:
             self._recording.add(kernel, grid, block, args)
         kernel[grid, block](*args)
+
+    def owe(self, launch) -> None:
+        """launch() must run before any other launch or copy back (settle), unless
+        forgiven first: a NormedRows' norm until a product folds it (normed_rows.py)."""
+        self.settle()
+        self.owed = launch
+
+    def forgive(self, launch) -> None:
+        """launch is no longer owed (its work is done by another)."""
+        if self.owed == launch:
+            self.owed = None
+
+    def settle(self) -> None:
+        """Run the owed launch, if any."""
+        owed, self.owed = self.owed, None
+        if owed is not None:
+            owed()
 
     def empty(self, *shape):
         """A float32 device array of shape from the step's workspace."""
@@ -51,6 +71,7 @@ class Launcher:
     def new_step(self) -> None:
         """A step's inputs go up: its workspace starts empty."""
         self.workspace.reset()
+        self.owed = None  # (the last step's arrays are gone)
         self.transfers += 1
 
     @contextmanager
@@ -64,5 +85,6 @@ class Launcher:
         eager_workspace, self.workspace, self._recording = self.workspace, recording.workspace, recording
         try:
             yield recording
+            self.settle()  # (in the recording, as the eager step would)
         finally:
             self.workspace, self._recording = eager_workspace, None

@@ -2,12 +2,14 @@
 for M <= GEMV_MAX_ROWS (more rows: tiled_matmul.py).
 
 W is float16 (half the bytes; the default on the device) or float32.
-- `gemv_rows`: decode (M <= GEMV_MAX_ROWS). A warp per weight row: its lanes read
+- `gemv_rows`: decode (M <= GEMV_MAX_ROWS). A block per weight row: its lanes read
   consecutive VEC-weight chunks of the row (coalesced), dot them with every row of
-  x, and sum across the warp with shfl_xor_sync. Traffic: W once, x from cache.
-  `gemv_qkv` and `gemv_gate_up_silu` run the same loop over two or three matrices,
-  to save launches at decode (~10 us each from Python). On the CUDA simulator the
-  shuffles come from tests/warp_shim.py.
+  x, and sum across the warps with shfl_xor_sync and shared memory. Traffic: W once,
+  x from cache. `gemv_qkv` and `gemv_gate_up_silu` run the same loop over two or
+  three matrices, to save launches at decode (~10 us each from Python).
+- NORMED_GEMVS: the same three with the RMSNorm before them folded in (up to
+  NORMED_MAX_ROWS rows; normed_rows.py says when).
+On the CUDA simulator the shuffles come from tests/warp_shim.py.
 """
 import math
 
@@ -17,9 +19,11 @@ from .bounded_jit import jit_bounded
 from .warp import WARP, warp_sum
 
 GEMV_MAX_ROWS = 8  # rows of x the decode path takes; beyond this, tiled_matmul.py
+NORMED_MAX_ROWS = 4  # rows of x the GEMVs with a norm folded in take (NORMED_GEMVS)
 GEMV_WARPS = 4  # gemv kernels: warps (one weight row each at a time) per block
 GEMV_THREADS = GEMV_WARPS * WARP
-VEC = 4  # consecutive weights a lane reads per step (8 bytes of float16)
+VEC = 4  # consecutive weights a lane of a packed GEMV reads per step
+FLOAT_VEC = 4  # the float GEMVs' (8 bytes of float16)
 SIMULATOR_GEMV_BLOCKS = 2  # gemv_blocks on the simulator
 GEMV_BOUNDS = (GEMV_THREADS, 8)  # 8 blocks of 128 threads an SM (50%): at most 64 registers
 # float GEMVs: warps that split one weight row (the simulator, a Python thread per CUDA
@@ -32,7 +36,7 @@ FLOAT_ROW_THREADS = FLOAT_ROW_WARPS * WARP
 def _warp_sum_rows(acc, n_rows):
     """acc[m] summed over the warp's lanes, every lane getting it, for m < n_rows (the
     same in every lane: the warp shuffles together): butterflies of shfl_xor_sync."""
-    for m in range(GEMV_MAX_ROWS):
+    for m in range(len(acc)):
         if m < n_rows:
             acc[m] = warp_sum(acc[m])
 
@@ -49,106 +53,178 @@ def _first_warp_and_stride():
 def _store_rows(out, bias, has_bias, n, acc, lane, n_rows):
     """Lane 0 writes out[m, n] = acc[m] (+ bias[n]) for the rows of x."""
     if lane == 0:
-        for m in range(GEMV_MAX_ROWS):
+        for m in range(len(acc)):
             if m < n_rows:
                 out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
 
 
-@cuda.jit(device=True, inline="always")
-def _block_row_dots(x, w, w2, n, acc, acc2, sums):
-    """acc[m] (in every thread) = x[m] . W[n] for the rows m of x, and acc2[m] = x[m] .
-    W2[n] when w2 is given (gate and up: both rows' loads in one pass), the block's
-    FLOAT_ROW_WARPS warps splitting the row: thread t takes the VEC consecutive weights at
-    32 VEC FLOAT_ROW_WARPS i + VEC t, so each warp reads 256 coalesced bytes a step and a
-    576-wide row is two steps of a thread instead of five of a warp (fewer loads
-    waiting on each other: the float GEMVs are bound by that latency at batch 1,
-    not by bandwidth). Each warp's partial sums meet in a shfl_xor butterfly, then
-    the warps' in shared memory (sums: (2, FLOAT_ROW_WARPS, GEMV_MAX_ROWS)), in order.
-    For one matrix, w2 is None and acc2 is acc (numba compiles the second one out)."""
-    n_rows, width = x.shape
-    t = cuda.threadIdx.x
-    lane, warp = t % WARP, t // WARP
-    two = w2 is not None
-    for m in range(GEMV_MAX_ROWS):
-        acc[m] = float32(0.0)
-        acc2[m] = float32(0.0)
-    for k0 in range(t * VEC, width, FLOAT_ROW_THREADS * VEC):
-        for v in range(VEC):
-            k = k0 + v
-            if k < width:
-                wk = float32(w[n, k])
-                wk2 = float32(w2[n, k]) if two else float32(0.0)
-                for m in range(GEMV_MAX_ROWS):
+def _float_gemvs(normed: bool):
+    """The float GEMV kernels (gemv_rows, gemv_qkv, gemv_gate_up_silu). normed: each
+    takes the RMSNorm before it folded in, as a last argument `norm` (residual, gain,
+    residual_out, eps, has_residual): x + residual (or x alone) is the
+    stream h; the dots are taken with h * gain and scaled by rsqrt(mean(h^2) + eps)
+    at the end (dot(w, h s g) = s dot(w, h g): s needs the whole row, the dots do
+    not), the squares summed beside the dots, so the norm costs no launch of its own
+    and no round trip; with a residual, the block of the first weight row also writes
+    h to residual_out (the stream's new sum: normed_rows.py). The normed ones take up
+    to NORMED_MAX_ROWS rows of x (more sums spill at 64 registers)."""
+    max_rows = NORMED_MAX_ROWS if normed else GEMV_MAX_ROWS
+
+    @cuda.jit(device=True, inline="always")
+    def row_dots(x, w, w2, n, first, acc, acc2, squares, sums, norm):
+        """acc[m] (in every thread) = x[m] . W[n] for the rows m of x, and acc2[m] = x[m] .
+        W2[n] when w2 is given (gate and up: both rows' loads in one pass), the block's
+        FLOAT_ROW_WARPS warps splitting the row: thread t takes the FLOAT_VEC consecutive
+        weights at 32 FLOAT_VEC FLOAT_ROW_WARPS i + FLOAT_VEC t, so each warp reads 256
+        coalesced bytes a step and a 576-wide row is two steps of a thread instead of
+        five of a warp (fewer loads waiting on each other: the float GEMVs are bound by
+        that latency at batch 1, not by bandwidth). Each warp's partial sums meet in a shfl_xor butterfly, then the
+        warps' in shared memory (sums: (3, FLOAT_ROW_WARPS, max_rows)), in order.
+        For one matrix, w2 is None and acc2 is acc (numba compiles the second one out).
+        first: row n is the product's first (normed: its block writes the sum)."""
+        n_rows, width = x.shape
+        t = cuda.threadIdx.x
+        lane, warp = t % WARP, t // WARP
+        two = w2 is not None
+        for m in range(max_rows):
+            acc[m] = float32(0.0)
+            acc2[m] = float32(0.0)
+            squares[m] = float32(0.0)
+        if normed:
+            residual, gain, residual_out, eps, has_residual = norm
+            writes = has_residual and first
+        for k0 in range(t * FLOAT_VEC, width, FLOAT_ROW_THREADS * FLOAT_VEC):
+            for v in range(FLOAT_VEC):
+                k = k0 + v
+                if k < width:
+                    wk = float32(w[n, k])
+                    wk2 = float32(w2[n, k]) if two else float32(0.0)
+                    gk = float32(gain[k]) if normed else float32(1.0)
+                    for m in range(max_rows):
+                        if m < n_rows:
+                            xk = x[m, k]
+                            if normed:
+                                if has_residual:
+                                    xk += residual[m, k]
+                                if writes:
+                                    residual_out[m, k] = xk
+                                squares[m] += xk * xk
+                                xk *= gk
+                            acc[m] += wk * xk
+                            if two:
+                                acc2[m] += wk2 * xk
+        _warp_sum_rows(acc, n_rows)
+        if two:
+            _warp_sum_rows(acc2, n_rows)
+        if normed:
+            _warp_sum_rows(squares, n_rows)
+        if FLOAT_ROW_WARPS > 1:  # (the simulator's one warp has no other to add)
+            if lane == 0:
+                for m in range(max_rows):
                     if m < n_rows:
-                        xk = x[m, k]
-                        acc[m] += wk * xk
-                        if two:
-                            acc2[m] += wk2 * xk
-    _warp_sum_rows(acc, n_rows)
-    if two:
-        _warp_sum_rows(acc2, n_rows)
-    if FLOAT_ROW_WARPS == 1:  # (the simulator's: no other warp to add)
-        return
-    if lane == 0:
-        for m in range(GEMV_MAX_ROWS):
-            if m < n_rows:
-                sums[0, warp, m] = acc[m]
-                sums[1, warp, m] = acc2[m]
-    cuda.syncthreads()  # every warp's partial sums written
-    for m in range(GEMV_MAX_ROWS):
-        if m < n_rows:
-            total, total2 = sums[0, 0, m], sums[1, 0, m]
-            for g in range(1, FLOAT_ROW_WARPS):
-                total += sums[0, g, m]
-                total2 += sums[1, g, m]
-            acc[m], acc2[m] = total, total2
-    cuda.syncthreads()  # read by all before the next row writes sums
+                        sums[0, warp, m] = acc[m]
+                        sums[1, warp, m] = acc2[m]
+                        sums[2, warp, m] = squares[m]
+            cuda.syncthreads()  # every warp's partial sums written
+            for m in range(max_rows):
+                if m < n_rows:
+                    total, total2, total_squares = sums[0, 0, m], sums[1, 0, m], sums[2, 0, m]
+                    for g in range(1, FLOAT_ROW_WARPS):
+                        total += sums[0, g, m]
+                        total2 += sums[1, g, m]
+                        total_squares += sums[2, g, m]
+                    acc[m], acc2[m], squares[m] = total, total2, total_squares
+            cuda.syncthreads()  # read by all before the next row writes sums
+        if normed:
+            for m in range(max_rows):
+                if m < n_rows:
+                    # (width is an integer: divided as is, the mean would be float64)
+                    scale = float32(1.0) / math.sqrt(squares[m] / float32(width) + eps)
+                    acc[m] *= scale
+                    if two:
+                        acc2[m] *= scale
+
+    @cuda.jit(device=True, inline="always")
+    def rows_body(x, w, bias, has_bias, out, norm):
+        """A block per W row (grid-stride over rows: block b owns rows b, b + blocks,
+        ...; row_dots); thread 0 writes its outputs. Traffic: W once, coalesced; x
+        (M x K floats) from L1/L2 once per row."""
+        sums = cuda.shared.array((3, FLOAT_ROW_WARPS, max_rows), dtype=float32)
+        acc = cuda.local.array(max_rows, dtype=float32)
+        squares = cuda.local.array(max_rows, dtype=float32)
+        for n in range(cuda.blockIdx.x, w.shape[0], cuda.gridDim.x):
+            row_dots(x, w, None, n, n == 0, acc, acc, squares, sums, norm)
+            _store_rows(out, bias, has_bias, n, acc, cuda.threadIdx.x, x.shape[0])
+
+    @cuda.jit(device=True, inline="always")
+    def qkv_body(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out, norm):
+        """The q, k and v projections in one launch: blocks stride over Nq + 2 Nk rows;
+        row g is row g of Wq, then of Wk, then of Wv (layout as rows_body)."""
+        sums = cuda.shared.array((3, FLOAT_ROW_WARPS, max_rows), dtype=float32)
+        nq, nk = wq.shape[0], wk.shape[0]
+        acc = cuda.local.array(max_rows, dtype=float32)
+        squares = cuda.local.array(max_rows, dtype=float32)
+        t = cuda.threadIdx.x
+        for g in range(cuda.blockIdx.x, nq + 2 * nk, cuda.gridDim.x):
+            # (a call a matrix, not one over a matrix chosen first: choosing made the
+            # normed kernel spill)
+            if g < nq:
+                row_dots(x, wq, None, g, g == 0, acc, acc, squares, sums, norm)
+                _store_rows(q_out, bq, has_bias, g, acc, t, x.shape[0])
+            elif g < nq + nk:
+                row_dots(x, wk, None, g - nq, False, acc, acc, squares, sums, norm)
+                _store_rows(k_out, bk, has_bias, g - nq, acc, t, x.shape[0])
+            else:
+                row_dots(x, wv, None, g - nq - nk, False, acc, acc, squares, sums, norm)
+                _store_rows(v_out, bv, has_bias, g - nq - nk, acc, t, x.shape[0])
+
+    @cuda.jit(device=True, inline="always")
+    def gate_up_body(x, w_gate, w_up, out, norm):
+        """The MLP's middle in one launch: out = silu(x @ Wg.T) * (x @ Wu.T); blocks stride
+        over the I rows, each taking row n of both matrices (layout as rows_body)."""
+        sums = cuda.shared.array((3, FLOAT_ROW_WARPS, max_rows), dtype=float32)
+        gate = cuda.local.array(max_rows, dtype=float32)
+        up = cuda.local.array(max_rows, dtype=float32)
+        squares = cuda.local.array(max_rows, dtype=float32)
+        for n in range(cuda.blockIdx.x, w_gate.shape[0], cuda.gridDim.x):
+            row_dots(x, w_gate, w_up, n, n == 0, gate, up, squares, sums, norm)
+            if cuda.threadIdx.x == 0:
+                for m in range(max_rows):
+                    if m < x.shape[0]:
+                        g = gate[m]
+                        out[m, n] = g / (float32(1.0) + math.exp(-g)) * up[m]
+
+    if normed:
+        @jit_bounded(GEMV_BOUNDS)
+        def gemv_rows_normed(x, w, bias, has_bias, out, norm):
+            rows_body(x, w, bias, has_bias, out, norm)
+
+        @jit_bounded(GEMV_BOUNDS)
+        def gemv_qkv_normed(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out, norm):
+            qkv_body(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out, norm)
+
+        @jit_bounded(GEMV_BOUNDS)
+        def gemv_gate_up_silu_normed(x, w_gate, w_up, out, norm):
+            gate_up_body(x, w_gate, w_up, out, norm)
+        return gemv_rows_normed, gemv_qkv_normed, gemv_gate_up_silu_normed
+
+    @jit_bounded(GEMV_BOUNDS)
+    def gemv_rows(x, w, bias, has_bias, out):
+        rows_body(x, w, bias, has_bias, out, None)
+
+    @jit_bounded(GEMV_BOUNDS)
+    def gemv_qkv(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out):
+        qkv_body(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out, None)
+
+    @jit_bounded(GEMV_BOUNDS)
+    def gemv_gate_up_silu(x, w_gate, w_up, out):
+        gate_up_body(x, w_gate, w_up, out, None)
+    return gemv_rows, gemv_qkv, gemv_gate_up_silu
 
 
-@jit_bounded(GEMV_BOUNDS)
-def gemv_rows(x, w, bias, has_bias, out):
-    """A block per W row (grid-stride over rows: block b owns rows b, b + blocks, ...;
-    _block_row_dots); thread 0 writes its outputs. Traffic: W once, coalesced; x
-    (M x K floats) from L1/L2 once per row."""
-    sums = cuda.shared.array((2, FLOAT_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
-    acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-    for n in range(cuda.blockIdx.x, w.shape[0], cuda.gridDim.x):
-        _block_row_dots(x, w, None, n, acc, acc, sums)
-        _store_rows(out, bias, has_bias, n, acc, cuda.threadIdx.x, x.shape[0])
-
-
-@jit_bounded(GEMV_BOUNDS)
-def gemv_qkv(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out):
-    """The q, k and v projections in one launch: blocks stride over Nq + 2 Nk rows;
-    row g is row g of Wq, then of Wk, then of Wv (layout as gemv_rows)."""
-    sums = cuda.shared.array((2, FLOAT_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
-    nq, nk = wq.shape[0], wk.shape[0]
-    acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-    for g in range(cuda.blockIdx.x, nq + 2 * nk, cuda.gridDim.x):
-        if g < nq:
-            w, b, out, n = wq, bq, q_out, g
-        elif g < nq + nk:
-            w, b, out, n = wk, bk, k_out, g - nq
-        else:
-            w, b, out, n = wv, bv, v_out, g - nq - nk
-        _block_row_dots(x, w, None, n, acc, acc, sums)
-        _store_rows(out, b, has_bias, n, acc, cuda.threadIdx.x, x.shape[0])
-
-
-@jit_bounded(GEMV_BOUNDS)
-def gemv_gate_up_silu(x, w_gate, w_up, out):
-    """The MLP's middle in one launch: out = silu(x @ Wg.T) * (x @ Wu.T); blocks stride
-    over the I rows, each taking row n of both matrices (layout as gemv_rows)."""
-    sums = cuda.shared.array((2, FLOAT_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
-    gate = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-    up = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-    for n in range(cuda.blockIdx.x, w_gate.shape[0], cuda.gridDim.x):
-        _block_row_dots(x, w_gate, w_up, n, gate, up, sums)
-        if cuda.threadIdx.x == 0:
-            for m in range(GEMV_MAX_ROWS):
-                if m < x.shape[0]:
-                    g = gate[m]
-                    out[m, n] = g / (float32(1.0) + math.exp(-g)) * up[m]
+gemv_rows, gemv_qkv, gemv_gate_up_silu = _float_gemvs(normed=False)
+# the same three with the RMSNorm before them folded in (normed_rows.py)
+NORMED_GEMVS = _float_gemvs(normed=True)
 
 
 def float_gemv_blocks(rows: int) -> int:

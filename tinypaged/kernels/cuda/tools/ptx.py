@@ -68,10 +68,12 @@ def signatures() -> list[tuple[str, object, tuple]]:
         mm = (arr(f32, 2), arr(wtype, 2), arr(f32, 1), types.boolean, arr(f32, 2))
         qkv = (arr(f32, 2), arr(wtype, 2), arr(wtype, 2), arr(wtype, 2), arr(f32, 1),
                arr(f32, 1), arr(f32, 1), types.boolean, arr(f32, 2), arr(f32, 2), arr(f32, 2))
-        sigs += [(f"gemv_rows[{wname}]", matmul.gemv_rows, mm),
-                 (f"gemv_qkv[{wname}]", matmul.gemv_qkv, qkv),
-                 (f"gemv_gate_up_silu[{wname}]", matmul.gemv_gate_up_silu,
-                  (arr(f32, 2), arr(wtype, 2), arr(wtype, 2), arr(f32, 2)))]
+        gate_up = (arr(f32, 2), arr(wtype, 2), arr(wtype, 2), arr(f32, 2))
+        norm = types.Tuple((arr(f32, 2), arr(f32, 1), arr(f32, 2), f32, types.boolean))
+        for suffix, kernels, extra in (("", (matmul.gemv_rows, matmul.gemv_qkv, matmul.gemv_gate_up_silu), ()),
+                                       ("_normed", matmul.NORMED_GEMVS, (norm,))):
+            sigs += [(f"gemv_{name}{suffix}[{wname}]", kernel, (*args, *extra)) for name, kernel, args
+                     in zip(("rows", "qkv", "gate_up_silu"), kernels, (mm, qkv, gate_up))]
         sigs += tiled_signatures(f"[{wname}]", tiled_matmul.FLOAT_TILED, arr(wtype, 2))
     x, bias, flag = arr(f32, 2), arr(f32, 1), types.boolean
     for qname, kernels, matrix in packed_families():
@@ -107,7 +109,7 @@ def signatures() -> list[tuple[str, object, tuple]]:
     sigs += [
         ("add_rms_norm", elementwise.add_rms_norm,
          (arr(f32, 2), arr(f32, 2), types.boolean, arr(f32, 1), f32, arr(f32, 2), arr(f32, 2),
-          types.boolean)),
+          arr(f32, 2), types.boolean)),
         ("silu_mul", elementwise.silu_mul, (arr(f32, 2), arr(f32, 2), arr(f32, 2))),
         ("scale", elementwise.scale, (arr(f32, 2), f32, arr(f32, 2))),
         ("softcap", elementwise.softcap, (arr(f32, 2), f32, arr(f32, 2))),
@@ -131,10 +133,10 @@ def block_threads(label: str) -> int:
     name = label.split("[")[0]
     return {**{f"matmul_tiled{form}": tiled_matmul.TILED_THREADS
                for form in ("", "_qkv", "_gate_up_silu", "_packed", "_qkv_packed", "_gate_up_silu_packed")},
-            "gemv_rows": matmul.FLOAT_ROW_THREADS,
             **{f"gemv_{q}{f}": matmul.GEMV_THREADS for q, _, _ in packed_families()
                for f in ("", "_qkv", "_gate_up_silu")},
-            "gemv_qkv": matmul.FLOAT_ROW_THREADS, "gemv_gate_up_silu": matmul.FLOAT_ROW_THREADS,
+            **{f"gemv_{name}{suffix}": matmul.FLOAT_ROW_THREADS for name in ("qkv", "gate_up_silu", "rows")
+               for suffix in ("", "_normed")},
             "paged_attention_decode": attention.DECODE_THREADS,
             "paged_attention_prefill": prefill_attention.PREFILL_THREADS,
             "add_rms_norm": elementwise.NORM_THREADS, "rope_write_kv": kv_rows.rope_write_threads(kv_rows.MAX_HEAD_DIM),

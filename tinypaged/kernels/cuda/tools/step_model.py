@@ -103,10 +103,13 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
                              decode_block_cost, decode_split)
     from ..memory import covering_keys
     from ..elementwise import GPU_NORM_THREADS as NORM_THREADS  # (not the simulator's)
-    from ..matmul import GEMV_MAX_ROWS, GEMV_THREADS, VEC
+    from ..matmul import FLOAT_VEC, GEMV_BOUNDS, GEMV_MAX_ROWS, GEMV_THREADS, NORMED_MAX_ROWS
+    per_sm = GEMV_BOUNDS[1]  # (their registers: 8 blocks an SM, not the 16 threads allow)
+    folded = batch <= NORMED_MAX_ROWS  # (float matrices: their GEMVs take the norms)
+    norm_syncs = 1 if folded else 0  # (the squares' butterfly beside the dots')
 
     def gemv_rounds(width):  # a thread's steps along a row (gate and up go together)
-        return math.ceil(width / (GEMV_THREADS * VEC))
+        return math.ceil(width / (GEMV_THREADS * FLOAT_VEC))
 
     # the decode attention's split as the backend picks it on a GPU (GPU_CHUNK-key
     # chunks, DECODE_BLOCKS_PER_SM blocks an SM: their registers), each block's chunks
@@ -121,7 +124,8 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
         # the embedding, then the rows whose logits are wanted (hidden and residual)
         KernelCost("gather_rows", 3, act * hidden + weight_bytes * batch * hidden,
                    batch, 32, 1, 0),
-        KernelCost("add_rms_norm", 2 * layers + 1, 3 * act * hidden, batch, NORM_THREADS,
+        # the final norm; a layer's two where no GEMV folds them (normed_rows.py)
+        KernelCost("add_rms_norm", 1 if folded else 2 * layers + 1, 3 * act * hidden, batch, NORM_THREADS,
                    1 if hidden <= NORM_THREADS else 2, 3),
         KernelCost("rope_write_kv", layers, act * 2 * (heads + 2 * kv_heads) * head_dim,
                    batch * (heads + kv_heads), head_dim // 2, 2, 0),
@@ -140,15 +144,15 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
             tiled_product("tiled lm_head", 1, batch, vocab, hidden, weight_bytes)]
     return kernels + [
         KernelCost("gemv_qkv", layers, weight_bytes * hidden * (heads + 2 * kv_heads) * head_dim,
-                   (heads + 2 * kv_heads) * head_dim, GEMV_THREADS, gemv_rounds(hidden), 2),
+                   (heads + 2 * kv_heads) * head_dim, GEMV_THREADS, gemv_rounds(hidden), 2 + norm_syncs, per_sm),
         KernelCost("gemv_rows (o_proj)", layers, weight_bytes * heads * head_dim * hidden,
-                   hidden, GEMV_THREADS, gemv_rounds(heads * head_dim), 2),
+                   hidden, GEMV_THREADS, gemv_rounds(heads * head_dim), 2, per_sm),
         KernelCost("gemv_gate_up_silu", layers, 2 * weight_bytes * hidden * intermediate,
-                   intermediate, GEMV_THREADS, gemv_rounds(hidden), 4),
+                   intermediate, GEMV_THREADS, gemv_rounds(hidden), 4 + norm_syncs, per_sm),
         KernelCost("gemv_rows (down_proj)", layers, weight_bytes * intermediate * hidden,
-                   hidden, GEMV_THREADS, gemv_rounds(intermediate), 2),
+                   hidden, GEMV_THREADS, gemv_rounds(intermediate), 2, per_sm),
         KernelCost("gemv_rows (lm_head)", 1, weight_bytes * vocab * hidden, vocab,
-                   GEMV_THREADS, gemv_rounds(hidden), 2),
+                   GEMV_THREADS, gemv_rounds(hidden), 2, per_sm),
     ]
 
 
@@ -159,7 +163,7 @@ def prefill_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
     the tiled products, the tiled prefill attention, the row-wise kernels, and the
     prompt's last row's logits (a GEMV)."""
     from ..elementwise import GPU_NORM_THREADS as NORM_THREADS
-    from ..matmul import GEMV_THREADS, VEC
+    from ..matmul import FLOAT_VEC, GEMV_BOUNDS, GEMV_THREADS
     from ..prefill_attention import (GPU_KEY_LANES, GPU_KV_TILES, GPU_PREFILL_THREADS, GPU_Q_TILE,
                                      PREFILL_BLOCKS_PER_SM)
     act = 4 * rows
@@ -191,7 +195,7 @@ def prefill_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
         KernelCost("gather_rows (last row)", 2, 8 * hidden, 1, 32, 1, 0),
         KernelCost("add_rms_norm (last row)", 1, 12 * hidden, 1, NORM_THREADS, 1, 3),
         KernelCost("gemv_rows (lm_head)", 1, weight_bytes * vocab * hidden, vocab, GEMV_THREADS,
-                   math.ceil(hidden / (GEMV_THREADS * VEC)), 2),
+                   math.ceil(hidden / (GEMV_THREADS * FLOAT_VEC)), 2, GEMV_BOUNDS[1]),
         KernelCost("argmax (top_candidates)", 1, 4 * vocab, 1, 256, 2, 4),
     ]
 
