@@ -105,8 +105,8 @@ def test_tiled_split_fills_the_sms_only_where_the_tiles_do_not():
 
 @pytest.mark.parametrize("blocks", [None, 2])  # the simulator's two blocks; 45, a block a row
 def test_warp_gemv_over_long_rows_and_every_decode_row(gpu, blocks):
-    """K = 300: a block's threads split a row into 4-weight chunks (FLOAT_ROW_WARPS warps
-    cover 128 weights a warp a step, the last step partly), then sum across warps;
+    """K = 300: a block's threads split a row into FLOAT_VEC-weight chunks (FLOAT_ROW_WARPS
+    warps cover 256 weights a warp a step, the last step partly), then sum across warps;
     M = 8 = GEMV_MAX_ROWS; two blocks stride over the 45 rows, or a block a row."""
     rng = np.random.default_rng(8)
     w = rand(rng, 45, 300).astype(np.float16)

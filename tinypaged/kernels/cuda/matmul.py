@@ -23,7 +23,9 @@ NORMED_MAX_ROWS = 4  # rows of x the GEMVs with a norm folded in take (NORMED_GE
 GEMV_WARPS = 4  # gemv kernels: warps (one weight row each at a time) per block
 GEMV_THREADS = GEMV_WARPS * WARP
 VEC = 4  # consecutive weights a lane of a packed GEMV reads per step
-FLOAT_VEC = 4  # the float GEMVs' (8 bytes of float16)
+# the float GEMVs': 16 bytes of float16, so a row of up to 1,024 is one step of each
+# thread (each step waits on its loads: a 576-wide row took two at 4)
+FLOAT_VEC = 8
 SIMULATOR_GEMV_BLOCKS = 2  # gemv_blocks on the simulator
 GEMV_BOUNDS = (GEMV_THREADS, 8)  # 8 blocks of 128 threads an SM (50%): at most 64 registers
 # float GEMVs: warps that split one weight row (the simulator, a Python thread per CUDA
@@ -75,8 +77,8 @@ def _float_gemvs(normed: bool):
         """acc[m] (in every thread) = x[m] . W[n] for the rows m of x, and acc2[m] = x[m] .
         W2[n] when w2 is given (gate and up: both rows' loads in one pass), the block's
         FLOAT_ROW_WARPS warps splitting the row: thread t takes the FLOAT_VEC consecutive
-        weights at 32 FLOAT_VEC FLOAT_ROW_WARPS i + FLOAT_VEC t, so each warp reads 256
-        coalesced bytes a step and a 576-wide row is two steps of a thread instead of
+        weights at 32 FLOAT_VEC FLOAT_ROW_WARPS i + FLOAT_VEC t, so each warp reads 512
+        coalesced bytes a step and a 576-wide row is one step of a thread instead of
         five of a warp (fewer loads waiting on each other: the float GEMVs are bound by
         that latency at batch 1, not by bandwidth). Each warp's partial sums meet in a shfl_xor butterfly, then the
         warps' in shared memory (sums: (3, FLOAT_ROW_WARPS, max_rows)), in order.
