@@ -33,7 +33,9 @@ DECODE_WARPS = DECODE_THREADS // WARP
 DIMS_PER_LANE = MAX_HEAD_DIM // LANES_PER_KEY  # a thread's dimensions of its key: d = lane + 8n
 MAX_GROUP = 32  # decode: query heads a KV head serves (GQA)
 GROUP_DIMS = MAX_GROUP * MAX_HEAD_DIM  # decode: a group's accumulators, in shared memory
-MERGE_WEIGHTS = 2048  # decode: the last block's merge weights, a group's heads x partitions
+# decode: the last block's merge weights, a group's heads x partitions (their sums are
+# staged in the V rows' shared memory: CHUNK x MAX_HEAD_DIM words)
+MERGE_WEIGHTS = min(2048, CHUNK * MAX_HEAD_DIM)
 MERGE_UNROLL = 16  # decode: partitions' partial sums a merging thread loads at once
 DECODE_BLOCKS_PER_SM = 2  # decode: registers for 2 blocks an SM (128 a thread); the split counts them
 # decode, what decode_split weighs (and tools/step_model.py prices): a chunk's dependent
@@ -184,21 +186,31 @@ def _decode_kernel(kv_value, kv_rows, k_once):
         cuda.syncthreads()  # the count read
         if last_s[0] == 0:
             return
-        _merge(i, r, h0, group, head_dim, first_part, live_parts, part_acc, part_ml, w_s, ml_s, out)
+        _merge(i, r, h0, group, head_dim, first_part, live_parts, part_acc, part_ml, w_s, v_s, ml_s, out)
         if t == 0:
             arrivals[i, kvh] = 0  # (the next launch counts from zero)
     return paged_attention_decode
 
 
 @cuda.jit(device=True, inline="always")
-def _merge(i, r, h0, group, head_dim, first_part, live_parts, part_acc, part_ml, w_s, ml_s, out):
+def _merge(i, r, h0, group, head_dim, first_part, live_parts, part_acc, part_ml, w_s, sums_s,
+           ml_s, out):
     """The last block's merge of row r's live partitions for the group's heads (see
-    paged_attention_decode): weights e^(m_p - M) in w_s, each head's total in ml_s."""
+    paged_attention_decode): weights e^(m_p - M) in w_s, each head's total in ml_s. The
+    maxima and sums are staged (sums_s: the V rows' shared memory, free now) while each
+    thread's first MERGE_UNROLL partial sums are loaded: one round trip for all three."""
     t = cuda.threadIdx.x
     warp, lane = t // WARP, t % WARP
+    ahead = cuda.local.array(MERGE_UNROLL, dtype=float32)  # thread t's element's partials
+    if t < group * head_dim:
+        for u in range(MERGE_UNROLL):  # (a constant count: unrolled, loads in flight)
+            if u < live_parts:
+                ahead[u] = part_acc[i, h0 + t // head_dim, first_part + u, t % head_dim]
     for e in range(t, group * live_parts, DECODE_THREADS):
-        w_s[e] = part_ml[i, h0 + e // live_parts, first_part + e % live_parts, 0]
-    cuda.syncthreads()  # the partitions' maxima staged
+        g, p = e // live_parts, first_part + e % live_parts
+        w_s[e] = part_ml[i, h0 + g, p, 0]
+        sums_s[e // MAX_HEAD_DIM, e % MAX_HEAD_DIM] = part_ml[i, h0 + g, p, 1]
+    cuda.syncthreads()  # the partitions' maxima and sums staged
     for g in range(warp, group, DECODE_WARPS):  # a warp per head, a lane per partition
         row = g * live_parts
         m_max = NEG_INF
@@ -209,7 +221,8 @@ def _merge(i, r, h0, group, head_dim, first_part, live_parts, part_acc, part_ml,
         for p in range(lane, live_parts, WARP):
             weight = math.exp(w_s[row + p] - m_max)
             w_s[row + p] = weight
-            total += weight * part_ml[i, h0 + g, first_part + p, 1]
+            e = row + p
+            total += weight * sums_s[e // MAX_HEAD_DIM, e % MAX_HEAD_DIM]
         total = warp_sum(total)
         if lane == 0:
             ml_s[g, 1] = total
@@ -221,7 +234,8 @@ def _merge(i, r, h0, group, head_dim, first_part, live_parts, part_acc, part_ml,
             for u in range(MERGE_UNROLL):  # (a constant count: unrolled, loads in flight)
                 p = p0 + u
                 if p < live_parts:
-                    acc += part_acc[i, h0 + g, first_part + p, d] * w_s[g * live_parts + p]
+                    value = ahead[u] if e == t and p0 == 0 else part_acc[i, h0 + g, first_part + p, d]
+                    acc += value * w_s[g * live_parts + p]
         out[r, h0 + g, d] = acc / ml_s[g, 1]
 
 
@@ -231,9 +245,9 @@ DECODE = {form: _decode_kernel(*reads, k_once=form == "") for form, reads in POO
 
 def merge_rounds(parts: int) -> int:
     """Dependent memory round trips of the last block's merge over `parts` partitions:
-    the fence, the arrival count, the maxima and sums, then MERGE_UNROLL partial sums
-    at a time."""
-    return 0 if parts == 1 else 3 + -(-parts // MERGE_UNROLL)
+    the fence, the arrival count, the maxima and sums with a thread's first
+    MERGE_UNROLL partial sums, then MERGE_UNROLL more at a time."""
+    return 0 if parts == 1 else 2 + -(-parts // MERGE_UNROLL)
 
 
 def decode_block_cost(chunks: int, parts: int) -> tuple[int, int]:
