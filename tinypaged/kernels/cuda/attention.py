@@ -50,15 +50,15 @@ def _decode_kernel(kv_value, kv_rows, k_once):
     that fits 2 blocks an SM; an int8 pool's values and scales then spill, so it reads
     them head by head, from L1)."""
     @jit_bounded((DECODE_THREADS, DECODE_BLOCKS_PER_SM))
-    def paged_attention_decode(q, k_cache, v_cache, block_tables, row_positions, row_seqs,
-                               decode_rows, scale, window, softcap, partition, part_acc,
-                               part_ml, arrivals, out):
+    def paged_attention_decode(q, k_cache, v_cache, row_tables, row_positions, decode_rows,
+                               scale, window, softcap, partition, part_acc, part_ml,
+                               arrivals, out):
         """Split-K, GQA-grouped decode attention, CHUNK keys at once, the partitions
         merged by the last of them to finish.
 
         Grid (len(decode_rows), n_kv, n_partitions), block DECODE_THREADS: block (i, kvh,
-        p) takes query row r = decode_rows[i] (at position row_positions[i] of sequence
-        row_seqs[i]: read with r, not after it), the `group` query heads that share KV
+        p) takes query row r = decode_rows[i] (at position row_positions[i], its block
+        table row_tables[i]: all read with r, not after it), the `group` query heads that share KV
         head kvh, and keys p * partition ... of r's context (blocks past it exit), a
         chunk of CHUNK keys at a time, each chunk's block ids read while the chunk
         before it is summed. In a chunk, thread t serves key c = t // 8 with dimensions
@@ -87,8 +87,13 @@ def _decode_kernel(kv_value, kv_rows, k_once):
         k_vals = cuda.local.array(DIMS_PER_LANE, dtype=float32)
         t = cuda.threadIdx.x
         i, kvh, part = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+        c, lane = t // LANES_PER_KEY, t % LANES_PER_KEY
         r = decode_rows[i]
         head_dim, block_size = q.shape[2], kv_rows(k_cache).shape[1]
+        start = part * partition
+        # the first chunk's block id, loaded with the row's position (one round trip for
+        # both; the table's last column where the grid covers more keys than it holds)
+        next_block = row_tables[i, min((start + c) // block_size, row_tables.shape[1] - 1)]
         group = q.shape[1] // kv_rows(k_cache).shape[2]
         h0 = kvh * group  # the group's first query head
         n_keys = row_positions[i] + 1
@@ -97,7 +102,6 @@ def _decode_kernel(kv_value, kv_rows, k_once):
         # partitions with live keys (those the grid covers: a recorded step's grid is
         # chosen for its contexts, memory.covering_keys)
         live_parts = min((n_keys - 1) // partition, cuda.gridDim.z - 1) - first_part + 1
-        start = part * partition
         if start >= n_keys:  # (the whole block returns: no barrier is left waiting)
             if n_keys <= 0 and part == 0:  # a padding row
                 for e in range(t, group * head_dim, DECODE_THREADS):
@@ -109,18 +113,17 @@ def _decode_kernel(kv_value, kv_rows, k_once):
             acc_s[e] = float32(0.0)
         if t < group:
             ml_s[t, 0], ml_s[t, 1] = NEG_INF, float32(0.0)
-        c, lane = t // LANES_PER_KEY, t % LANES_PER_KEY
         warp, key = t // WARP, t % WARP
-        s = row_seqs[i]
         end = min(start + partition, n_keys)
         c_first = max(start, first - first % CHUNK)  # the first chunk with live keys
-        next_block = block_tables[s, (c_first + c) // block_size] if first <= c_first + c < end else 0
+        if c_first > start and first <= c_first + c < end:  # (a window starts inside: again)
+            next_block = row_tables[i, (c_first + c) // block_size]
         for c0 in range(c_first, end, CHUNK):
             j = c0 + c
             live = first <= j < end
             block, offset = next_block, j % block_size
             if j + CHUNK < end:  # (the next chunk's block id, in flight while this one is summed)
-                next_block = block_tables[s, (j + CHUNK) // block_size]
+                next_block = row_tables[i, (j + CHUNK) // block_size]
             cuda.syncthreads()  # the last chunk's weights and V rows are read
             if live:
                 for n in range(DIMS_PER_LANE):  # (a constant count: unrolled, loads in flight)
@@ -254,7 +257,7 @@ def decode_block_cost(chunks: int, parts: int) -> tuple[int, int]:
     """(dependent round trips, barriers and butterflies in sequence) of a decode block
     that walks `chunks` chunks of a row split into `parts` partitions: the row's
     position, its first block id, the chunks, the merge."""
-    rounds = 2 + CHUNK_ROUNDS * chunks + merge_rounds(parts)
+    rounds = 1 + CHUNK_ROUNDS * chunks + merge_rounds(parts)
     return rounds, CHUNK_SYNCS * chunks + 1 + (MERGE_SYNCS if parts > 1 else 0)
 
 
@@ -287,7 +290,8 @@ def launch_decode(launch, args, meta, scale, window, cap, out) -> None:
     split as decode_split finds fastest for the launch's rows and contexts, merged by
     the last block of each row and KV head. args: (q, k_cache, v_cache, block_tables,
     positions, token_seq) as the prefill kernel takes them; the decode kernel takes the
-    first four, then its rows' positions and sequences (meta.decode_positions, decode_seqs)."""
+    first three, then its rows' block tables and positions (meta.decode_tables,
+    decode_positions)."""
     q, k_cache = args[0], args[1]
     n_rows, n_heads, head_dim = meta.num_decode, q.shape[1], q.shape[2]
     n_kv = layer_rows(k_cache).shape[2]
@@ -299,6 +303,6 @@ def launch_decode(launch, args, meta, scale, window, cap, out) -> None:
     # (one partition writes out directly; the partials are then placeholders)
     part_acc = launch.empty(n_rows, n_heads, parts, head_dim) if parts > 1 else launch.empty(1, 1, 1, 1)
     part_ml = launch.empty(n_rows, n_heads, parts, 2) if parts > 1 else launch.empty(1, 1, 1, 2)
-    launch(DECODE[pool_form(k_cache)], (n_rows, n_kv, parts), DECODE_THREADS, *args[:4],
-           meta.decode_positions, meta.decode_seqs, meta.decode_rows, scale, window, cap,
+    launch(DECODE[pool_form(k_cache)], (n_rows, n_kv, parts), DECODE_THREADS, *args[:3],
+           meta.decode_tables, meta.decode_positions, meta.decode_rows, scale, window, cap,
            np.int32(partition), part_acc, part_ml, launch.arrival_counts(n_rows, n_kv), out)

@@ -50,19 +50,20 @@ class DeviceMetadata:
     logits_indices: object
     decode_rows: object
     decode_positions: object  # positions[decode_rows] (a decode kernel reads them with its row)
-    decode_seqs: object  # token_seq[decode_rows]
+    decode_tables: object  # block_tables[token_seq[decode_rows]]: row i's (so are its block ids)
     prefill_tiles: object
     num_decode: int
     num_tiles: int
     decode_keys: int = 1  # the decode grid covers contexts up to this many keys (covering_keys)
-    groups: tuple = ()  # per KV group past the first, (block_tables, slot_mapping) views
+    groups: tuple = ()  # per KV group past the first, (block_tables, slot_mapping, decode_tables)
 
     def for_group(self, group: int) -> "DeviceMetadata":
         """The metadata of KV group `group`'s layers (AttentionMetadata.for_group)."""
         if group == 0:
             return self
-        tables, slots = self.groups[group - 1]
-        return replace(self, block_tables=tables, slot_mapping=slots, groups=())
+        tables, slots, decode_tables = self.groups[group - 1]
+        return replace(self, block_tables=tables, slot_mapping=slots, decode_tables=decode_tables,
+                       groups=())
 
 
 def covering_keys(n_keys: int, fewest: int) -> int:
@@ -100,11 +101,12 @@ class MetadataUploader:
     def upload(self, token_ids: np.ndarray, meta, q_tile: int, fewest_keys: int):
         decode_rows, tiles = attention_work(meta.token_seq, q_tile)
         longest = int(meta.positions[decode_rows].max()) + 1 if len(decode_rows) else 1
+        decode_seqs = meta.token_seq[decode_rows]
         parts = [token_ids, meta.positions, meta.slot_mapping, meta.token_seq,
                  meta.logits_indices, decode_rows, tiles.ravel(), meta.block_tables.ravel(),
-                 meta.positions[decode_rows], meta.token_seq[decode_rows]]
+                 meta.positions[decode_rows], meta.block_tables[decode_seqs].ravel()]
         for tables, slots in meta.groups:  # further KV groups' tables and slots
-            parts += [tables.ravel(), slots]
+            parts += [tables.ravel(), slots, tables[decode_seqs].ravel()]
         packed = np.concatenate([np.asarray(p, dtype=np.int32).ravel() for p in parts])
         if self.device is None or self.device.size < packed.size:
             self.device = cuda.device_array(max(2 * packed.size, 4096), dtype=np.int32)
@@ -114,13 +116,17 @@ class MetadataUploader:
             views.append(self.device[offset:offset + p.size])
             offset += p.size
         ids, positions, slots, token_seq, logits_rows, rows, tile_flat, tables = views[:8]
-        row_positions, row_seqs = views[8:10]
-        groups = tuple((views[i].reshape(meta.groups[(i - 10) // 2][0].shape), views[i + 1])
-                       for i in range(10, len(views), 2))
+        row_positions, row_tables = views[8:10]
+
+        def decode_tables(view, tables):  # (rows, width), width = the step's tables'
+            return view.reshape(len(decode_rows), tables.shape[1])
+        groups = tuple((views[i].reshape(tables.shape), views[i + 1], decode_tables(views[i + 2], tables))
+                       for i, (tables, _) in zip(range(10, len(views), 3), meta.groups))
         return ids, DeviceMetadata(
             positions=positions, slot_mapping=slots, token_seq=token_seq,
             block_tables=tables.reshape(meta.block_tables.shape), logits_indices=logits_rows,
-            decode_rows=rows, decode_positions=row_positions, decode_seqs=row_seqs,
+            decode_rows=rows, decode_positions=row_positions,
+            decode_tables=decode_tables(row_tables, meta.block_tables),
             prefill_tiles=tile_flat.reshape(tiles.shape),
             num_decode=len(decode_rows), num_tiles=len(tiles),
             decode_keys=covering_keys(longest, fewest_keys), groups=groups)

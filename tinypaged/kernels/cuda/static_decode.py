@@ -56,7 +56,8 @@ def pack_decode_step(token_ids: np.ndarray, meta, bucket: int, max_blocks: int) 
 
 class StaticDecodeInputs:
     """One bucket's device buffer: [per-step part | 0..bucket-1], the second part
-    (token_seq, decode_rows and logits_indices: row i is sequence i) written once."""
+    (token_seq, decode_rows and logits_indices: row i is sequence i, so the block
+    tables are the decode rows' too) written once."""
 
     def __init__(self, bucket: int, max_blocks: int, num_groups: int = 1):
         self.bucket, self.max_blocks = bucket, max_blocks
@@ -66,16 +67,16 @@ class StaticDecodeInputs:
         self.device = cuda.to_device(np.concatenate([np.zeros(self.step_size, np.int32), rows]))
         self.token_ids = self.device[:b]
         rows_dev = self.device[self.step_size:]
-        groups = []  # (block tables, slots) views per KV group
+        groups = []  # (block tables, slots, decode rows' tables: the same) views per KV group
         for g in range(num_groups):
             start = 2 * b + g * per_group
-            groups.append((self.device[start + b:start + per_group].reshape(b, max_blocks),
-                           self.device[start:start + b]))
+            tables = self.device[start + b:start + per_group].reshape(b, max_blocks)
+            groups.append((tables, self.device[start:start + b], tables))
         self.meta = DeviceMetadata(
             positions=self.device[b:2 * b], slot_mapping=groups[0][1],
             token_seq=rows_dev, block_tables=groups[0][0],
             logits_indices=rows_dev, decode_rows=rows_dev, decode_positions=self.device[b:2 * b],
-            decode_seqs=rows_dev,
+            decode_tables=groups[0][0],
             prefill_tiles=self.device[:0].reshape(0, 2), num_decode=b, num_tiles=0,
             groups=tuple(groups[1:]))
 

@@ -96,8 +96,8 @@ def signatures() -> list[tuple[str, object, tuple]]:
         attn = (q, pool, pool, arr(i32, 2), arr(i32, 1), arr(i32, 1))
         rope = kv_rows.rope_write_kv_q8 if form else elementwise.rope_write_kv
         sigs += [
-            ("paged_attention_decode" + kv_name, attention.DECODE[form],
-             (*attn, arr(i32, 1), f32, i32, f32, i32, arr(f32, 4), arr(f32, 4), arr(i32, 2),
+            ("paged_attention_decode" + kv_name, attention.DECODE[form],  # (its rows' tables)
+             (*attn[:5], arr(i32, 1), f32, i32, f32, i32, arr(f32, 4), arr(f32, 4), arr(i32, 2),
               arr(f32, 3))),
             *((f"paged_attention_prefill[d{width}]" + kv_name, prefill_attention.PREFILL[form, width],
                (*attn, arr(i32, 2), f32, i32, f32, arr(f32, 3))) for width in prefill_attention.KV_TILES),
