@@ -110,3 +110,32 @@ def test_the_design_reaches_issue_45s_batch_64_and_prefill_figures_under_the_mod
     step = predict(decode_step(**SMOLLM2, batch=64, context=512))
     assert 64e6 / step["step_us"] >= 15_000
     assert prefill_prompt(SMOLLM2, prompt=2048, chunk=512)["tokens_per_s"] >= 40_000
+
+
+LLAMA_1B = dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, intermediate=8192,
+                vocab=128256)
+
+
+def test_the_design_reaches_issue_45s_llama_1b_figures_under_the_model():
+    """Llama-3.2-1B shapes: batch 1 >= 500 tokens/s with Q4_K_M's kinds (packed GEMVs,
+    q, k and v one by one, the norms launched: they write x rounded) and >= 400 in
+    float16; batch 64 >= 4,000."""
+    from tinypaged.kernels.cuda.tools.step_model import PACKED
+    packed = predict(decode_step(**LLAMA_1B, batch=1, context=128, kinds=PACKED["Q4_K_M"]))
+    names = {k.name for _, k in packed["costs"]}
+    assert {"packed q_proj", "packed k_proj", "packed v_proj", "packed gate_up_silu"} <= names
+    assert 1e6 / packed["step_us"] >= 500
+    assert packed["launches"] == 16 * 10 + 6  # (2 norms, q, k, v, RoPE, attention, o, gate/up, down)
+    assert 1e6 / predict(decode_step(**LLAMA_1B, batch=1, context=128))["step_us"] >= 400
+    assert 64e6 / predict(decode_step(**LLAMA_1B, batch=64, context=512))["step_us"] >= 4000
+
+
+def test_a_packed_gemv_takes_a_step_for_each_block_width_of_its_row():
+    """A block a row: 128 threads x 4 nibble bytes (1,024 weights) or 4 Q8_0 words (512
+    weights) a step; gate and up one after the other."""
+    from tinypaged.formats.quant_kind import Q4_K, Q8_0
+    from tinypaged.kernels.cuda.tools.step_model import _packed_gemv
+    assert _packed_gemv("q4", 1, Q4_K, 10, 2048).rounds == 2
+    assert _packed_gemv("q8", 1, Q8_0, 10, 2048).rounds == 4
+    gate_up = _packed_gemv("gate_up", 1, Q4_K, 10, 2048, matrices=2)
+    assert gate_up.rounds == 4 and gate_up.bytes == 2 * 10 * 2048 * 144 // 256

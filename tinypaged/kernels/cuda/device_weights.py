@@ -25,20 +25,17 @@ class MatrixKernels:
     qkv: object | None  # (x, wq, wk, wv, bq, bk, bv, has_bias, q, k, v): None, three GEMVs
     gate_up_silu: object  # (x, w_gate, w_up, out)
     tiled: tiled_matmul.TiledKernels  # past the GEMVs' rows: batches of 9+ and prefill
-    gemv_blocks: object  # rows -> blocks of a GEMV launch
-    gemv_threads: int
     upload: object = None  # packed: PackedWeight -> (device arrays, decode's matrix, tiled's)
     normed: tuple | None = None  # the three GEMVs with a norm folded in (NormedRows' x)
 
 
 FLOAT_KERNELS = MatrixKernels(matmul.gemv_rows, matmul.gemv_qkv, matmul.gemv_gate_up_silu,
-                              tiled_matmul.FLOAT_TILED, matmul.float_gemv_blocks, matmul.FLOAT_ROW_THREADS,
-                              normed=matmul.NORMED_GEMVS)
+                              tiled_matmul.FLOAT_TILED, normed=matmul.NORMED_GEMVS)
 GEMV_ROWS, GEMV_QKV, GEMV_GATE_UP = range(3)  # a GEMV's place in MatrixKernels.normed
 
 
 def _packed(family: tuple, tiled, upload) -> MatrixKernels:
-    return MatrixKernels(*family, tiled, matmul.gemv_blocks, matmul.GEMV_THREADS, upload)
+    return MatrixKernels(*family, tiled, upload)
 
 
 PACKED_KERNELS = {  # by QuantKind.code
@@ -86,7 +83,7 @@ class DeviceMatrix:
         """out = x @ W.T (+ bias): the GEMV for decode rows, else the tiled product."""
         if _decode(x):
             kernel, x, norm = _gemv_input(self.kernels, GEMV_ROWS, x)
-            launch(kernel, self.kernels.gemv_blocks(self.shape[0]), self.kernels.gemv_threads,
+            launch(kernel, matmul.gemv_blocks(self.shape[0]), matmul.ROW_THREADS,
                    x, self.decode, bias, has_bias, out, *norm)
         else:
             tiled_matmul.launch_tiled(launch, self.kernels.tiled.product, rows_of(x), (self.tiled,),
@@ -106,7 +103,7 @@ class DeviceMatrix:
         else:
             rows = self.shape[0] + wk.shape[0] + wv.shape[0]
             kernel, x, norm = _gemv_input(self.kernels, GEMV_QKV, x)
-            launch(kernel, self.kernels.gemv_blocks(rows), self.kernels.gemv_threads,
+            launch(kernel, matmul.gemv_blocks(rows), matmul.ROW_THREADS,
                    x, self.decode, wk.decode, wv.decode, *biases, has_bias, *outs, *norm)
 
     def gate_up_silu(self, launch, x, w_up, out) -> None:
@@ -114,7 +111,7 @@ class DeviceMatrix:
         a kind without a fused tiled kernel: two products and SiLU)."""
         if _decode(x):
             kernel, x, norm = _gemv_input(self.kernels, GEMV_GATE_UP, x)
-            launch(kernel, self.kernels.gemv_blocks(self.shape[0]), self.kernels.gemv_threads,
+            launch(kernel, matmul.gemv_blocks(self.shape[0]), matmul.ROW_THREADS,
                    x, self.decode, w_up.decode, out, *norm)
             return
         x = rows_of(x)

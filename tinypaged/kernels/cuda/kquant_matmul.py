@@ -11,7 +11,7 @@ host's packed layout (formats/packed.py), never widened whole. A matrix is the t
 Weight = scale * q + min, with scale and min of the weight's block computed from them:
 Q5_0 (s, -16 s), Q5_1 (s, m), Q4_K and Q5_K (d sc, -dmin m), Q6_K (d sc, -32 d sc).
 
-The decode GEMVs are packed_matmul's warp layout (decode_kernel_family): a lane takes
+The decode GEMVs are packed_matmul's layout (decode_kernel_family): a thread takes
 4 consecutive nibble bytes (columns p .. p + 3 and their K/2 partners), which lie in
 one 16-weight sub-block, so their scale, min and extra bits are read once (one byte
 of highs for all 4). Each kind has its own kernels (DECODE_KERNELS, TILED_KERNELS).
@@ -22,7 +22,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from ...formats.quant_kind import QK, QK_K, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
-from .matmul import GEMV_MAX_ROWS, VEC, WARP, _warp_sum_rows
+from .matmul import GEMV_MAX_ROWS, ROW_THREADS, VEC
 from .tiled_matmul import tiled_kernels
 from .packed_matmul import decode_kernel_family
 
@@ -62,15 +62,16 @@ def _kind_functions(kind: int):
         return (int32(highs[n, c // 8]) >> shift) & 15
 
     @cuda.jit(device=True, inline="always")
-    def row_dots(x, w, n, lane, acc):
-        """acc[m] = x[m] . W[n] in every lane (as packed_matmul._q4_row_dots): lanes walk
-        the K/2 nibble bytes of the row, 4 at a time; byte p gives weights p and p + K/2."""
+    def row_dots(x, w, n, t, acc):
+        """acc[m] = thread t's share of x[m] . W[n] (as packed_matmul._q4_row_dots): the
+        block's threads walk the K/2 nibble bytes of the row, 4 at a time; byte p gives
+        weights p and p + K/2."""
         quants = w[0]
         n_rows, width = x.shape
         half = width // 2
         for m in range(GEMV_MAX_ROWS):
             acc[m] = float32(0.0)
-        for p0 in range(lane * VEC, half, WARP * VEC):
+        for p0 in range(t * VEC, half, ROW_THREADS * VEC):
             s_low, m_low = scale_and_min(w, n, p0)
             s_high, m_high = scale_and_min(w, n, p0 + half)
             e_low, e_high = extra_bits(w, n, p0), extra_bits(w, n, p0 + half)
@@ -81,7 +82,6 @@ def _kind_functions(kind: int):
                 for m in range(GEMV_MAX_ROWS):
                     if m < n_rows:
                         acc[m] += w_low * x[m, p0 + v] + w_high * x[m, p0 + v + half]
-        _warp_sum_rows(acc, n_rows)
 
     @cuda.jit(device=True, inline="always")
     def weight(w, n, k, half):

@@ -13,10 +13,10 @@ x comes rounded to int8 blocks already (elementwise.round_activations), as every
 backend's packed products take it; products accumulate in float32.
 
 - `gemv_q8_0`, `gemv_q4` (and their `_qkv` and `_gate_up_silu` forms: two or three
-  matrices in one launch): decode (M <= GEMV_MAX_ROWS), the float16 GEMV's layout:
-  a warp per weight row, lanes on 4 consecutive bytes of quants (Q8_0's read as one
-  int32 word; the warp reads 128 consecutive bytes a step, coalesced), shfl_xor
-  sums. Traffic: the packed row once (Q8_0: 34 bytes per 32 weights, Q4_0: 18,
+  matrices in one launch): decode (M <= GEMV_MAX_ROWS), the float GEMVs' layout:
+  a block per weight row, threads on 4 consecutive bytes of quants (Q8_0's read as
+  one int32 word; a warp reads 128 consecutive bytes a step, coalesced), shfl_xor
+  and shared-memory sums. Traffic: the packed row once (Q8_0: 34 bytes per 32 weights, Q4_0: 18,
   Q4_1: 20; float16: 64), x from cache.
 - `TILED_PACKED`: prefill and large batches, tiled_matmul.tiled_kernels with each W
   tile dequantized as it is staged in shared memory.
@@ -28,8 +28,7 @@ from numba import cuda, float32, int32
 
 from ...formats.quant_kind import Q4_0, Q4_1, Q8_0, QK
 from .bounded_jit import jit_bounded
-from .matmul import (GEMV_BOUNDS, GEMV_MAX_ROWS, VEC, WARP, _first_warp_and_stride, _store_rows,
-                     _warp_sum_rows)
+from .matmul import GEMV_BOUNDS, GEMV_MAX_ROWS, ROW_THREADS, ROW_WARPS, VEC, _store_rows, block_sum_rows
 from .tiled_matmul import tiled_kernels
 
 
@@ -48,15 +47,15 @@ def _weight(w, n, k, half):
 
 
 @cuda.jit(device=True, inline="always")
-def _q8_0_row_dots(x, w, n, lane, acc):
-    """acc[m] = x[m] . W[n] in every lane (a warp a row, its lanes on consecutive
-    words, partial sums met by shuffles), on Q8_0 quants read as int32 words of 4
-    (one 4-byte load a lane; the warp reads 128 bytes)."""
+def _q8_0_row_dots(x, w, n, t, acc):
+    """acc[m] = thread t's share of x[m] . W[n] (a block a row, its threads on
+    consecutive words), on Q8_0 quants read as int32 words of 4 (one 4-byte load a
+    thread; a warp reads 128 bytes)."""
     words, scales = w[0], w[1]
     n_rows, width = x.shape
     for m in range(GEMV_MAX_ROWS):
         acc[m] = float32(0.0)
-    for c in range(lane, width // 4, WARP):  # word c holds weights 4c .. 4c + 3
+    for c in range(t, width // 4, ROW_THREADS):  # word c holds weights 4c .. 4c + 3
         word = words[n, c]
         scale = float32(scales[n, c // (QK // 4)])
         for v in range(4):
@@ -65,19 +64,19 @@ def _q8_0_row_dots(x, w, n, lane, acc):
             for m in range(GEMV_MAX_ROWS):
                 if m < n_rows:
                     acc[m] += wk * x[m, 4 * c + v]
-    _warp_sum_rows(acc, n_rows)
 
 
 @cuda.jit(device=True, inline="always")
-def _q4_row_dots(x, w, n, lane, acc):
-    """acc[m] = x[m] . W[n] in every lane, on Q4_0 (has_mins False) or Q4_1 quants:
-    lanes walk the K/2 bytes of the row; byte p gives weights p and p + K/2."""
+def _q4_row_dots(x, w, n, t, acc):
+    """acc[m] = thread t's share of x[m] . W[n], on Q4_0 (has_mins False) or Q4_1
+    quants: the block's threads walk the K/2 bytes of the row, VEC at a time; byte p
+    gives weights p and p + K/2."""
     quants, scales, mins, has_mins = w
     n_rows, width = x.shape
     half = width // 2
     for m in range(GEMV_MAX_ROWS):
         acc[m] = float32(0.0)
-    for p0 in range(lane * VEC, half, WARP * VEC):
+    for p0 in range(t * VEC, half, ROW_THREADS * VEC):
         s_low, s_high = float32(scales[n, p0 // QK]), float32(scales[n, (p0 + half) // QK])
         m_low = float32(mins[n, p0 // QK]) if has_mins else float32(-8.0) * s_low
         m_high = float32(mins[n, (p0 + half) // QK]) if has_mins else float32(-8.0) * s_high
@@ -88,52 +87,60 @@ def _q4_row_dots(x, w, n, lane, acc):
             for m in range(GEMV_MAX_ROWS):
                 if m < n_rows:
                     acc[m] += w_low * x[m, p0 + v] + w_high * x[m, p0 + v + half]
-    _warp_sum_rows(acc, n_rows)
 
 
 def decode_kernel_family(row_dots, fused_qkv: bool = True):
     """The decode kernels of one family of packed formats, given its row-dot device
-    function row_dots(x, w, n, lane, acc) (w: a matrix's tuple): one matrix, q/k/v in
-    one launch (None without fused_qkv: three inlined row_dots of the Q5 and K-quant
-    kinds spill registers), gate/up with SiLU in one launch. Blocks of GEMV_WARPS
-    warps, grid-stride rows per warp (as matmul.gemv_rows, gemv_qkv, gemv_gate_up_silu)."""
+    function row_dots(x, w, n, t, acc) (w: a matrix's tuple; thread t's share of the
+    dots): one matrix, q/k/v in one launch (None without fused_qkv: three inlined
+    row_dots of the Q5 and K-quant kinds spill registers), gate/up with SiLU in one
+    launch. A block a row, grid-stride (as matmul's float GEMVs): its ROW_WARPS warps
+    split the row, so a row of the packed bytes is a few steps of a thread, each
+    waiting on its loads, where a warp a row took four times as many."""
 
     @jit_bounded(GEMV_BOUNDS)
     def gemv(x, w, bias, has_bias, out):
-        lane = cuda.threadIdx.x % WARP
-        first, stride = _first_warp_and_stride()
+        t = cuda.threadIdx.x
+        sums = cuda.shared.array((ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
         acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-        for n in range(first, out.shape[1], stride):
-            row_dots(x, w, n, lane, acc)
-            _store_rows(out, bias, has_bias, n, acc, lane, x.shape[0])
+        for n in range(cuda.blockIdx.x, out.shape[1], cuda.gridDim.x):
+            row_dots(x, w, n, t, acc)
+            block_sum_rows(acc, x.shape[0], sums)
+            _store_rows(out, bias, has_bias, n, acc, t, x.shape[0])
 
     @jit_bounded(GEMV_BOUNDS)
     def qkv(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out):
-        lane = cuda.threadIdx.x % WARP
-        first, stride = _first_warp_and_stride()
+        t = cuda.threadIdx.x
+        sums = cuda.shared.array((ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
         nq, nk = q_out.shape[1], k_out.shape[1]
         acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-        for g in range(first, nq + 2 * nk, stride):  # (a branch per matrix: no array is
-            if g < nq:                               # chosen at run time, which costs registers)
-                row_dots(x, wq, g, lane, acc)
-                _store_rows(q_out, bq, has_bias, g, acc, lane, x.shape[0])
+        for g in range(cuda.blockIdx.x, nq + 2 * nk, cuda.gridDim.x):
+            # (a branch per matrix: no array is chosen at run time, which costs registers)
+            if g < nq:
+                row_dots(x, wq, g, t, acc)
+                block_sum_rows(acc, x.shape[0], sums)
+                _store_rows(q_out, bq, has_bias, g, acc, t, x.shape[0])
             elif g < nq + nk:
-                row_dots(x, wk, g - nq, lane, acc)
-                _store_rows(k_out, bk, has_bias, g - nq, acc, lane, x.shape[0])
+                row_dots(x, wk, g - nq, t, acc)
+                block_sum_rows(acc, x.shape[0], sums)
+                _store_rows(k_out, bk, has_bias, g - nq, acc, t, x.shape[0])
             else:
-                row_dots(x, wv, g - nq - nk, lane, acc)
-                _store_rows(v_out, bv, has_bias, g - nq - nk, acc, lane, x.shape[0])
+                row_dots(x, wv, g - nq - nk, t, acc)
+                block_sum_rows(acc, x.shape[0], sums)
+                _store_rows(v_out, bv, has_bias, g - nq - nk, acc, t, x.shape[0])
 
     @jit_bounded(GEMV_BOUNDS)
     def gate_up_silu(x, wg, wu, out):
-        lane = cuda.threadIdx.x % WARP
-        first, stride = _first_warp_and_stride()
+        t = cuda.threadIdx.x
+        sums = cuda.shared.array((ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
         gate = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
         up = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-        for n in range(first, out.shape[1], stride):
-            row_dots(x, wg, n, lane, gate)
-            row_dots(x, wu, n, lane, up)
-            if lane == 0:
+        for n in range(cuda.blockIdx.x, out.shape[1], cuda.gridDim.x):
+            row_dots(x, wg, n, t, gate)
+            block_sum_rows(gate, x.shape[0], sums)
+            row_dots(x, wu, n, t, up)
+            block_sum_rows(up, x.shape[0], sums)
+            if t == 0:
                 for m in range(GEMV_MAX_ROWS):
                     if m < x.shape[0]:
                         g = gate[m]

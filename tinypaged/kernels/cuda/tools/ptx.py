@@ -133,9 +133,9 @@ def block_threads(label: str) -> int:
     name = label.split("[")[0]
     return {**{f"matmul_tiled{form}": tiled_matmul.TILED_THREADS
                for form in ("", "_qkv", "_gate_up_silu", "_packed", "_qkv_packed", "_gate_up_silu_packed")},
-            **{f"gemv_{q}{f}": matmul.GEMV_THREADS for q, _, _ in packed_families()
+            **{f"gemv_{q}{f}": matmul.ROW_THREADS for q, _, _ in packed_families()
                for f in ("", "_qkv", "_gate_up_silu")},
-            **{f"gemv_{name}{suffix}": matmul.FLOAT_ROW_THREADS for name in ("qkv", "gate_up_silu", "rows")
+            **{f"gemv_{name}{suffix}": matmul.ROW_THREADS for name in ("qkv", "gate_up_silu", "rows")
                for suffix in ("", "_normed")},
             "paged_attention_decode": attention.DECODE_THREADS,
             "paged_attention_prefill": prefill_attention.PREFILL_THREADS,
@@ -197,11 +197,16 @@ def _shape(config_dir: str) -> dict:
                 intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"])
 
 
-def step_model_report(config_dir: str, batch: str = "1", context: str = "64") -> str:
+def step_model_report(config_dir: str, batch: str = "1", context: str = "64",
+                      weights: str = "float16") -> str:
     """The latency model (step_model.py) of a decode step of the model whose
-    config.json is in config_dir (its shapes only), float16 weights."""
-    from .step_model import decode_step, report
-    return report(decode_step(**_shape(config_dir), batch=int(batch), context=int(context)), int(batch))
+    config.json is in config_dir (its shapes only), float16 weights or a packed
+    scheme (step_model.PACKED: Q4_K_M, Q8_0, Q4_1)."""
+    from .step_model import PACKED, decode_step, report
+    if weights != "float16" and weights not in PACKED:
+        raise SystemExit(f"weights={weights!r} is not float16 or one of {sorted(PACKED)}")
+    return report(decode_step(**_shape(config_dir), batch=int(batch), context=int(context),
+                              kinds=PACKED.get(weights)), int(batch))
 
 
 def prefill_model_report(config_dir: str, prompt: str = "2048", chunk: str = "512") -> str:
@@ -226,7 +231,7 @@ def main(argv: list[str]) -> None:
         from .resources import table
         print(table(resources()))
         return
-    if argv[:1] == ["--step-model"]:  # --step-model CONFIG_DIR [BATCH [CONTEXT]]
+    if argv[:1] == ["--step-model"]:  # --step-model CONFIG_DIR [BATCH [CONTEXT [WEIGHTS]]]
         print(step_model_report(*argv[1:]))
         return
     if argv[:1] == ["--prefill-model"]:  # --prefill-model CONFIG_DIR [PROMPT [CHUNK]]

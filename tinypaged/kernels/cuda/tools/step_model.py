@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ....formats.quant_kind import KINDS, Q4_1, Q4_K, Q6_K, Q8_0
+
 ASSUMPTIONS = {
     "node_us": 0.51,  # a kernel node of a replayed graph (measured)
     "bandwidth_gbps": 4000.0,  # device copy, read + write (measured)
@@ -35,6 +37,13 @@ ASSUMPTIONS = {
     "sm_clock_ghz": 1.98,  # (specification: H100 and H200 SXM, boost)
     "shared_loads_per_sm_clock": 1.0,  # warp-wide, without bank conflicts (specification)
 }
+
+
+# packed schemes as GGUF files hold them, by product: Q4_K_M keeps down_proj (in half
+# the layers; here all) and the output matrix in Q6_K, the rest Q4_K
+PACKED = {"Q4_K_M": {"qkv": Q4_K, "o_proj": Q4_K, "gate_up": Q4_K, "down_proj": Q6_K, "lm_head": Q6_K},
+          **{name: dict.fromkeys(("qkv", "o_proj", "gate_up", "down_proj", "lm_head"), code)
+             for name, code in (("Q8_0", Q8_0), ("Q4_1", Q4_1))}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,18 +103,18 @@ def _products(hidden, layers, heads, kv_heads, head_dim, intermediate, rows, wei
 
 
 def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
-                batch=1, context=64, weight_bytes=2):
+                batch=1, context=64, weight_bytes=2, kinds=None):
     """The kernels of one batch-`batch` decode step of a Llama-shaped model at
     `context` keys, as this backend's design launches them (float weights of
-    weight_bytes each, float32 KV pool and activations): the GEMVs up to
-    GEMV_MAX_ROWS rows, the tiled products past them."""
+    weight_bytes each, or packed ones: kinds, a PACKED scheme; float32 KV pool and
+    activations): the GEMVs up to GEMV_MAX_ROWS rows, the tiled products past them."""
     from ..attention import (DECODE_BLOCKS_PER_SM, GPU_CHUNK, LANES_PER_KEY, MIN_DECODE_CHUNKS,
                              decode_block_cost, decode_split)
     from ..memory import covering_keys
     from ..elementwise import GPU_NORM_THREADS as NORM_THREADS  # (not the simulator's)
     from ..matmul import FLOAT_VEC, GEMV_BOUNDS, GEMV_MAX_ROWS, GEMV_THREADS, NORMED_MAX_ROWS
     per_sm = GEMV_BOUNDS[1]  # (their registers: 8 blocks an SM, not the 16 threads allow)
-    folded = batch <= NORMED_MAX_ROWS  # (float matrices: their GEMVs take the norms)
+    folded = batch <= NORMED_MAX_ROWS and kinds is None  # (float GEMVs take the norms)
     norm_syncs = 1 if folded else 0  # (the squares' butterfly beside the dots')
 
     def gemv_rounds(width):  # a thread's steps along a row (gate and up go together)
@@ -138,10 +147,15 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
                    per_sm=DECODE_BLOCKS_PER_SM),
         KernelCost("argmax (top_candidates)", 1, act * vocab, batch, 256, 2, 4),
     ]
+    if kinds is not None:  # (the tiled products priced by the bytes of a weight)
+        weight_bytes = KINDS[kinds["gate_up"]].block_bytes / KINDS[kinds["gate_up"]].block
     if batch > GEMV_MAX_ROWS:
         return kernels + _products(hidden, layers, heads, kv_heads, head_dim, intermediate, batch,
                                    weight_bytes) + [
             tiled_product("tiled lm_head", 1, batch, vocab, hidden, weight_bytes)]
+    if kinds is not None:
+        return kernels + _packed_gemvs(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
+                                       kinds)
     return kernels + [
         KernelCost("gemv_qkv", layers, weight_bytes * hidden * (heads + 2 * kv_heads) * head_dim,
                    (heads + 2 * kv_heads) * head_dim, GEMV_THREADS, gemv_rounds(hidden), 2 + norm_syncs, per_sm),
@@ -154,6 +168,35 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
         KernelCost("gemv_rows (lm_head)", 1, weight_bytes * vocab * hidden, vocab,
                    GEMV_THREADS, gemv_rounds(hidden), 2, per_sm),
     ]
+
+
+def _packed_gemv(name, per_step, kind, rows, width, matrices=1) -> KernelCost:
+    """A packed GEMV (packed_matmul.decode_kernel_family) of `matrices` matrices of
+    (rows, width) in `kind`: a block a row, each thread VEC bytes of nibbles (4 words
+    of Q8_0) a step, the matrices' rows one after the other (gate, then up), each
+    summed across the block (a butterfly and a shared-memory pass)."""
+    from ..matmul import GEMV_BOUNDS, GEMV_THREADS, VEC
+    k = KINDS[kind]
+    per_step_bytes = 4 * GEMV_THREADS if kind == Q8_0 else 2 * VEC * GEMV_THREADS  # weights a step
+    return KernelCost(name, per_step, matrices * rows * width * k.block_bytes // k.block, rows,
+                      GEMV_THREADS, matrices * math.ceil(width / per_step_bytes), 2 * matrices,
+                      GEMV_BOUNDS[1])
+
+
+def _packed_gemvs(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab, kinds) -> list:
+    """A decode step's GEMVs with packed matrices of `kinds` (a PACKED scheme): q|k|v
+    in one launch where the kind has a fused kernel (Q8_0, Q4_x), else three."""
+    from ..packed_matmul import GEMV_FAMILIES
+    q, kv = heads * head_dim, kv_heads * head_dim
+    qkv = ([_packed_gemv("packed qkv", layers, kinds["qkv"], q + 2 * kv, hidden)]
+           if kinds["qkv"] in GEMV_FAMILIES else
+           [_packed_gemv(f"packed {n}_proj", layers, kinds["qkv"], rows, hidden)
+            for n, rows in (("q", q), ("k", kv), ("v", kv))])
+    return qkv + [
+        _packed_gemv("packed o_proj", layers, kinds["o_proj"], hidden, q),
+        _packed_gemv("packed gate_up_silu", layers, kinds["gate_up"], intermediate, hidden, 2),
+        _packed_gemv("packed down_proj", layers, kinds["down_proj"], hidden, intermediate),
+        _packed_gemv("packed lm_head", 1, kinds["lm_head"], vocab, hidden)]
 
 
 def prefill_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
