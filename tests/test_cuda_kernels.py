@@ -105,7 +105,7 @@ def test_tiled_split_fills_the_sms_only_where_the_tiles_do_not():
 
 @pytest.mark.parametrize("blocks", [None, 2])  # the simulator's two blocks; 45, a block a row
 def test_warp_gemv_over_long_rows_and_every_decode_row(gpu, blocks):
-    """K = 300: a block's threads split a row into FLOAT_VEC-weight chunks (ROW_WARPS
+    """K = 300: a block's threads split a row into FLOAT_VEC-weight chunks (GEMV_ROW_WARPS
     warps cover 256 weights a warp a step, the last step partly), then sum across warps;
     M = 8 = GEMV_MAX_ROWS; two blocks stride over the 45 rows, or a block a row."""
     rng = np.random.default_rng(8)
@@ -113,7 +113,7 @@ def test_warp_gemv_over_long_rows_and_every_decode_row(gpu, blocks):
     x, bias = rand(rng, matmul.GEMV_MAX_ROWS, 300), rand(rng, 45)
     out = cuda.device_array((x.shape[0], 45), np.float32)
     grid = blocks or matmul.gemv_blocks(45)
-    matmul.gemv_rows[grid, matmul.ROW_THREADS](cuda.to_device(x), cuda.to_device(w),
+    matmul.gemv_rows[grid, matmul.GEMV_ROW_THREADS](cuda.to_device(x), cuda.to_device(w),
                                                cuda.to_device(bias), True, out)
     np.testing.assert_allclose(out.copy_to_host(), reference.linear(x, w.astype(np.float32), bias),
                                **TOL)

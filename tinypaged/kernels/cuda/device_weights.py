@@ -83,7 +83,7 @@ class DeviceMatrix:
         """out = x @ W.T (+ bias): the GEMV for decode rows, else the tiled product."""
         if _decode(x):
             kernel, x, norm = _gemv_input(self.kernels, GEMV_ROWS, x)
-            launch(kernel, matmul.gemv_blocks(self.shape[0]), matmul.ROW_THREADS,
+            launch(kernel, matmul.gemv_blocks(self.shape[0]), matmul.GEMV_ROW_THREADS,
                    x, self.decode, bias, has_bias, out, *norm)
         else:
             tiled_matmul.launch_tiled(launch, self.kernels.tiled.product, rows_of(x), (self.tiled,),
@@ -103,7 +103,7 @@ class DeviceMatrix:
         else:
             rows = self.shape[0] + wk.shape[0] + wv.shape[0]
             kernel, x, norm = _gemv_input(self.kernels, GEMV_QKV, x)
-            launch(kernel, matmul.gemv_blocks(rows), matmul.ROW_THREADS,
+            launch(kernel, matmul.gemv_blocks(rows), matmul.GEMV_ROW_THREADS,
                    x, self.decode, wk.decode, wv.decode, *biases, has_bias, *outs, *norm)
 
     def gate_up_silu(self, launch, x, w_up, out) -> None:
@@ -111,7 +111,7 @@ class DeviceMatrix:
         a kind without a fused tiled kernel: two products and SiLU)."""
         if _decode(x):
             kernel, x, norm = _gemv_input(self.kernels, GEMV_GATE_UP, x)
-            launch(kernel, matmul.gemv_blocks(self.shape[0]), matmul.ROW_THREADS,
+            launch(kernel, matmul.gemv_blocks(self.shape[0]), matmul.GEMV_ROW_THREADS,
                    x, self.decode, w_up.decode, out, *norm)
             return
         x = rows_of(x)

@@ -22,7 +22,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from ...formats.quant_kind import QK, QK_K, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
-from .matmul import GEMV_MAX_ROWS, ROW_THREADS, VEC
+from .matmul import GEMV_MAX_ROWS, GEMV_ROW_THREADS, VEC
 from .tiled_matmul import tiled_kernels
 from .packed_matmul import decode_kernel_family
 
@@ -71,7 +71,7 @@ def _kind_functions(kind: int):
         half = width // 2
         for m in range(GEMV_MAX_ROWS):
             acc[m] = float32(0.0)
-        for p0 in range(t * VEC, half, ROW_THREADS * VEC):
+        for p0 in range(t * VEC, half, GEMV_ROW_THREADS * VEC):
             s_low, m_low = scale_and_min(w, n, p0)
             s_high, m_high = scale_and_min(w, n, p0 + half)
             e_low, e_high = extra_bits(w, n, p0), extra_bits(w, n, p0 + half)

@@ -30,8 +30,8 @@ SIMULATOR_GEMV_BLOCKS = 2  # gemv_blocks on the simulator
 GEMV_BOUNDS = (GEMV_THREADS, 8)  # 8 blocks of 128 threads an SM (50%): at most 64 registers
 # GEMVs: warps that split one weight row (the simulator, a Python thread per CUDA thread
 # and Python shuffles, takes one: the GPU tests and the PTX hold the cross-warp sum)
-ROW_WARPS = 1 if config.ENABLE_CUDASIM else GEMV_WARPS
-ROW_THREADS = ROW_WARPS * WARP
+GEMV_ROW_WARPS = 1 if config.ENABLE_CUDASIM else GEMV_WARPS
+GEMV_ROW_THREADS = GEMV_ROW_WARPS * WARP
 
 
 @cuda.jit(device=True, inline="always")
@@ -46,10 +46,10 @@ def _warp_sum_rows(acc, n_rows):
 @cuda.jit(device=True, inline="always")
 def block_sum_rows(acc, n_rows, sums):
     """acc[m] summed over the block's threads, every thread getting it, for m < n_rows:
-    each warp's by a shfl_xor butterfly, then the ROW_WARPS warps' in order from shared
-    memory (sums: (ROW_WARPS, len(acc)) float32)."""
+    each warp's by a shfl_xor butterfly, then the GEMV_ROW_WARPS warps' in order from shared
+    memory (sums: (GEMV_ROW_WARPS, len(acc)) float32)."""
     _warp_sum_rows(acc, n_rows)
-    if ROW_WARPS > 1:  # (the simulator's one warp has no other to add)
+    if GEMV_ROW_WARPS > 1:  # (the simulator's one warp has no other to add)
         t = cuda.threadIdx.x
         if t % WARP == 0:
             for m in range(len(acc)):
@@ -59,7 +59,7 @@ def block_sum_rows(acc, n_rows, sums):
         for m in range(len(acc)):
             if m < n_rows:
                 total = sums[0, m]
-                for g in range(1, ROW_WARPS):
+                for g in range(1, GEMV_ROW_WARPS):
                     total += sums[g, m]
                 acc[m] = total
         cuda.syncthreads()  # read by all before the next row writes sums
@@ -90,12 +90,12 @@ def _float_gemvs(normed: bool):
     def row_dots(x, w, w2, n, first, acc, acc2, squares, sums, norm):
         """acc[m] (in every thread) = x[m] . W[n] for the rows m of x, and acc2[m] = x[m] .
         W2[n] when w2 is given (gate and up: both rows' loads in one pass), the block's
-        ROW_WARPS warps splitting the row: thread t takes the FLOAT_VEC consecutive
-        weights at 32 FLOAT_VEC ROW_WARPS i + FLOAT_VEC t, so each warp reads 512
+        GEMV_ROW_WARPS warps splitting the row: thread t takes the FLOAT_VEC consecutive
+        weights at 32 FLOAT_VEC GEMV_ROW_WARPS i + FLOAT_VEC t, so each warp reads 512
         coalesced bytes a step and a 576-wide row is one step of a thread instead of
         five of a warp (fewer loads waiting on each other: the float GEMVs are bound by
         that latency at batch 1, not by bandwidth). Each warp's partial sums meet in a shfl_xor butterfly, then the
-        warps' in shared memory (sums: (3, ROW_WARPS, max_rows)), in order.
+        warps' in shared memory (sums: (3, GEMV_ROW_WARPS, max_rows)), in order.
         For one matrix, w2 is None and acc2 is acc (numba compiles the second one out).
         first: row n is the product's first (normed: its block writes the sum)."""
         n_rows, width = x.shape
@@ -109,7 +109,7 @@ def _float_gemvs(normed: bool):
         if normed:
             residual, gain, residual_out, eps, has_residual = norm
             writes = has_residual and first
-        for k0 in range(t * FLOAT_VEC, width, ROW_THREADS * FLOAT_VEC):
+        for k0 in range(t * FLOAT_VEC, width, GEMV_ROW_THREADS * FLOAT_VEC):
             for v in range(FLOAT_VEC):
                 k = k0 + v
                 if k < width:
@@ -134,7 +134,7 @@ def _float_gemvs(normed: bool):
             _warp_sum_rows(acc2, n_rows)
         if normed:
             _warp_sum_rows(squares, n_rows)
-        if ROW_WARPS > 1:  # (the simulator's one warp has no other to add)
+        if GEMV_ROW_WARPS > 1:  # (the simulator's one warp has no other to add)
             if lane == 0:
                 for m in range(max_rows):
                     if m < n_rows:
@@ -145,7 +145,7 @@ def _float_gemvs(normed: bool):
             for m in range(max_rows):
                 if m < n_rows:
                     total, total2, total_squares = sums[0, 0, m], sums[1, 0, m], sums[2, 0, m]
-                    for g in range(1, ROW_WARPS):
+                    for g in range(1, GEMV_ROW_WARPS):
                         total += sums[0, g, m]
                         total2 += sums[1, g, m]
                         total_squares += sums[2, g, m]
@@ -165,7 +165,7 @@ def _float_gemvs(normed: bool):
         """A block per W row (grid-stride over rows: block b owns rows b, b + blocks,
         ...; row_dots); thread 0 writes its outputs. Traffic: W once, coalesced; x
         (M x K floats) from L1/L2 once per row."""
-        sums = cuda.shared.array((3, ROW_WARPS, max_rows), dtype=float32)
+        sums = cuda.shared.array((3, GEMV_ROW_WARPS, max_rows), dtype=float32)
         acc = cuda.local.array(max_rows, dtype=float32)
         squares = cuda.local.array(max_rows, dtype=float32)
         for n in range(cuda.blockIdx.x, w.shape[0], cuda.gridDim.x):
@@ -176,7 +176,7 @@ def _float_gemvs(normed: bool):
     def qkv_body(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out, norm):
         """The q, k and v projections in one launch: blocks stride over Nq + 2 Nk rows;
         row g is row g of Wq, then of Wk, then of Wv (layout as rows_body)."""
-        sums = cuda.shared.array((3, ROW_WARPS, max_rows), dtype=float32)
+        sums = cuda.shared.array((3, GEMV_ROW_WARPS, max_rows), dtype=float32)
         nq, nk = wq.shape[0], wk.shape[0]
         acc = cuda.local.array(max_rows, dtype=float32)
         squares = cuda.local.array(max_rows, dtype=float32)
@@ -198,7 +198,7 @@ def _float_gemvs(normed: bool):
     def gate_up_body(x, w_gate, w_up, out, norm):
         """The MLP's middle in one launch: out = silu(x @ Wg.T) * (x @ Wu.T); blocks stride
         over the I rows, each taking row n of both matrices (layout as rows_body)."""
-        sums = cuda.shared.array((3, ROW_WARPS, max_rows), dtype=float32)
+        sums = cuda.shared.array((3, GEMV_ROW_WARPS, max_rows), dtype=float32)
         gate = cuda.local.array(max_rows, dtype=float32)
         up = cuda.local.array(max_rows, dtype=float32)
         squares = cuda.local.array(max_rows, dtype=float32)

@@ -28,7 +28,7 @@ from numba import cuda, float32, int32
 
 from ...formats.quant_kind import Q4_0, Q4_1, Q8_0, QK
 from .bounded_jit import jit_bounded
-from .matmul import GEMV_BOUNDS, GEMV_MAX_ROWS, ROW_THREADS, ROW_WARPS, VEC, _store_rows, block_sum_rows
+from .matmul import GEMV_BOUNDS, GEMV_MAX_ROWS, GEMV_ROW_THREADS, GEMV_ROW_WARPS, VEC, _store_rows, block_sum_rows
 from .tiled_matmul import tiled_kernels
 
 
@@ -55,7 +55,7 @@ def _q8_0_row_dots(x, w, n, t, acc):
     n_rows, width = x.shape
     for m in range(GEMV_MAX_ROWS):
         acc[m] = float32(0.0)
-    for c in range(t, width // 4, ROW_THREADS):  # word c holds weights 4c .. 4c + 3
+    for c in range(t, width // 4, GEMV_ROW_THREADS):  # word c holds weights 4c .. 4c + 3
         word = words[n, c]
         scale = float32(scales[n, c // (QK // 4)])
         for v in range(4):
@@ -76,7 +76,7 @@ def _q4_row_dots(x, w, n, t, acc):
     half = width // 2
     for m in range(GEMV_MAX_ROWS):
         acc[m] = float32(0.0)
-    for p0 in range(t * VEC, half, ROW_THREADS * VEC):
+    for p0 in range(t * VEC, half, GEMV_ROW_THREADS * VEC):
         s_low, s_high = float32(scales[n, p0 // QK]), float32(scales[n, (p0 + half) // QK])
         m_low = float32(mins[n, p0 // QK]) if has_mins else float32(-8.0) * s_low
         m_high = float32(mins[n, (p0 + half) // QK]) if has_mins else float32(-8.0) * s_high
@@ -94,14 +94,14 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True):
     function row_dots(x, w, n, t, acc) (w: a matrix's tuple; thread t's share of the
     dots): one matrix, q/k/v in one launch (None without fused_qkv: three inlined
     row_dots of the Q5 and K-quant kinds spill registers), gate/up with SiLU in one
-    launch. A block a row, grid-stride (as matmul's float GEMVs): its ROW_WARPS warps
+    launch. A block a row, grid-stride (as matmul's float GEMVs): its GEMV_ROW_WARPS warps
     split the row, so a row of the packed bytes is a few steps of a thread, each
     waiting on its loads, where a warp a row took four times as many."""
 
     @jit_bounded(GEMV_BOUNDS)
     def gemv(x, w, bias, has_bias, out):
         t = cuda.threadIdx.x
-        sums = cuda.shared.array((ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
+        sums = cuda.shared.array((GEMV_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
         acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
         for n in range(cuda.blockIdx.x, out.shape[1], cuda.gridDim.x):
             row_dots(x, w, n, t, acc)
@@ -111,7 +111,7 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True):
     @jit_bounded(GEMV_BOUNDS)
     def qkv(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out):
         t = cuda.threadIdx.x
-        sums = cuda.shared.array((ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
+        sums = cuda.shared.array((GEMV_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
         nq, nk = q_out.shape[1], k_out.shape[1]
         acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
         for g in range(cuda.blockIdx.x, nq + 2 * nk, cuda.gridDim.x):
@@ -132,7 +132,7 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True):
     @jit_bounded(GEMV_BOUNDS)
     def gate_up_silu(x, wg, wu, out):
         t = cuda.threadIdx.x
-        sums = cuda.shared.array((ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
+        sums = cuda.shared.array((GEMV_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
         gate = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
         up = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
         for n in range(cuda.blockIdx.x, out.shape[1], cuda.gridDim.x):

@@ -133,9 +133,9 @@ def block_threads(label: str) -> int:
     name = label.split("[")[0]
     return {**{f"matmul_tiled{form}": tiled_matmul.TILED_THREADS
                for form in ("", "_qkv", "_gate_up_silu", "_packed", "_qkv_packed", "_gate_up_silu_packed")},
-            **{f"gemv_{q}{f}": matmul.ROW_THREADS for q, _, _ in packed_families()
+            **{f"gemv_{q}{f}": matmul.GEMV_ROW_THREADS for q, _, _ in packed_families()
                for f in ("", "_qkv", "_gate_up_silu")},
-            **{f"gemv_{name}{suffix}": matmul.ROW_THREADS for name in ("qkv", "gate_up_silu", "rows")
+            **{f"gemv_{name}{suffix}": matmul.GEMV_ROW_THREADS for name in ("qkv", "gate_up_silu", "rows")
                for suffix in ("", "_normed")},
             "paged_attention_decode": attention.DECODE_THREADS,
             "paged_attention_prefill": prefill_attention.PREFILL_THREADS,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ....formats.quant_kind import KINDS, Q4_1, Q4_K, Q6_K, Q8_0
+from ....formats.quant_kind import KINDS
 
 ASSUMPTIONS = {
     "node_us": 0.51,  # a kernel node of a replayed graph (measured)
@@ -41,9 +41,11 @@ ASSUMPTIONS = {
 
 # packed schemes as GGUF files hold them, by product: Q4_K_M keeps down_proj (in half
 # the layers; here all) and the output matrix in Q6_K, the rest Q4_K
-PACKED = {"Q4_K_M": {"qkv": Q4_K, "o_proj": Q4_K, "gate_up": Q4_K, "down_proj": Q6_K, "lm_head": Q6_K},
-          **{name: dict.fromkeys(("qkv", "o_proj", "gate_up", "down_proj", "lm_head"), code)
-             for name, code in (("Q8_0", Q8_0), ("Q4_1", Q4_1))}}
+_CODE = {kind.name: code for code, kind in KINDS.items()}
+PACKED = {"Q4_K_M": {"qkv": _CODE["Q4_K"], "o_proj": _CODE["Q4_K"], "gate_up": _CODE["Q4_K"],
+                     "down_proj": _CODE["Q6_K"], "lm_head": _CODE["Q6_K"]},
+          **{name: dict.fromkeys(("qkv", "o_proj", "gate_up", "down_proj", "lm_head"), _CODE[name])
+             for name in ("Q8_0", "Q4_1")}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +179,7 @@ def _packed_gemv(name, per_step, kind, rows, width, matrices=1) -> KernelCost:
     summed across the block (a butterfly and a shared-memory pass)."""
     from ..matmul import GEMV_BOUNDS, GEMV_THREADS, VEC
     k = KINDS[kind]
-    per_step_bytes = 4 * GEMV_THREADS if kind == Q8_0 else 2 * VEC * GEMV_THREADS  # weights a step
+    per_step_bytes = 4 * GEMV_THREADS if k.name == "Q8_0" else 2 * VEC * GEMV_THREADS  # weights a step
     return KernelCost(name, per_step, matrices * rows * width * k.block_bytes // k.block, rows,
                       GEMV_THREADS, matrices * math.ceil(width / per_step_bytes), 2 * matrices,
                       GEMV_BOUNDS[1])
