@@ -132,10 +132,10 @@ def test_the_design_reaches_issue_45s_llama_1b_figures_under_the_model():
 
 def test_a_packed_gemv_takes_a_step_for_each_block_width_of_its_row():
     """A block a row: 128 threads x 4 nibble bytes (1,024 weights) or 4 Q8_0 words (512
-    weights) a step; gate and up one after the other."""
+    weights) a step; gate and up in the same steps."""
     from tinypaged.formats.quant_kind import Q4_K, Q8_0
     from tinypaged.kernels.cuda.tools.step_model import _packed_gemv
     assert _packed_gemv("q4", 1, Q4_K, 10, 2048).rounds == 2
     assert _packed_gemv("q8", 1, Q8_0, 10, 2048).rounds == 4
     gate_up = _packed_gemv("gate_up", 1, Q4_K, 10, 2048, matrices=2)
-    assert gate_up.rounds == 4 and gate_up.bytes == 2 * 10 * 2048 * 144 // 256
+    assert gate_up.rounds == 2 and gate_up.bytes == 2 * 10 * 2048 * 144 // 256

@@ -47,56 +47,81 @@ def _weight(w, n, k, half):
 
 
 @cuda.jit(device=True, inline="always")
-def _q8_0_row_dots(x, w, n, t, acc):
+def _q8_0_row_dots(x, w, n, t, acc, w2, acc2):
     """acc[m] = thread t's share of x[m] . W[n] (a block a row, its threads on
     consecutive words), on Q8_0 quants read as int32 words of 4 (one 4-byte load a
-    thread; a warp reads 128 bytes)."""
-    words, scales = w[0], w[1]
+    thread; a warp reads 128 bytes); acc2[m] the same of W2[n] where w2 is given
+    (gate and up: both rows' loads in one pass; else None, and acc2 is acc)."""
+    two = w2 is not None
     n_rows, width = x.shape
     for m in range(GEMV_MAX_ROWS):
         acc[m] = float32(0.0)
+        acc2[m] = float32(0.0)
     for c in range(t, width // 4, GEMV_ROW_THREADS):  # word c holds weights 4c .. 4c + 3
-        word = words[n, c]
-        scale = float32(scales[n, c // (QK // 4)])
+        word = w[0][n, c]
+        scale = float32(w[1][n, c // (QK // 4)])
+        word2 = w2[0][n, c] if two else word
+        scale2 = float32(w2[1][n, c // (QK // 4)]) if two else scale
         for v in range(4):
-            q = int32(word << (24 - 8 * v)) >> 24  # byte v, sign-extended (little-endian)
-            wk = scale * float32(q)
+            wk = scale * float32(int32(word << (24 - 8 * v)) >> 24)  # byte v, sign-extended
+            wk2 = scale2 * float32(int32(word2 << (24 - 8 * v)) >> 24)  # (little-endian)
             for m in range(GEMV_MAX_ROWS):
                 if m < n_rows:
-                    acc[m] += wk * x[m, 4 * c + v]
+                    xk = x[m, 4 * c + v]
+                    acc[m] += wk * xk
+                    if two:
+                        acc2[m] += wk2 * xk
 
 
 @cuda.jit(device=True, inline="always")
-def _q4_row_dots(x, w, n, t, acc):
+def _q4_scales(w, n, p0, half):
+    """(scale, min) of the blocks of row n holding byte p0's low and high weights."""
+    scales, mins, has_mins = w[1], w[2], w[3]
+    s_low, s_high = float32(scales[n, p0 // QK]), float32(scales[n, (p0 + half) // QK])
+    m_low = float32(mins[n, p0 // QK]) if has_mins else float32(-8.0) * s_low
+    m_high = float32(mins[n, (p0 + half) // QK]) if has_mins else float32(-8.0) * s_high
+    return s_low, m_low, s_high, m_high
+
+
+@cuda.jit(device=True, inline="always")
+def _q4_row_dots(x, w, n, t, acc, w2, acc2):
     """acc[m] = thread t's share of x[m] . W[n], on Q4_0 (has_mins False) or Q4_1
     quants: the block's threads walk the K/2 bytes of the row, VEC at a time; byte p
-    gives weights p and p + K/2."""
-    quants, scales, mins, has_mins = w
+    gives weights p and p + K/2. acc2: the same of W2[n] in the same pass where w2 is
+    given (as _q8_0_row_dots)."""
+    two = w2 is not None
     n_rows, width = x.shape
     half = width // 2
     for m in range(GEMV_MAX_ROWS):
         acc[m] = float32(0.0)
+        acc2[m] = float32(0.0)
     for p0 in range(t * VEC, half, GEMV_ROW_THREADS * VEC):
-        s_low, s_high = float32(scales[n, p0 // QK]), float32(scales[n, (p0 + half) // QK])
-        m_low = float32(mins[n, p0 // QK]) if has_mins else float32(-8.0) * s_low
-        m_high = float32(mins[n, (p0 + half) // QK]) if has_mins else float32(-8.0) * s_high
+        s_low, m_low, s_high, m_high = _q4_scales(w, n, p0, half)
+        s2_low, m2_low, s2_high, m2_high = _q4_scales(w2, n, p0, half) if two else (s_low, m_low, s_high, m_high)
         for v in range(VEC):
-            byte = int32(quants[n, p0 + v])
-            w_low = s_low * float32(byte & 15) + m_low
-            w_high = s_high * float32(byte >> 4) + m_high
+            byte = int32(w[0][n, p0 + v])
+            byte2 = int32(w2[0][n, p0 + v]) if two else byte
+            w_low, w_high = s_low * float32(byte & 15) + m_low, s_high * float32(byte >> 4) + m_high
+            w2_low = s2_low * float32(byte2 & 15) + m2_low
+            w2_high = s2_high * float32(byte2 >> 4) + m2_high
             for m in range(GEMV_MAX_ROWS):
                 if m < n_rows:
-                    acc[m] += w_low * x[m, p0 + v] + w_high * x[m, p0 + v + half]
+                    x_low, x_high = x[m, p0 + v], x[m, p0 + v + half]
+                    acc[m] += w_low * x_low + w_high * x_high
+                    if two:
+                        acc2[m] += w2_low * x_low + w2_high * x_high
 
 
-def decode_kernel_family(row_dots, fused_qkv: bool = True):
+def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: bool = True):
     """The decode kernels of one family of packed formats, given its row-dot device
-    function row_dots(x, w, n, t, acc) (w: a matrix's tuple; thread t's share of the
-    dots): one matrix, q/k/v in one launch (None without fused_qkv: three inlined
+    function row_dots(x, w, n, t, acc, w2, acc2) (w: a matrix's tuple; thread t's share
+    of the dots; w2 None, or a second matrix read in the same pass into acc2): one matrix, q/k/v in one launch (None without fused_qkv: three inlined
     row_dots of the Q5 and K-quant kinds spill registers), gate/up with SiLU in one
-    launch. A block a row, grid-stride (as matmul's float GEMVs): its GEMV_ROW_WARPS warps
-    split the row, so a row of the packed bytes is a few steps of a thread, each
-    waiting on its loads, where a warp a row took four times as many."""
+    launch (gate's and up's rows read in the same steps, or one after the other where
+    that spilled: gate_up_in_one_pass). A block a row, grid-stride (as matmul's float
+    GEMVs): its GEMV_ROW_WARPS warps split the row, so a row of the packed bytes is a
+    few steps of a thread, each waiting on its loads, where a warp a row took four
+    times as many."""
 
     @jit_bounded(GEMV_BOUNDS)
     def gemv(x, w, bias, has_bias, out):
@@ -104,7 +129,7 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True):
         sums = cuda.shared.array((GEMV_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
         acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
         for n in range(cuda.blockIdx.x, out.shape[1], cuda.gridDim.x):
-            row_dots(x, w, n, t, acc)
+            row_dots(x, w, n, t, acc, None, acc)
             block_sum_rows(acc, x.shape[0], sums)
             _store_rows(out, bias, has_bias, n, acc, t, x.shape[0])
 
@@ -117,15 +142,15 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True):
         for g in range(cuda.blockIdx.x, nq + 2 * nk, cuda.gridDim.x):
             # (a branch per matrix: no array is chosen at run time, which costs registers)
             if g < nq:
-                row_dots(x, wq, g, t, acc)
+                row_dots(x, wq, g, t, acc, None, acc)
                 block_sum_rows(acc, x.shape[0], sums)
                 _store_rows(q_out, bq, has_bias, g, acc, t, x.shape[0])
             elif g < nq + nk:
-                row_dots(x, wk, g - nq, t, acc)
+                row_dots(x, wk, g - nq, t, acc, None, acc)
                 block_sum_rows(acc, x.shape[0], sums)
                 _store_rows(k_out, bk, has_bias, g - nq, acc, t, x.shape[0])
             else:
-                row_dots(x, wv, g - nq - nk, t, acc)
+                row_dots(x, wv, g - nq - nk, t, acc, None, acc)
                 block_sum_rows(acc, x.shape[0], sums)
                 _store_rows(v_out, bv, has_bias, g - nq - nk, acc, t, x.shape[0])
 
@@ -136,9 +161,13 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True):
         gate = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
         up = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
         for n in range(cuda.blockIdx.x, out.shape[1], cuda.gridDim.x):
-            row_dots(x, wg, n, t, gate)
-            block_sum_rows(gate, x.shape[0], sums)
-            row_dots(x, wu, n, t, up)
+            if gate_up_in_one_pass:
+                row_dots(x, wg, n, t, gate, wu, up)
+                block_sum_rows(gate, x.shape[0], sums)
+            else:
+                row_dots(x, wg, n, t, gate, None, gate)
+                block_sum_rows(gate, x.shape[0], sums)  # (before up's walk: fewer live sums)
+                row_dots(x, wu, n, t, up, None, up)
             block_sum_rows(up, x.shape[0], sums)
             if t == 0:
                 for m in range(GEMV_MAX_ROWS):

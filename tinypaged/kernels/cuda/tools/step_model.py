@@ -175,13 +175,16 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
 def _packed_gemv(name, per_step, kind, rows, width, matrices=1) -> KernelCost:
     """A packed GEMV (packed_matmul.decode_kernel_family) of `matrices` matrices of
     (rows, width) in `kind`: a block a row, each thread VEC bytes of nibbles (4 words
-    of Q8_0) a step, the matrices' rows one after the other (gate, then up), each
-    summed across the block (a butterfly and a shared-memory pass)."""
+    of Q8_0) a step, the matrices' rows in the same pass (gate and up; one after the
+    other for kquant_matmul.GATE_UP_IN_TWO_PASSES), each summed across the block (a
+    butterfly and a shared-memory pass)."""
+    from ..kquant_matmul import GATE_UP_IN_TWO_PASSES
     from ..matmul import GEMV_BOUNDS, GEMV_THREADS, VEC
     k = KINDS[kind]
     per_step_bytes = 4 * GEMV_THREADS if k.name == "Q8_0" else 2 * VEC * GEMV_THREADS  # weights a step
+    passes = matrices if kind in GATE_UP_IN_TWO_PASSES else 1
     return KernelCost(name, per_step, matrices * rows * width * k.block_bytes // k.block, rows,
-                      GEMV_THREADS, matrices * math.ceil(width / per_step_bytes), 2 * matrices,
+                      GEMV_THREADS, passes * math.ceil(width / per_step_bytes), 2 * matrices,
                       GEMV_BOUNDS[1])
 
 
