@@ -5,7 +5,9 @@ kernels for Q8_0 and Q4_x, kquant_matmul.py's for Q5_x and the K-quants).
 
 Each launches its own products (`product`, and the fused q/k/v and gate/up GEMVs):
 the backend hands it a launch function and the arrays, never asks what it is. The
-kernels a packed kind reads are found once, in PACKED_KERNELS, by its QuantKind.
+kernels a packed kind reads are found once, in PACKED_KERNELS, by its QuantKind. x may
+be a NormedRows (normed_rows.py): a float matrix's GEMVs fold its norm in, any other
+product takes its rows.
 """
 from __future__ import annotations
 
