@@ -102,6 +102,14 @@ def test_the_resource_report_prints_the_model_for_a_config(tmp_path):
     verdict = re.search(r"predicted step: (\d+) us, 186 launches: (\d+) tokens/s at batch 1; "
                         r"bound by (\S+)", result.stdout)
     assert verdict and int(verdict[2]) >= 1000, result.stdout[-1500:]
+    for weights in ("Q4_K_M", "Q9"):  # a packed scheme; a name it does not know, refused
+        result = subprocess.run([sys.executable, "-m", "tinypaged.kernels.cuda.tools.ptx", "--step-model",
+                                 str(tmp_path), "1", "48", weights], capture_output=True, text=True,
+                                timeout=300)
+        if weights == "Q9":
+            assert result.returncode != 0 and "weights='Q9' is not float16 or one of" in result.stderr
+        else:
+            assert result.returncode == 0 and "packed gate_up_silu" in result.stdout, result.stderr[-2000:]
 
 
 def test_the_design_reaches_issue_45s_batch_64_and_prefill_figures_under_the_model():

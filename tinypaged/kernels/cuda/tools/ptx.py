@@ -7,8 +7,9 @@ theoretical occupancy (resources.py); `--audit [SHARD SHARDS]` prints all of it,
 with each kernel's count of float64 and of fused multiply-add instructions, as JSON
 from one compile (of every SHARDS-th kernel from SHARD). Needs numba-cuda with NVVM (the `cuda`
 extra) and must run without NUMBA_ENABLE_CUDASIM. `--step-model CONFIG_DIR [BATCH
-[CONTEXT]]` and `--prefill-model CONFIG_DIR [PROMPT [CHUNK]]` print step_model.py's
-predictions for a config.json's shapes instead (no compile).
+[CONTEXT [WEIGHTS]]]` (WEIGHTS float16, or a packed scheme: Q4_K_M, Q8_0, Q4_1) and
+`--prefill-model CONFIG_DIR [PROMPT [CHUNK]]` print step_model.py's predictions for a
+config.json's shapes instead (no compile).
 """
 from __future__ import annotations
 
@@ -237,6 +238,8 @@ def main(argv: list[str]) -> None:
     if argv[:1] == ["--prefill-model"]:  # --prefill-model CONFIG_DIR [PROMPT [CHUNK]]
         print(prefill_model_report(*argv[1:]))
         return
+    if argv and not re.fullmatch(r"\d+\.\d+", argv[0]):
+        raise SystemExit(f"{argv[0]!r} is not MAJOR.MINOR or an option of:\n{__doc__}")
     cc = tuple(int(p) for p in argv[0].split(".")) if argv else (9, 0)
     for label, ptx in compile_all(cc).items():
         print(f"{label} sm_{cc[0]}{cc[1]} {len(ptx)} bytes of PTX")
