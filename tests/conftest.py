@@ -22,10 +22,28 @@ REAL_MODEL_FIXTURES = {"smollm2_dir", "smollm2_gguf", "smollm2", "smollm2_refere
 GEMMA3_FIXTURES = {"gemma3_gguf"}
 
 
+# The files that take longest (seconds on two busy cores: bench/NOTES.md), longest first.
+# `--dist loadfile` hands whole files to the two workers in collection order (xdist's
+# reordering sorts by test count, which put the 80 s one-test gpu_check file last): run
+# longest first, the two workers finish within seconds of each other, not ~100 s apart.
+# A file missing here only runs in its usual place.
+LONGEST_FILES_FIRST = ("test_cuda_engine.py", "test_cuda_resources.py", "test_hf_parity.py",
+                       "test_cuda_graphs.py", "test_smollm2_engine.py", "test_gpu_check.py",
+                       "test_smollm2.py", "test_rerank.py", "test_cuda_kernels.py", "test_cli.py",
+                       "test_serve_process.py", "test_gemma3.py")
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # (pytest-xdist's; our order instead)
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests that use the real SmolLM2 model are marked smollm2, those that use Gemma 3
-    270M gemma3 (each pulled on first use: a machine without network leaves them out
-    with -m "not smollm2 and not gemma3")."""
+    """The longest files first (above). Tests that use the real SmolLM2 model are marked
+    smollm2, those that use Gemma 3 270M gemma3 (each pulled on first use: a machine
+    without network leaves them out with -m "not smollm2 and not gemma3")."""
+    rank = {name: i for i, name in enumerate(LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable: the rest as collected)
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if REAL_MODEL_FIXTURES & fixtures:
