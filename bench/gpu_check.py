@@ -2,11 +2,12 @@
 
 Starts with a preflight (versions, NVVM, one kernel, one two-node CUDA graph: it
 stops with one line naming what failed), prints one table of measurements, then
-runs the CUDA test files for real (under a time limit, so that a hang cannot eat
-the machine's minutes). Each timed
-row stands beside a predicted one (bytes / measured copy bandwidth + launches x measured launch cost):
-- the card's copy bandwidth, a Python kernel launch's host cost, and a CUDA graph
-  node's device cost, all measured here;
+runs the CUDA tests for real (cuda_test_command; under a time limit, so that a hang
+cannot eat the machine's minutes). Each timed row stands beside a predicted one
+(bytes / measured copy bandwidth + launches x measured launch cost):
+- the card's copy bandwidth, a Python kernel launch's host cost, a CUDA graph
+  node's device cost and a dependent global load (HBM, L2), all measured here; at the
+  end, every figure the step model predicts predicted again with these (calibration.py);
 - paged-attention decode at 64 x 1024 and 1 x 8192 tokens (GB/s, share of copy
   bandwidth);
 - the decode GEMVs and prefill matmuls on SmolLM2's shapes (GB/s of weights);
@@ -21,11 +22,13 @@ On the lent H200 (no network; 64 MiB carried): carry SmolLM2's config.json,
 tokenizer.json and tokenizer_config.json (weights/smollm2-135m-instruct/...) and run
 `--shape-only weights/smollm2-135m-instruct`: random weights of SmolLM2's shapes.
 Needs numpy, numba, numba-cuda, safetensors, tokenizers and pytest (the machine's
-image has them); the CUDA test files it runs import nothing else. The model
+image has them; pytest-xdist, carried, runs the tests in parallel); the CUDA test
+files it runs import nothing else. The model
 folder travels with the working tree or is pulled beforehand. Budget: under 8
 minutes on an H200, tests included. CI rehearses it on the simulator (--tiny).
 """
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -46,6 +49,7 @@ from tinypaged.kernels.cuda.device_weights import DeviceFloat  # noqa: E402
 from tinypaged.kernels.kv_q8 import quantize_rows  # noqa: E402
 from tinypaged.pull import is_model_folder  # noqa: E402
 
+from calibration import modeled, print_recalibrated, round_trips  # noqa: E402
 from gpu_shapes import decode_rate, llama_1b_decode, packed_layer_products, random_model_like  # noqa: E402
 from verification_cost import verification_costs  # noqa: E402  (bench/, the script's folder)
 
@@ -321,17 +325,14 @@ def end_to_end(model_dir):
             kv_bytes = batch * 48 * kv_per_token  # ~48 tokens of context on average
             step_s = predicted_seconds(weight_bytes + kv_bytes, launches=per_step + graph_steps,
                                        graph_nodes=nodes * graph_steps)
-            if cuda_graphs:  # the latency model (kernels/cuda/tools/step_model.py)
-                from tinypaged.kernels.cuda.tools.step_model import decode_step, predict
-                step_s = predict(decode_step(
-                    cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
-                    cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size,
-                    cfg.vocab_size, batch, context=48))["step_us"] / 1e6
             mode = "graph" if cuda_graphs else "eager"
-            report(f"model decode, batch {batch}, {mode}", rate, "tokens/s",
+            name = f"model decode, batch {batch}, {mode}"
+            predicted = (modeled(name, decode_tokens_per_s(cfg, batch, 48)) if cuda_graphs
+                         else batch / step_s)  # (graph mode: the latency model, step_model.py)
+            report(name, rate, "tokens/s",
                    f"{per_step:.0f} launches + {graph_steps:.0f} graph launches + "
                    f"{(ops.launcher.transfers - transfers) / steps:.1f} copies a step",
-                   predicted=batch / step_s)
+                   predicted=predicted)
         if cuda_graphs:
             for context in ((16,) if TINY else (128, 1024)):
                 decode_at_context(engine, context)
@@ -343,23 +344,30 @@ def end_to_end(model_dir):
                        decoded=4 if TINY else 48)
 
 
+def decode_tokens_per_s(cfg, batch, context):
+    """The step model's decode tokens/s for cfg's shapes (float16) as a function of its
+    assumptions (calibration.modeled)."""
+    from tinypaged.kernels.cuda.tools.step_model import decode_step, predict
+    kernels = decode_step(cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+                          cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size,
+                          cfg.vocab_size, batch, context=context)
+    return lambda a: batch * 1e6 / predict(kernels, a)["step_us"]
+
+
 def decode_at_context(engine, context, batch=1):
     """Graph-mode decode tokens/s of `batch` rows over the last n keys up to `context` (a
     prompt of context - n random tokens each, then n decoded: one recorded step serves
     them all, as context is a power of two), beside the latency model's step at their
     middle."""
     from tinypaged import SamplingParams
-    from tinypaged.kernels.cuda.tools.step_model import decode_step, predict
     cfg, n = engine.model_config, (4 if TINY else 64)
     rng = np.random.default_rng(context)
     rate = decode_rate(engine, [rng.integers(3, cfg.vocab_size, context - n).tolist() for _ in range(batch)],
                        SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
-    step_s = predict(decode_step(cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
-                                 cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size,
-                                 cfg.vocab_size, batch, context=context - n // 2))["step_us"] / 1e6
     bar = {1: "1,000", 64: "15,000"}.get(batch, "none")
-    report(f"model decode, batch {batch}, graph, {context - n + 2}-{context} keys", rate, "tokens/s",
-           f"the issue's bar: {bar} tokens/s (SmolLM2 shapes)", predicted=batch / step_s)
+    name = f"model decode, batch {batch}, graph, {context - n + 2}-{context} keys"
+    report(name, rate, "tokens/s", f"the issue's bar: {bar} tokens/s (SmolLM2 shapes)",
+           predicted=modeled(name, decode_tokens_per_s(cfg, batch, context - n // 2)))
 
 
 def prefill_rate(engine, prompt=2048):
@@ -380,9 +388,9 @@ def prefill_rate(engine, prompt=2048):
                  kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                  intermediate=cfg.intermediate_size, vocab=cfg.vocab_size)
     chunk = engine.config.max_num_batched_tokens
-    report(f"model prefill, a {prompt}-token prompt, {chunk} a step", prompt / seconds, "tokens/s",
-           "the issue's bar: 40,000 tokens/s (SmolLM2 shapes)",
-           predicted=prefill_prompt(shape, prompt, chunk)["tokens_per_s"])
+    name = f"model prefill, a {prompt}-token prompt, {chunk} a step"
+    report(name, prompt / seconds, "tokens/s", "the issue's bar: 40,000 tokens/s (SmolLM2 shapes)",
+           predicted=modeled(name, lambda a: prefill_prompt(shape, prompt, chunk, a=a)["tokens_per_s"]))
 
 
 def step_kernel_times(engine):
@@ -441,6 +449,7 @@ def main():
         args.skip_tests = True
     copy_gbps = copy_bandwidth()
     launch_costs()
+    round_trips(report, timed, COSTS, TINY)
     attention_decode(copy_gbps)
     matmuls()
     if TINY:  # the rehearsal's model: one layer of width 16, small enough for the simulator
@@ -463,20 +472,29 @@ def main():
     for name, value, unit, note, predicted in ROWS:
         guess = f"{predicted:.2f}" if predicted is not None else ""
         print(f"| {name} | {value:.2f} | {guess} | {unit} | {note} |")
+    print_recalibrated(ROWS, COSTS)
     if not args.skip_tests:
         run_cuda_tests(is_model_folder(args.model), args.test_timeout)
 
 
-CUDA_TEST_FILES = ("test_cuda_kernels.py", "test_cuda_graphs.py", "test_cuda_engine.py")
+def cuda_test_command(with_smollm2: bool, workers: int) -> list[str]:
+    """pytest over the cuda tests of every file the GPU image can import
+    (tests/cuda_test_files.py), without the compile-only (ptx) ones and, when the model
+    is not here (no network to pull it), without the SmolLM2 ones; in `workers`
+    processes, a test at a time, where pytest-xdist is there (their time is the host's:
+    kernel compiles and Python launches, and the card's host has 16 cores)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from cuda_test_files import ON_THE_GPU_IMAGE
+    marks = "cuda and not ptx" if with_smollm2 else "cuda and not ptx and not smollm2"
+    parallel = ["-n", str(workers), "--dist", "load"] if workers > 1 else []
+    return [sys.executable, "-m", "pytest", "-q", "-m", marks, *parallel,
+            *(os.path.join(ROOT, "tests", name) for name in ON_THE_GPU_IMAGE)]
 
 
 def run_cuda_tests(with_smollm2: bool, timeout: float) -> None:
-    """The CUDA test files, for real, without the compile-only (ptx) tests and, when
-    the model is not here (no network to pull it), without the SmolLM2 ones."""
-    marks = "not ptx" if with_smollm2 else "not ptx and not smollm2"
-    command = [sys.executable, "-m", "pytest", "-q", "-m", marks,
-               *(os.path.join(ROOT, "tests", name) for name in CUDA_TEST_FILES)]
-    print(f"\n$ pytest -m {marks!r} {' '.join(CUDA_TEST_FILES)}", flush=True)
+    has_xdist = importlib.util.find_spec("xdist") is not None
+    command = cuda_test_command(with_smollm2, min(8, (os.cpu_count() or 1) // 2) if has_xdist else 1)
+    print(f"\n$ {' '.join(command[1:])}", flush=True)
     try:
         tests = subprocess.run(command, cwd=ROOT, timeout=timeout)
         print(f"cuda tests exit status: {tests.returncode}", flush=True)

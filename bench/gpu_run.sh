@@ -3,7 +3,8 @@
 # the card's state, gpu_check (preflight, figures, the CUDA tests), then two fresh
 # processes' first generation (the second loads its kernels from the disk cache).
 # Device run: carry [".gpu", ".whl"] (SmolLM2's config and tokenizer files; numpy 2.4's
-# wheel: the image's numpy 2.5 fails numba-cuda 0.30.4), timeout ~540 s.
+# wheel: the image's numpy 2.5 fails numba-cuda 0.30.4; pytest-xdist's and execnet's, for
+# the tests in 8 processes), kind "nvidia-h200", timeout ~560 s.
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 from conftest import ROOT
+from cuda_test_files import LEFT_OFF_THE_CARD, ON_THE_GPU_IMAGE
 
 ABSENT_ON_THE_GPU_IMAGE = ("gguf", "hypothesis", "fastapi", "uvicorn", "starlette", "openai",
                            "llguidance", "httpx", "torch", "transformers")
-CUDA_TEST_FILES = ("test_cuda_kernels.py", "test_cuda_graphs.py", "test_cuda_engine.py",
-                   "test_cuda_resources.py")
+CUDA_TEST_FILES = (*ON_THE_GPU_IMAGE, "test_cuda_resources.py")
 
 RUN_WITHOUT = """
 import sys
@@ -46,3 +46,11 @@ def test_the_packed_cuda_tests_pass_without_gguf():
         "test_cuda_kernels.py::test_packed_weights_go_up_packed_and_their_products_take_the_rounded_x")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "8 passed" in result.stdout
+
+
+def test_every_file_with_cuda_tests_runs_on_the_card_or_says_why_not():
+    """A new file's cuda tests are not left off the card's run without a word."""
+    marker = re.compile(r"^@pytest\.mark\.cuda\b|^pytestmark = \[?pytest\.mark\.cuda|marks=pytest\.mark\.cuda",
+                        re.MULTILINE)
+    marked = {path.name for path in (ROOT / "tests").glob("test_*.py") if marker.search(path.read_text())}
+    assert marked == set(ON_THE_GPU_IMAGE) | set(LEFT_OFF_THE_CARD)

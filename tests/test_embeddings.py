@@ -245,7 +245,8 @@ def test_embeddings_preempted_under_pressure_are_computed_again_whole(tmp_path, 
 def test_the_cuda_backend_embeds_as_the_cpu_does():
     case = "qwen3-mean"
     want = expected(case)
-    llm = LLM(FIXTURES / case, backend="cuda", gpu_weight_dtype="float32", kv_cache_dtype="float32")
+    llm = LLM(FIXTURES / case, backend="cuda", num_blocks=32, gpu_weight_dtype="float32",
+              kv_cache_dtype="float32")
     for g, w in zip(llm.embed(want["texts"][:2]), np.array(want["embeddings"][:2], np.float32)):
         np.testing.assert_allclose(g, w, atol=1e-5, rtol=0)
     llm.close()

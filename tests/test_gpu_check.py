@@ -16,7 +16,8 @@ def test_the_gpu_check_runs_through_on_the_simulator():
     assert "preflight: a kernel compiled and ran" in result.stdout  # (no graph on the simulator)
     assert re.search(r"preflight: numpy \S+, numba \S+, llvmlite \S+, numba-cuda \S+, "
                      r"cuda-core \S+, cuda-bindings \S+", result.stdout)
-    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    main, again = result.stdout.split("the step model on this card's figures: none measured\n", 1)
+    table = [line for line in main.splitlines() if line.startswith("| ")]
     figures = [line.split(" | ")[0].lstrip("| ") for line in table[1:]]
     assert "device copy bandwidth (read + write)" in figures
     assert "CUDA graph of 245 empty kernels, a node" in figures
@@ -33,3 +34,44 @@ def test_the_gpu_check_runs_through_on_the_simulator():
     for batch, form in ((1, "float16"), (1, "Q4_K_M"), (9, "float16")):  # (a card: batch 64 for both)
         assert f"Llama-3.2-1B layer's products, {form}, batch {batch}" in figures
     assert "a step failed" not in result.stdout and "no decode step ran" not in result.stdout
+    assert [f for f in figures if f.startswith("a dependent global load")] == [
+        "a dependent global load, HBM (64 KB chain)", "a dependent global load, L2 (64 KB chain)"]
+    # every modeled figure predicted again on the card's figures (the simulator's: none)
+    modeled = [line.split(" | ")[0].lstrip("| ") for line in again.splitlines()[2:] if line.startswith("| ")]
+    assert modeled == [f for f in figures if f.startswith(("model decode, batch 1, graph",
+                                                            "model decode, batch 2, graph",
+                                                            "model prefill", "Llama-3.2-1B shapes"))]
+
+
+def test_a_load_chain_is_one_cycle_through_every_line():
+    """The round-trip figure's chain (bench/calibration.py): each load a new line, every
+    line once, back to the first: no shorter cycle for the caches to hold."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import numpy as np
+    from calibration import LINE_WORDS, load_chain
+    chain = load_chain(1000, np.random.default_rng(0))
+    seen, j = [], 0
+    for _ in range(1000):
+        j = int(chain[j])
+        seen.append(j)
+    assert j == 0 and sorted(seen) == list(range(0, 1000 * LINE_WORDS, LINE_WORDS))
+
+
+
+def test_the_cards_test_run_takes_the_cuda_tests_of_every_listed_file():
+    """The card's test run (gpu_check.cuda_test_command) collects cuda tests from every
+    file the GPU image can import, none from another, no compile-only ones; with
+    workers, a test at a time."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_check
+    from cuda_test_files import ON_THE_GPU_IMAGE
+    command = gpu_check.cuda_test_command(with_smollm2=False, workers=1)
+    result = subprocess.run([*command, "--collect-only"], capture_output=True, text=True,
+                            cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    collected = [line for line in result.stdout.splitlines() if "::" in line]  # (-q: node ids)
+    assert {line.split("::")[0].rsplit("/", 1)[-1] for line in collected} == set(ON_THE_GPU_IMAGE)
+    assert len(collected) > 100
+    assert not [line for line in collected if "smollm2" in line.lower()]
+    assert "-n" not in command
+    assert gpu_check.cuda_test_command(True, 8)[4:10] == ["-m", "cuda and not ptx", "-n", "8", "--dist", "load"]

@@ -79,7 +79,7 @@ def test_float16_adapters_stay_within_their_rounding_of_pefts_logits(backend, tm
     step streams): A and B rounded to float16 move these strong adapters' logits by up
     to 2e-4 of their spread; the bound is 5e-4, and a dropped term moves them 0.2."""
     case = "llama-r16-rslora"
-    llm = engine(model_folder(base_of(case), "config.json", tmp_path), backend=backend,
+    llm = engine(model_folder(base_of(case), "config.json", tmp_path), backend=backend, num_blocks=64,
                  lora_dtype="auto", lora_modules={"tuned": os.path.join(FIXTURES, case)})
     assert llm.engine.loras.slots.dtype == np.float16
     for ids, merged, _ in fixture(case)[:1 if backend == "cuda" else 2]:
@@ -116,7 +116,7 @@ def test_an_adapter_over_a_quantized_base_moves_the_logits_as_peft_does(tmp_path
 @pytest.mark.cuda
 def test_the_cuda_backend_runs_adapters_as_peft_does(tmp_path):
     case = "qwen3-r4-rslora"
-    llm = engine(model_folder(base_of(case), "config.json", tmp_path), backend="cuda",
+    llm = engine(model_folder(base_of(case), "config.json", tmp_path), backend="cuda", num_blocks=64,
                  gpu_weight_dtype="float32", lora_modules={"tuned": os.path.join(FIXTURES, case)})
     ids, merged, base = fixture(case)[0]
     tuned, plain = llm.generate([ids.tolist()] * 2, PROMPT_LOGPROBS, lora=["tuned", None])

@@ -89,7 +89,7 @@ def test_scoring_joins_the_running_batch_beside_generation():
 
 @pytest.mark.cuda
 def test_the_cuda_backend_scores_as_transformers_does():
-    llm = LLM(FIXTURE, backend="cuda", gpu_weight_dtype="float32", kv_cache_dtype="float32")
+    llm = LLM(FIXTURE, backend="cuda", num_blocks=32, gpu_weight_dtype="float32", kv_cache_dtype="float32")
     got = llm.score(EXPECTED["query"], EXPECTED["documents"][:1], EXPECTED["instruction"])
     np.testing.assert_allclose(got, EXPECTED["scores"][:1], atol=1e-5, rtol=0)
     llm.close()

@@ -248,11 +248,11 @@ def prefill_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
     ]
 
 
-def prefill_prompt(shape: dict, prompt=2048, chunk=512, weight_bytes=2) -> dict:
+def prefill_prompt(shape: dict, prompt=2048, chunk=512, weight_bytes=2, a=ASSUMPTIONS) -> dict:
     """A prompt of `prompt` tokens prefilled `chunk` tokens a step (the engine's
     max_num_batched_tokens): each step's prediction, their sum, tokens/s."""
     steps = [predict(prefill_step(**shape, rows=min(chunk, prompt - start), before=start,
-                                  weight_bytes=weight_bytes))
+                                  weight_bytes=weight_bytes), a)
              for start in range(0, prompt, chunk)]
     total = sum(s["step_us"] for s in steps)
     return {"steps": steps, "prompt_us": total, "tokens_per_s": prompt * 1e6 / total}
