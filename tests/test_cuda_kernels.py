@@ -119,6 +119,39 @@ def test_warp_gemv_over_long_rows_and_every_decode_row(gpu, blocks):
                                **TOL)
 
 
+@pytest.mark.parametrize("rows, blocks", [(45, None), (45, 2), (44, 3)])
+def test_paired_gemv_takes_rows_two_a_block(gpu, rows, blocks):
+    """gemv_paired_rows (a matrix of more rows than a wave: lm_head): rows p and p + 23 of
+    45 in one pass, the middle row of an odd count alone; a block a pair, or fewer
+    blocks striding over the pairs; bias, K = 300, every decode row of x."""
+    rng = np.random.default_rng(9)
+    w = rand(rng, rows, 300).astype(np.float16)
+    x, bias = rand(rng, matmul.GEMV_MAX_ROWS, 300), rand(rng, rows)
+    out = cuda.to_device(np.full((x.shape[0], rows), np.nan, np.float32))
+    grid = blocks or matmul.gemv_blocks(-(-rows // 2))
+    matmul.gemv_paired_rows[grid, matmul.GEMV_ROW_THREADS](cuda.to_device(x), cuda.to_device(w),
+                                                         cuda.to_device(bias), True, out)
+    np.testing.assert_allclose(out.copy_to_host(), reference.linear(x, w.astype(np.float32), bias),
+                               **TOL)
+
+
+def test_a_product_past_a_waves_rows_takes_them_in_pairs(gpu):
+    """DeviceFloat.product picks the paired GEMV past PAIRED_FROM_ROWS rows (one launch,
+    half the blocks) and the plain one up to it, both equal to the reference."""
+    from tinypaged.kernels.cuda.step_recording import StepRecording
+    rng = np.random.default_rng(10)
+    for rows, kernel in ((matmul.PAIRED_FROM_ROWS + 1, matmul.gemv_paired_rows),
+                         (matmul.PAIRED_FROM_ROWS, matmul.gemv_rows)):
+        w = rand(rng, rows, 8).astype(np.float16)
+        x = rand(rng, 1, 8)
+        weights = gpu.prepare_weights({"w": w})
+        recording = StepRecording()
+        with gpu.recording(recording):
+            got = gpu.linear(cuda.to_device(x), weights["w"])
+        assert [launch[0] for launch in recording.launches] == [kernel]
+        np.testing.assert_allclose(got.copy_to_host(), reference.linear(x, w.astype(np.float32)), **TOL)
+
+
 def test_activations_round_as_the_reference_bit_for_bit(gpu):
     """The rounding that products with packed weights apply to x first: zero blocks,
     exact ties (round half to even) and magnitudes far apart included."""

@@ -147,3 +147,16 @@ def test_a_packed_gemv_takes_a_step_for_each_block_width_of_its_row():
     assert _packed_gemv("q8", 1, Q8_0, 10, 2048).rounds == 4
     gate_up = _packed_gemv("gate_up", 1, Q4_K, 10, 2048, matrices=2)
     assert gate_up.rounds == 2 and gate_up.bytes == 2 * 10 * 2048 * 144 // 256
+
+
+def test_a_float_matrix_past_a_waves_rows_is_priced_two_rows_a_block():
+    """As DeviceFloat.product launches it (matmul.pairs_rows): SmolLM2's lm_head (49,152
+    rows) in 24,576 blocks, half the waves; its o and down (576 rows) a row a block;
+    Llama-3.2-1B's o and down (2,048 rows) in pairs too."""
+    def rows_gemvs(shape):
+        return {k.name: k for k in decode_step(**shape, batch=1, context=128) if "rows" in k.name}
+    small, large = rows_gemvs(SMOLLM2), rows_gemvs(LLAMA_1B)
+    assert small["gemv_paired_rows (lm_head)"].blocks == 49152 // 2
+    assert small["gemv_paired_rows (lm_head)"].waves() == 24  # (132 SMs x 8 blocks a wave)
+    assert {"gemv_rows (o_proj)", "gemv_rows (down_proj)"} <= set(small)
+    assert {"gemv_paired_rows (o_proj)", "gemv_paired_rows (down_proj)"} <= set(large)

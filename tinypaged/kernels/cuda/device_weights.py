@@ -28,12 +28,15 @@ class MatrixKernels:
     gate_up_silu: object  # (x, w_gate, w_up, out)
     tiled: tiled_matmul.TiledKernels  # past the GEMVs' rows: batches of 9+ and prefill
     upload: object = None  # packed: PackedWeight -> (device arrays, decode's matrix, tiled's)
-    normed: tuple | None = None  # the three GEMVs with a norm folded in (NormedRows' x)
+    normed: tuple | None = None  # the GEMVs with a norm folded in (NormedRows' x), as below
+    paired: object = None  # gemv's signature, a block per two rows (matmul.pairs_rows); None: none
 
 
 FLOAT_KERNELS = MatrixKernels(matmul.gemv_rows, matmul.gemv_qkv, matmul.gemv_gate_up_silu,
-                              tiled_matmul.FLOAT_TILED, normed=matmul.NORMED_GEMVS)
-GEMV_ROWS, GEMV_QKV, GEMV_GATE_UP = range(3)  # a GEMV's place in MatrixKernels.normed
+                              tiled_matmul.FLOAT_TILED, normed=matmul.NORMED_GEMVS,
+                              paired=matmul.gemv_paired_rows)
+GEMV_ROWS, GEMV_QKV, GEMV_GATE_UP, GEMV_PAIRED = range(4)  # a GEMV's place in MatrixKernels.normed
+# (the paired one has none there: x's rows are written for it)
 
 
 def _packed(family: tuple, tiled, upload) -> MatrixKernels:
@@ -57,9 +60,9 @@ def _gemv_input(kernels: MatrixKernels, which: int, x) -> tuple:
     """(kernel, x, extra arguments) of GEMV `which` over x (an array or NormedRows): a
     norm still owed is folded into the kind's normed GEMV where it has one, else
     its rows are written first."""
-    plain = (kernels.gemv, kernels.qkv, kernels.gate_up_silu)[which]
+    plain = (kernels.gemv, kernels.qkv, kernels.gate_up_silu, kernels.paired)[which]
     if (isinstance(x, NormedRows) and not x.written and kernels.normed is not None
-            and x.shape[0] <= matmul.NORMED_MAX_ROWS):
+            and which < len(kernels.normed) and x.shape[0] <= matmul.NORMED_MAX_ROWS):
         x_in, norm = x.fold_args()
         return kernels.normed[which], x_in, (norm,)
     return plain, rows_of(x), ()
@@ -84,9 +87,10 @@ class DeviceMatrix:
     def product(self, launch, x, bias, has_bias, out) -> None:
         """out = x @ W.T (+ bias): the GEMV for decode rows, else the tiled product."""
         if _decode(x):
-            kernel, x, norm = _gemv_input(self.kernels, GEMV_ROWS, x)
-            launch(kernel, matmul.gemv_blocks(self.shape[0]), matmul.GEMV_ROW_THREADS,
-                   x, self.decode, bias, has_bias, out, *norm)
+            paired = self.kernels.paired is not None and matmul.pairs_rows(self.shape[0])
+            kernel, x, norm = _gemv_input(self.kernels, GEMV_PAIRED if paired else GEMV_ROWS, x)
+            launch(kernel, matmul.gemv_blocks(-(-self.shape[0] // 2) if paired else self.shape[0]),
+                   matmul.GEMV_ROW_THREADS, x, self.decode, bias, has_bias, out, *norm)
         else:
             tiled_matmul.launch_tiled(launch, self.kernels.tiled.product, rows_of(x), (self.tiled,),
                                       out.shape[1], bias, has_bias, out)

@@ -7,7 +7,9 @@ W is float16 (half the bytes; the default on the device) or float32.
   x, and sum across the warps with shfl_xor_sync and shared memory. Traffic: W once,
   x from cache. `gemv_qkv` and `gemv_gate_up_silu` run the same loop over two or
   three matrices, to save launches at decode (~10 us each from Python).
-- NORMED_GEMVS: the same three with the RMSNorm before them folded in (up to
+  `gemv_paired_rows`: gemv_rows over a matrix of more rows than a wave of blocks
+  (pairs_rows: lm_head), a block per two rows.
+- NORMED_GEMVS: the first three with the RMSNorm before them folded in (up to
   NORMED_MAX_ROWS rows; normed_rows.py says when).
 On the CUDA simulator the shuffles come from tests/warp_shim.py.
 """
@@ -28,6 +30,9 @@ VEC = 4  # consecutive weights a lane of a packed GEMV reads per step
 FLOAT_VEC = 8
 SIMULATOR_GEMV_BLOCKS = 2  # gemv_blocks on the simulator
 GEMV_BOUNDS = (GEMV_THREADS, 8)  # 8 blocks of 128 threads an SM (50%): at most 64 registers
+# a float GEMV over more rows (lm_head) takes them in pairs: an H100 / H200's 132 SMs hold
+# 1,056 of its blocks at once, and a wave costs a round trip whatever its rows
+PAIRED_FROM_ROWS = 1024
 # GEMVs: warps that split one weight row (the simulator, a Python thread per CUDA thread
 # and Python shuffles, takes one: the GPU tests and the PTX hold the cross-warp sum)
 GEMV_ROW_WARPS = 1 if config.ENABLE_CUDASIM else GEMV_WARPS
@@ -87,9 +92,9 @@ def _float_gemvs(normed: bool):
     max_rows = NORMED_MAX_ROWS if normed else GEMV_MAX_ROWS
 
     @cuda.jit(device=True, inline="always")
-    def row_dots(x, w, w2, n, first, acc, acc2, squares, sums, norm):
+    def row_dots(x, w, w2, n, n2, first, acc, acc2, squares, sums, norm):
         """acc[m] (in every thread) = x[m] . W[n] for the rows m of x, and acc2[m] = x[m] .
-        W2[n] when w2 is given (gate and up: both rows' loads in one pass), the block's
+        W2[n2] when w2 is given (gate and up: both rows' loads in one pass), the block's
         GEMV_ROW_WARPS warps splitting the row: thread t takes the FLOAT_VEC consecutive
         weights at 32 FLOAT_VEC GEMV_ROW_WARPS i + FLOAT_VEC t, so each warp reads 512
         coalesced bytes a step and a 576-wide row is one step of a thread instead of
@@ -114,7 +119,7 @@ def _float_gemvs(normed: bool):
                 k = k0 + v
                 if k < width:
                     wk = float32(w[n, k])
-                    wk2 = float32(w2[n, k]) if two else float32(0.0)
+                    wk2 = float32(w2[n2, k]) if two else float32(0.0)
                     gk = float32(gain[k]) if normed else float32(1.0)
                     for m in range(max_rows):
                         if m < n_rows:
@@ -169,8 +174,27 @@ def _float_gemvs(normed: bool):
         acc = cuda.local.array(max_rows, dtype=float32)
         squares = cuda.local.array(max_rows, dtype=float32)
         for n in range(cuda.blockIdx.x, w.shape[0], cuda.gridDim.x):
-            row_dots(x, w, None, n, n == 0, acc, acc, squares, sums, norm)
+            row_dots(x, w, None, n, n, n == 0, acc, acc, squares, sums, norm)
             _store_rows(out, bias, has_bias, n, acc, cuda.threadIdx.x, x.shape[0])
+
+    @cuda.jit(device=True, inline="always")
+    def paired_rows_body(x, w, bias, has_bias, out):
+        """rows_body for a matrix of more rows than a wave of blocks takes (lm_head): a
+        block per pair of rows, p and p + ceil(N / 2) (an odd N's middle row alone), both
+        rows' loads in one pass (row_dots' second matrix): half the blocks, so half the
+        waves of a round trip each, and twice the bytes in flight a thread."""
+        sums = cuda.shared.array((3, GEMV_ROW_WARPS, max_rows), dtype=float32)
+        acc = cuda.local.array(max_rows, dtype=float32)
+        acc2 = cuda.local.array(max_rows, dtype=float32)
+        squares = cuda.local.array(max_rows, dtype=float32)
+        t, n_rows = cuda.threadIdx.x, w.shape[0]
+        half = (n_rows + 1) // 2
+        for p in range(cuda.blockIdx.x, half, cuda.gridDim.x):
+            n2 = p + half if p + half < n_rows else p  # (p again: the middle row, its sum unused)
+            row_dots(x, w, w, p, n2, p == 0, acc, acc2, squares, sums, None)
+            _store_rows(out, bias, has_bias, p, acc, t, x.shape[0])
+            if n2 != p:
+                _store_rows(out, bias, has_bias, n2, acc2, t, x.shape[0])
 
     @cuda.jit(device=True, inline="always")
     def qkv_body(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out, norm):
@@ -185,13 +209,13 @@ def _float_gemvs(normed: bool):
             # (a call a matrix, not one over a matrix chosen first: choosing made the
             # normed kernel spill)
             if g < nq:
-                row_dots(x, wq, None, g, g == 0, acc, acc, squares, sums, norm)
+                row_dots(x, wq, None, g, g, g == 0, acc, acc, squares, sums, norm)
                 _store_rows(q_out, bq, has_bias, g, acc, t, x.shape[0])
             elif g < nq + nk:
-                row_dots(x, wk, None, g - nq, False, acc, acc, squares, sums, norm)
+                row_dots(x, wk, None, g - nq, g - nq, False, acc, acc, squares, sums, norm)
                 _store_rows(k_out, bk, has_bias, g - nq, acc, t, x.shape[0])
             else:
-                row_dots(x, wv, None, g - nq - nk, False, acc, acc, squares, sums, norm)
+                row_dots(x, wv, None, g - nq - nk, g - nq - nk, False, acc, acc, squares, sums, norm)
                 _store_rows(v_out, bv, has_bias, g - nq - nk, acc, t, x.shape[0])
 
     @cuda.jit(device=True, inline="always")
@@ -203,7 +227,7 @@ def _float_gemvs(normed: bool):
         up = cuda.local.array(max_rows, dtype=float32)
         squares = cuda.local.array(max_rows, dtype=float32)
         for n in range(cuda.blockIdx.x, w_gate.shape[0], cuda.gridDim.x):
-            row_dots(x, w_gate, w_up, n, n == 0, gate, up, squares, sums, norm)
+            row_dots(x, w_gate, w_up, n, n, n == 0, gate, up, squares, sums, norm)
             if cuda.threadIdx.x == 0:
                 for m in range(max_rows):
                     if m < x.shape[0]:
@@ -222,11 +246,16 @@ def _float_gemvs(normed: bool):
         @jit_bounded(GEMV_BOUNDS)
         def gemv_gate_up_silu_normed(x, w_gate, w_up, out, norm):
             gate_up_body(x, w_gate, w_up, out, norm)
+        # (no paired one: it spilled 16 bytes; a NormedRows' rows are written for it)
         return gemv_rows_normed, gemv_qkv_normed, gemv_gate_up_silu_normed
 
     @jit_bounded(GEMV_BOUNDS)
     def gemv_rows(x, w, bias, has_bias, out):
         rows_body(x, w, bias, has_bias, out, None)
+
+    @jit_bounded(GEMV_BOUNDS)
+    def gemv_paired_rows(x, w, bias, has_bias, out):
+        paired_rows_body(x, w, bias, has_bias, out)  # (no norm folded: lm_head's is launched)
 
     @jit_bounded(GEMV_BOUNDS)
     def gemv_qkv(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out):
@@ -235,12 +264,18 @@ def _float_gemvs(normed: bool):
     @jit_bounded(GEMV_BOUNDS)
     def gemv_gate_up_silu(x, w_gate, w_up, out):
         gate_up_body(x, w_gate, w_up, out, None)
-    return gemv_rows, gemv_qkv, gemv_gate_up_silu
+    return gemv_rows, gemv_qkv, gemv_gate_up_silu, gemv_paired_rows
 
 
-gemv_rows, gemv_qkv, gemv_gate_up_silu = _float_gemvs(normed=False)
+gemv_rows, gemv_qkv, gemv_gate_up_silu, gemv_paired_rows = _float_gemvs(normed=False)
 # the same three with the RMSNorm before them folded in (normed_rows.py)
 NORMED_GEMVS = _float_gemvs(normed=True)
+
+
+def pairs_rows(rows: int) -> bool:
+    """Whether a float GEMV over `rows` weight rows takes them in pairs (gemv_paired_rows):
+    past PAIRED_FROM_ROWS, more blocks than a wave holds."""
+    return rows > PAIRED_FROM_ROWS
 
 
 def gemv_blocks(rows: int) -> int:

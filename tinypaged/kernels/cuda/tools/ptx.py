@@ -74,7 +74,8 @@ def signatures() -> list[tuple[str, object, tuple]]:
         for suffix, kernels, extra in (("", (matmul.gemv_rows, matmul.gemv_qkv, matmul.gemv_gate_up_silu), ()),
                                        ("_normed", matmul.NORMED_GEMVS, (norm,))):
             sigs += [(f"gemv_{name}{suffix}[{wname}]", kernel, (*args, *extra)) for name, kernel, args
-                     in zip(("rows", "qkv", "gate_up_silu"), kernels, (mm, qkv, gate_up))]
+                     in zip(("rows", "qkv", "gate_up_silu"), kernels, (mm, qkv, gate_up), strict=True)]
+        sigs.append((f"gemv_paired_rows[{wname}]", matmul.gemv_paired_rows, mm))
         sigs += tiled_signatures(f"[{wname}]", tiled_matmul.FLOAT_TILED, arr(wtype, 2))
     x, bias, flag = arr(f32, 2), arr(f32, 1), types.boolean
     for qname, kernels, matrix in packed_families():
@@ -136,8 +137,8 @@ def block_threads(label: str) -> int:
                for form in ("", "_qkv", "_gate_up_silu", "_packed", "_qkv_packed", "_gate_up_silu_packed")},
             **{f"gemv_{q}{f}": matmul.GEMV_ROW_THREADS for q, _, _ in packed_families()
                for f in ("", "_qkv", "_gate_up_silu")},
-            **{f"gemv_{name}{suffix}": matmul.GEMV_ROW_THREADS for name in ("qkv", "gate_up_silu", "rows")
-               for suffix in ("", "_normed")},
+            **{f"gemv_{name}{suffix}": matmul.GEMV_ROW_THREADS for name in ("qkv", "gate_up_silu", "rows", "paired_rows")
+               for suffix in ("", "_normed")},  # (paired_rows: no normed one)
             "paged_attention_decode": attention.DECODE_THREADS,
             "paged_attention_prefill": prefill_attention.PREFILL_THREADS,
             "add_rms_norm": elementwise.NORM_THREADS, "rope_write_kv": kv_rows.rope_write_threads(kv_rows.MAX_HEAD_DIM),

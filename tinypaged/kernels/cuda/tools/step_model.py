@@ -114,13 +114,19 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
                              decode_block_cost, decode_split)
     from ..memory import covering_keys
     from ..elementwise import GPU_NORM_THREADS as NORM_THREADS  # (not the simulator's)
-    from ..matmul import FLOAT_VEC, GEMV_BOUNDS, GEMV_MAX_ROWS, GEMV_THREADS, NORMED_MAX_ROWS
+    from ..matmul import FLOAT_VEC, GEMV_BOUNDS, GEMV_MAX_ROWS, GEMV_THREADS, NORMED_MAX_ROWS, pairs_rows
     per_sm = GEMV_BOUNDS[1]  # (their registers: 8 blocks an SM, not the 16 threads allow)
     folded = batch <= NORMED_MAX_ROWS and kinds is None  # (float GEMVs take the norms)
     norm_syncs = 1 if folded else 0  # (the squares' butterfly beside the dots')
 
     def gemv_rounds(width):  # a thread's steps along a row (gate and up go together)
         return math.ceil(width / (GEMV_THREADS * FLOAT_VEC))
+
+    def rows_gemv(name, per_step, rows, width):  # past a wave's rows, two rows a block
+        paired = pairs_rows(rows)
+        return KernelCost(f"gemv_{'paired_' if paired else ''}rows ({name})", per_step,
+                          weight_bytes * rows * width, -(-rows // 2) if paired else rows, GEMV_THREADS,
+                          gemv_rounds(width), 3 if paired else 2, per_sm)
 
     # the decode attention's split as the backend picks it on a GPU (GPU_CHUNK-key
     # chunks, DECODE_BLOCKS_PER_SM blocks an SM: their registers), each block's chunks
@@ -161,14 +167,11 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
     return kernels + [
         KernelCost("gemv_qkv", layers, weight_bytes * hidden * (heads + 2 * kv_heads) * head_dim,
                    (heads + 2 * kv_heads) * head_dim, GEMV_THREADS, gemv_rounds(hidden), 2 + norm_syncs, per_sm),
-        KernelCost("gemv_rows (o_proj)", layers, weight_bytes * heads * head_dim * hidden,
-                   hidden, GEMV_THREADS, gemv_rounds(heads * head_dim), 2, per_sm),
+        rows_gemv("o_proj", layers, hidden, heads * head_dim),
         KernelCost("gemv_gate_up_silu", layers, 2 * weight_bytes * hidden * intermediate,
                    intermediate, GEMV_THREADS, gemv_rounds(hidden), 4 + norm_syncs, per_sm),
-        KernelCost("gemv_rows (down_proj)", layers, weight_bytes * intermediate * hidden,
-                   hidden, GEMV_THREADS, gemv_rounds(intermediate), 2, per_sm),
-        KernelCost("gemv_rows (lm_head)", 1, weight_bytes * vocab * hidden, vocab,
-                   GEMV_THREADS, gemv_rounds(hidden), 2, per_sm),
+        rows_gemv("down_proj", layers, hidden, intermediate),
+        rows_gemv("lm_head", 1, vocab, hidden),
     ]
 
 
