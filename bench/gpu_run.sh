@@ -21,5 +21,5 @@ for run in 1 2; do
   timeout 35 python3 bench/gpu_first_step.py 2>&1 | tail -3 | tee -a "$OUT/first_step.log"
 done
 # the reply carries the end of the output: the table and the tests' summary
-grep -E "^preflight|^\| |^device|exit status|passed|failed|error|stopped after" "$OUT/gpu_check.log" \
+grep -E "^preflight|^\| |^device|^the step model|exit status|passed|failed|error|stopped after" "$OUT/gpu_check.log" \
   | tail -90
