@@ -10,7 +10,8 @@ cannot eat the machine's minutes). Each timed row stands beside a predicted one
   end, every figure the step model predicts predicted again with these (calibration.py);
 - paged-attention decode at 64 x 1024 and 1 x 8192 tokens (GB/s, share of copy
   bandwidth);
-- the decode GEMVs and prefill matmuls on SmolLM2's shapes (GB/s of weights);
+- the decode GEMVs and prefill matmuls on SmolLM2's shapes (GB/s of weights), and
+  lm_head's GEMV two rows a block against a row a block;
 - end-to-end SmolLM2 decode tokens/s at batch 1, 8 and 64, eager and as replayed
   CUDA graphs, with launches per step; batch 1 at 128 and 1,024 keys, batch 64 at
   512, a 2,048-token prompt's prefill, each beside the step model's prediction, and
@@ -284,6 +285,24 @@ def matmuls():
                    predicted=weight_bytes / want / 1e9)
 
 
+def lm_head_pairing():
+    """lm_head's GEMV (SmolLM2's 49,152 x 576, float16, one row of x) two rows a block, as
+    the backend launches it past matmul.PAIRED_FROM_ROWS, against a row a block: the
+    card's answer to whether pairing halves its waves' cost, as the step model says."""
+    from tinypaged.kernels.cuda import matmul
+    n_out, width = (40, 16) if TINY else (49152, 576)
+    rng = np.random.default_rng(2)
+    w = cuda.to_device(rng.standard_normal((n_out, width), dtype=np.float32).astype(np.float16))
+    x = cuda.to_device(rng.standard_normal((1, width), dtype=np.float32))
+    no_bias, out = cuda.device_array(1, np.float32), cuda.device_array((1, n_out), np.float32)
+    for name, kernel, blocks in (("a row a block", matmul.gemv_rows, n_out),
+                                 ("two rows a block", matmul.gemv_paired_rows, -(-n_out // 2))):
+        seconds = replay_seconds([(kernel, matmul.gemv_blocks(blocks), matmul.GEMV_ROW_THREADS,
+                                   (x, w, no_bias, False, out))])
+        report(f"lm_head GEMV {width}->{n_out} (f16 W), {name}", seconds * 1e6, "us",
+               f"{n_out * width * 2 / seconds / 1e9:.0f} GB/s of W")
+
+
 def end_to_end(model_dir):
     """Decode tokens/s, eager and replayed, at batch 1, 8 and 64, beside the prediction
     bytes / bandwidth + host launches x launch cost + graph nodes x node cost."""
@@ -452,6 +471,7 @@ def main():
     round_trips(report, timed, COSTS, TINY)
     attention_decode(copy_gbps)
     matmuls()
+    lm_head_pairing()
     if TINY:  # the rehearsal's model: one layer of width 16, small enough for the simulator
         sys.path.insert(0, os.path.join(ROOT, "tests"))
         from helpers import write_tiny_model
