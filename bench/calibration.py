@@ -8,7 +8,7 @@ the model misses with its inputs right is the model's, the rest its inputs'.
 import numpy as np
 from numba import cuda
 
-from tinypaged.kernels.cuda.tools.step_model import ASSUMPTIONS
+from tinypaged.kernels.cuda.tools.step_model import ASSUMPTIONS, decode_step, predict
 
 MODELED = {}  # figure name -> function(assumptions) -> the predicted value
 LINE_WORDS = 32  # int32 words in a 128-byte line: one load a line
@@ -19,6 +19,15 @@ def modeled(name, predict_value):
     kept to be predicted again with the card's (print_recalibrated)."""
     MODELED[name] = predict_value
     return predict_value(ASSUMPTIONS)
+
+
+def decode_tokens_per_s(cfg, batch, context):
+    """The step model's decode tokens/s for cfg's shapes (float16) as a function of its
+    assumptions (calibration.modeled)."""
+    kernels = decode_step(cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+                          cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size,
+                          cfg.vocab_size, batch, context=context)
+    return lambda a: batch * 1e6 / predict(kernels, a)["step_us"]
 
 
 @cuda.jit

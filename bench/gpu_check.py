@@ -50,7 +50,7 @@ from tinypaged.kernels.cuda.device_weights import DeviceFloat  # noqa: E402
 from tinypaged.kernels.kv_q8 import quantize_rows  # noqa: E402
 from tinypaged.pull import is_model_folder  # noqa: E402
 
-from calibration import modeled, print_recalibrated, round_trips  # noqa: E402
+from calibration import decode_tokens_per_s, modeled, print_recalibrated, round_trips  # noqa: E402
 from gpu_shapes import decode_rate, llama_1b_decode, packed_layer_products, random_model_like  # noqa: E402
 from verification_cost import verification_costs  # noqa: E402  (bench/, the script's folder)
 
@@ -361,16 +361,6 @@ def end_to_end(model_dir):
         del llm
     verification_costs(model_dir, "cuda", report, (0, 2) if TINY else (0, 1, 3, 7),
                        decoded=4 if TINY else 48)
-
-
-def decode_tokens_per_s(cfg, batch, context):
-    """The step model's decode tokens/s for cfg's shapes (float16) as a function of its
-    assumptions (calibration.modeled)."""
-    from tinypaged.kernels.cuda.tools.step_model import decode_step, predict
-    kernels = decode_step(cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
-                          cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size,
-                          cfg.vocab_size, batch, context=context)
-    return lambda a: batch * 1e6 / predict(kernels, a)["step_us"]
 
 
 def decode_at_context(engine, context, batch=1):

@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # random_blocks: K-quant blocks as files hold them
 
-from calibration import modeled  # noqa: E402
+from calibration import decode_tokens_per_s, modeled  # noqa: E402
 from shaped_models import SHAPES  # noqa: E402
 
 # --tiny (the simulator): a small model, and products whose rows K-quants can hold (256)
@@ -75,7 +75,6 @@ def llama_1b_decode(report, tokenizer_dir, tiny=False):
     """Batch 1 and 64 graph-mode decode tokens/s of the Llama-3.2-1B-shaped model (a
     prompt of ~40 tokens each, 64 decoded), beside decode_step's prediction."""
     from tinypaged import LLM, SamplingParams
-    from tinypaged.kernels.cuda.tools.step_model import decode_step, predict
     config = dict(SHAPES["llama-3.2-1b"], bos_token_id=1, eos_token_id=2, torch_dtype="float16")
     if tiny:
         config.update(TINY_MODEL)
@@ -89,14 +88,10 @@ def llama_1b_decode(report, tokenizer_dir, tiny=False):
     for batch in ((1, 2) if tiny else (1, 64)):
         rate = decode_rate(engine, [f"Write a story about a lighthouse keeper and a storm, number {i}."
                                     for i in range(batch)], params)
-        cfg = engine.model_config
-        kernels = decode_step(cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
-                              cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size,
-                              cfg.vocab_size, batch, context=48)
         bar = {1: "400 (float16)", 64: "4,000"}.get(batch, "none")
         name = f"Llama-3.2-1B shapes, float16, decode batch {batch}, graph"
         report(name, rate, "tokens/s", f"the issue's bar: {bar} tokens/s",
-               predicted=modeled(name, lambda a, k=kernels, b=batch: b * 1e6 / predict(k, a)["step_us"]))
+               predicted=modeled(name, decode_tokens_per_s(engine.model_config, batch, 48)))
     llm.close()
 
 
