@@ -286,21 +286,30 @@ def matmuls():
 
 
 def lm_head_pairing():
-    """lm_head's GEMV (SmolLM2's 49,152 x 576, float16, one row of x) two rows a block, as
-    the backend launches it past matmul.PAIRED_FROM_ROWS, against a row a block: the
-    card's answer to whether pairing halves its waves' cost, as the step model says."""
-    from tinypaged.kernels.cuda import matmul
-    n_out, width = (40, 16) if TINY else (49152, 576)
+    """lm_head's GEMV (SmolLM2's 49,152 x 576, one row of x) two rows a block, as the
+    backend launches it past matmul.PAIRED_FROM_ROWS, against a row a block: float16, and
+    Q8_0 (the default GGUF's output matrix, Gemma 3's too): the card's answer to whether
+    pairing halves its waves' cost, as the step model says."""
+    from tinypaged.formats.packed import PackedWeight
+    from tinypaged.formats.quant_kind import Q8_0
+    from tinypaged.kernels.cuda import matmul, packed_matmul
+    n_out, width = (40, 32) if TINY else (49152, 576)
     rng = np.random.default_rng(2)
-    w = cuda.to_device(rng.standard_normal((n_out, width), dtype=np.float32).astype(np.float16))
+    host = rng.standard_normal((n_out, width), dtype=np.float32)
+    w = cuda.to_device(host.astype(np.float16))
+    q8 = packed_matmul.upload(PackedWeight.quantize(host, Q8_0))[1]
     x = cuda.to_device(rng.standard_normal((1, width), dtype=np.float32))
     no_bias, out = cuda.device_array(1, np.float32), cuda.device_array((1, n_out), np.float32)
-    for name, kernel, blocks in (("a row a block", matmul.gemv_rows, n_out),
-                                 ("two rows a block", matmul.gemv_paired_rows, -(-n_out // 2))):
+    for name, kernel, matrix, blocks, nbytes in (
+            ("f16 W, a row a block", matmul.gemv_rows, w, n_out, 2 * n_out * width),
+            ("f16 W, two rows a block", matmul.gemv_paired_rows, w, -(-n_out // 2), 2 * n_out * width),
+            ("Q8_0 W, a row a block", packed_matmul.gemv_q8_0, q8, n_out, 34 * n_out * width // 32),
+            ("Q8_0 W, two rows a block", packed_matmul.gemv_q8_0_paired, q8, -(-n_out // 2),
+             34 * n_out * width // 32)):
         seconds = replay_seconds([(kernel, matmul.gemv_blocks(blocks), matmul.GEMV_ROW_THREADS,
-                                   (x, w, no_bias, False, out))])
-        report(f"lm_head GEMV {width}->{n_out} (f16 W), {name}", seconds * 1e6, "us",
-               f"{n_out * width * 2 / seconds / 1e9:.0f} GB/s of W")
+                                   (x, matrix, no_bias, False, out))])
+        report(f"lm_head GEMV {width}->{n_out} ({name})", seconds * 1e6, "us",
+               f"{nbytes / seconds / 1e9:.0f} GB/s of W")
 
 
 def end_to_end(model_dir):

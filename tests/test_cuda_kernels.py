@@ -152,6 +152,66 @@ def test_a_product_past_a_waves_rows_takes_them_in_pairs(gpu):
         np.testing.assert_allclose(got.copy_to_host(), reference.linear(x, w.astype(np.float32)), **TOL)
 
 
+def _one_packed_matrix(rng, type_name: str, rows: int, width: int):
+    """A PackedWeight of one kind: Q8_0 quantized from random floats, the K-quants random
+    blocks as a file holds them (tests/random_blocks.py)."""
+    from random_blocks import random_k_quant
+
+    from tinypaged.formats import quant_kind
+    from tinypaged.formats.packed import PackedWeight
+    kind = getattr(quant_kind, type_name)
+    if type_name == "Q8_0":
+        return PackedWeight.quantize(rand(rng, rows, width), kind)
+    return PackedWeight.from_bytes(random_k_quant(rng, type_name, rows, width), kind, (rows, width))
+
+
+@pytest.mark.parametrize("type_name, width", [("Q8_0", 96), ("Q4_K", 256)])
+@pytest.mark.parametrize("rows, blocks", [(45, None), (44, 3)])
+def test_packed_paired_gemv_takes_rows_two_a_block(gpu, type_name, width, rows, blocks):
+    """The packed kinds' paired GEMV (Q8_0: lm_head of the default GGUF and Gemma 3's; Q4_K):
+    rows p and p + ceil(N / 2) in one pass, an odd count's middle row alone; a block a
+    pair, or fewer blocks striding over the pairs; bias, every decode row of x."""
+    from tinypaged.kernels.cuda.device_weights import DevicePacked
+    rng = np.random.default_rng(11)
+    packed = _one_packed_matrix(rng, type_name, rows, width)
+    matrix = DevicePacked(packed)
+    kernel = matrix.kernels.paired
+    x, bias = rand(rng, matmul.GEMV_MAX_ROWS, width) / 8, rand(rng, rows)
+    rounded = reference.round_activations(x)
+    out = cuda.to_device(np.full((x.shape[0], rows), np.nan, np.float32))
+    grid = blocks or matmul.gemv_blocks(-(-rows // 2))
+    kernel[grid, matmul.GEMV_ROW_THREADS](cuda.to_device(rounded), matrix.decode, cuda.to_device(bias), True, out)
+    want = rounded.astype(np.float64) @ packed.dequantize().astype(np.float64).T + bias
+    terms = np.abs(rounded) @ np.abs(packed.dequantize()).T  # (float32 sums of the K-quants' large terms)
+    assert (np.abs(out.copy_to_host() - want) <= TOL["atol"] + TOL["rtol"] * np.abs(want) + 1e-6 * terms).all()
+
+
+def test_a_packed_product_past_a_waves_rows_takes_them_in_pairs(gpu):
+    """DevicePacked.product picks its kind's paired GEMV past PAIRED_FROM_ROWS rows (Q8_0),
+    the plain one up to it, and the plain one for a kind without a pair (Q6_K: its
+    two-row loop spilled), each equal to the reference."""
+    from tinypaged.kernels.cuda import kquant_matmul, packed_matmul
+    from tinypaged.kernels.cuda.step_recording import StepRecording
+    rng = np.random.default_rng(12)
+    over = matmul.PAIRED_FROM_ROWS + 1
+    for type_name, rows, width, kernel in (("Q8_0", over, 32, packed_matmul.gemv_q8_0_paired),
+                                           ("Q8_0", matmul.PAIRED_FROM_ROWS, 32, packed_matmul.gemv_q8_0),
+                                           ("Q6_K", 3, 256, None)):
+        packed = _one_packed_matrix(rng, type_name, rows, width)
+        if kernel is None:  # (a kind without a pair: asked at any row count)
+            assert gpu.prepare_weights({"w": packed})["w"].kernels.paired is None
+            assert kquant_matmul.DECODE_KERNELS[packed.kind.code][3] is None
+            continue
+        x = rand(rng, 1, width)
+        weights = gpu.prepare_weights({"w": packed})
+        recording = StepRecording()
+        with gpu.recording(recording):
+            got = gpu.linear(cuda.to_device(x), weights["w"])
+        assert [launch[0] for launch in recording.launches][-1] is kernel
+        want = reference.linear(x, reference.prepare_weights({"w": packed})["w"])
+        np.testing.assert_allclose(got.copy_to_host(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_activations_round_as_the_reference_bit_for_bit(gpu):
     """The rounding that products with packed weights apply to x first: zero blocks,
     exact ties (round half to even) and magnitudes far apart included."""

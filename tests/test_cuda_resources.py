@@ -91,6 +91,7 @@ def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
     wide = ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k")  # (no fused q/k/v: kquant_matmul.py)
     packed = {f"gemv_{q}{form}" for q in ("q8_0", "q4") for form in ("", "_qkv", "_gate_up_silu")}
     packed |= {f"gemv_{q}{form}" for q in wide for form in ("", "_gate_up_silu")}
+    packed |= {"gemv_q8_0_paired", "gemv_q4_k_paired"}  # (lm_head's kinds whose pair fits: packed_matmul)
     packed |= {f"matmul_tiled{form}_packed[{q}]" for q in ("q8_0", "q4") for form in ("", "_qkv", "_gate_up_silu")}
     # the wide kinds' tiled q, k and v one by one, and Q5_0's gate and up (kquant_matmul.py)
     packed |= {f"matmul_tiled_packed[{q}]" for q in wide}
@@ -113,8 +114,8 @@ def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
               if label.startswith(("gemv", "paged_attention_decode"))}
     # 3 GEMVs x (f16, f32, Q8_0, Q4_x), 2 x (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), attention x 3
     # pools (each merging its own partitions), the float ones again with a norm folded in,
-    # and the float rows in pairs (lm_head)
-    assert len(decode) == 25 + 6 + 2
+    # and rows in pairs (lm_head: float, Q8_0, Q4_K)
+    assert len(decode) == 25 + 6 + 2 + 2
     for label, r in decode.items():
         # issue 11's bar for decode kernels: registers only, at least half the SM's threads;
         # decode attention hides latency by its loads in flight (a chunk's keys at once, at

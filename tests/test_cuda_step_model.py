@@ -131,7 +131,7 @@ def test_the_design_reaches_issue_45s_llama_1b_figures_under_the_model():
     from tinypaged.kernels.cuda.tools.step_model import PACKED
     packed = predict(decode_step(**LLAMA_1B, batch=1, context=128, kinds=PACKED["Q4_K_M"]))
     names = {k.name for _, k in packed["costs"]}
-    assert {"packed q_proj", "packed k_proj", "packed v_proj", "packed gate_up_silu"} <= names
+    assert {"packed q_proj (paired)", "packed k_proj", "packed v_proj", "packed gate_up_silu"} <= names
     assert 1e6 / packed["step_us"] >= 500
     assert packed["launches"] == 16 * 10 + 6  # (2 norms, q, k, v, RoPE, attention, o, gate/up, down)
     assert 1e6 / predict(decode_step(**LLAMA_1B, batch=1, context=128))["step_us"] >= 400
@@ -160,3 +160,20 @@ def test_a_float_matrix_past_a_waves_rows_is_priced_two_rows_a_block():
     assert small["gemv_paired_rows (lm_head)"].waves() == 24  # (132 SMs x 8 blocks a wave)
     assert {"gemv_rows (o_proj)", "gemv_rows (down_proj)"} <= set(small)
     assert {"gemv_paired_rows (o_proj)", "gemv_paired_rows (down_proj)"} <= set(large)
+
+
+def test_a_packed_product_past_a_waves_rows_is_priced_two_rows_a_block():
+    """As DevicePacked.product launches it: the default GGUF's lm_head (SmolLM2, Q8_0) in
+    pairs, half the waves, both rows' sums; Llama-3.2-1B Q4_K_M's q and o (Q4_K, 2,048
+    rows) in pairs, its lm_head (Q6_K, no paired kernel) a row a block; q|k|v's fused
+    launch over 1,536 rows (Gemma 3's shapes) never paired."""
+    from tinypaged.formats.quant_kind import Q8_0
+    from tinypaged.kernels.cuda.tools.step_model import PACKED, _packed_gemv
+    def gemvs(shape, scheme):
+        return {k.name: k for k in decode_step(**shape, batch=1, context=128, kinds=PACKED[scheme])}
+    small, large = gemvs(SMOLLM2, "Q4_1"), gemvs(LLAMA_1B, "Q4_K_M")
+    lm_head = small["packed lm_head (paired)"]
+    assert (lm_head.blocks, lm_head.waves(), lm_head.syncs) == (49152 // 2, 24, 4)
+    assert {"packed q_proj (paired)", "packed o_proj (paired)", "packed lm_head", "packed k_proj"} <= set(large)
+    fused = _packed_gemv("packed qkv", 1, Q8_0, 1536, 640, fused=True)
+    assert fused.name == "packed qkv" and fused.blocks == 1536

@@ -35,7 +35,8 @@ def test_the_gpu_check_runs_through_on_the_simulator():
         assert f"Llama-3.2-1B layer's products, {form}, batch {batch}" in figures
     assert "a step failed" not in result.stdout and "no decode step ran" not in result.stdout
     assert [f for f in figures if f.startswith("lm_head GEMV")] == [
-        "lm_head GEMV 16->40 (f16 W), a row a block", "lm_head GEMV 16->40 (f16 W), two rows a block"]
+        f"lm_head GEMV 32->40 ({w} W, {blocks})" for w in ("f16", "Q8_0")
+        for blocks in ("a row a block", "two rows a block")]
     assert [f for f in figures if f.startswith("a dependent global load")] == [
         "a dependent global load, HBM (64 KB chain)", "a dependent global load, L2 (64 KB chain)"]
     # every modeled figure predicted again on the card's figures (the simulator's: none)

@@ -40,7 +40,8 @@ GEMV_ROWS, GEMV_QKV, GEMV_GATE_UP, GEMV_PAIRED = range(4)  # a GEMV's place in M
 
 
 def _packed(family: tuple, tiled, upload) -> MatrixKernels:
-    return MatrixKernels(*family, tiled, upload)
+    gemv, qkv, gate_up_silu, paired = family
+    return MatrixKernels(gemv, qkv, gate_up_silu, tiled, upload, paired=paired)
 
 
 PACKED_KERNELS = {  # by QuantKind.code

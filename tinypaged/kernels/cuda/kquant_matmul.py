@@ -62,10 +62,10 @@ def _kind_functions(kind: int):
         return (int32(highs[n, c // 8]) >> shift) & 15
 
     @cuda.jit(device=True, inline="always")
-    def row_dots(x, w, n, t, acc, w2, acc2):
+    def row_dots(x, w, n, t, acc, w2, n2, acc2):
         """acc[m] = thread t's share of x[m] . W[n] (as packed_matmul._q4_row_dots): the
         block's threads walk the K/2 nibble bytes of the row, 4 at a time; byte p gives
-        weights p and p + K/2. acc2: the same of W2[n] in the same pass where w2 is given."""
+        weights p and p + K/2. acc2: the same of W2[n2] in the same pass where w2 is given."""
         two = w2 is not None
         n_rows, width = x.shape
         half = width // 2
@@ -77,15 +77,15 @@ def _kind_functions(kind: int):
             s_high, m_high = scale_and_min(w, n, p0 + half)
             e_low, e_high = extra_bits(w, n, p0), extra_bits(w, n, p0 + half)
             if two:
-                s2_low, m2_low = scale_and_min(w2, n, p0)
-                s2_high, m2_high = scale_and_min(w2, n, p0 + half)
-                e2_low, e2_high = extra_bits(w2, n, p0), extra_bits(w2, n, p0 + half)
+                s2_low, m2_low = scale_and_min(w2, n2, p0)
+                s2_high, m2_high = scale_and_min(w2, n2, p0 + half)
+                e2_low, e2_high = extra_bits(w2, n2, p0), extra_bits(w2, n2, p0 + half)
             for v in range(VEC):
                 byte = int32(w[0][n, p0 + v])
                 w_low = s_low * float32(_q(byte & 15, e_low, v)) + m_low
                 w_high = s_high * float32(_q(byte >> 4, e_high, v)) + m_high
                 if two:
-                    byte2 = int32(w2[0][n, p0 + v])
+                    byte2 = int32(w2[0][n2, p0 + v])
                     w2_low = s2_low * float32(_q(byte2 & 15, e2_low, v)) + m2_low
                     w2_high = s2_high * float32(_q(byte2 >> 4, e2_high, v)) + m2_high
                 for m in range(GEMV_MAX_ROWS):
@@ -117,7 +117,8 @@ _FUNCTIONS = {code: _kind_functions(code) for code in (Q5_0, Q5_1, Q4_K, Q5_K, Q
 # the kinds whose gate/up GEMV reads gate's rows, then up's (in one pass they spilled
 # 80-228 bytes: each matrix's scales, mins and high bits held at once)
 GATE_UP_IN_TWO_PASSES = (Q5_0, Q5_1, Q5_K, Q6_K)
-# (gemv, None, gate_up_silu): q, k and v go as three GEMVs (fused, they spilled registers)
+# (gemv, None, gate_up_silu, paired): q, k and v go as three GEMVs (fused, they spilled
+# registers); paired (lm_head two rows a block) only where gate and up go in one pass
 DECODE_KERNELS = {code: decode_kernel_family(row_dots, fused_qkv=False,
                                              gate_up_in_one_pass=code not in GATE_UP_IN_TWO_PASSES)
                   for code, (row_dots, _) in _FUNCTIONS.items()}

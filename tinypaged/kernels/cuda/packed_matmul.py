@@ -13,7 +13,7 @@ x comes rounded to int8 blocks already (elementwise.round_activations), as every
 backend's packed products take it; products accumulate in float32.
 
 - `gemv_q8_0`, `gemv_q4` (and their `_qkv` and `_gate_up_silu` forms: two or three
-  matrices in one launch): decode (M <= GEMV_MAX_ROWS), the float GEMVs' layout:
+  matrices in one launch; `_paired`: two rows of one matrix a block, for lm_head): decode (M <= GEMV_MAX_ROWS), the float GEMVs' layout:
   a block per weight row, threads on 4 consecutive bytes of quants (Q8_0's read as
   one int32 word; a warp reads 128 consecutive bytes a step, coalesced), shfl_xor
   and shared-memory sums. Traffic: the packed row once (Q8_0: 34 bytes per 32 weights, Q4_0: 18,
@@ -47,11 +47,12 @@ def _weight(w, n, k, half):
 
 
 @cuda.jit(device=True, inline="always")
-def _q8_0_row_dots(x, w, n, t, acc, w2, acc2):
+def _q8_0_row_dots(x, w, n, t, acc, w2, n2, acc2):
     """acc[m] = thread t's share of x[m] . W[n] (a block a row, its threads on
     consecutive words), on Q8_0 quants read as int32 words of 4 (one 4-byte load a
-    thread; a warp reads 128 bytes); acc2[m] the same of W2[n] where w2 is given
-    (gate and up: both rows' loads in one pass; else None, and acc2 is acc)."""
+    thread; a warp reads 128 bytes); acc2[m] the same of W2[n2] where w2 is given
+    (gate and up, or two rows of one matrix: both rows' loads in one pass; else None,
+    and acc2 is acc)."""
     two = w2 is not None
     n_rows, width = x.shape
     for m in range(GEMV_MAX_ROWS):
@@ -60,8 +61,8 @@ def _q8_0_row_dots(x, w, n, t, acc, w2, acc2):
     for c in range(t, width // 4, GEMV_ROW_THREADS):  # word c holds weights 4c .. 4c + 3
         word = w[0][n, c]
         scale = float32(w[1][n, c // (QK // 4)])
-        word2 = w2[0][n, c] if two else word
-        scale2 = float32(w2[1][n, c // (QK // 4)]) if two else scale
+        word2 = w2[0][n2, c] if two else word
+        scale2 = float32(w2[1][n2, c // (QK // 4)]) if two else scale
         for v in range(4):
             wk = scale * float32(int32(word << (24 - 8 * v)) >> 24)  # byte v, sign-extended
             wk2 = scale2 * float32(int32(word2 << (24 - 8 * v)) >> 24)  # (little-endian)
@@ -84,10 +85,10 @@ def _q4_scales(w, n, p0, half):
 
 
 @cuda.jit(device=True, inline="always")
-def _q4_row_dots(x, w, n, t, acc, w2, acc2):
+def _q4_row_dots(x, w, n, t, acc, w2, n2, acc2):
     """acc[m] = thread t's share of x[m] . W[n], on Q4_0 (has_mins False) or Q4_1
     quants: the block's threads walk the K/2 bytes of the row, VEC at a time; byte p
-    gives weights p and p + K/2. acc2: the same of W2[n] in the same pass where w2 is
+    gives weights p and p + K/2. acc2: the same of W2[n2] in the same pass where w2 is
     given (as _q8_0_row_dots)."""
     two = w2 is not None
     n_rows, width = x.shape
@@ -97,10 +98,10 @@ def _q4_row_dots(x, w, n, t, acc, w2, acc2):
         acc2[m] = float32(0.0)
     for p0 in range(t * VEC, half, GEMV_ROW_THREADS * VEC):
         s_low, m_low, s_high, m_high = _q4_scales(w, n, p0, half)
-        s2_low, m2_low, s2_high, m2_high = _q4_scales(w2, n, p0, half) if two else (s_low, m_low, s_high, m_high)
+        s2_low, m2_low, s2_high, m2_high = _q4_scales(w2, n2, p0, half) if two else (s_low, m_low, s_high, m_high)
         for v in range(VEC):
             byte = int32(w[0][n, p0 + v])
-            byte2 = int32(w2[0][n, p0 + v]) if two else byte
+            byte2 = int32(w2[0][n2, p0 + v]) if two else byte
             w_low, w_high = s_low * float32(byte & 15) + m_low, s_high * float32(byte >> 4) + m_high
             w2_low = s2_low * float32(byte2 & 15) + m2_low
             w2_high = s2_high * float32(byte2 >> 4) + m2_high
@@ -112,16 +113,22 @@ def _q4_row_dots(x, w, n, t, acc, w2, acc2):
                         acc2[m] += w2_low * x_low + w2_high * x_high
 
 
-def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: bool = True):
+def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: bool = True,
+                         pairs: bool = True):
     """The decode kernels of one family of packed formats, given its row-dot device
-    function row_dots(x, w, n, t, acc, w2, acc2) (w: a matrix's tuple; thread t's share
-    of the dots; w2 None, or a second matrix read in the same pass into acc2): one matrix, q/k/v in one launch (None without fused_qkv: three inlined
-    row_dots of the Q5 and K-quant kinds spill registers), gate/up with SiLU in one
-    launch (gate's and up's rows read in the same steps, or one after the other where
-    that spilled: gate_up_in_one_pass). A block a row, grid-stride (as matmul's float
-    GEMVs): its GEMV_ROW_WARPS warps split the row, so a row of the packed bytes is a
-    few steps of a thread, each waiting on its loads, where a warp a row took four
-    times as many."""
+    function row_dots(x, w, n, t, acc, w2, n2, acc2) (w: a matrix's tuple; thread t's
+    share of the dots of row n; w2 None, or a second matrix whose row n2 is read in the
+    same pass into acc2): (gemv, qkv, gate_up_silu, paired).
+    - gemv: one matrix; qkv: q/k/v in one launch (None without fused_qkv: three
+      inlined row_dots of the Q5 and K-quant kinds spill registers); gate_up_silu: gate
+      and up with SiLU in one launch (their rows read in the same steps, or one after
+      the other where that spilled: gate_up_in_one_pass).
+    - paired: gemv's signature, a block per two rows of one matrix (matmul.pairs_rows:
+      lm_head), where `pairs` and the two-matrix pass fits (gate_up_in_one_pass), else
+      None.
+    A block a row, grid-stride (as matmul's float GEMVs): its GEMV_ROW_WARPS warps split
+    the row, so a row of the packed bytes is a few steps of a thread, each waiting on
+    its loads, where a warp a row took four times as many."""
 
     @jit_bounded(GEMV_BOUNDS)
     def gemv(x, w, bias, has_bias, out):
@@ -129,7 +136,7 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: 
         sums = cuda.shared.array((GEMV_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
         acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
         for n in range(cuda.blockIdx.x, out.shape[1], cuda.gridDim.x):
-            row_dots(x, w, n, t, acc, None, acc)
+            row_dots(x, w, n, t, acc, None, n, acc)
             block_sum_rows(acc, x.shape[0], sums)
             _store_rows(out, bias, has_bias, n, acc, t, x.shape[0])
 
@@ -142,15 +149,15 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: 
         for g in range(cuda.blockIdx.x, nq + 2 * nk, cuda.gridDim.x):
             # (a branch per matrix: no array is chosen at run time, which costs registers)
             if g < nq:
-                row_dots(x, wq, g, t, acc, None, acc)
+                row_dots(x, wq, g, t, acc, None, g, acc)
                 block_sum_rows(acc, x.shape[0], sums)
                 _store_rows(q_out, bq, has_bias, g, acc, t, x.shape[0])
             elif g < nq + nk:
-                row_dots(x, wk, g - nq, t, acc, None, acc)
+                row_dots(x, wk, g - nq, t, acc, None, g - nq, acc)
                 block_sum_rows(acc, x.shape[0], sums)
                 _store_rows(k_out, bk, has_bias, g - nq, acc, t, x.shape[0])
             else:
-                row_dots(x, wv, g - nq - nk, t, acc, None, acc)
+                row_dots(x, wv, g - nq - nk, t, acc, None, g - nq - nk, acc)
                 block_sum_rows(acc, x.shape[0], sums)
                 _store_rows(v_out, bv, has_bias, g - nq - nk, acc, t, x.shape[0])
 
@@ -162,12 +169,12 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: 
         up = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
         for n in range(cuda.blockIdx.x, out.shape[1], cuda.gridDim.x):
             if gate_up_in_one_pass:
-                row_dots(x, wg, n, t, gate, wu, up)
+                row_dots(x, wg, n, t, gate, wu, n, up)
                 block_sum_rows(gate, x.shape[0], sums)
             else:
-                row_dots(x, wg, n, t, gate, None, gate)
+                row_dots(x, wg, n, t, gate, None, n, gate)
                 block_sum_rows(gate, x.shape[0], sums)  # (before up's walk: fewer live sums)
-                row_dots(x, wu, n, t, up, None, up)
+                row_dots(x, wu, n, t, up, None, n, up)
             block_sum_rows(up, x.shape[0], sums)
             if t == 0:
                 for m in range(GEMV_MAX_ROWS):
@@ -175,15 +182,36 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: 
                         g = gate[m]
                         out[m, n] = g / (float32(1.0) + math.exp(-g)) * up[m]
 
-    return gemv, qkv if fused_qkv else None, gate_up_silu
+    @jit_bounded(GEMV_BOUNDS)
+    def paired(x, w, bias, has_bias, out):
+        """gemv over rows p and p + ceil(N / 2) in one pass (an odd N's middle row
+        alone), as matmul.gemv_paired_rows: half the blocks, so half the waves."""
+        t = cuda.threadIdx.x
+        sums = cuda.shared.array((GEMV_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
+        acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+        acc2 = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+        n_rows = out.shape[1]
+        half = (n_rows + 1) // 2
+        for p in range(cuda.blockIdx.x, half, cuda.gridDim.x):
+            n2 = p + half if p + half < n_rows else p  # (p again: the middle row, its sum unused)
+            row_dots(x, w, p, t, acc, w, n2, acc2)
+            block_sum_rows(acc, x.shape[0], sums)
+            block_sum_rows(acc2, x.shape[0], sums)
+            _store_rows(out, bias, has_bias, p, acc, t, x.shape[0])
+            if n2 != p:
+                _store_rows(out, bias, has_bias, n2, acc2, t, x.shape[0])
+
+    return gemv, qkv if fused_qkv else None, gate_up_silu, paired if pairs and gate_up_in_one_pass else None
 
 
-gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu = decode_kernel_family(_q8_0_row_dots)
-gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu = decode_kernel_family(_q4_row_dots)
+gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu, gemv_q8_0_paired = decode_kernel_family(_q8_0_row_dots)
+# (Q4_x's paired kernel spilled 92 bytes; an output matrix in Q4_x is rare: GGUF files keep
+# it in Q8_0 or Q6_K)
+gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu, _ = decode_kernel_family(_q4_row_dots, pairs=False)
 TILED_PACKED = tiled_kernels(_weight)  # (Q8_0 and Q4_x: _weight reads both)
-# (gemv, qkv, gate_up_silu) by QuantKind.code, beside kquant_matmul.DECODE_KERNELS
-GEMV_FAMILIES = {Q8_0: (gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu),
-                 **{code: (gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu) for code in (Q4_0, Q4_1)}}
+# (gemv, qkv, gate_up_silu, paired) by QuantKind.code, beside kquant_matmul.DECODE_KERNELS
+GEMV_FAMILIES = {Q8_0: (gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu, gemv_q8_0_paired),
+                 **{code: (gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu, None) for code in (Q4_0, Q4_1)}}
 
 
 def upload(packed) -> tuple:

@@ -39,9 +39,10 @@ def packed_families() -> list[tuple[str, tuple, object]]:
         return types.Tuple((*arrays, flag))
     placeholder = arr(u8, 2)  # (mins or highs a kind lacks)
     families = [("q8_0", (packed_matmul.gemv_q8_0, packed_matmul.gemv_q8_0_qkv,
-                          packed_matmul.gemv_q8_0_gate_up_silu),
+                          packed_matmul.gemv_q8_0_gate_up_silu, packed_matmul.gemv_q8_0_paired),
                  matrix(arr(i32, 2), arr(f16, 2), arr(f16, 2), flag=types.boolean)),
-                ("q4", (packed_matmul.gemv_q4, packed_matmul.gemv_q4_qkv, packed_matmul.gemv_q4_gate_up_silu),
+                ("q4", (packed_matmul.gemv_q4, packed_matmul.gemv_q4_qkv, packed_matmul.gemv_q4_gate_up_silu,
+                        None),
                  matrix(arr(u8, 2), arr(f16, 2), arr(f16, 2), flag=types.boolean))]
     for code in kquant_matmul.DECODE_KERNELS:  # (a kind's arrays: formats/packed.py)
         kind = KINDS[code]
@@ -79,9 +80,11 @@ def signatures() -> list[tuple[str, object, tuple]]:
         sigs += tiled_signatures(f"[{wname}]", tiled_matmul.FLOAT_TILED, arr(wtype, 2))
     x, bias, flag = arr(f32, 2), arr(f32, 1), types.boolean
     for qname, kernels, matrix in packed_families():
-        gemv, qkv, gate_up = kquant_matmul.DECODE_KERNELS.get(kernels, kernels)
+        gemv, qkv, gate_up, paired = kquant_matmul.DECODE_KERNELS.get(kernels, kernels)
         sigs += [(f"gemv_{qname}", gemv, (x, matrix, bias, flag, x)),
                  (f"gemv_{qname}_gate_up_silu", gate_up, (x, matrix, matrix, x))]
+        if paired is not None:
+            sigs.append((f"gemv_{qname}_paired", paired, (x, matrix, bias, flag, x)))
         if qkv is not None:
             sigs.append((f"gemv_{qname}_qkv", qkv,
                          (x, matrix, matrix, matrix, bias, bias, bias, flag, x, x, x)))
@@ -136,7 +139,7 @@ def block_threads(label: str) -> int:
     return {**{f"matmul_tiled{form}": tiled_matmul.TILED_THREADS
                for form in ("", "_qkv", "_gate_up_silu", "_packed", "_qkv_packed", "_gate_up_silu_packed")},
             **{f"gemv_{q}{f}": matmul.GEMV_ROW_THREADS for q, _, _ in packed_families()
-               for f in ("", "_qkv", "_gate_up_silu")},
+               for f in ("", "_qkv", "_gate_up_silu", "_paired")},
             **{f"gemv_{name}{suffix}": matmul.GEMV_ROW_THREADS for name in ("qkv", "gate_up_silu", "rows", "paired_rows")
                for suffix in ("", "_normed")},  # (paired_rows: no normed one)
             "paged_attention_decode": attention.DECODE_THREADS,

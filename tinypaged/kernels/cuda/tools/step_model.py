@@ -44,8 +44,9 @@ ASSUMPTIONS = {
 _CODE = {kind.name: code for code, kind in KINDS.items()}
 PACKED = {"Q4_K_M": {"qkv": _CODE["Q4_K"], "o_proj": _CODE["Q4_K"], "gate_up": _CODE["Q4_K"],
                      "down_proj": _CODE["Q6_K"], "lm_head": _CODE["Q6_K"]},
-          **{name: dict.fromkeys(("qkv", "o_proj", "gate_up", "down_proj", "lm_head"), _CODE[name])
-             for name in ("Q8_0", "Q4_1")}}
+          # (the default GGUF, SmolLM2's Q4_1, holds its output matrix in Q8_0)
+          **{name: {**dict.fromkeys(("qkv", "o_proj", "gate_up", "down_proj"), _CODE[name]),
+                    "lm_head": _CODE["Q8_0"]} for name in ("Q8_0", "Q4_1")}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,19 +176,24 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
     ]
 
 
-def _packed_gemv(name, per_step, kind, rows, width, matrices=1) -> KernelCost:
+def _packed_gemv(name, per_step, kind, rows, width, matrices=1, fused=False) -> KernelCost:
     """A packed GEMV (packed_matmul.decode_kernel_family) of `matrices` matrices of
     (rows, width) in `kind`: a block a row, each thread VEC bytes of nibbles (4 words
     of Q8_0) a step, the matrices' rows in the same pass (gate and up; one after the
     other for kquant_matmul.GATE_UP_IN_TWO_PASSES), each summed across the block (a
-    butterfly and a shared-memory pass)."""
+    butterfly and a shared-memory pass); a product of one matrix (not `fused`: q|k|v's
+    launch) past a wave's rows two rows a block where the kind has that kernel (lm_head:
+    half the blocks, both rows' sums)."""
+    from ..device_weights import PACKED_KERNELS
     from ..kquant_matmul import GATE_UP_IN_TWO_PASSES
-    from ..matmul import GEMV_BOUNDS, GEMV_THREADS, VEC
+    from ..matmul import GEMV_BOUNDS, GEMV_THREADS, VEC, pairs_rows
     k = KINDS[kind]
     per_step_bytes = 4 * GEMV_THREADS if k.name == "Q8_0" else 2 * VEC * GEMV_THREADS  # weights a step
     passes = matrices if kind in GATE_UP_IN_TWO_PASSES else 1
-    return KernelCost(name, per_step, matrices * rows * width * k.block_bytes // k.block, rows,
-                      GEMV_THREADS, passes * math.ceil(width / per_step_bytes), 2 * matrices,
+    paired = not fused and matrices == 1 and pairs_rows(rows) and PACKED_KERNELS[kind].paired is not None
+    return KernelCost(f"{name}{' (paired)' if paired else ''}", per_step,
+                      matrices * rows * width * k.block_bytes // k.block, -(-rows // 2) if paired else rows,
+                      GEMV_THREADS, passes * math.ceil(width / per_step_bytes), 2 * (2 if paired else matrices),
                       GEMV_BOUNDS[1])
 
 
@@ -196,7 +202,7 @@ def _packed_gemvs(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab
     in one launch where the kind has a fused kernel (Q8_0, Q4_x), else three."""
     from ..packed_matmul import GEMV_FAMILIES
     q, kv = heads * head_dim, kv_heads * head_dim
-    qkv = ([_packed_gemv("packed qkv", layers, kinds["qkv"], q + 2 * kv, hidden)]
+    qkv = ([_packed_gemv("packed qkv", layers, kinds["qkv"], q + 2 * kv, hidden, fused=True)]
            if kinds["qkv"] in GEMV_FAMILIES else
            [_packed_gemv(f"packed {n}_proj", layers, kinds["qkv"], rows, hidden)
             for n, rows in (("q", q), ("k", kv), ("v", kv))])
