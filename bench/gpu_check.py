@@ -285,30 +285,41 @@ def matmuls():
                    predicted=weight_bytes / want / 1e9)
 
 
-def lm_head_pairing():
+def batch_one_gemvs():
     """lm_head's GEMV (SmolLM2's 49,152 x 576, one row of x) two rows a block, as the
-    backend launches it past matmul.PAIRED_FROM_ROWS, against a row a block: float16, and
-    Q8_0 (the default GGUF's output matrix, Gemma 3's too): the card's answer to whether
-    pairing halves its waves' cost, as the step model says."""
+    backend launches it past matmul.PAIRED_FROM_ROWS, against a row a block: float16
+    (and its one-row form, the step's loads hoisted, as batch 1 launches it), and Q8_0
+    (the default GGUF's output matrix, Gemma 3's too); then down_proj's shape (576 x
+    1,536: two steps a thread) a row a block, the 8-row loop against the one-row form.
+    The card's answer to whether pairing halves the waves' cost and whether a step of
+    the 8-row loop, waiting on each weight in turn, costs more than one round trip."""
     from tinypaged.formats.packed import PackedWeight
     from tinypaged.formats.quant_kind import Q8_0
     from tinypaged.kernels.cuda import matmul, packed_matmul
-    n_out, width = (40, 32) if TINY else (49152, 576)
     rng = np.random.default_rng(2)
+    n_out, width = (40, 32) if TINY else (49152, 576)
     host = rng.standard_normal((n_out, width), dtype=np.float32)
     w = cuda.to_device(host.astype(np.float16))
     q8 = packed_matmul.upload(PackedWeight.quantize(host, Q8_0))[1]
-    x = cuda.to_device(rng.standard_normal((1, width), dtype=np.float32))
-    no_bias, out = cuda.device_array(1, np.float32), cuda.device_array((1, n_out), np.float32)
-    for name, kernel, matrix, blocks, nbytes in (
-            ("f16 W, a row a block", matmul.gemv_rows, w, n_out, 2 * n_out * width),
-            ("f16 W, two rows a block", matmul.gemv_paired_rows, w, -(-n_out // 2), 2 * n_out * width),
-            ("Q8_0 W, a row a block", packed_matmul.gemv_q8_0, q8, n_out, 34 * n_out * width // 32),
-            ("Q8_0 W, two rows a block", packed_matmul.gemv_q8_0_paired, q8, -(-n_out // 2),
-             34 * n_out * width // 32)):
+    half = -(-n_out // 2)
+    down_rows, down_width = (24, 48) if TINY else (576, 1536)
+    w_down = cuda.to_device(rng.standard_normal((down_rows, down_width), dtype=np.float32).astype(np.float16))
+    lm_head, down = (n_out, width), (down_rows, down_width)
+    for name, kernel, matrix, (rows, k), blocks, nbytes in (
+            ("f16 W, a row a block", matmul.gemv_rows, w, lm_head, n_out, 2 * n_out * width),
+            ("f16 W, two rows a block", matmul.gemv_paired_rows, w, lm_head, half, 2 * n_out * width),
+            ("f16 W, two rows a block, loads hoisted", matmul.gemv_one_row_paired, w, lm_head, half,
+             2 * n_out * width),
+            ("Q8_0 W, a row a block", packed_matmul.gemv_q8_0, q8, lm_head, n_out, 34 * n_out * width // 32),
+            ("Q8_0 W, two rows a block", packed_matmul.gemv_q8_0_paired, q8, lm_head, half,
+             34 * n_out * width // 32),
+            ("f16 W, 8-row loop", matmul.gemv_rows, w_down, down, down_rows, 2 * down_rows * down_width),
+            ("f16 W, loads hoisted", matmul.gemv_one_row, w_down, down, down_rows, 2 * down_rows * down_width)):
+        x = cuda.to_device(rng.standard_normal((1, k), dtype=np.float32))
+        no_bias, out = cuda.device_array(1, np.float32), cuda.device_array((1, rows), np.float32)
         seconds = replay_seconds([(kernel, matmul.gemv_blocks(blocks), matmul.GEMV_ROW_THREADS,
                                    (x, matrix, no_bias, False, out))])
-        report(f"lm_head GEMV {width}->{n_out} ({name})", seconds * 1e6, "us",
+        report(f"batch-1 GEMV {k}->{rows} ({name})", seconds * 1e6, "us",
                f"{nbytes / seconds / 1e9:.0f} GB/s of W")
 
 
@@ -470,7 +481,7 @@ def main():
     round_trips(report, timed, COSTS, TINY)
     attention_decode(copy_gbps)
     matmuls()
-    lm_head_pairing()
+    batch_one_gemvs()
     if TINY:  # the rehearsal's model: one layer of width 16, small enough for the simulator
         sys.path.insert(0, os.path.join(ROOT, "tests"))
         from helpers import write_tiny_model

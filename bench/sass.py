@@ -5,13 +5,13 @@ signatures), linked to a cubin by nvJitLink, disassembled by nvdisasm.
     python bench/sass.py LABEL [LABEL ...] [--listing]
 
 prints, per kernel and per loop body in it, its global loads (LDG) and its waits:
-instructions that read a
-register an outstanding load writes (each a round trip the thread sits out; the loads
-issued before it are taken as arrived too). The listing is read as straight-line
-text, every branch's code once and every predicated instruction as executed, so the
-count is of the code, not of one thread's path: compare kernels and versions, do not
-read it as a path's round trips. A step whose loads all go out before the first
-use waits once; the float GEMVs' FLOAT_VEC loop (matmul.py) waits once per weight.
+instructions that read a register an outstanding load writes (each a round trip the
+thread sits out; every load then in flight is taken as arrived with it). The listing
+is read as straight-line text, every branch's code once and every predicated
+instruction as executed, so the count is of the code, not of one thread's path:
+compare kernels and versions, do not read it as a path's round trips. A step whose
+loads all go out before the first use waits once (matmul.gemv_one_row); row_dots'
+FLOAT_VEC loop over up to 8 rows of x waits on each weight in turn.
 
 Needs the `cuda` extra and nvdisasm: `pip install nvidia-cuda-nvdisasm` (the
 CUDA 13 wheel; no GPU), or nvdisasm on PATH.
@@ -92,10 +92,9 @@ def load_waits(sass: str) -> tuple[int, int]:
         parts = [p.strip() for p in operands.split(",")] if operands.strip() else []
         stores = opcode.startswith(("ST", "RED", "ATOM"))
         read = set().union(*(_registers(p) for p in (parts if stores else parts[1:])))
-        hit = [i for i, regs in enumerate(pending) if regs & read]
-        if hit:
+        if any(regs & read for regs in pending):
             waits += 1
-            pending = pending[max(hit) + 1:]
+            pending = []  # (what was in flight arrives within the same round trip)
         written = _registers(parts[0]) if parts and not stores else set()
         if opcode.startswith("LDG"):
             first = min(written) if written else 0

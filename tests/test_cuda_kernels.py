@@ -135,15 +135,35 @@ def test_paired_gemv_takes_rows_two_a_block(gpu, rows, blocks):
                                **TOL)
 
 
+@pytest.mark.parametrize("width", [300, 8, 5])  # steps past the row's end; one step; K < FLOAT_VEC
+@pytest.mark.parametrize("paired, rows, blocks", [(False, 45, None), (False, 45, 2), (True, 45, None),
+                                                  (True, 44, 3)])
+def test_one_row_gemvs_against_the_reference(gpu, width, paired, rows, blocks):
+    """gemv_one_row and gemv_one_row_paired (batch 1: each step's loads before its sums):
+    a last step past the row's end reads the row's last FLOAT_VEC values, the other
+    threads' zeroed; a row shorter than FLOAT_VEC takes row_dots' loop; bias; blocks
+    a row (pair) or fewer, striding."""
+    rng = np.random.default_rng(width + rows)
+    w = rand(rng, rows, width).astype(np.float16)
+    x, bias = rand(rng, 1, width), rand(rng, rows)
+    kernel = matmul.gemv_one_row_paired if paired else matmul.gemv_one_row
+    out = cuda.to_device(np.full((1, rows), np.nan, np.float32))
+    grid = blocks or matmul.gemv_blocks(-(-rows // 2) if paired else rows)
+    kernel[grid, matmul.GEMV_ROW_THREADS](cuda.to_device(x), cuda.to_device(w), cuda.to_device(bias), True, out)
+    np.testing.assert_allclose(out.copy_to_host(), reference.linear(x, w.astype(np.float32), bias), **TOL)
+
+
 def test_a_product_past_a_waves_rows_takes_them_in_pairs(gpu):
     """DeviceFloat.product picks the paired GEMV past PAIRED_FROM_ROWS rows (one launch,
-    half the blocks) and the plain one up to it, both equal to the reference."""
+    half the blocks) and the plain one up to it, the one-row forms for one row of x,
+    each equal to the reference."""
     from tinypaged.kernels.cuda.step_recording import StepRecording
     rng = np.random.default_rng(10)
-    for rows, kernel in ((matmul.PAIRED_FROM_ROWS + 1, matmul.gemv_paired_rows),
-                         (matmul.PAIRED_FROM_ROWS, matmul.gemv_rows)):
+    over, at = matmul.PAIRED_FROM_ROWS + 1, matmul.PAIRED_FROM_ROWS
+    for rows, x_rows, kernel in ((over, 1, matmul.gemv_one_row_paired), (at, 1, matmul.gemv_one_row),
+                                 (over, 2, matmul.gemv_paired_rows), (at, 2, matmul.gemv_rows)):
         w = rand(rng, rows, 8).astype(np.float16)
-        x = rand(rng, 1, 8)
+        x = rand(rng, x_rows, 8)
         weights = gpu.prepare_weights({"w": w})
         recording = StepRecording()
         with gpu.recording(recording):

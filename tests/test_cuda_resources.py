@@ -83,6 +83,7 @@ def audit():
 def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
     per_dtype = {f"{k}[{d}]" for k in ("matmul_tiled", "matmul_tiled_qkv", "matmul_tiled_gate_up_silu",
                                        "gemv_rows", "gemv_qkv", "gemv_gate_up_silu", "gemv_paired_rows",
+                                       "gemv_one_row", "gemv_one_row_paired",
                                        "gemv_rows_normed", "gemv_qkv_normed", "gemv_gate_up_silu_normed")
                  for d in ("f16", "f32")}
     per_pool = {f"{k}{pool}" for k in ("paged_attention_decode", "paged_attention_prefill[d64]",
@@ -114,8 +115,8 @@ def test_every_kernel_compiles_for_sm90_and_is_in_the_report(audit):
               if label.startswith(("gemv", "paged_attention_decode"))}
     # 3 GEMVs x (f16, f32, Q8_0, Q4_x), 2 x (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), attention x 3
     # pools (each merging its own partitions), the float ones again with a norm folded in,
-    # and rows in pairs (lm_head: float, Q8_0, Q4_K)
-    assert len(decode) == 25 + 6 + 2 + 2
+    # rows in pairs (lm_head: float, Q8_0, Q4_K), and the float rows and pairs for one row of x
+    assert len(decode) == 25 + 6 + 2 + 2 + 4
     for label, r in decode.items():
         # issue 11's bar for decode kernels: registers only, at least half the SM's threads;
         # decode attention hides latency by its loads in flight (a chunk's keys at once, at

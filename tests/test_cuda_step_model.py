@@ -152,14 +152,19 @@ def test_a_packed_gemv_takes_a_step_for_each_block_width_of_its_row():
 def test_a_float_matrix_past_a_waves_rows_is_priced_two_rows_a_block():
     """As DeviceFloat.product launches it (matmul.pairs_rows): SmolLM2's lm_head (49,152
     rows) in 24,576 blocks, half the waves; its o and down (576 rows) a row a block;
-    Llama-3.2-1B's o and down (2,048 rows) in pairs too."""
-    def rows_gemvs(shape):
-        return {k.name: k for k in decode_step(**shape, batch=1, context=128) if "rows" in k.name}
-    small, large = rows_gemvs(SMOLLM2), rows_gemvs(LLAMA_1B)
-    assert small["gemv_paired_rows (lm_head)"].blocks == 49152 // 2
-    assert small["gemv_paired_rows (lm_head)"].waves() == 24  # (132 SMs x 8 blocks a wave)
-    assert {"gemv_rows (o_proj)", "gemv_rows (down_proj)"} <= set(small)
-    assert {"gemv_paired_rows (o_proj)", "gemv_paired_rows (down_proj)"} <= set(large)
+    Llama-3.2-1B's o and down (2,048 rows) in pairs too; batch 1 names the one-row
+    forms, batch 2 the 8-row ones, at the same price."""
+    def rows_gemvs(shape, batch=1):
+        return {k.name: k for k in decode_step(**shape, batch=batch, context=128) if "gemv_" in k.name
+                and "(" in k.name}
+    small, large, two = rows_gemvs(SMOLLM2), rows_gemvs(LLAMA_1B), rows_gemvs(SMOLLM2, batch=2)
+    assert small["gemv_one_row_paired (lm_head)"].blocks == 49152 // 2
+    assert small["gemv_one_row_paired (lm_head)"].waves() == 24  # (132 SMs x 8 blocks a wave)
+    assert {"gemv_one_row (o_proj)", "gemv_one_row (down_proj)"} <= set(small)
+    assert {"gemv_one_row_paired (o_proj)", "gemv_one_row_paired (down_proj)"} <= set(large)
+    assert {"gemv_paired_rows (lm_head)", "gemv_rows (o_proj)", "gemv_rows (down_proj)"} <= set(two)
+    assert (two["gemv_paired_rows (lm_head)"].rounds, two["gemv_paired_rows (lm_head)"].blocks) == (
+        small["gemv_one_row_paired (lm_head)"].rounds, small["gemv_one_row_paired (lm_head)"].blocks)
 
 
 def test_a_packed_product_past_a_waves_rows_is_priced_two_rows_a_block():

@@ -34,9 +34,11 @@ def test_the_gpu_check_runs_through_on_the_simulator():
     for batch, form in ((1, "float16"), (1, "Q4_K_M"), (9, "float16")):  # (a card: batch 64 for both)
         assert f"Llama-3.2-1B layer's products, {form}, batch {batch}" in figures
     assert "a step failed" not in result.stdout and "no decode step ran" not in result.stdout
-    assert [f for f in figures if f.startswith("lm_head GEMV")] == [
-        f"lm_head GEMV 32->40 ({w} W, {blocks})" for w in ("f16", "Q8_0")
-        for blocks in ("a row a block", "two rows a block")]
+    assert [f for f in figures if f.startswith("batch-1 GEMV")] == [
+        f"batch-1 GEMV 32->40 ({form})" for form in (
+            "f16 W, a row a block", "f16 W, two rows a block", "f16 W, two rows a block, loads hoisted",
+            "Q8_0 W, a row a block", "Q8_0 W, two rows a block")] + [
+        "batch-1 GEMV 48->24 (f16 W, 8-row loop)", "batch-1 GEMV 48->24 (f16 W, loads hoisted)"]
     assert [f for f in figures if f.startswith("a dependent global load")] == [
         "a dependent global load, HBM (64 KB chain)", "a dependent global load, L2 (64 KB chain)"]
     # every modeled figure predicted again on the card's figures (the simulator's: none)

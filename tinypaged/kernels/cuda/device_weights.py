@@ -30,11 +30,13 @@ class MatrixKernels:
     upload: object = None  # packed: PackedWeight -> (device arrays, decode's matrix, tiled's)
     normed: tuple | None = None  # the GEMVs with a norm folded in (NormedRows' x), as below
     paired: object = None  # gemv's signature, a block per two rows (matmul.pairs_rows); None: none
+    one_row: tuple | None = None  # (gemv, paired) for one row of x, the steps' loads hoisted
 
 
 FLOAT_KERNELS = MatrixKernels(matmul.gemv_rows, matmul.gemv_qkv, matmul.gemv_gate_up_silu,
                               tiled_matmul.FLOAT_TILED, normed=matmul.NORMED_GEMVS,
-                              paired=matmul.gemv_paired_rows)
+                              paired=matmul.gemv_paired_rows,
+                              one_row=(matmul.gemv_one_row, matmul.gemv_one_row_paired))
 GEMV_ROWS, GEMV_QKV, GEMV_GATE_UP, GEMV_PAIRED = range(4)  # a GEMV's place in MatrixKernels.normed
 # (the paired one has none there: x's rows are written for it)
 
@@ -60,12 +62,15 @@ def _decode(x) -> bool:
 def _gemv_input(kernels: MatrixKernels, which: int, x) -> tuple:
     """(kernel, x, extra arguments) of GEMV `which` over x (an array or NormedRows): a
     norm still owed is folded into the kind's normed GEMV where it has one, else
-    its rows are written first."""
+    its rows are written first; one row of x takes the kind's one-row GEMV where it
+    has one."""
     plain = (kernels.gemv, kernels.qkv, kernels.gate_up_silu, kernels.paired)[which]
     if (isinstance(x, NormedRows) and not x.written and kernels.normed is not None
             and which < len(kernels.normed) and x.shape[0] <= matmul.NORMED_MAX_ROWS):
         x_in, norm = x.fold_args()
         return kernels.normed[which], x_in, (norm,)
+    if kernels.one_row is not None and x.shape[0] == 1 and which in (GEMV_ROWS, GEMV_PAIRED):
+        plain = kernels.one_row[which == GEMV_PAIRED]
     return plain, rows_of(x), ()
 
 

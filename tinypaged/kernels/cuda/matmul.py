@@ -8,7 +8,9 @@ W is float16 (half the bytes; the default on the device) or float32.
   x from cache. `gemv_qkv` and `gemv_gate_up_silu` run the same loop over two or
   three matrices, to save launches at decode (~10 us each from Python).
   `gemv_paired_rows`: gemv_rows over a matrix of more rows than a wave of blocks
-  (pairs_rows: lm_head), a block per two rows.
+  (pairs_rows: lm_head), a block per two rows. `gemv_one_row`, `gemv_one_row_paired`:
+  the two for one row of x (batch 1), each step's weights and x loaded before any is
+  summed (one round trip a step; the 8-row loop waits on each weight in turn).
 - NORMED_GEMVS: the first three with the RMSNorm before them folded in (up to
   NORMED_MAX_ROWS rows; normed_rows.py says when).
 On the CUDA simulator the shuffles come from tests/warp_shim.py.
@@ -79,7 +81,31 @@ def _store_rows(out, bias, has_bias, n, acc, lane, n_rows):
                 out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
 
 
-def _float_gemvs(normed: bool):
+@cuda.jit(device=True, inline="always")
+def _one_row_dots(x, w, w2, n, n2, acc, acc2, two):
+    """acc[0] = thread t's share of x[0] . W[n] (acc2[0]: of W2[n2] where two), each step's
+    FLOAT_VEC weights and x values loaded before any is summed, so a step is one round
+    trip (row_dots' loop over up to 8 rows waits on each weight in turn: hoisted, its
+    loads spill at 64 registers). A step past the row's end reads the row's last
+    FLOAT_VEC instead, the values before k0 (another thread's) zeroed: consecutive
+    loads, no branch. Needs K >= FLOAT_VEC."""
+    width = x.shape[1]
+    weights = cuda.local.array(FLOAT_VEC, float32)  # (registers: the loops unroll)
+    weights2 = cuda.local.array(FLOAT_VEC, float32)
+    xs = cuda.local.array(FLOAT_VEC, float32)
+    for k0 in range(cuda.threadIdx.x * FLOAT_VEC, width, GEMV_ROW_THREADS * FLOAT_VEC):
+        base = min(k0, width - FLOAT_VEC)
+        for v in range(FLOAT_VEC):
+            weights[v] = float32(w[n, base + v])
+            weights2[v] = float32(w2[n2, base + v]) if two else float32(0.0)
+            xs[v] = x[0, base + v] * (float32(1.0) if base + v >= k0 else float32(0.0))  # (a select)
+        for v in range(FLOAT_VEC):
+            acc[0] += weights[v] * xs[v]
+            if two:
+                acc2[0] += weights2[v] * xs[v]
+
+
+def _float_gemvs(normed: bool, one_row: bool = False):
     """The float GEMV kernels (gemv_rows, gemv_qkv, gemv_gate_up_silu). normed: each
     takes the RMSNorm before it folded in, as a last argument `norm` (residual, gain,
     residual_out, eps, has_residual): x + residual (or x alone) is the
@@ -88,8 +114,10 @@ def _float_gemvs(normed: bool):
     not), the squares summed beside the dots, so the norm costs no launch of its own
     and no round trip; with a residual, the block of the first weight row also writes
     h to residual_out (the stream's new sum: normed_rows.py). The normed ones take up
-    to NORMED_MAX_ROWS rows of x (more sums spill at 64 registers)."""
-    max_rows = NORMED_MAX_ROWS if normed else GEMV_MAX_ROWS
+    to NORMED_MAX_ROWS rows of x (more sums spill at 64 registers). one_row: gemv_rows
+    and gemv_paired_rows for one row of x, their steps' loads hoisted (_one_row_dots)."""
+    assert not (normed and one_row)  # (hoisted, a normed step's loads spilled)
+    max_rows = 1 if one_row else NORMED_MAX_ROWS if normed else GEMV_MAX_ROWS
 
     @cuda.jit(device=True, inline="always")
     def row_dots(x, w, w2, n, n2, first, acc, acc2, squares, sums, norm):
@@ -114,26 +142,29 @@ def _float_gemvs(normed: bool):
         if normed:
             residual, gain, residual_out, eps, has_residual = norm
             writes = has_residual and first
-        for k0 in range(t * FLOAT_VEC, width, GEMV_ROW_THREADS * FLOAT_VEC):
-            for v in range(FLOAT_VEC):
-                k = k0 + v
-                if k < width:
-                    wk = float32(w[n, k])
-                    wk2 = float32(w2[n2, k]) if two else float32(0.0)
-                    gk = float32(gain[k]) if normed else float32(1.0)
-                    for m in range(max_rows):
-                        if m < n_rows:
-                            xk = x[m, k]
-                            if normed:
-                                if has_residual:
-                                    xk += residual[m, k]
-                                if writes:
-                                    residual_out[m, k] = xk
-                                squares[m] += xk * xk
-                                xk *= gk
-                            acc[m] += wk * xk
-                            if two:
-                                acc2[m] += wk2 * xk
+        if one_row and width >= FLOAT_VEC:
+            _one_row_dots(x, w, w2, n, n2, acc, acc2, two)
+        else:
+            for k0 in range(t * FLOAT_VEC, width, GEMV_ROW_THREADS * FLOAT_VEC):
+                for v in range(FLOAT_VEC):
+                    k = k0 + v
+                    if k < width:
+                        wk = float32(w[n, k])
+                        wk2 = float32(w2[n2, k]) if two else float32(0.0)
+                        gk = float32(gain[k]) if normed else float32(1.0)
+                        for m in range(max_rows):
+                            if m < n_rows:
+                                xk = x[m, k]
+                                if normed:
+                                    if has_residual:
+                                        xk += residual[m, k]
+                                    if writes:
+                                        residual_out[m, k] = xk
+                                    squares[m] += xk * xk
+                                    xk *= gk
+                                acc[m] += wk * xk
+                                if two:
+                                    acc2[m] += wk2 * xk
         _warp_sum_rows(acc, n_rows)
         if two:
             _warp_sum_rows(acc2, n_rows)
@@ -249,6 +280,18 @@ def _float_gemvs(normed: bool):
         # (no paired one: it spilled 16 bytes; a NormedRows' rows are written for it)
         return gemv_rows_normed, gemv_qkv_normed, gemv_gate_up_silu_normed
 
+    if one_row:
+        @jit_bounded(GEMV_BOUNDS)
+        def gemv_one_row(x, w, bias, has_bias, out):
+            rows_body(x, w, bias, has_bias, out, None)
+
+        @jit_bounded(GEMV_BOUNDS)
+        def gemv_one_row_paired(x, w, bias, has_bias, out):
+            paired_rows_body(x, w, bias, has_bias, out)
+        # (q|k|v and gate/up take the norm folded at batch 1: normed kernels, whose
+        # hoisted loads spilled; a one-row gate/up spilled 72 bytes)
+        return gemv_one_row, gemv_one_row_paired
+
     @jit_bounded(GEMV_BOUNDS)
     def gemv_rows(x, w, bias, has_bias, out):
         rows_body(x, w, bias, has_bias, out, None)
@@ -268,6 +311,8 @@ def _float_gemvs(normed: bool):
 
 
 gemv_rows, gemv_qkv, gemv_gate_up_silu, gemv_paired_rows = _float_gemvs(normed=False)
+# gemv_rows and gemv_paired_rows for one row of x (batch 1), each step's loads hoisted
+gemv_one_row, gemv_one_row_paired = _float_gemvs(normed=False, one_row=True)
 # the same three with the RMSNorm before them folded in (normed_rows.py)
 NORMED_GEMVS = _float_gemvs(normed=True)
 

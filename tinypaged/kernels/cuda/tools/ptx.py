@@ -76,7 +76,9 @@ def signatures() -> list[tuple[str, object, tuple]]:
                                        ("_normed", matmul.NORMED_GEMVS, (norm,))):
             sigs += [(f"gemv_{name}{suffix}[{wname}]", kernel, (*args, *extra)) for name, kernel, args
                      in zip(("rows", "qkv", "gate_up_silu"), kernels, (mm, qkv, gate_up), strict=True)]
-        sigs.append((f"gemv_paired_rows[{wname}]", matmul.gemv_paired_rows, mm))
+        sigs += [(f"gemv_{name}[{wname}]", kernel, mm) for name, kernel in (
+            ("paired_rows", matmul.gemv_paired_rows), ("one_row", matmul.gemv_one_row),
+            ("one_row_paired", matmul.gemv_one_row_paired))]
         sigs += tiled_signatures(f"[{wname}]", tiled_matmul.FLOAT_TILED, arr(wtype, 2))
     x, bias, flag = arr(f32, 2), arr(f32, 1), types.boolean
     for qname, kernels, matrix in packed_families():
@@ -140,8 +142,9 @@ def block_threads(label: str) -> int:
                for form in ("", "_qkv", "_gate_up_silu", "_packed", "_qkv_packed", "_gate_up_silu_packed")},
             **{f"gemv_{q}{f}": matmul.GEMV_ROW_THREADS for q, _, _ in packed_families()
                for f in ("", "_qkv", "_gate_up_silu", "_paired")},
-            **{f"gemv_{name}{suffix}": matmul.GEMV_ROW_THREADS for name in ("qkv", "gate_up_silu", "rows", "paired_rows")
-               for suffix in ("", "_normed")},  # (paired_rows: no normed one)
+            **{f"gemv_{name}{suffix}": matmul.GEMV_ROW_THREADS
+               for name in ("qkv", "gate_up_silu", "rows", "paired_rows", "one_row", "one_row_paired")
+               for suffix in ("", "_normed")},  # (paired_rows, one_row: no normed one)
             "paged_attention_decode": attention.DECODE_THREADS,
             "paged_attention_prefill": prefill_attention.PREFILL_THREADS,
             "add_rms_norm": elementwise.NORM_THREADS, "rope_write_kv": kv_rows.rope_write_threads(kv_rows.MAX_HEAD_DIM),

@@ -124,8 +124,10 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
         return math.ceil(width / (GEMV_THREADS * FLOAT_VEC))
 
     def rows_gemv(name, per_step, rows, width):  # past a wave's rows, two rows a block
-        paired = pairs_rows(rows)
-        return KernelCost(f"gemv_{'paired_' if paired else ''}rows ({name})", per_step,
+        paired = pairs_rows(rows)  # (batch 1: the one-row forms, a round trip a step as well)
+        kernel = (("one_row_paired" if paired else "one_row") if batch == 1 else
+                  ("paired_rows" if paired else "rows"))
+        return KernelCost(f"gemv_{kernel} ({name})", per_step,
                           weight_bytes * rows * width, -(-rows // 2) if paired else rows, GEMV_THREADS,
                           gemv_rounds(width), 3 if paired else 2, per_sm)
 
@@ -220,10 +222,11 @@ def prefill_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
     the tiled products, the tiled prefill attention, the row-wise kernels, and the
     prompt's last row's logits (a GEMV)."""
     from ..elementwise import GPU_NORM_THREADS as NORM_THREADS
-    from ..matmul import FLOAT_VEC, GEMV_BOUNDS, GEMV_THREADS
+    from ..matmul import FLOAT_VEC, GEMV_BOUNDS, GEMV_THREADS, pairs_rows
     from ..prefill_attention import (GPU_KEY_LANES, GPU_KV_TILES, GPU_PREFILL_THREADS, GPU_Q_TILE,
                                      PREFILL_BLOCKS_PER_SM)
     act = 4 * rows
+    paired = pairs_rows(vocab)  # (the last row's logits: DeviceFloat.product's GEMV for one row)
     # a tile of GPU_Q_TILE query rows walks its keys a key tile at a time: on average the
     # chunk's earlier keys and half its own. A key tile: K and V (their block id read
     # during the tile before: one round trip), 3 barriers and 2 butterflies; shared
@@ -251,8 +254,9 @@ def prefill_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
         # the last row: gathered (hidden, residual), its final norm, lm_head, the argmax
         KernelCost("gather_rows (last row)", 2, 8 * hidden, 1, 32, 1, 0),
         KernelCost("add_rms_norm (last row)", 1, 12 * hidden, 1, NORM_THREADS, 1, 3),
-        KernelCost("gemv_rows (lm_head)", 1, weight_bytes * vocab * hidden, vocab, GEMV_THREADS,
-                   math.ceil(hidden / (GEMV_THREADS * FLOAT_VEC)), 2, GEMV_BOUNDS[1]),
+        KernelCost(f"gemv_one_row{'_paired' if paired else ''} (lm_head)", 1, weight_bytes * vocab * hidden,
+                   -(-vocab // 2) if paired else vocab, GEMV_THREADS,
+                   math.ceil(hidden / (GEMV_THREADS * FLOAT_VEC)), 3 if paired else 2, GEMV_BOUNDS[1]),
         KernelCost("argmax (top_candidates)", 1, 4 * vocab, 1, 256, 2, 4),
     ]
 
