@@ -1,6 +1,6 @@
 """A kernel's sm_90 machine code (SASS) and the global loads its threads wait on, read
 without a GPU: the kernel compiled to PTX as the audit does (kernels/cuda/tools/ptx.py's
-signatures), linked to a cubin by nvJitLink, disassembled by nvdisasm.
+signatures), linked to a cubin by nvJitLink (resources.link), disassembled by nvdisasm.
 
     python bench/sass.py LABEL [LABEL ...] [--listing]
 
@@ -41,22 +41,6 @@ def nvdisasm() -> str:
     return found
 
 
-def cubin(ptx: str, arch: str = "sm_90") -> bytes:
-    """The PTX linked to a cubin for `arch` by nvJitLink."""
-    from cuda.bindings import nvjitlink
-    options = [f"-arch={arch}"]
-    handle = nvjitlink.create(len(options), options)
-    try:
-        data = ptx.encode()
-        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel")
-        nvjitlink.complete(handle)
-        out = bytearray(nvjitlink.get_linked_cubin_size(handle))
-        nvjitlink.get_linked_cubin(handle, out)
-    finally:
-        nvjitlink.destroy(handle)
-    return bytes(out)
-
-
 def listing(label: str) -> str:
     """The SASS of the audit's kernel `label` (e.g. "gemv_rows[f16]")."""
     import tempfile
@@ -64,12 +48,13 @@ def listing(label: str) -> str:
     from numba import cuda
 
     from tinypaged.kernels.cuda.tools import ptx
+    from tinypaged.kernels.cuda.tools.resources import link
     for name, kernel, args in ptx.signatures():
         if name == label:
             code = cuda.compile_ptx(kernel.py_func, args, cc=(9, 0),
                                     launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(cubin(code))
+                f.write(link(code)[1])
                 f.flush()
                 return subprocess.run([nvdisasm(), "-c", f.name], check=True, capture_output=True,
                                       text=True).stdout

@@ -59,9 +59,9 @@ def _width(ptx_type: str) -> int:
     return int(re.sub(r"\D", "", ptx_type) or 8) // 8
 
 
-def ptxas_report(ptx: str, arch: str = "sm_90") -> tuple[int, int, int]:
-    """(registers, stack frame bytes, spill bytes) ptxas reports for the PTX's one
-    kernel, compiled to `arch` SASS by nvJitLink."""
+def link(ptx: str, arch: str = "sm_90") -> tuple[str, bytes]:
+    """(ptxas's verbose report, the cubin) of the PTX's kernel compiled to `arch` SASS
+    by nvJitLink."""
     from cuda.bindings import nvjitlink
 
     options = [f"-arch={arch}", "-verbose"]
@@ -72,9 +72,17 @@ def ptxas_report(ptx: str, arch: str = "sm_90") -> tuple[int, int, int]:
         nvjitlink.complete(handle)
         log = bytearray(nvjitlink.get_info_log_size(handle))
         nvjitlink.get_info_log(handle, log)
+        cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
+        nvjitlink.get_linked_cubin(handle, cubin)
     finally:
         nvjitlink.destroy(handle)
-    text = log.decode(errors="replace")
+    return log.decode(errors="replace"), bytes(cubin)
+
+
+def ptxas_report(ptx: str, arch: str = "sm_90") -> tuple[int, int, int]:
+    """(registers, stack frame bytes, spill bytes) ptxas reports for the PTX's one
+    kernel, compiled to `arch` SASS by nvJitLink."""
+    text = link(ptx, arch)[0]
     frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", text)
     used = re.search(r"Used (\d+) registers", text)
     if not (frame and used):
