@@ -75,12 +75,12 @@ def predicted_seconds(n_bytes: float, launches: int = 1, graph_nodes: int = 0) -
 
 
 def timed(fn, repeat=20):
-    """Seconds per call on the device (CUDA events), after two warm-up calls (one
-    and one in a --tiny rehearsal, whose figures mean nothing)."""
+    """Seconds per call on the device (CUDA events), after two warm-up calls (a --tiny
+    rehearsal, whose figures mean nothing, makes one call: the simulator is slow)."""
     if TINY:
         repeat = 1
-    fn()
-    if not TINY:
+    else:
+        fn()
         fn()
     cuda.synchronize()
     start, end = cuda.event(), cuda.event()
