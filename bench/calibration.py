@@ -1,7 +1,8 @@
 """The step model (tinypaged/kernels/cuda/tools/step_model.py) re-calibrated on the card
 (issue 45, part 6). Its assumptions are figures measured on an earlier card or taken
-from the specification; gpu_check measures three of them again (the copy bandwidth, a
-graph node, and here a dependent global load), then predicts every modeled figure
+from the specification; gpu_check measures four of them again (the copy bandwidth, a
+graph node, and here a dependent global load from HBM and one that hits L1), then
+predicts every modeled figure
 again with this card's values, beside the measured one and the first prediction: what
 the model misses with its inputs right is the model's, the rest its inputs'.
 """
@@ -50,12 +51,13 @@ def load_chain(n_lines: int, rng) -> np.ndarray:
 
 def round_trips(report, timed, costs, tiny=False):
     """Microseconds of one dependent global load from HBM (a 512 MB chain, ten times the
-    L2; TLB misses included) and from the L2 (4 MB); the HBM one stands for the model's
-    round_trip_us ("L2 or HBM, rounded up")."""
+    L2; TLB misses included), from the L2 (4 MB) and from L1 (16 KB: after its first
+    pass every load hits); the HBM one stands for the model's round_trip_us ("L2 or
+    HBM, rounded up"), the L1 one for its l1_hit_us."""
     rng = np.random.default_rng(45)
     out = cuda.device_array(1, np.int32)
-    for where, nbytes in (("HBM", 512 << 20), ("L2", 4 << 20)):
-        nbytes = 64 << 10 if tiny else nbytes
+    for where, nbytes in (("HBM", 512 << 20), ("L2", 4 << 20), ("L1", 16 << 10)):
+        nbytes = min(nbytes, 64 << 10) if tiny else nbytes
         chain = cuda.to_device(load_chain(nbytes // (4 * LINE_WORDS), rng))
         steps = 100 if tiny else 20_000
 
@@ -64,16 +66,18 @@ def round_trips(report, timed, costs, tiny=False):
         seconds = timed(walk, repeat=3) / steps
         costs[f"round_trip_{where}_s"] = seconds
         size = f"{nbytes >> 20} MB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KB"
+        assumed = ASSUMPTIONS["l1_hit_us" if where == "L1" else "round_trip_us"]
         report(f"a dependent global load, {where} ({size} chain)", seconds * 1e6, "us",
-               f"the step model assumes {ASSUMPTIONS['round_trip_us']} us (L2 or HBM, rounded up)")
+               f"the step model assumes {assumed} us" + ("" if where == "L1" else " (L2 or HBM, rounded up)"))
 
 
 def card_assumptions(costs) -> dict:
-    """ASSUMPTIONS with this card's copy bandwidth, graph node and HBM round trip; a
-    figure that did not come out positive (the simulator's) keeps the model's."""
+    """ASSUMPTIONS with this card's copy bandwidth, graph node, HBM round trip and L1
+    hit; a figure that did not come out positive (the simulator's) keeps the model's."""
     measured = {"bandwidth_gbps": costs.get("copy_gbps", 0.0),
                 "node_us": costs.get("node_s", 0.0) * 1e6,
-                "round_trip_us": costs.get("round_trip_HBM_s", 0.0) * 1e6}
+                "round_trip_us": costs.get("round_trip_HBM_s", 0.0) * 1e6,
+                "l1_hit_us": costs.get("round_trip_L1_s", 0.0) * 1e6}
     return dict(ASSUMPTIONS, **{k: v for k, v in measured.items() if v > 0})
 
 

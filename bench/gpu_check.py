@@ -6,7 +6,7 @@ runs the CUDA tests for real (cuda_test_command; under a time limit, so that a h
 cannot eat the machine's minutes). Each timed row stands beside a predicted one
 (bytes / measured copy bandwidth + launches x measured launch cost):
 - the card's copy bandwidth, a Python kernel launch's host cost, a CUDA graph
-  node's device cost and a dependent global load (HBM, L2), all measured here; at the
+  node's device cost and a dependent global load (HBM, L2, L1), all measured here; at the
   end, every figure the step model predicts predicted again with these (calibration.py);
 - paged-attention decode at 64 x 1024 and 1 x 8192 tokens (GB/s, share of copy
   bandwidth);

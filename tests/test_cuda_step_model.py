@@ -182,3 +182,22 @@ def test_a_packed_product_past_a_waves_rows_is_priced_two_rows_a_block():
     assert {"packed q_proj (paired)", "packed o_proj (paired)", "packed lm_head", "packed k_proj"} <= set(large)
     fused = _packed_gemv("packed qkv", 1, Q8_0, 1536, 640, fused=True)
     assert fused.name == "packed qkv" and fused.blocks == 1536
+
+
+def test_the_8_row_loops_wait_on_a_steps_later_weights_from_l1():
+    """bench/sass.py's reading, priced: row_dots' 8-row loop waits on each of a step's
+    FLOAT_VEC weights (the first a round trip, the rest L1 hits), the one-row GEMVs
+    (batch 1's o, down, lm_head) on the step's loads once; a nibble kind's packed step
+    on each of its VEC quant bytes, Q8_0's word once. Each L1 wait costs l1_hit_us."""
+    from tinypaged.formats.quant_kind import Q4_K, Q8_0
+    from tinypaged.kernels.cuda.matmul import FLOAT_VEC, VEC
+    from tinypaged.kernels.cuda.tools.step_model import _packed_gemv
+    one, two = ({k.name: k for k in decode_step(**SMOLLM2, batch=b, context=128)} for b in (1, 2))
+    assert one["gemv_one_row (down_proj)"].l1_waits == 0
+    assert two["gemv_rows (down_proj)"].l1_waits == 2 * (FLOAT_VEC - 1)  # (1,536 wide: two steps)
+    assert one["gemv_qkv"].l1_waits == two["gemv_qkv"].l1_waits == FLOAT_VEC - 1  # (normed at batch 1)
+    assert _packed_gemv("q4_k", 1, Q4_K, 10, 2048).l1_waits == 2 * (VEC - 1)
+    assert _packed_gemv("q8_0", 1, Q8_0, 10, 2048).l1_waits == 0
+    qkv = one["gemv_qkv"]
+    slower = dict(ASSUMPTIONS, l1_hit_us=ASSUMPTIONS["l1_hit_us"] + 1.0)
+    assert qkv.micros(slower) - qkv.micros() == pytest.approx(qkv.waves() * (FLOAT_VEC - 1))

@@ -40,7 +40,8 @@ def test_the_gpu_check_runs_through_on_the_simulator():
             "Q8_0 W, a row a block", "Q8_0 W, two rows a block")] + [
         "batch-1 GEMV 48->24 (f16 W, 8-row loop)", "batch-1 GEMV 48->24 (f16 W, loads hoisted)"]
     assert [f for f in figures if f.startswith("a dependent global load")] == [
-        "a dependent global load, HBM (64 KB chain)", "a dependent global load, L2 (64 KB chain)"]
+        "a dependent global load, HBM (64 KB chain)", "a dependent global load, L2 (64 KB chain)",
+        "a dependent global load, L1 (16 KB chain)"]
     # every modeled figure predicted again on the card's figures (the simulator's: none)
     modeled = [line.split(" | ")[0].lstrip("| ") for line in again.splitlines()[2:] if line.startswith("| ")]
     assert modeled == [f for f in figures if f.startswith(("model decode, batch 1, graph",

@@ -31,6 +31,9 @@ ASSUMPTIONS = {
     "node_us": 0.51,  # a kernel node of a replayed graph (measured)
     "bandwidth_gbps": 4000.0,  # device copy, read + write (measured)
     "round_trip_us": 1.0,  # one dependent global load, L2 or HBM (rounded up)
+    # a dependent load that hits L1 (~33 clocks at 1.98 GHz, rounded up; the 8-row GEMV
+    # loops wait on each weight of a step: bench/sass.py)
+    "l1_hit_us": 0.02,
     "sync_us": 0.25,  # a barrier, a shuffle butterfly or a shared-memory pass
     "sms": 132,
     "threads_per_sm": 2048,
@@ -60,6 +63,7 @@ class KernelCost:
     syncs: int  # barriers, butterflies, shared-memory passes, in sequence
     per_sm: int = 0  # blocks an SM holds at once where registers bound it (0: threads do)
     shared_loads: int = 0  # warp-wide shared-memory loads of one launch (compute kernels)
+    l1_waits: int = 0  # dependent loads of one thread that hit L1, after its round trips
 
     def waves(self, a=ASSUMPTIONS) -> int:
         per_wave = a["sms"] * (self.per_sm or max(1, a["threads_per_sm"] // self.threads))
@@ -69,7 +73,8 @@ class KernelCost:
         """Predicted device microseconds of one launch."""
         shared = self.shared_loads / (a["sms"] * a["sm_clock_ghz"] * 1e3 * a["shared_loads_per_sm_clock"])
         memory = max(self.bytes / (a["bandwidth_gbps"] * 1e3),
-                     self.waves(a) * self.rounds * a["round_trip_us"], shared)
+                     self.waves(a) * (self.rounds * a["round_trip_us"] + self.l1_waits * a["l1_hit_us"]),
+                     shared)
         return a["node_us"] + memory + self.syncs * a["sync_us"]
 
 
@@ -123,13 +128,17 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
     def gemv_rounds(width):  # a thread's steps along a row (gate and up go together)
         return math.ceil(width / (GEMV_THREADS * FLOAT_VEC))
 
+    def loop_waits(width):  # row_dots' 8-row loop: a step's later weights wait, from L1
+        return gemv_rounds(width) * (FLOAT_VEC - 1)
+
     def rows_gemv(name, per_step, rows, width):  # past a wave's rows, two rows a block
         paired = pairs_rows(rows)  # (batch 1: the one-row forms, a round trip a step as well)
         kernel = (("one_row_paired" if paired else "one_row") if batch == 1 else
                   ("paired_rows" if paired else "rows"))
         return KernelCost(f"gemv_{kernel} ({name})", per_step,
                           weight_bytes * rows * width, -(-rows // 2) if paired else rows, GEMV_THREADS,
-                          gemv_rounds(width), 3 if paired else 2, per_sm)
+                          gemv_rounds(width), 3 if paired else 2, per_sm,
+                          l1_waits=0 if batch == 1 else loop_waits(width))  # (one row: hoisted)
 
     # the decode attention's split as the backend picks it on a GPU (GPU_CHUNK-key
     # chunks, DECODE_BLOCKS_PER_SM blocks an SM: their registers), each block's chunks
@@ -169,10 +178,12 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
                                        kinds)
     return kernels + [
         KernelCost("gemv_qkv", layers, weight_bytes * hidden * (heads + 2 * kv_heads) * head_dim,
-                   (heads + 2 * kv_heads) * head_dim, GEMV_THREADS, gemv_rounds(hidden), 2 + norm_syncs, per_sm),
+                   (heads + 2 * kv_heads) * head_dim, GEMV_THREADS, gemv_rounds(hidden), 2 + norm_syncs, per_sm,
+                   l1_waits=loop_waits(hidden)),
         rows_gemv("o_proj", layers, hidden, heads * head_dim),
         KernelCost("gemv_gate_up_silu", layers, 2 * weight_bytes * hidden * intermediate,
-                   intermediate, GEMV_THREADS, gemv_rounds(hidden), 4 + norm_syncs, per_sm),
+                   intermediate, GEMV_THREADS, gemv_rounds(hidden), 4 + norm_syncs, per_sm,
+                   l1_waits=loop_waits(hidden)),
         rows_gemv("down_proj", layers, hidden, intermediate),
         rows_gemv("lm_head", 1, vocab, hidden),
     ]
@@ -193,10 +204,13 @@ def _packed_gemv(name, per_step, kind, rows, width, matrices=1, fused=False) -> 
     per_step_bytes = 4 * GEMV_THREADS if k.name == "Q8_0" else 2 * VEC * GEMV_THREADS  # weights a step
     passes = matrices if kind in GATE_UP_IN_TWO_PASSES else 1
     paired = not fused and matrices == 1 and pairs_rows(rows) and PACKED_KERNELS[kind].paired is not None
+    steps = passes * math.ceil(width / per_step_bytes)
     return KernelCost(f"{name}{' (paired)' if paired else ''}", per_step,
                       matrices * rows * width * k.block_bytes // k.block, -(-rows // 2) if paired else rows,
-                      GEMV_THREADS, passes * math.ceil(width / per_step_bytes), 2 * (2 if paired else matrices),
-                      GEMV_BOUNDS[1])
+                      GEMV_THREADS, steps, 2 * (2 if paired else matrices), GEMV_BOUNDS[1],
+                      # (a nibble kind's step waits on each of its VEC quant bytes; Q8_0's
+                      # word is one load: bench/sass.py)
+                      l1_waits=0 if k.name == "Q8_0" else steps * (VEC - 1))
 
 
 def _packed_gemvs(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab, kinds) -> list:
