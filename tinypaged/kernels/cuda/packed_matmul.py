@@ -13,8 +13,8 @@ x comes rounded to int8 blocks already (elementwise.round_activations), as every
 backend's packed products take it; products accumulate in float32.
 
 - `gemv_q8_0`, `gemv_q4` (and their `_qkv` and `_gate_up_silu` forms: two or three
-  matrices in one launch; `_paired`: two rows of one matrix a block, for lm_head): decode (M <= GEMV_MAX_ROWS), the float GEMVs' layout:
-  a block per weight row, threads on 4 consecutive bytes of quants (Q8_0's read as
+  matrices in one launch; Q8_0's `_paired`: two rows of one matrix a block, for
+  lm_head): decode (M <= GEMV_MAX_ROWS), the float GEMVs' layout: a block per weight row, threads on 4 consecutive bytes of quants (Q8_0's read as
   one int32 word; a warp reads 128 consecutive bytes a step, coalesced), shfl_xor
   and shared-memory sums. Traffic: the packed row once (Q8_0: 34 bytes per 32 weights, Q4_0: 18,
   Q4_1: 20; float16: 64), x from cache.
