@@ -45,14 +45,11 @@ def listing(label: str) -> str:
     """The SASS of the audit's kernel `label` (e.g. "gemv_rows[f16]")."""
     import tempfile
 
-    from numba import cuda
-
     from tinypaged.kernels.cuda.tools import ptx
     from tinypaged.kernels.cuda.tools.resources import link
     for name, kernel, args in ptx.signatures():
         if name == label:
-            code = cuda.compile_ptx(kernel.py_func, args, cc=(9, 0),
-                                    launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
+            code = ptx.compile_kernel(kernel, args)
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                 f.write(link(code)[1])
                 f.flush()

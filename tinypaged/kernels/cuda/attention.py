@@ -15,7 +15,6 @@ import numpy as np
 from numba import config, cuda, float32, int32
 
 from .bounded_jit import jit_bounded
-from .disk_cache import cached_kernel
 from .exact import NEG_INF
 from .kv_rows import MAX_HEAD_DIM, POOL_READS, layer_rows, pool_form
 from .warp import FULL_MASK, WARP, warp_max, warp_sum
@@ -195,7 +194,7 @@ def _decode_kernel(kv_value, kv_rows, k_once):
     return paged_attention_decode
 
 
-@cuda.jit(device=True, inline="always")
+@cuda.jit(device=True, inline="always")  # (NVVM-inlined, `ahead` spilled 256 bytes)
 def _merge(i, r, h0, group, head_dim, first_part, live_parts, part_acc, part_ml, w_s, sums_s,
            ml_s, out):
     """The last block's merge of row r's live partitions for the group's heads (see

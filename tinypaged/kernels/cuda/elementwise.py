@@ -5,6 +5,7 @@ import math
 
 from numba import config, cuda, float32
 
+from .device_function import device_function
 from .disk_cache import cached_kernel
 from .exact import add_rn, mul_rn, sub_rn
 from ...formats.quant_kind import QK
@@ -67,7 +68,7 @@ def add_rms_norm(x, residual, has_residual, weight, eps, out, residual_out, roun
                 rounded[row, i] = to_step(v, d, inverse)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def block_step(amax):
     """(d, 1 / d) of a 32-value block whose largest magnitude is amax: d = amax / 127
     (0 and 0 for a block of zeros), as reference.quantize_activations computes them."""
@@ -76,20 +77,20 @@ def block_step(amax):
     return d, inverse
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def to_int_step(v, inverse):
     """round-half-even(v / d) (a float holding an integer of -127..127), in float32,
     never fused (exact.py: v * inverse + HALF_EVEN as one FMA would round differently)."""
     return sub_rn(add_rn(mul_rn(v, inverse), HALF_EVEN), HALF_EVEN)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def to_step(v, d, inverse):
     """v as d * round-half-even(v / d), all in float32 (reference.round_activations)."""
     return mul_rn(d, to_int_step(v, inverse))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def rotate_pair(a, b, c, s):
     """Rotate-half RoPE of the pair (a, b) by the angle whose cosine and sine are c, s;
     products rounded before they are summed, as the reference (exact.py)."""

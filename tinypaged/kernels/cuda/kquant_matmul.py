@@ -22,6 +22,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from ...formats.quant_kind import QK, QK_K, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
+from .device_function import device_function
 from .matmul import GEMV_MAX_ROWS, GEMV_ROW_THREADS, VEC
 from .tiled_matmul import tiled_kernels
 from .packed_matmul import decode_kernel_family
@@ -32,7 +33,7 @@ def _kind_functions(kind: int):
     compile-time constant in them (the code of the other kinds compiled away: with all five in,
     the fused q/k/v and gate/up GEMVs spilled registers)."""
 
-    @cuda.jit(device=True, inline="always")
+    @device_function
     def scale_and_min(w, n, c):
         """(scale, min) in float32 of the block of row n holding column c."""
         scales, mins, supers = w[1], w[2], w[3]
@@ -48,7 +49,7 @@ def _kind_functions(kind: int):
             return s, float32(mins[n, c // QK])
         return s, float32(-16.0) * s  # Q5_0
 
-    @cuda.jit(device=True, inline="always")
+    @device_function
     def extra_bits(w, n, c):
         """q's bits above the nibble for columns c .. c + 3 of row n (c a multiple of 4):
         bit v is bit 4 of column c + v's q, bit 4 + v its bit 5 (Q6_K only)."""
@@ -61,7 +62,7 @@ def _kind_functions(kind: int):
             return ((int32(highs[n, at]) >> shift) & 15) | (((int32(highs[n, at + 4]) >> shift) & 15) << 4)
         return (int32(highs[n, c // 8]) >> shift) & 15
 
-    @cuda.jit(device=True, inline="always")
+    @device_function
     def row_dots(x, w, n, t, acc, w2, n2, acc2):
         """acc[m] = thread t's share of x[m] . W[n] (as packed_matmul._q4_row_dots): the
         block's threads walk the K/2 nibble bytes of the row, 4 at a time; byte p gives
@@ -95,7 +96,7 @@ def _kind_functions(kind: int):
                         if two:
                             acc2[m] += w2_low * x_low + w2_high * x_high
 
-    @cuda.jit(device=True, inline="always")
+    @device_function
     def weight(w, n, k, half):
         """Weight (n, k) as float32 (half = K / 2, where the nibble rows fold)."""
         low = k < half
@@ -107,7 +108,7 @@ def _kind_functions(kind: int):
     return row_dots, weight
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _q(nibble, extra, v):
     """Column v's (of 4) q from its nibble and extra_bits."""
     return nibble | (((extra >> v) & 1) << 4) | (((extra >> (4 + v)) & 1) << 5)

@@ -17,6 +17,7 @@ import numpy as np
 from numba import cuda, float32, int8
 
 from ..kv_q8 import KV_BLOCK, head_dim_of
+from .device_function import device_function
 from .disk_cache import cached_kernel
 from .elementwise import block_step, rotate_pair, to_int_step
 from .warp import FULL_MASK, WARP
@@ -52,23 +53,23 @@ def pool_rows(pool):
     return pool.rows if isinstance(pool, Q8Pool) else pool
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def float_value(pool, block, offset, kvh, d):
     return float32(pool[block, offset, kvh, d])
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def float_rows(pool):
     return pool
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def q8_value(pool, block, offset, kvh, d):
     rows, scales = pool
     return float32(rows[block, offset, kvh, d]) * float32(scales[block, offset, kvh, d // KV_BLOCK])
 
 
-@cuda.jit(device=True, inline="always")
+@cuda.jit(device=True, inline="always")  # (returns an array it did not take: allowed only inlined)
 def q8_rows(pool):
     return pool[0]
 
@@ -81,7 +82,7 @@ def pool_form(pool) -> str:
     return "q8" if isinstance(pool, tuple) else ""
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def store_q8(staged, pool, block, offset, kvh, i, head_dim):
     """Thread i of a block (a multiple of 32 threads) quantizes values 2i and 2i + 1 of
     the row staged in shared memory (head_dim values) into the pool's row (block,

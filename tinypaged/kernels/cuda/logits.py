@@ -14,6 +14,7 @@ import math
 import numpy as np
 from numba import cuda, float32, int32
 
+from .device_function import device_function
 from .disk_cache import cached_kernel
 from .elementwise import ROW_THREADS, gather_rows
 from .exact import NEG_INF
@@ -24,7 +25,7 @@ _TOP_WARPS = TOP_THREADS // WARP
 POS_INF = float32(math.inf)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _better(v, i, best_v, best_i):
     """(v, i) comes before (best_v, best_i): a larger value, or the same and a smaller id."""
     return v > best_v or (v == best_v and i < best_i)

@@ -20,6 +20,7 @@ import math
 from numba import config, cuda, float32
 
 from .bounded_jit import jit_bounded
+from .device_function import device_function
 from .warp import WARP, warp_sum
 
 GEMV_MAX_ROWS = 8  # rows of x the decode path takes; beyond this, tiled_matmul.py
@@ -41,7 +42,7 @@ GEMV_ROW_WARPS = 1 if config.ENABLE_CUDASIM else GEMV_WARPS
 GEMV_ROW_THREADS = GEMV_ROW_WARPS * WARP
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _warp_sum_rows(acc, n_rows):
     """acc[m] summed over the warp's lanes, every lane getting it, for m < n_rows (the
     same in every lane: the warp shuffles together): butterflies of shfl_xor_sync."""
@@ -50,7 +51,7 @@ def _warp_sum_rows(acc, n_rows):
             acc[m] = warp_sum(acc[m])
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def block_sum_rows(acc, n_rows, sums):
     """acc[m] summed over the block's threads, every thread getting it, for m < n_rows:
     each warp's by a shfl_xor butterfly, then the GEMV_ROW_WARPS warps' in order from shared
@@ -72,7 +73,7 @@ def block_sum_rows(acc, n_rows, sums):
         cuda.syncthreads()  # read by all before the next row writes sums
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _store_rows(out, bias, has_bias, n, acc, lane, n_rows):
     """Lane 0 writes out[m, n] = acc[m] (+ bias[n]) for the rows of x."""
     if lane == 0:
@@ -81,15 +82,16 @@ def _store_rows(out, bias, has_bias, n, acc, lane, n_rows):
                 out[m, n] = acc[m] + bias[n] if has_bias else acc[m]
 
 
-@cuda.jit(device=True, inline="always")
-def _one_row_dots(x, w, w2, n, n2, acc, acc2, two):
-    """acc[0] = thread t's share of x[0] . W[n] (acc2[0]: of W2[n2] where two), each step's
+@device_function
+def _one_row_dots(x, w, w2, n, n2, acc, acc2):
+    """acc[0] = thread t's share of x[0] . W[n] (acc2[0]: of W2[n2] unless w2 is None), each step's
     FLOAT_VEC weights and x values loaded before any is summed, so a step is one round
     trip (row_dots' loop over up to 8 rows waits on each weight in turn: hoisted, its
     loads spill at 64 registers). A step past the row's end reads the row's last
     FLOAT_VEC instead, the values before k0 (another thread's) zeroed: consecutive
     loads, no branch. Needs K >= FLOAT_VEC."""
     width = x.shape[1]
+    two = w2 is not None  # (a None argument: numba compiles the second matrix out)
     weights = cuda.local.array(FLOAT_VEC, float32)  # (registers: the loops unroll)
     weights2 = cuda.local.array(FLOAT_VEC, float32)
     xs = cuda.local.array(FLOAT_VEC, float32)
@@ -119,7 +121,7 @@ def _float_gemvs(normed: bool, one_row: bool = False):
     assert not (normed and one_row)  # (hoisted, a normed step's loads spilled)
     max_rows = 1 if one_row else NORMED_MAX_ROWS if normed else GEMV_MAX_ROWS
 
-    @cuda.jit(device=True, inline="always")
+    @device_function
     def row_dots(x, w, w2, n, n2, first, acc, acc2, squares, sums, norm):
         """acc[m] (in every thread) = x[m] . W[n] for the rows m of x, and acc2[m] = x[m] .
         W2[n2] when w2 is given (gate and up: both rows' loads in one pass), the block's
@@ -143,7 +145,7 @@ def _float_gemvs(normed: bool, one_row: bool = False):
             residual, gain, residual_out, eps, has_residual = norm
             writes = has_residual and first
         if one_row and width >= FLOAT_VEC:
-            _one_row_dots(x, w, w2, n, n2, acc, acc2, two)
+            _one_row_dots(x, w, w2, n, n2, acc, acc2)
         else:
             for k0 in range(t * FLOAT_VEC, width, GEMV_ROW_THREADS * FLOAT_VEC):
                 for v in range(FLOAT_VEC):
@@ -196,7 +198,7 @@ def _float_gemvs(normed: bool, one_row: bool = False):
                     if two:
                         acc2[m] *= scale
 
-    @cuda.jit(device=True, inline="always")
+    @device_function
     def rows_body(x, w, bias, has_bias, out, norm):
         """A block per W row (grid-stride over rows: block b owns rows b, b + blocks,
         ...; row_dots); thread 0 writes its outputs. Traffic: W once, coalesced; x
@@ -208,7 +210,7 @@ def _float_gemvs(normed: bool, one_row: bool = False):
             row_dots(x, w, None, n, n, n == 0, acc, acc, squares, sums, norm)
             _store_rows(out, bias, has_bias, n, acc, cuda.threadIdx.x, x.shape[0])
 
-    @cuda.jit(device=True, inline="always")
+    @device_function
     def paired_rows_body(x, w, bias, has_bias, out):
         """rows_body for a matrix of more rows than a wave of blocks takes (lm_head): a
         block per pair of rows, p and p + ceil(N / 2) (an odd N's middle row alone), both
@@ -227,7 +229,7 @@ def _float_gemvs(normed: bool, one_row: bool = False):
             if n2 != p:
                 _store_rows(out, bias, has_bias, n2, acc2, t, x.shape[0])
 
-    @cuda.jit(device=True, inline="always")
+    @device_function
     def qkv_body(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out, norm):
         """The q, k and v projections in one launch: blocks stride over Nq + 2 Nk rows;
         row g is row g of Wq, then of Wk, then of Wv (layout as rows_body)."""
@@ -249,7 +251,7 @@ def _float_gemvs(normed: bool, one_row: bool = False):
                 row_dots(x, wv, None, g - nq - nk, g - nq - nk, False, acc, acc, squares, sums, norm)
                 _store_rows(v_out, bv, has_bias, g - nq - nk, acc, t, x.shape[0])
 
-    @cuda.jit(device=True, inline="always")
+    @device_function
     def gate_up_body(x, w_gate, w_up, out, norm):
         """The MLP's middle in one launch: out = silu(x @ Wg.T) * (x @ Wu.T); blocks stride
         over the I rows, each taking row n of both matrices (layout as rows_body)."""

@@ -28,11 +28,12 @@ from numba import cuda, float32, int32
 
 from ...formats.quant_kind import Q4_0, Q4_1, Q8_0, QK
 from .bounded_jit import jit_bounded
+from .device_function import device_function
 from .matmul import GEMV_BOUNDS, GEMV_MAX_ROWS, GEMV_ROW_THREADS, GEMV_ROW_WARPS, VEC, _store_rows, block_sum_rows
 from .tiled_matmul import tiled_kernels
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _weight(w, n, k, half):
     """Weight (n, k) as float32 of a Q8_0 / Q4_x matrix (half = K / 2, where Q4_x rows
     fold)."""
@@ -46,7 +47,7 @@ def _weight(w, n, k, half):
     return scale * float32(q) + float32(mins[n, k // QK])
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _q8_0_row_dots(x, w, n, t, acc, w2, n2, acc2):
     """acc[m] = thread t's share of x[m] . W[n] (a block a row, its threads on
     consecutive words), on Q8_0 quants read as int32 words of 4 (one 4-byte load a
@@ -74,7 +75,7 @@ def _q8_0_row_dots(x, w, n, t, acc, w2, n2, acc2):
                         acc2[m] += wk2 * xk
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _q4_scales(w, n, p0, half):
     """(scale, min) of the blocks of row n holding byte p0's low and high weights."""
     scales, mins, has_mins = w[1], w[2], w[3]
@@ -84,7 +85,7 @@ def _q4_scales(w, n, p0, half):
     return s_low, m_low, s_high, m_high
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _q4_row_dots(x, w, n, t, acc, w2, n2, acc2):
     """acc[m] = thread t's share of x[m] . W[n], on Q4_0 (has_mins False) or Q4_1
     quants: the block's threads walk the K/2 bytes of the row, VEC at a time; byte p

@@ -22,6 +22,7 @@ import math
 from numba import config, cuda, float32
 
 from .bounded_jit import jit_bounded
+from .device_function import device_function
 from .exact import NEG_INF
 from .kv_rows import MAX_HEAD_DIM, POOL_READS, pool_form
 from .warp import lanes_max, lanes_sum
@@ -66,12 +67,12 @@ def _prefill_kernel(kv_value, kv_rows, width):
     kv_loads = width // key_lanes  # K (and V) values a thread stages a tile
     padded = width + 1  # q and k rows: a warp's keys at one d in as many banks
 
-    @cuda.jit(device=True, inline="always")
+    @device_function
     def key_block(block_tables, s, pos, end, block_size):
         """The pool block that holds key `pos` of sequence s (0 past `end`)."""
         return block_tables[s, pos // block_size] if pos < end else 0
 
-    @cuda.jit(device=True, inline="always")
+    @device_function
     def stage_keys(k_cache, v_cache, block, pos, end, kvh, head_dim, k_s, v_s):
         """This thread's share of a key tile into shared memory: key `pos` (in `block`),
         its dimensions t % key_lanes + key_lanes n (a key's lanes read consecutive

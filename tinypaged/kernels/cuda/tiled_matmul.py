@@ -31,6 +31,7 @@ import numpy as np
 from numba import config, cuda, float32, int32
 
 from .bounded_jit import jit_bounded
+from .device_function import device_function
 
 # a block's tile of out (TILE x TILE), a thread's patch of it (PATCH x PATCH), the slice of
 # K staged at a time: a GPU's (tools/step_model.py prices these) and the simulator's, a
@@ -88,13 +89,13 @@ def launch_tiled(launch, kernel, x, matrices, n_cols, *args) -> None:
            launch.arrival_counts(tiles[1], tiles[0]), np.int32(k_span))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _pick_one(n, bound1, bound2):
     """(which matrix, its row, whether the row exists) of column n: the one matrix's row n."""
     return 0, n, True
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _pick_qkv(n, bound1, bound2):
     """Column n of q | k | v side by side: bound1 = Nq, bound2 = Nq + Nk."""
     if n < bound1:
@@ -104,7 +105,7 @@ def _pick_qkv(n, bound1, bound2):
     return 2, n - bound2, True
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _pick_gate_up(n, intermediate, unused):
     """Column n of the fused gate/up product (gate_up_columns): a tile's first HALF
     columns are gate rows, its next HALF the same rows of up."""
@@ -118,7 +119,7 @@ def _tile_sums(weight, pick):
     matrix thrice for a plain product) whose column n reads row `row` of matrix m
     (pick(n, bound1, bound2) -> (m, row, exists)), through weight(w, row, k, half)."""
 
-    @cuda.jit(device=True, inline="always")
+    @device_function
     def read(w0, w1, w2, m, row, k, half):
         """weight(w_m, row, k, half), a call per matrix (a matrix picked first, or from a
         tuple by a run-time index, went through local memory: 64-640 bytes of stack).
@@ -127,7 +128,7 @@ def _tile_sums(weight, pick):
             return weight(w0, row, k, half)
         return weight(w1, row, k, half) if m == 1 else weight(w2, row, k, half)
 
-    @cuda.jit(device=True, inline="always")
+    @device_function
     def load_slice(x, w0, w1, w2, bound1, bound2, n_cols, row0, col0, k0, k_end, half, x_next, w_next):
         """This thread's share of the slice at k0: x_next[l], w_next[l] for the slice's
         values t + l TILED_THREADS (row-major [row, k] and [n, k]: a warp reads runs
@@ -146,7 +147,7 @@ def _tile_sums(weight, pick):
                 if exists:
                     w_next[l] = read(w0, w1, w2, m, row, k, half)
 
-    @cuda.jit(device=True, inline="always")
+    @device_function
     def tile_sums(x, w0, w1, w2, bound1, bound2, n_cols, k_span, acc, x_s, w_s):
         """acc[i, j] = the sum over this block's split of K of x[row] . W[column], for
         the thread's rows row0 + ty + SIDE i and columns col0 + tx + SIDE j."""
@@ -186,7 +187,7 @@ def _tile_sums(weight, pick):
     return tile_sums
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _merge_splits(acc, n_rows, n_cols, partials, arrivals, last_s):
     """With K split (gridDim.z > 1): write this block's partial sums, fence, count
     the block; the last to arrive replaces acc with the splits' sums in split order
@@ -301,7 +302,7 @@ def tiled_kernels(weight, fuse_qkv=True, fuse_gate_up=True) -> TiledKernels:
                         matmul_tiled_gate_up_silu if fuse_gate_up else None)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _plain_weight(w, n, k, half):
     """Weight (n, k) of a float16 / float32 matrix, as float32."""
     return float32(w[n, k])

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import sys
+from contextlib import contextmanager
 
 from numba import cuda, types
 
@@ -189,9 +190,30 @@ def audit(shard: int = 0, shards: int = 1) -> dict:
 
 def compile_all(cc: tuple[int, int] = (9, 0), shard: int = 0, shards: int = 1) -> dict[str, str]:
     """label -> PTX text (of every shards-th signature from `shard`)."""
-    return {label: cuda.compile_ptx(kernel.py_func, args, cc=cc,
-                                    launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
-            for label, kernel, args in signatures()[shard::shards]}
+    return {label: compile_kernel(kernel, args, cc) for label, kernel, args in signatures()[shard::shards]}
+
+
+def compile_kernel(kernel, args: tuple, cc: tuple[int, int] = (9, 0)) -> str:
+    """One kernel's PTX for compute capability cc, with or without a GPU."""
+    with _device_functions_for(cc):
+        return cuda.compile_ptx(kernel.py_func, args, cc=cc,
+                                launch_bounds=kernel.targetoptions.get("launch_bounds"))[0]
+
+
+@contextmanager
+def _device_functions_for(cc: tuple[int, int]):
+    """numba-cuda compiles a device function (device_function.py) for the current
+    device's compute capability, and without a GPU there is none to ask: answer cc."""
+    from numba.cuda import dispatcher
+
+    class Device:
+        compute_capability = cc
+    current = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: Device
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = current
 
 
 def _shape(config_dir: str) -> dict:
