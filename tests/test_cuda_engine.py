@@ -14,6 +14,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)  # (each s
 # decode steps: the simulator's tiled products are held in test_cuda_kernels.py and in
 # the ten-row test at the end
 PROMPT = "A tale"
+REPEATING = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # (a prompt that repeats itself: proposals are made)
 
 
 def test_greedy_generation_matches_the_cpu_backend(cuda_model_dir):
@@ -168,39 +169,45 @@ def test_a_head_wider_than_the_kernels_take_is_refused_when_the_pool_is_made(tmp
         LLM(tmp_path, backend="cuda", num_blocks=16)
 
 
-def test_speculation_on_the_gpu_gives_plain_greedy_tokens(cuda_model_dir, monkeypatch):
+@pytest.fixture(scope="module")
+def plain_greedy(cuda_model_dir) -> list[int]:
+    """REPEATING's first 8 greedy tokens on the CUDA backend without speculation (the
+    speculating tests' answer; a shorter run's are its first ones)."""
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    llm = LLM(cuda_model_dir, backend="cuda", num_blocks=16)
+    tokens = llm.generate([REPEATING], params)[0].token_ids
+    llm.close()
+    return tokens
+
+
+def test_speculation_on_the_gpu_gives_plain_greedy_tokens(cuda_model_dir, monkeypatch, plain_greedy):
     """Proposals verified as decode rows on the CUDA backend (eager: a step with several
-    rows for one sequence is not a recorded decode step): plain greedy's tokens, on a
-    prompt that repeats itself so that proposals are made."""
+    rows for one sequence is not a recorded decode step): plain greedy's tokens."""
     from tinypaged.engine.draft_sizer import DraftSizer
     monkeypatch.setattr(DraftSizer, "choose", lambda self, rates, plain: [self.sizes[-1]] * len(rates))
-    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    want = LLM(cuda_model_dir, backend="cuda", num_blocks=16).generate([prompt], params)[0]
     llm = LLM(cuda_model_dir, backend="cuda", num_blocks=16,
               speculative_config={"method": "ngram", "num_speculative_tokens": 3})
-    got = llm.generate([prompt], params)[0]
-    assert got.token_ids == want.token_ids
+    got = llm.generate([REPEATING], params)[0]
+    assert got.token_ids == plain_greedy[:6]
     stats = llm.stats()
     assert stats["spec_num_draft_tokens"] > 0 and stats["blocks_used"] == 0
 
 
 @pytest.mark.parametrize("cuda_graphs", [False, True])
-def test_a_draft_model_speculates_on_the_gpu(cuda_model_dir, monkeypatch, cuda_graphs):
+def test_a_draft_model_speculates_on_the_gpu(cuda_model_dir, monkeypatch, cuda_graphs, plain_greedy):
     """A draft model (the stand-in drafting for itself) on the CUDA backend: its own
     device KV pool, its passes through the same kernels; plain greedy's tokens. The
     verification runs eagerly or as a recorded decode step (a bucket of rows, several of
     them one sequence's: recorded once, then replayed)."""
     from tinypaged.engine.draft_sizer import DraftSizer
     monkeypatch.setattr(DraftSizer, "choose", lambda self, rates, plain: [self.sizes[-1]] * len(rates))
-    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    want = LLM(cuda_model_dir, backend="cuda", num_blocks=16).generate([prompt], params)[0]
     llm = LLM(cuda_model_dir, backend="cuda", num_blocks=16, max_num_seqs=1, cuda_graphs=cuda_graphs,
               speculative_config={"method": "draft_model", "model": str(cuda_model_dir),
                                   "num_speculative_tokens": 2})
-    got = llm.generate([prompt], params)[0]
-    assert got.token_ids == want.token_ids
+    got = llm.generate([REPEATING], params)[0]
+    assert got.token_ids == plain_greedy
     assert llm.stats()["spec_num_accepted_tokens"] > 0
     graphs = llm.engine.runner.decode_graphs
     if cuda_graphs:  # (1 + 2 rows: bucket 4; tokens 2-4 and 5-7 take two such steps)

@@ -33,21 +33,30 @@ def test_the_gguf_runs_directly_with_its_weights_packed(smollm2_gguf):
     assert kinds & packed and "LinearWeight" not in kinds  # no float copy of a matrix
 
 
-def test_q8_0_at_load_is_within_one_percent_of_float16(smollm2, smollm2_dir):
+@pytest.fixture(scope="module")
+def longer_prose(smollm2):
+    """LONGER_PROSE's ids and the float16 path's perplexity on them (two packed forms
+    are held against it)."""
+    ids = smollm2.tokenizer.encode(LONGER_PROSE)
+    return ids, engine_perplexity(smollm2, ids)
+
+
+def test_q8_0_at_load_is_within_one_percent_of_float16(smollm2, smollm2_dir, longer_prose):
     """On ~1,700 tokens: on PROSE's ~130, rounding x to int8 makes perplexity move by
     ~1% either way with any change in the float arithmetic before it (the float16
     KV cache, another CPU's order of sums: 13.96 with a float32 KV cache, 14.10 with
     float16, against float16 weights' 13.92 on an AMD Zen 2); here 0.06%."""
-    ids = smollm2.tokenizer.encode(LONGER_PROSE)
+    ids, float_perplexity = longer_prose
     q8 = LLM(smollm2_dir, kv_cache_memory=256 << 20, quantization="q8_0")
     held = {id(w): w for w in smollm2.engine.runner.model.w.values()}.values()
     two_bytes_a_weight = sum(2 * w.shape[0] * w.shape[1] if w.ndim == 2 else w.nbytes for w in held)
     assert smollm2.stats()["weight_bytes"] == two_bytes_a_weight  # float16, one copy
     assert q8.stats()["weight_bytes"] < smollm2.stats()["weight_bytes"] * 34 / 64 * 1.01
-    assert engine_perplexity(q8, ids) == pytest.approx(engine_perplexity(smollm2, ids), rel=1e-2)
+    assert engine_perplexity(q8, ids) == pytest.approx(float_perplexity, rel=1e-2)
 
 
-def test_q4_1_from_the_gguf_is_no_worse_than_half_a_percent_of_the_float_path(smollm2, smollm2_gguf):
+def test_q4_1_from_the_gguf_is_no_worse_than_half_a_percent_of_the_float_path(smollm2, smollm2_gguf,
+                                                                               longer_prose):
     """The converted folder holds the same weights, dequantized to float16; the GGUF's
     products also round x to int8 blocks. On these ~120 tokens that rounding moves
     perplexity by up to ~0.7% either way (-0.7% once, +0.7% after a change of an ulp in
@@ -58,9 +67,9 @@ def test_q4_1_from_the_gguf_is_no_worse_than_half_a_percent_of_the_float_path(sm
     ids = smollm2.tokenizer.encode(PROSE)
     packed, float_path = engine_perplexity(gguf, ids), engine_perplexity(smollm2, ids)
     assert packed == pytest.approx(float_path, rel=1e-2)
-    longer = smollm2.tokenizer.encode(LONGER_PROSE)  # ~1,700 tokens: the noise averages out
+    longer, float_perplexity = longer_prose  # ~1,700 tokens: the noise averages out
     assert len(longer) > 1500
-    assert engine_perplexity(gguf, longer) == pytest.approx(engine_perplexity(smollm2, longer), rel=5e-3)
+    assert engine_perplexity(gguf, longer) == pytest.approx(float_perplexity, rel=5e-3)
 
 
 def test_capital_of_france_is_paris(smollm2_dir):
