@@ -42,10 +42,13 @@ def test_the_cuda_test_files_collect_without_the_extras():
 
 
 def test_the_packed_cuda_tests_pass_without_gguf():
+    """One kind of each way the test makes its blocks (_packed_matrices: quantized,
+    random Q5 blocks, random K-quant blocks); the main run holds the rest."""
     result = _pytest_without_extras(
-        "test_cuda_kernels.py::test_packed_weights_go_up_packed_and_their_products_take_the_rounded_x")
+        "test_cuda_kernels.py::test_packed_weights_go_up_packed_and_their_products_take_the_rounded_x",
+        "-k", "Q8_0 or Q5_0 or Q4_K")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "8 passed" in result.stdout
+    assert "3 passed" in result.stdout
 
 
 def test_every_file_with_cuda_tests_runs_on_the_card_or_says_why_not():
