@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT
 
 from tinypaged.kernels.cuda.tools.resources import KernelResources
 
@@ -152,3 +153,15 @@ def test_the_float64_count_sees_a_float64_division():
 
     ptx = "\tdiv.rn.f64 \t%fd3, %fd1, %fd2;\n\tcvt.rn.f32.f64 \t%f2, %fd3;\n\tadd.f32 %f1, %f2, %f3;"
     assert float64_instructions(ptx) == 2
+
+
+def test_device_functions_are_inlined_by_nvvm_unless_they_say_why():
+    """numba's own inliner (inline="always") made the sm_90 compile ~4x slower
+    (device_function.py): a device function takes @device_function, or its line says
+    why it cannot."""
+    for path in (ROOT / "tinypaged" / "kernels" / "cuda").rglob("*.py"):
+        if path.name == "device_function.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if "cuda.jit(device=True" in line:
+                assert 'inline="always")  # (' in line, f"{path.name}:{number}: @device_function, or why not"
