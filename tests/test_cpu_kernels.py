@@ -180,6 +180,22 @@ def test_a_long_decode_context_is_split_over_the_cores_and_merged():
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
+def test_paged_attention_of_views_and_of_another_pool_dtype():
+    """q and the output as the kernel's own arrays, q as a strided view (its items'
+    kernel compiled again for that layout), then float32 and float16 pools in turn:
+    each equals the reference."""
+    rng = np.random.default_rng()
+    k_cache, v_cache, meta = random_paged_batch(rng, 16, 2, 16, [40, 9], [1, 9])
+    wide = rand(rng, meta.num_tokens, 4, 32)
+    for q in (np.ascontiguousarray(wide[:, :, :16]), wide[:, :, :16], wide[:, :, ::2]):
+        for dtype in (np.float32, np.float16):
+            k, v = k_cache.astype(dtype), v_cache.astype(dtype)
+            want = reference.paged_attention(q, k, v, meta)
+            as_held = (k, v) if dtype == np.float32 else (k.view(np.uint16), v.view(np.uint16))
+            np.testing.assert_allclose(cpu.paged_attention(*on_cpu(q, *as_held, meta)), want,
+                                       rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("window", [1, 3, 10])
 def test_paged_attention_reference_masks_a_window_as_dense_attention_does(window):
     rng = np.random.default_rng(window)

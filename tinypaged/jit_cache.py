@@ -39,7 +39,7 @@ def cached_njit(**options):
     def decorate(py_func):
         dispatcher = njit(**options)(py_func)
         dispatcher._cache = _SourcesCache(py_func)  # what njit(cache=True) sets, stamped
-        key = f"{py_func.__module__}:{py_func.__qualname__}"
+        key = _key(py_func)
         _KERNELS[key] = dispatcher
         compile_for_args = dispatcher._compile_for_args
 
@@ -49,6 +49,20 @@ def cached_njit(**options):
         dispatcher._compile_for_args = called
         return dispatcher
     return decorate
+
+
+def _key(py_func) -> str:
+    return f"{py_func.__module__}:{py_func.__qualname__}"
+
+
+def compile_as_called(kernel, arg_types) -> None:
+    """A cached kernel compiled for arg_types (its code loaded from the disk cache where
+    it is there) and listed as called from Python: for a kernel other code calls at its
+    address (kernels/cpu/address_call.py), which preload must load too."""
+    key = _key(kernel.py_func)
+    kernel.compile(tuple(arg_types))
+    if _KERNELS.get(key) is kernel:  # (a plain njit kernel has no disk cache to preload)
+        _CALLED.add(key)
 
 
 def called_signatures() -> dict:

@@ -21,10 +21,11 @@ and OpenBLAS's threads both spin after their work, and alternating them on two
 cores cost milliseconds (linear.blas_in_use says which).
 """
 import numpy as np
-from numba import float32, get_num_threads, prange, set_num_threads
+from numba import float32, get_num_threads, prange, set_num_threads, typeof, types
 
 from ...jit_cache import cached_njit
 from .attention_items import FEW_ROWS, KEYS, NO_SCORE, attend_few, attend_many
+from .address_call import call_entry, compiled_entry
 from .common import N_CHUNKS
 from .fast_exp import exp32
 from .linear import blas_in_use
@@ -160,10 +161,10 @@ def _merge(item, starts, lens, items, part_top, part_total, part_acc, out):
 
 @cached_njit(fastmath=True, parallel=True, error_model="numpy")
 def _paged_attention(q, k_cache, v_cache, block_tables, positions, token_seq, scale, window,
-                     softcap, tile, split, out):
-    """The work items in N_CHUNKS round-robin shares on numba's threads, then the
-    merges. (A prange loop's body is one call: numba's parallel pass then has little
-    to analyse.)"""
+                     softcap, tile, split, out, run_chunk):
+    """The work items in N_CHUNKS round-robin shares on numba's threads (_run_chunk,
+    called at its address run_chunk: address_call.py), then the merges. False, with
+    nothing done, where run_chunk was compiled for other types."""
     chunks = N_CHUNKS
     n_heads, head_dim = q.shape[1], q.shape[2]
     n_kv = v_cache.shape[2]
@@ -179,15 +180,17 @@ def _paged_attention(q, k_cache, v_cache, block_tables, positions, token_seq, sc
                  + max(KEYS * rows, FEW_ROWS * split) + rows * head_dim + 3 * rows + 16
                  + FEW_ROWS * 16)
     scratch = np.empty((chunks, per_chunk), np.float32)
+    done = np.empty(chunks, np.bool_)
     for c in prange(chunks):  # work items dealt round-robin: long and short ones mix
-        # (c is int64 where numba types the loop, uint64 in the loop's own kernel: one
-        #  type, or _run_chunk and all it calls compile twice)
-        _run_chunk(np.int64(c), chunks, q, k_cache, v_cache, block_tables, positions, token_seq, scale,
-                   window, softcap, split, starts, lens, items, scratch[c], rows, out, part_top,
-                   part_total, part_acc)
+        done[c] = call_entry(run_chunk, (np.int64(c), chunks, q, k_cache, v_cache, block_tables, positions,
+                                          token_seq, scale, window, softcap, split, starts, lens, items,
+                                          scratch[c], rows, out, part_top, part_total, part_acc))
+    if not done.all():
+        return False
     for item in range(len(items)):  # merge each split tile's partials (at its first item)
         if items[item, 3] >= 0 and (item == 0 or items[item - 1, 0] != items[item, 0]):
             _merge(item, starts, lens, items, part_top, part_total, part_acc, out)
+    return True
 
 
 def paged_attention(q, k_cache, v_cache, meta, window=None, scores_scale=None, softcap=None,
@@ -201,12 +204,36 @@ def paged_attention(q, k_cache, v_cache, meta, window=None, scores_scale=None, s
             window or 0, np.float32(softcap or 0.0), tile_tokens(n_heads, v_cache.shape[2], head_dim),
             split_keys, out)
     if not blas_in_use():  # (numba's thread-count calls take a lock: ~5 us a pair)
-        _paged_attention(*args)
+        _attend(args)
         return out
     threads = get_num_threads()
     set_num_threads(1)  # one thread: no numba workers woken between BLAS calls
     try:
-        _paged_attention(*args)
+        _attend(args)
     finally:
         set_num_threads(threads)
     return out
+
+
+_RUN_CHUNK_ENTRIES: dict = {}  # (the pool's K and V dtypes) -> _run_chunk's entry
+
+
+def _attend(args) -> None:
+    """_paged_attention(*args) with _run_chunk's entry for args' types: found by the
+    pool's dtypes (what differs between models; numba's typeof takes ~6 us an array),
+    or where that entry's types differ (another layout of q, say), by typeof."""
+    key = args[1].dtype.num, args[2].dtype.num
+    entry = _RUN_CHUNK_ENTRIES.get(key)
+    if entry is None or not _paged_attention(*args, entry):
+        entry = _RUN_CHUNK_ENTRIES[key] = compiled_entry(_run_chunk, _run_chunk_types(args))
+        assert _paged_attention(*args, entry), "_run_chunk's entry does not take these arguments"
+
+
+def _run_chunk_types(args) -> tuple:
+    """The numba types of the arguments _paged_attention(*args) passes _run_chunk."""
+    q, k_cache, v_cache, block_tables, positions, token_seq, *_, out = map(typeof, args)
+    index, floats = types.int64, types.float32
+    vector, matrix = types.Array(index, 1, "C"), types.Array(index, 2, "C")
+    return (index, index, q, k_cache, v_cache, block_tables, positions, token_seq, floats, index,
+            floats, index, vector, vector, matrix, types.Array(floats, 1, "C"), index, out,
+            types.Array(floats, 2, "C"), types.Array(floats, 2, "C"), types.Array(floats, 3, "C"))
