@@ -180,20 +180,28 @@ def test_a_long_decode_context_is_split_over_the_cores_and_merged():
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
-def test_paged_attention_of_views_and_of_another_pool_dtype():
-    """q and the output as the kernel's own arrays, q as a strided view (its items'
-    kernel compiled again for that layout), then float32 and float16 pools in turn:
-    each equals the reference."""
+def test_paged_attention_finds_its_items_kernel_again_for_another_pool():
+    """The items' kernel is called at an address kept per pool dtype (address_call.py):
+    float32 and float16 pools in turn, and after the float32 pool's entry is put where
+    the float16 pool's belongs (an entry for other types), each equals the reference."""
+    from tinypaged.kernels.cpu import attention
     rng = np.random.default_rng()
     k_cache, v_cache, meta = random_paged_batch(rng, 16, 2, 16, [40, 9], [1, 9])
-    wide = rand(rng, meta.num_tokens, 4, 32)
-    for q in (np.ascontiguousarray(wide[:, :, :16]), wide[:, :, :16], wide[:, :, ::2]):
-        for dtype in (np.float32, np.float16):
-            k, v = k_cache.astype(dtype), v_cache.astype(dtype)
-            want = reference.paged_attention(q, k, v, meta)
-            as_held = (k, v) if dtype == np.float32 else (k.view(np.uint16), v.view(np.uint16))
-            np.testing.assert_allclose(cpu.paged_attention(*on_cpu(q, *as_held, meta)), want,
-                                       rtol=RTOL, atol=ATOL)
+    q = rand(rng, meta.num_tokens, 4, 16)
+    pools = {np.float32: (k_cache, v_cache)}
+    pools[np.float16] = tuple(a.astype(np.float16) for a in pools[np.float32])
+
+    def check(dtype):
+        k, v = pools[dtype]
+        held = (k, v) if dtype == np.float32 else (k.view(np.uint16), v.view(np.uint16))
+        np.testing.assert_allclose(cpu.paged_attention(*on_cpu(q, *held, meta)),
+                                   reference.paged_attention(q, k, v, meta), rtol=RTOL, atol=ATOL)
+    for dtype in (np.float32, np.float16, np.float32):
+        check(dtype)
+    f32, f16 = (np.dtype(np.float32).num,) * 2, (np.dtype(np.uint16).num,) * 2
+    attention._RUN_CHUNK_ENTRIES[f16] = attention._RUN_CHUNK_ENTRIES[f32]
+    check(np.float16)
+    assert attention._RUN_CHUNK_ENTRIES[f16][1] != attention._RUN_CHUNK_ENTRIES[f32][1]
 
 
 @pytest.mark.parametrize("window", [1, 3, 10])
