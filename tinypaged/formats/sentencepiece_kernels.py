@@ -190,6 +190,23 @@ def _offer(x, y, text, start, end, sym, fixed, vocab, score, found, heap, items,
 
 
 @cached_njit(nogil=True)
+def _put(dst, at, src):
+    """dst[at:at + len(src)] = src, element by element (numba compiles an array assigned to
+    a slice with its shape-mismatch message: ~3 s of a cold process); returns the end."""
+    for j in range(len(src)):
+        dst[at + j] = src[j]
+    return at + len(src)
+
+
+@cached_njit(nogil=True)
+def _grown(out, n_out, size):
+    """A new array of `size` holding out's first n_out values."""
+    grown = np.empty(size, out.dtype)
+    _put(grown, 0, out[:n_out])
+    return grown
+
+
+@cached_njit(nogil=True)
 def _merge_segment(text, out, n_out, vocab, byte_ids):
     """text: one normalized segment's bytes; writes its ids to out from n_out (room
     for len(text) of them) and returns the new count. Symbols start as characters (a
@@ -271,26 +288,20 @@ def encode(data, prefix_space, vocab, byte_ids, root, byte, child, sibling, toke
             text = np.empty(3 * (i - seg) + 3, np.uint8)
             t = 0
             if prefix_space:
-                text[0:3] = SPACE_BYTES
-                t = 3
+                t = _put(text, 0, SPACE_BYTES)
             for j in range(seg, i):
                 if data[j] == 32:
-                    text[t:t + 3] = SPACE_BYTES
-                    t += 3
+                    t = _put(text, t, SPACE_BYTES)
                 else:
                     text[t] = data[j]
                     t += 1
             if n_out + t + 1 > len(out):  # (a stretch gives at most a token a byte)
-                grown = np.empty(2 * (n_out + t + 1), np.int32)
-                grown[:n_out] = out[:n_out]
-                out = grown
+                out = _grown(out, n_out, 2 * (n_out + t + 1))
             n_out = _merge_segment(text[:t], out, n_out, vocab, byte_ids)
         if i == n:
             break
         if n_out + 1 > len(out):
-            grown = np.empty(2 * (n_out + 1), np.int32)
-            grown[:n_out] = out[:n_out]
-            out = grown
+            out = _grown(out, n_out, 2 * (n_out + 1))
         out[n_out] = piece
         n_out += 1
         i = seg = stop

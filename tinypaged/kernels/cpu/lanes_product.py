@@ -93,8 +93,8 @@ def _gemv_lanes(kind, x, w, out):
     xq, dx, qsum = quantize_activations(x, len(x))
     first = x_row_sums(kind, xq[0], qsum[0])
     sums = np.empty((len(x), len(first)), first.dtype)
-    for m in range(len(x)):
-        sums[m] = x_row_sums(kind, xq[m], qsum[m])
+    for m in range(len(x)):  # (a pass of one row, not sums[m] = ...: numba's shape check cost ~3 s cold)
+        _side_by_side(x_row_sums(kind, xq[m], qsum[m]), sums.reshape(-1), m * sums.shape[1], 1, 0, 1)
     n_groups, n_blocks, n_out, by_group = w[0].shape[0], x.shape[1] // QK, out.shape[1], _by_groups(w)
     for c in prange(PACKED_RANGES):
         acc = np.empty(LANES, dtype=np.float32)
