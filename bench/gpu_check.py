@@ -294,11 +294,12 @@ def batch_one_gemvs():
     backend launches it past matmul.PAIRED_FROM_ROWS, against a row a block: float16
     (and its one-row form, the step's loads hoisted, as batch 1 launches it), and Q8_0
     (the default GGUF's output matrix, Gemma 3's too); then down_proj's shape (576 x
-    1,536: two steps a thread) a row a block, the 8-row loop against the one-row form.
+    1,536: two steps a thread) a row a block, the 8-row loop against the one-row form,
+    in float16 and in Q4_1 (the default GGUF's kind: packed_matmul's one-row family).
     The card's answer to whether pairing halves the waves' cost and whether a step of
     the 8-row loop, waiting on each weight in turn, costs more than one round trip."""
     from tinypaged.formats.packed import PackedWeight
-    from tinypaged.formats.quant_kind import Q8_0
+    from tinypaged.formats.quant_kind import Q4_1, Q8_0
     from tinypaged.kernels.cuda import matmul, packed_matmul
     rng = np.random.default_rng(2)
     n_out, width = (40, 32) if TINY else (49152, 576)
@@ -309,6 +310,10 @@ def batch_one_gemvs():
     down_rows, down_width = (24, 48) if TINY else (576, 1536)
     w_down = cuda.to_device(rng.standard_normal((down_rows, down_width), dtype=np.float32).astype(np.float16))
     lm_head, down = (n_out, width), (down_rows, down_width)
+    packed_width = 64 if TINY else down_width  # (Q4_1: a multiple of 64 columns)
+    q4_down = packed_matmul.upload(PackedWeight.quantize(
+        rng.standard_normal((down_rows, packed_width), dtype=np.float32), Q4_1))[1]
+    q4_shape, q4_bytes = (down_rows, packed_width), 20 * down_rows * packed_width // 32
     for name, kernel, matrix, (rows, k), blocks, nbytes in (
             ("f16 W, a row a block", matmul.gemv_rows, w, lm_head, n_out, 2 * n_out * width),
             ("f16 W, two rows a block", matmul.gemv_paired_rows, w, lm_head, half, 2 * n_out * width),
@@ -318,7 +323,10 @@ def batch_one_gemvs():
             ("Q8_0 W, two rows a block", packed_matmul.gemv_q8_0_paired, q8, lm_head, half,
              34 * n_out * width // 32),
             ("f16 W, 8-row loop", matmul.gemv_rows, w_down, down, down_rows, 2 * down_rows * down_width),
-            ("f16 W, loads hoisted", matmul.gemv_one_row, w_down, down, down_rows, 2 * down_rows * down_width)):
+            ("f16 W, loads hoisted", matmul.gemv_one_row, w_down, down, down_rows, 2 * down_rows * down_width),
+            ("Q4_1 W, 8-row loop", packed_matmul.gemv_q4, q4_down, q4_shape, down_rows, q4_bytes),
+            ("Q4_1 W, one-row form", packed_matmul.ONE_ROW_FAMILIES[Q4_1][0], q4_down, q4_shape, down_rows,
+             q4_bytes)):
         x = cuda.to_device(rng.standard_normal((1, k), dtype=np.float32))
         no_bias, out = cuda.device_array(1, np.float32), cuda.device_array((1, rows), np.float32)
         seconds = replay_seconds([(kernel, matmul.gemv_blocks(blocks), matmul.GEMV_ROW_THREADS,

@@ -173,30 +173,34 @@ def test_a_product_past_a_waves_rows_takes_them_in_pairs(gpu):
 
 
 def _one_packed_matrix(rng, type_name: str, rows: int, width: int):
-    """A PackedWeight of one kind: Q8_0 quantized from random floats, the K-quants random
-    blocks as a file holds them (tests/random_blocks.py)."""
-    from random_blocks import random_k_quant
+    """A PackedWeight of one kind: Q8_0 and Q4_x quantized from random floats, Q5_x and
+    the K-quants random blocks as a file holds them (tests/random_blocks.py)."""
+    from random_blocks import K_QUANT_BLOCKS, random_k_quant, random_q5
 
     from tinypaged.formats import quant_kind
     from tinypaged.formats.packed import PackedWeight
     kind = getattr(quant_kind, type_name)
-    if type_name == "Q8_0":
+    if type_name in ("Q8_0", "Q4_0", "Q4_1"):
         return PackedWeight.quantize(rand(rng, rows, width), kind)
-    return PackedWeight.from_bytes(random_k_quant(rng, type_name, rows, width), kind, (rows, width))
+    blocks = random_k_quant if type_name in K_QUANT_BLOCKS else random_q5
+    return PackedWeight.from_bytes(blocks(rng, type_name, rows, width), kind, (rows, width))
 
 
-@pytest.mark.parametrize("type_name, width", [("Q8_0", 96), ("Q4_K", 256)])
+@pytest.mark.parametrize("type_name, width, x_rows", [("Q8_0", 96, matmul.GEMV_MAX_ROWS),
+                                                     ("Q4_K", 256, matmul.GEMV_MAX_ROWS),
+                                                     ("Q4_K", 256, 1), ("Q4_1", 128, 1), ("Q5_0", 128, 1)])
 @pytest.mark.parametrize("rows, blocks", [(45, None), (44, 3)])
-def test_packed_paired_gemv_takes_rows_two_a_block(gpu, type_name, width, rows, blocks):
-    """The packed kinds' paired GEMV (Q8_0: lm_head of the default GGUF and Gemma 3's; Q4_K):
-    rows p and p + ceil(N / 2) in one pass, an odd count's middle row alone; a block a
-    pair, or fewer blocks striding over the pairs; bias, every decode row of x."""
-    from tinypaged.kernels.cuda.device_weights import DevicePacked
+def test_packed_paired_gemv_takes_rows_two_a_block(gpu, type_name, width, x_rows, rows, blocks):
+    """The packed kinds' paired GEMV (Q8_0: lm_head of the default GGUF and Gemma 3's;
+    Q4_K; for one row of x Q4_x's and Q5_0's too): rows p and p + ceil(N / 2) in one
+    pass, an odd count's middle row alone; a block a pair, or fewer blocks striding over
+    the pairs; bias, every decode row of x."""
+    from tinypaged.kernels.cuda.device_weights import GEMV_PAIRED, DevicePacked
     rng = np.random.default_rng(11)
     packed = _one_packed_matrix(rng, type_name, rows, width)
     matrix = DevicePacked(packed)
-    kernel = matrix.kernels.paired
-    x, bias = rand(rng, matmul.GEMV_MAX_ROWS, width) / 8, rand(rng, rows)
+    kernel = matrix.kernels.paired if x_rows > 1 else matrix.kernels.one_row[GEMV_PAIRED]
+    x, bias = rand(rng, x_rows, width) / 8, rand(rng, rows)
     rounded = reference.round_activations(x)
     out = cuda.to_device(np.full((x.shape[0], rows), np.nan, np.float32))
     grid = blocks or matmul.gemv_blocks(-(-rows // 2))
@@ -208,21 +212,26 @@ def test_packed_paired_gemv_takes_rows_two_a_block(gpu, type_name, width, rows, 
 
 def test_a_packed_product_past_a_waves_rows_takes_them_in_pairs(gpu):
     """DevicePacked.product picks its kind's paired GEMV past PAIRED_FROM_ROWS rows (Q8_0),
-    the plain one up to it, and the plain one for a kind without a pair (Q6_K: its
-    two-row loop spilled), each equal to the reference."""
+    the plain one up to it, for one row of x the one-row family's, each equal to the
+    reference; a kind without a pair (Q6_K: its two-row loop spilled, at one row of x
+    too) a row a block, its q|k|v fused for one row of x only."""
+    from tinypaged.formats.quant_kind import Q6_K, Q8_0
     from tinypaged.kernels.cuda import kquant_matmul, packed_matmul
+    from tinypaged.kernels.cuda.device_weights import GEMV_PAIRED, GEMV_QKV, PACKED_KERNELS, decode_gemv
     from tinypaged.kernels.cuda.step_recording import StepRecording
     rng = np.random.default_rng(12)
-    over = matmul.PAIRED_FROM_ROWS + 1
-    for type_name, rows, width, kernel in (("Q8_0", over, 32, packed_matmul.gemv_q8_0_paired),
-                                           ("Q8_0", matmul.PAIRED_FROM_ROWS, 32, packed_matmul.gemv_q8_0),
-                                           ("Q6_K", 3, 256, None)):
+    over, one_row = matmul.PAIRED_FROM_ROWS + 1, packed_matmul.ONE_ROW_FAMILIES[Q8_0]
+    six = PACKED_KERNELS[Q6_K]
+    assert six.paired is None and kquant_matmul.DECODE_KERNELS[Q6_K][3] is None
+    assert decode_gemv(six, GEMV_PAIRED, 2) is None and decode_gemv(six, GEMV_QKV, 8) is None
+    assert decode_gemv(six, GEMV_PAIRED, 1) is None
+    assert decode_gemv(six, GEMV_QKV, 1) is kquant_matmul.ONE_ROW_KERNELS[Q6_K][1]
+    for type_name, rows, width, x_rows, kernel in (
+            ("Q8_0", over, 32, 2, packed_matmul.gemv_q8_0_paired), ("Q8_0", over, 32, 1, one_row[3]),
+            ("Q8_0", matmul.PAIRED_FROM_ROWS, 32, 2, packed_matmul.gemv_q8_0),
+            ("Q8_0", matmul.PAIRED_FROM_ROWS, 32, 1, one_row[0])):
         packed = _one_packed_matrix(rng, type_name, rows, width)
-        if kernel is None:  # (a kind without a pair: asked at any row count)
-            assert gpu.prepare_weights({"w": packed})["w"].kernels.paired is None
-            assert kquant_matmul.DECODE_KERNELS[packed.kind.code][3] is None
-            continue
-        x = rand(rng, 1, width)
+        x = rand(rng, x_rows, width)
         weights = gpu.prepare_weights({"w": packed})
         recording = StepRecording()
         with gpu.recording(recording):
@@ -268,8 +277,9 @@ def _packed_matrices(rng, type_name: str, width: int) -> dict:
 def test_packed_weights_go_up_packed_and_their_products_take_the_rounded_x(type_name, width):
     """prepare_weights uploads packed matrices as they are held (DevicePacked: the
     host's bytes); linear, qkv_proj and gate_up_silu round x for them and multiply
-    with the packed GEMVs (2 rows) or the tiled product dequantizing W's tiles (11),
-    as the reference does and as the CPU backend's integer kernels do.
+    with the packed GEMVs (1 row: the one-row family's, q|k|v fused for every kind; 2
+    rows) or the tiled product dequantizing W's tiles (11), as the reference does and
+    as the CPU backend's integer kernels do.
     K = 320: lanes take several 4-byte chunks of a row, nibble rows fold at 160; the
     K-quants' 512: two super-blocks, folding at the second."""
     from tinypaged.kernels.cuda.device_weights import DevicePacked
@@ -288,7 +298,7 @@ def test_packed_weights_go_up_packed_and_their_products_take_the_rounded_x(type_
     from tinypaged.kernels import cpu
     # (the CPU backend takes its weights over, laying matrices out in their own memory)
     on_cpu = cpu.prepare_weights({k: w.take_rows(np.arange(w.shape[0])) for k, w in packed.items()})
-    for rows in (2, 11):
+    for rows in (1, 2, 11):  # (the one-row family's GEMVs, the 8-row ones', the tiled products)
         x = rand(rng, rows, width) / 8  # (gates of hundreds: the simulator's exp overflows)
         got = gpu.linear(cuda.to_device(x), dev["q"]).copy_to_host()
         close(got, reference.linear(x, ref["q"]), x, "q")

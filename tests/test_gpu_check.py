@@ -38,7 +38,8 @@ def test_the_gpu_check_runs_through_on_the_simulator():
         f"batch-1 GEMV 32->40 ({form})" for form in (
             "f16 W, a row a block", "f16 W, two rows a block", "f16 W, two rows a block, loads hoisted",
             "Q8_0 W, a row a block", "Q8_0 W, two rows a block")] + [
-        "batch-1 GEMV 48->24 (f16 W, 8-row loop)", "batch-1 GEMV 48->24 (f16 W, loads hoisted)"]
+        "batch-1 GEMV 48->24 (f16 W, 8-row loop)", "batch-1 GEMV 48->24 (f16 W, loads hoisted)",
+        "batch-1 GEMV 64->24 (Q4_1 W, 8-row loop)", "batch-1 GEMV 64->24 (Q4_1 W, one-row form)"]
     assert [f for f in figures if f.startswith("a dependent global load")] == [
         "a dependent global load, HBM (64 KB chain)", "a dependent global load, L2 (64 KB chain)",
         "a dependent global load, L1 (16 KB chain)"]

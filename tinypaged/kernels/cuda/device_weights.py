@@ -30,26 +30,30 @@ class MatrixKernels:
     upload: object = None  # packed: PackedWeight -> (device arrays, decode's matrix, tiled's)
     normed: tuple | None = None  # the GEMVs with a norm folded in (NormedRows' x), as below
     paired: object = None  # gemv's signature, a block per two rows (matmul.pairs_rows); None: none
-    one_row: tuple | None = None  # (gemv, paired) for one row of x, the steps' loads hoisted
+    # (gemv, qkv, gate_up_silu, paired) for one row of x (batch 1), where the kind has
+    # them: the steps' loads hoisted; None in it, or for it: the kernels above
+    one_row: tuple | None = None
 
 
 FLOAT_KERNELS = MatrixKernels(matmul.gemv_rows, matmul.gemv_qkv, matmul.gemv_gate_up_silu,
                               tiled_matmul.FLOAT_TILED, normed=matmul.NORMED_GEMVS,
                               paired=matmul.gemv_paired_rows,
-                              one_row=(matmul.gemv_one_row, matmul.gemv_one_row_paired))
+                              one_row=(matmul.gemv_one_row, None, None, matmul.gemv_one_row_paired))
 GEMV_ROWS, GEMV_QKV, GEMV_GATE_UP, GEMV_PAIRED = range(4)  # a GEMV's place in MatrixKernels.normed
 # (the paired one has none there: x's rows are written for it)
 
 
-def _packed(family: tuple, tiled, upload) -> MatrixKernels:
+def _packed(family: tuple, one_row: tuple, tiled, upload) -> MatrixKernels:
     gemv, qkv, gate_up_silu, paired = family
-    return MatrixKernels(gemv, qkv, gate_up_silu, tiled, upload, paired=paired)
+    return MatrixKernels(gemv, qkv, gate_up_silu, tiled, upload, paired=paired, one_row=one_row)
 
 
 PACKED_KERNELS = {  # by QuantKind.code
-    **{code: _packed(family, packed_matmul.TILED_PACKED, packed_matmul.upload)
+    **{code: _packed(family, packed_matmul.ONE_ROW_FAMILIES[code], packed_matmul.TILED_PACKED,
+                     packed_matmul.upload)
        for code, family in packed_matmul.GEMV_FAMILIES.items()},
-    **{code: _packed(family, kquant_matmul.TILED_KERNELS[code], kquant_matmul.upload)
+    **{code: _packed(family, kquant_matmul.ONE_ROW_KERNELS[code], kquant_matmul.TILED_KERNELS[code],
+                     kquant_matmul.upload)
        for code, family in kquant_matmul.DECODE_KERNELS.items()},
 }
 
@@ -59,19 +63,24 @@ def _decode(x) -> bool:
     return x.shape[0] <= matmul.GEMV_MAX_ROWS
 
 
+def decode_gemv(kernels: MatrixKernels, which: int, x_rows: int):
+    """GEMV `which` (GEMV_ROWS, GEMV_QKV, GEMV_GATE_UP, GEMV_PAIRED) for x_rows rows of x:
+    the kind's one-row kernel for one where it has it, else its decode kernel (None:
+    the kind has no such kernel)."""
+    if kernels.one_row is not None and x_rows == 1 and kernels.one_row[which] is not None:
+        return kernels.one_row[which]
+    return (kernels.gemv, kernels.qkv, kernels.gate_up_silu, kernels.paired)[which]
+
+
 def _gemv_input(kernels: MatrixKernels, which: int, x) -> tuple:
     """(kernel, x, extra arguments) of GEMV `which` over x (an array or NormedRows): a
     norm still owed is folded into the kind's normed GEMV where it has one, else
-    its rows are written first; one row of x takes the kind's one-row GEMV where it
-    has one."""
-    plain = (kernels.gemv, kernels.qkv, kernels.gate_up_silu, kernels.paired)[which]
+    its rows are written first (decode_gemv's kernel)."""
     if (isinstance(x, NormedRows) and not x.written and kernels.normed is not None
             and which < len(kernels.normed) and x.shape[0] <= matmul.NORMED_MAX_ROWS):
         x_in, norm = x.fold_args()
         return kernels.normed[which], x_in, (norm,)
-    if kernels.one_row is not None and x.shape[0] == 1 and which in (GEMV_ROWS, GEMV_PAIRED):
-        plain = kernels.one_row[which == GEMV_PAIRED]
-    return plain, rows_of(x), ()
+    return decode_gemv(kernels, which, x.shape[0]), rows_of(x), ()
 
 
 class DeviceMatrix:
@@ -93,7 +102,8 @@ class DeviceMatrix:
     def product(self, launch, x, bias, has_bias, out) -> None:
         """out = x @ W.T (+ bias): the GEMV for decode rows, else the tiled product."""
         if _decode(x):
-            paired = self.kernels.paired is not None and matmul.pairs_rows(self.shape[0])
+            paired = (decode_gemv(self.kernels, GEMV_PAIRED, x.shape[0]) is not None
+                      and matmul.pairs_rows(self.shape[0]))
             kernel, x, norm = _gemv_input(self.kernels, GEMV_PAIRED if paired else GEMV_ROWS, x)
             launch(kernel, matmul.gemv_blocks(-(-self.shape[0] // 2) if paired else self.shape[0]),
                    matmul.GEMV_ROW_THREADS, x, self.decode, bias, has_bias, out, *norm)
@@ -105,7 +115,7 @@ class DeviceMatrix:
         """q, k, v = x @ (self, wk, wv).T (+ biases) in one launch (the three fuse:
         fuses_with): a GEMV for decode rows (three where the kind has no fused one),
         else the tiled product over their rows side by side."""
-        fused = self.kernels.tiled.qkv if not _decode(x) else self.kernels.qkv
+        fused = self.kernels.tiled.qkv if not _decode(x) else decode_gemv(self.kernels, GEMV_QKV, x.shape[0])
         if fused is None:
             for w, bias, out in zip((self, wk, wv), biases, outs):
                 w.product(launch, x, bias, has_bias, out)

@@ -14,7 +14,8 @@ Q5_0 (s, -16 s), Q5_1 (s, m), Q4_K and Q5_K (d sc, -dmin m), Q6_K (d sc, -32 d s
 The decode GEMVs are packed_matmul's layout (decode_kernel_family): a thread takes
 4 consecutive nibble bytes (columns p .. p + 3 and their K/2 partners), which lie in
 one 16-weight sub-block, so their scale, min and extra bits are read once (one byte
-of highs for all 4). Each kind has its own kernels (DECODE_KERNELS, TILED_KERNELS).
+of highs for all 4). Each kind has its own kernels (DECODE_KERNELS, ONE_ROW_KERNELS for one
+row of x, TILED_KERNELS).
 x comes rounded to int8 blocks (elementwise), as every
 backend's packed products take it; sums are float32.
 """
@@ -23,7 +24,7 @@ from numba import cuda, float32, int32
 
 from ...formats.quant_kind import QK, QK_K, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
 from .device_function import device_function
-from .matmul import GEMV_MAX_ROWS, GEMV_ROW_THREADS, VEC
+from .matmul import GEMV_ROW_THREADS, VEC
 from .tiled_matmul import tiled_kernels
 from .packed_matmul import decode_kernel_family
 
@@ -70,7 +71,7 @@ def _kind_functions(kind: int):
         two = w2 is not None
         n_rows, width = x.shape
         half = width // 2
-        for m in range(GEMV_MAX_ROWS):
+        for m in range(len(acc)):
             acc[m] = float32(0.0)
             acc2[m] = float32(0.0)
         for p0 in range(t * VEC, half, GEMV_ROW_THREADS * VEC):
@@ -89,7 +90,7 @@ def _kind_functions(kind: int):
                     byte2 = int32(w2[0][n2, p0 + v])
                     w2_low = s2_low * float32(_q(byte2 & 15, e2_low, v)) + m2_low
                     w2_high = s2_high * float32(_q(byte2 >> 4, e2_high, v)) + m2_high
-                for m in range(GEMV_MAX_ROWS):
+                for m in range(len(acc)):
                     if m < n_rows:
                         x_low, x_high = x[m, p0 + v], x[m, p0 + v + half]
                         acc[m] += w_low * x_low + w_high * x_high
@@ -123,6 +124,14 @@ GATE_UP_IN_TWO_PASSES = (Q5_0, Q5_1, Q5_K, Q6_K)
 DECODE_KERNELS = {code: decode_kernel_family(row_dots, fused_qkv=False,
                                              gate_up_in_one_pass=code not in GATE_UP_IN_TWO_PASSES)
                   for code, (row_dots, _) in _FUNCTIONS.items()}
+# for one row of x (batch 1), the kinds whose two-matrix pass still spilled (24-96 bytes):
+# gate and up in two passes, lm_head a row a block
+ONE_ROW_GATE_UP_IN_TWO_PASSES = (Q5_1, Q5_K, Q6_K)
+# (gemv, qkv, gate_up_silu, paired) for one row of x: one row's sums leave room for the
+# three matrices of q|k|v (packed_matmul.decode_kernel_family's max_rows)
+ONE_ROW_KERNELS = {code: decode_kernel_family(row_dots, max_rows=1,
+                                              gate_up_in_one_pass=code not in ONE_ROW_GATE_UP_IN_TWO_PASSES)
+                   for code, (row_dots, _) in _FUNCTIONS.items()}
 # q, k and v as three tiled products too (fused: Q6_K's went through 80 bytes of local
 # memory), gate and up fused but for Q5_0 (32 bytes spilled)
 TILED_KERNELS = {code: tiled_kernels(weight, fuse_qkv=False, fuse_gate_up=code != Q5_0)

@@ -17,7 +17,8 @@ backend's packed products take it; products accumulate in float32.
   lm_head): decode (M <= GEMV_MAX_ROWS), the float GEMVs' layout: a block per weight row, threads on 4 consecutive bytes of quants (Q8_0's read as
   one int32 word; a warp reads 128 consecutive bytes a step, coalesced), shfl_xor
   and shared-memory sums. Traffic: the packed row once (Q8_0: 34 bytes per 32 weights, Q4_0: 18,
-  Q4_1: 20; float16: 64), x from cache.
+  Q4_1: 20; float16: 64), x from cache. ONE_ROW_FAMILIES: the same four for one row of
+  x (batch 1), in fewer registers.
 - `TILED_PACKED`: prefill and large batches, tiled_matmul.tiled_kernels with each W
   tile dequantized as it is staged in shared memory.
 """
@@ -56,7 +57,7 @@ def _q8_0_row_dots(x, w, n, t, acc, w2, n2, acc2):
     and acc2 is acc)."""
     two = w2 is not None
     n_rows, width = x.shape
-    for m in range(GEMV_MAX_ROWS):
+    for m in range(len(acc)):
         acc[m] = float32(0.0)
         acc2[m] = float32(0.0)
     for c in range(t, width // 4, GEMV_ROW_THREADS):  # word c holds weights 4c .. 4c + 3
@@ -67,7 +68,7 @@ def _q8_0_row_dots(x, w, n, t, acc, w2, n2, acc2):
         for v in range(4):
             wk = scale * float32(int32(word << (24 - 8 * v)) >> 24)  # byte v, sign-extended
             wk2 = scale2 * float32(int32(word2 << (24 - 8 * v)) >> 24)  # (little-endian)
-            for m in range(GEMV_MAX_ROWS):
+            for m in range(len(acc)):
                 if m < n_rows:
                     xk = x[m, 4 * c + v]
                     acc[m] += wk * xk
@@ -94,7 +95,7 @@ def _q4_row_dots(x, w, n, t, acc, w2, n2, acc2):
     two = w2 is not None
     n_rows, width = x.shape
     half = width // 2
-    for m in range(GEMV_MAX_ROWS):
+    for m in range(len(acc)):
         acc[m] = float32(0.0)
         acc2[m] = float32(0.0)
     for p0 in range(t * VEC, half, GEMV_ROW_THREADS * VEC):
@@ -106,7 +107,7 @@ def _q4_row_dots(x, w, n, t, acc, w2, n2, acc2):
             w_low, w_high = s_low * float32(byte & 15) + m_low, s_high * float32(byte >> 4) + m_high
             w2_low = s2_low * float32(byte2 & 15) + m2_low
             w2_high = s2_high * float32(byte2 >> 4) + m2_high
-            for m in range(GEMV_MAX_ROWS):
+            for m in range(len(acc)):
                 if m < n_rows:
                     x_low, x_high = x[m, p0 + v], x[m, p0 + v + half]
                     acc[m] += w_low * x_low + w_high * x_high
@@ -115,7 +116,7 @@ def _q4_row_dots(x, w, n, t, acc, w2, n2, acc2):
 
 
 def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: bool = True,
-                         pairs: bool = True):
+                         pairs: bool = True, max_rows: int = GEMV_MAX_ROWS):
     """The decode kernels of one family of packed formats, given its row-dot device
     function row_dots(x, w, n, t, acc, w2, n2, acc2) (w: a matrix's tuple; thread t's
     share of the dots of row n; w2 None, or a second matrix whose row n2 is read in the
@@ -129,13 +130,16 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: 
       None.
     A block a row, grid-stride (as matmul's float GEMVs): its GEMV_ROW_WARPS warps split
     the row, so a row of the packed bytes is a few steps of a thread, each waiting on
-    its loads, where a warp a row took four times as many."""
+    its loads, where a warp a row took four times as many. max_rows: rows of x the
+    kernels take (the row_dots loop over len(acc)); at 1 (batch 1) a step's sums hold
+    one row, and its quant, scale and x loads fit in registers together: they go out
+    at once (bench/sass.py), and the fused and paired forms that spilled at 8 fit."""
 
     @jit_bounded(GEMV_BOUNDS)
     def gemv(x, w, bias, has_bias, out):
         t = cuda.threadIdx.x
-        sums = cuda.shared.array((GEMV_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
-        acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+        sums = cuda.shared.array((GEMV_ROW_WARPS, max_rows), dtype=float32)
+        acc = cuda.local.array(max_rows, dtype=float32)
         for n in range(cuda.blockIdx.x, out.shape[1], cuda.gridDim.x):
             row_dots(x, w, n, t, acc, None, n, acc)
             block_sum_rows(acc, x.shape[0], sums)
@@ -144,9 +148,9 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: 
     @jit_bounded(GEMV_BOUNDS)
     def qkv(x, wq, wk, wv, bq, bk, bv, has_bias, q_out, k_out, v_out):
         t = cuda.threadIdx.x
-        sums = cuda.shared.array((GEMV_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
+        sums = cuda.shared.array((GEMV_ROW_WARPS, max_rows), dtype=float32)
         nq, nk = q_out.shape[1], k_out.shape[1]
-        acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+        acc = cuda.local.array(max_rows, dtype=float32)
         for g in range(cuda.blockIdx.x, nq + 2 * nk, cuda.gridDim.x):
             # (a branch per matrix: no array is chosen at run time, which costs registers)
             if g < nq:
@@ -165,9 +169,9 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: 
     @jit_bounded(GEMV_BOUNDS)
     def gate_up_silu(x, wg, wu, out):
         t = cuda.threadIdx.x
-        sums = cuda.shared.array((GEMV_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
-        gate = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-        up = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+        sums = cuda.shared.array((GEMV_ROW_WARPS, max_rows), dtype=float32)
+        gate = cuda.local.array(max_rows, dtype=float32)
+        up = cuda.local.array(max_rows, dtype=float32)
         for n in range(cuda.blockIdx.x, out.shape[1], cuda.gridDim.x):
             if gate_up_in_one_pass:
                 row_dots(x, wg, n, t, gate, wu, n, up)
@@ -178,7 +182,7 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: 
                 row_dots(x, wu, n, t, up, None, n, up)
             block_sum_rows(up, x.shape[0], sums)
             if t == 0:
-                for m in range(GEMV_MAX_ROWS):
+                for m in range(max_rows):
                     if m < x.shape[0]:
                         g = gate[m]
                         out[m, n] = g / (float32(1.0) + math.exp(-g)) * up[m]
@@ -188,9 +192,9 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: 
         """gemv over rows p and p + ceil(N / 2) in one pass (an odd N's middle row
         alone), as matmul.gemv_paired_rows: half the blocks, so half the waves."""
         t = cuda.threadIdx.x
-        sums = cuda.shared.array((GEMV_ROW_WARPS, GEMV_MAX_ROWS), dtype=float32)
-        acc = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
-        acc2 = cuda.local.array(GEMV_MAX_ROWS, dtype=float32)
+        sums = cuda.shared.array((GEMV_ROW_WARPS, max_rows), dtype=float32)
+        acc = cuda.local.array(max_rows, dtype=float32)
+        acc2 = cuda.local.array(max_rows, dtype=float32)
         n_rows = out.shape[1]
         half = (n_rows + 1) // 2
         for p in range(cuda.blockIdx.x, half, cuda.gridDim.x):
@@ -213,6 +217,9 @@ TILED_PACKED = tiled_kernels(_weight)  # (Q8_0 and Q4_x: _weight reads both)
 # (gemv, qkv, gate_up_silu, paired) by QuantKind.code, beside kquant_matmul.DECODE_KERNELS
 GEMV_FAMILIES = {Q8_0: (gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu, gemv_q8_0_paired),
                  **{code: (gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu, None) for code in (Q4_0, Q4_1)}}
+# the same for one row of x (batch 1), paired too
+_Q4_ONE_ROW = decode_kernel_family(_q4_row_dots, max_rows=1)
+ONE_ROW_FAMILIES = {Q8_0: decode_kernel_family(_q8_0_row_dots, max_rows=1), Q4_0: _Q4_ONE_ROW, Q4_1: _Q4_ONE_ROW}
 
 
 def upload(packed) -> tuple:

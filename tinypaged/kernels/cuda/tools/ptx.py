@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from numba import cuda, types
 
 from ....formats.quant_kind import KINDS
+from ..device_weights import PACKED_KERNELS
 from .. import (attention, elementwise, kquant_matmul, kv_rows, logits, lora, matmul, packed_matmul,
                prefill_attention, tiled_matmul)
 
@@ -82,15 +83,18 @@ def signatures() -> list[tuple[str, object, tuple]]:
             ("one_row_paired", matmul.gemv_one_row_paired))]
         sigs += tiled_signatures(f"[{wname}]", tiled_matmul.FLOAT_TILED, arr(wtype, 2))
     x, bias, flag = arr(f32, 2), arr(f32, 1), types.boolean
+    one_row = {k.gemv: k.one_row for k in PACKED_KERNELS.values()}  # (a family's, by its GEMV)
     for qname, kernels, matrix in packed_families():
-        gemv, qkv, gate_up, paired = kquant_matmul.DECODE_KERNELS.get(kernels, kernels)
-        sigs += [(f"gemv_{qname}", gemv, (x, matrix, bias, flag, x)),
-                 (f"gemv_{qname}_gate_up_silu", gate_up, (x, matrix, matrix, x))]
-        if paired is not None:
-            sigs.append((f"gemv_{qname}_paired", paired, (x, matrix, bias, flag, x)))
-        if qkv is not None:
-            sigs.append((f"gemv_{qname}_qkv", qkv,
-                         (x, matrix, matrix, matrix, bias, bias, bias, flag, x, x, x)))
+        decode = kquant_matmul.DECODE_KERNELS.get(kernels, kernels)
+        for form, family in (("", decode), ("_one_row", one_row[decode[0]])):
+            gemv, qkv, gate_up, paired = family
+            sigs += [(f"gemv_{qname}{form}", gemv, (x, matrix, bias, flag, x)),
+                     (f"gemv_{qname}{form}_gate_up_silu", gate_up, (x, matrix, matrix, x))]
+            if paired is not None:
+                sigs.append((f"gemv_{qname}{form}_paired", paired, (x, matrix, bias, flag, x)))
+            if qkv is not None:
+                sigs.append((f"gemv_{qname}{form}_qkv", qkv,
+                             (x, matrix, matrix, matrix, bias, bias, bias, flag, x, x, x)))
     for qname, qtype in (("q8_0", i8), ("q4", u8)):  # (the tiled product reads Q8_0 as bytes)
         matrix = types.Tuple((arr(qtype, 2), arr(f16, 2), arr(f16, 2), i64))
         sigs += tiled_signatures(f"_packed[{qname}]", packed_matmul.TILED_PACKED, matrix)
@@ -141,8 +145,8 @@ def block_threads(label: str) -> int:
     name = label.split("[")[0]
     return {**{f"matmul_tiled{form}": tiled_matmul.TILED_THREADS
                for form in ("", "_qkv", "_gate_up_silu", "_packed", "_qkv_packed", "_gate_up_silu_packed")},
-            **{f"gemv_{q}{f}": matmul.GEMV_ROW_THREADS for q, _, _ in packed_families()
-               for f in ("", "_qkv", "_gate_up_silu", "_paired")},
+            **{f"gemv_{q}{form}{f}": matmul.GEMV_ROW_THREADS for q, _, _ in packed_families()
+               for form in ("", "_one_row") for f in ("", "_qkv", "_gate_up_silu", "_paired")},
             **{f"gemv_{name}{suffix}": matmul.GEMV_ROW_THREADS
                for name in ("qkv", "gate_up_silu", "rows", "paired_rows", "one_row", "one_row_paired")
                for suffix in ("", "_normed")},  # (paired_rows, one_row: no normed one)

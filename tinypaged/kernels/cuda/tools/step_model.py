@@ -175,7 +175,7 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
             tiled_product("tiled lm_head", 1, batch, vocab, hidden, weight_bytes)]
     if kinds is not None:
         return kernels + _packed_gemvs(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
-                                       kinds)
+                                       kinds, batch == 1)
     return kernels + [
         KernelCost("gemv_qkv", layers, weight_bytes * hidden * (heads + 2 * kv_heads) * head_dim,
                    (heads + 2 * kv_heads) * head_dim, GEMV_THREADS, gemv_rounds(hidden), 2 + norm_syncs, per_sm,
@@ -189,44 +189,47 @@ def decode_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
     ]
 
 
-def _packed_gemv(name, per_step, kind, rows, width, matrices=1, fused=False) -> KernelCost:
+def _packed_gemv(name, per_step, kind, rows, width, matrices=1, fused=False, one_row=False) -> KernelCost:
     """A packed GEMV (packed_matmul.decode_kernel_family) of `matrices` matrices of
     (rows, width) in `kind`: a block a row, each thread VEC bytes of nibbles (4 words
     of Q8_0) a step, the matrices' rows in the same pass (gate and up; one after the
-    other for kquant_matmul.GATE_UP_IN_TWO_PASSES), each summed across the block (a
-    butterfly and a shared-memory pass); a product of one matrix (not `fused`: q|k|v's
-    launch) past a wave's rows two rows a block where the kind has that kernel (lm_head:
-    half the blocks, both rows' sums)."""
-    from ..device_weights import PACKED_KERNELS
-    from ..kquant_matmul import GATE_UP_IN_TWO_PASSES
+    other for kquant_matmul's kinds that spilled so), each summed across
+    the block (a butterfly and a shared-memory pass); a product of one matrix (not
+    `fused`: q|k|v's launch) past a wave's rows two rows a block where the kind has that
+    kernel (lm_head: half the blocks, both rows' sums). one_row: the kind's one-row
+    family's kernel (batch 1: q|k|v fused, gate/up and pairs where they fit)."""
+    from ..device_weights import GEMV_PAIRED, PACKED_KERNELS, decode_gemv
+    from ..kquant_matmul import GATE_UP_IN_TWO_PASSES, ONE_ROW_GATE_UP_IN_TWO_PASSES
     from ..matmul import GEMV_BOUNDS, GEMV_THREADS, VEC, pairs_rows
     k = KINDS[kind]
     per_step_bytes = 4 * GEMV_THREADS if k.name == "Q8_0" else 2 * VEC * GEMV_THREADS  # weights a step
-    passes = matrices if kind in GATE_UP_IN_TWO_PASSES else 1
-    paired = not fused and matrices == 1 and pairs_rows(rows) and PACKED_KERNELS[kind].paired is not None
+    passes = matrices if kind in (ONE_ROW_GATE_UP_IN_TWO_PASSES if one_row else GATE_UP_IN_TWO_PASSES) else 1
+    paired = (not fused and matrices == 1 and pairs_rows(rows)
+              and decode_gemv(PACKED_KERNELS[kind], GEMV_PAIRED, 1 if one_row else 2) is not None)
     steps = passes * math.ceil(width / per_step_bytes)
+    # (a nibble kind's step waits on each of its VEC quant bytes, at one row of x too;
+    # Q8_0's word is one load: bench/sass.py)
+    waits = 0 if k.name == "Q8_0" else steps * (VEC - 1)
     return KernelCost(f"{name}{' (paired)' if paired else ''}", per_step,
                       matrices * rows * width * k.block_bytes // k.block, -(-rows // 2) if paired else rows,
-                      GEMV_THREADS, steps, 2 * (2 if paired else matrices), GEMV_BOUNDS[1],
-                      # (a nibble kind's step waits on each of its VEC quant bytes; Q8_0's
-                      # word is one load: bench/sass.py)
-                      l1_waits=0 if k.name == "Q8_0" else steps * (VEC - 1))
+                      GEMV_THREADS, steps, 2 * (2 if paired else matrices), GEMV_BOUNDS[1], l1_waits=waits)
 
 
-def _packed_gemvs(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab, kinds) -> list:
+def _packed_gemvs(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab, kinds, one_row) -> list:
     """A decode step's GEMVs with packed matrices of `kinds` (a PACKED scheme): q|k|v
-    in one launch where the kind has a fused kernel (Q8_0, Q4_x), else three."""
-    from ..packed_matmul import GEMV_FAMILIES
+    in one launch where the kind has a fused kernel (every kind for one row of x; Q8_0
+    and Q4_x for more), else three."""
+    from ..device_weights import GEMV_QKV, PACKED_KERNELS, decode_gemv
     q, kv = heads * head_dim, kv_heads * head_dim
-    qkv = ([_packed_gemv("packed qkv", layers, kinds["qkv"], q + 2 * kv, hidden, fused=True)]
-           if kinds["qkv"] in GEMV_FAMILIES else
+    qkv = ([_packed_gemv("packed qkv", layers, kinds["qkv"], q + 2 * kv, hidden, fused=True, one_row=one_row)]
+           if decode_gemv(PACKED_KERNELS[kinds["qkv"]], GEMV_QKV, 1 if one_row else 2) is not None else
            [_packed_gemv(f"packed {n}_proj", layers, kinds["qkv"], rows, hidden)
             for n, rows in (("q", q), ("k", kv), ("v", kv))])
     return qkv + [
-        _packed_gemv("packed o_proj", layers, kinds["o_proj"], hidden, q),
-        _packed_gemv("packed gate_up_silu", layers, kinds["gate_up"], intermediate, hidden, 2),
-        _packed_gemv("packed down_proj", layers, kinds["down_proj"], hidden, intermediate),
-        _packed_gemv("packed lm_head", 1, kinds["lm_head"], vocab, hidden)]
+        _packed_gemv("packed o_proj", layers, kinds["o_proj"], hidden, q, one_row=one_row),
+        _packed_gemv("packed gate_up_silu", layers, kinds["gate_up"], intermediate, hidden, 2, one_row=one_row),
+        _packed_gemv("packed down_proj", layers, kinds["down_proj"], hidden, intermediate, one_row=one_row),
+        _packed_gemv("packed lm_head", 1, kinds["lm_head"], vocab, hidden, one_row=one_row)]
 
 
 def prefill_step(hidden, layers, heads, kv_heads, head_dim, intermediate, vocab,
