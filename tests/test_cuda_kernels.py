@@ -188,13 +188,15 @@ def _one_packed_matrix(rng, type_name: str, rows: int, width: int):
 
 @pytest.mark.parametrize("type_name, width, x_rows", [("Q8_0", 96, matmul.GEMV_MAX_ROWS),
                                                      ("Q4_K", 256, matmul.GEMV_MAX_ROWS),
-                                                     ("Q4_K", 256, 1), ("Q4_1", 128, 1), ("Q5_0", 128, 1)])
+                                                     ("Q4_K", 256, 1), ("Q6_K", 256, 1), ("Q4_1", 128, 1),
+                                                     ("Q5_0", 128, 1)])
 @pytest.mark.parametrize("rows, blocks", [(45, None), (44, 3)])
 def test_packed_paired_gemv_takes_rows_two_a_block(gpu, type_name, width, x_rows, rows, blocks):
     """The packed kinds' paired GEMV (Q8_0: lm_head of the default GGUF and Gemma 3's;
-    Q4_K; for one row of x Q4_x's and Q5_0's too): rows p and p + ceil(N / 2) in one
-    pass, an odd count's middle row alone; a block a pair, or fewer blocks striding over
-    the pairs; bias, every decode row of x."""
+    Q4_K; for one row of x, read as words, Q6_K's (the Q4_K_M files' lm_head), Q4_x's,
+    Q5_0's too): rows p and p + ceil(N / 2) in one pass, an odd count's middle row
+    alone; a block a pair, or fewer blocks striding over the pairs; bias, every decode
+    row of x."""
     from tinypaged.kernels.cuda.device_weights import GEMV_PAIRED, DevicePacked
     rng = np.random.default_rng(11)
     packed = _one_packed_matrix(rng, type_name, rows, width)
@@ -213,9 +215,9 @@ def test_packed_paired_gemv_takes_rows_two_a_block(gpu, type_name, width, x_rows
 def test_a_packed_product_past_a_waves_rows_takes_them_in_pairs(gpu):
     """DevicePacked.product picks its kind's paired GEMV past PAIRED_FROM_ROWS rows (Q8_0),
     the plain one up to it, for one row of x the one-row family's, each equal to the
-    reference; a kind without a pair (Q6_K: its two-row loop spilled, at one row of x
-    too) a row a block, its q|k|v fused for one row of x only."""
-    from tinypaged.formats.quant_kind import Q6_K, Q8_0
+    reference; Q6_K (its 8-row pair and q|k|v spilled) has both for one row of x only,
+    Q5_K no pair at all."""
+    from tinypaged.formats.quant_kind import Q5_K, Q6_K, Q8_0
     from tinypaged.kernels.cuda import kquant_matmul, packed_matmul
     from tinypaged.kernels.cuda.device_weights import GEMV_PAIRED, GEMV_QKV, PACKED_KERNELS, decode_gemv
     from tinypaged.kernels.cuda.step_recording import StepRecording
@@ -224,7 +226,8 @@ def test_a_packed_product_past_a_waves_rows_takes_them_in_pairs(gpu):
     six = PACKED_KERNELS[Q6_K]
     assert six.paired is None and kquant_matmul.DECODE_KERNELS[Q6_K][3] is None
     assert decode_gemv(six, GEMV_PAIRED, 2) is None and decode_gemv(six, GEMV_QKV, 8) is None
-    assert decode_gemv(six, GEMV_PAIRED, 1) is None
+    assert decode_gemv(six, GEMV_PAIRED, 1) is kquant_matmul.ONE_ROW_KERNELS[Q6_K][3] is not None
+    assert decode_gemv(PACKED_KERNELS[Q5_K], GEMV_PAIRED, 1) is None
     assert decode_gemv(six, GEMV_QKV, 1) is kquant_matmul.ONE_ROW_KERNELS[Q6_K][1]
     for type_name, rows, width, x_rows, kernel in (
             ("Q8_0", over, 32, 2, packed_matmul.gemv_q8_0_paired), ("Q8_0", over, 32, 1, one_row[3]),

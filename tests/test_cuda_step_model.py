@@ -149,10 +149,10 @@ def test_a_packed_gemv_takes_a_step_for_each_block_width_of_its_row():
     assert _packed_gemv("q8", 1, Q8_0, 10, 2048).rounds == 4
     gate_up = _packed_gemv("gate_up", 1, Q4_K, 10, 2048, matrices=2)
     assert gate_up.rounds == 2 and gate_up.bytes == 2 * 10 * 2048 * 144 // 256
-    # gate's steps, then up's, where that pass spilled: Q5_0 at 8 rows of x, Q6_K at one too
-    assert _packed_gemv("gate_up", 1, Q5_0, 10, 2048, matrices=2).rounds == 4
-    assert _packed_gemv("gate_up", 1, Q5_0, 10, 2048, matrices=2, one_row=True).rounds == 2
-    assert _packed_gemv("gate_up", 1, Q6_K, 10, 2048, matrices=2, one_row=True).rounds == 4
+    # gate's steps, then up's, where that pass spilled: Q5_0 and Q6_K at 8 rows of x, not at one
+    for kind in (Q5_0, Q6_K):
+        assert _packed_gemv("gate_up", 1, kind, 10, 2048, matrices=2).rounds == 4
+        assert _packed_gemv("gate_up", 1, kind, 10, 2048, matrices=2, one_row=True).rounds == 2
 
 
 def test_a_float_matrix_past_a_waves_rows_is_priced_two_rows_a_block():
@@ -176,8 +176,9 @@ def test_a_float_matrix_past_a_waves_rows_is_priced_two_rows_a_block():
 def test_a_packed_product_past_a_waves_rows_is_priced_two_rows_a_block():
     """As DevicePacked.product launches it: the default GGUF's lm_head (SmolLM2, Q8_0) in
     pairs, half the waves, both rows' sums; Llama-3.2-1B Q4_K_M's o (Q4_K, 2,048 rows)
-    in pairs, its lm_head (Q6_K, no paired kernel) a row a block; q|k|v's fused
-    launch over 1,536 rows (Gemma 3's shapes) never paired."""
+    and lm_head (Q6_K: a pair for one row of x only) in pairs at batch 1, its lm_head a
+    row a block at batch 2; q|k|v's fused launch over 1,536 rows (Gemma 3's shapes)
+    never paired."""
     from tinypaged.formats.quant_kind import Q8_0
     from tinypaged.kernels.cuda.tools.step_model import PACKED, _packed_gemv
     def gemvs(shape, scheme):
@@ -185,7 +186,9 @@ def test_a_packed_product_past_a_waves_rows_is_priced_two_rows_a_block():
     small, large = gemvs(SMOLLM2, "Q4_1"), gemvs(LLAMA_1B, "Q4_K_M")
     lm_head = small["packed lm_head (paired)"]
     assert (lm_head.blocks, lm_head.waves(), lm_head.syncs) == (49152 // 2, 24, 4)
-    assert {"packed qkv", "packed o_proj (paired)", "packed lm_head"} <= set(large)
+    assert {"packed qkv", "packed o_proj (paired)", "packed lm_head (paired)"} <= set(large)
+    two = {k.name for k in decode_step(**LLAMA_1B, batch=2, context=128, kinds=PACKED["Q4_K_M"])}
+    assert {"packed lm_head", "packed o_proj (paired)"} <= two
     fused = _packed_gemv("packed qkv", 1, Q8_0, 1536, 640, fused=True)
     assert fused.name == "packed qkv" and fused.blocks == 1536
 
@@ -203,7 +206,8 @@ def test_the_8_row_loops_wait_on_a_steps_later_weights_from_l1():
     assert two["gemv_rows (down_proj)"].l1_waits == 2 * (FLOAT_VEC - 1)  # (1,536 wide: two steps)
     assert one["gemv_qkv"].l1_waits == two["gemv_qkv"].l1_waits == FLOAT_VEC - 1  # (normed at batch 1)
     assert _packed_gemv("q4_k", 1, Q4_K, 10, 2048).l1_waits == 2 * (VEC - 1)
-    assert _packed_gemv("q4_k", 1, Q4_K, 10, 2048, one_row=True).l1_waits == 2 * (VEC - 1)  # (its bytes too)
+    assert _packed_gemv("q4_k", 1, Q4_K, 10, 2048, one_row=True).l1_waits == 0  # (a word, x with it)
+    assert _packed_gemv("q4_k", 1, Q4_K, 10, 2048, matrices=2, one_row=True).l1_waits == 2 * (VEC - 1)
     assert _packed_gemv("q8_0", 1, Q8_0, 10, 2048).l1_waits == 0
     qkv = one["gemv_qkv"]
     slower = dict(ASSUMPTIONS, l1_hit_us=ASSUMPTIONS["l1_hit_us"] + 1.0)

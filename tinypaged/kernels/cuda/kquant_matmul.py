@@ -1,6 +1,7 @@
 """CUDA products with Q5_0, Q5_1 and K-quant (Q4_K, Q5_K, Q6_K) weights, read in the
 host's packed layout (formats/packed.py), never widened whole. A matrix is the tuple
-(quants, scales, mins, supers, highs, code), code the kind's (QuantKind.code):
+(quants, scales, mins, supers, highs, code), code the kind's (QuantKind.code), and for
+the GEMVs the quants again as int32 words (WORDS):
     quants  (N, K/2) uint8 nibbles: byte p holds weight p (low), p + K/2 (high)
     scales  Q5_x: (N, K/32) float16; Q4_K, Q5_K: (N, K/32) uint8 sc; Q6_K: (N, K/16) int8
     mins    Q5_1: (N, K/32) float16; Q4_K, Q5_K: (N, K/32) uint8 m; else a placeholder
@@ -28,9 +29,12 @@ from .matmul import GEMV_ROW_THREADS, VEC
 from .tiled_matmul import tiled_kernels
 from .packed_matmul import decode_kernel_family
 
+WORDS = 6  # the GEMVs' matrix tuple's quants as (N, K/8) int32 words (upload)
+
 
 def _kind_functions(kind: int):
-    """(row_dots, weight) device functions for one kind, `kind` its QuantKind's code, a
+    """(row_dots_reading, weight) for one kind: the row_dots device function as it reads
+    the quants (below), and the tiled products' weight; `kind` its QuantKind's code, a
     compile-time constant in them (the code of the other kinds compiled away: with all five in,
     the fused q/k/v and gate/up GEMVs spilled registers)."""
 
@@ -63,39 +67,54 @@ def _kind_functions(kind: int):
             return ((int32(highs[n, at]) >> shift) & 15) | (((int32(highs[n, at + 4]) >> shift) & 15) << 4)
         return (int32(highs[n, c // 8]) >> shift) & 15
 
-    @device_function
-    def row_dots(x, w, n, t, acc, w2, n2, acc2):
-        """acc[m] = thread t's share of x[m] . W[n] (as packed_matmul._q4_row_dots): the
-        block's threads walk the K/2 nibble bytes of the row, 4 at a time; byte p gives
-        weights p and p + K/2. acc2: the same of W2[n2] in the same pass where w2 is given."""
-        two = w2 is not None
-        n_rows, width = x.shape
-        half = width // 2
-        for m in range(len(acc)):
-            acc[m] = float32(0.0)
-            acc2[m] = float32(0.0)
-        for p0 in range(t * VEC, half, GEMV_ROW_THREADS * VEC):
-            s_low, m_low = scale_and_min(w, n, p0)
-            s_high, m_high = scale_and_min(w, n, p0 + half)
-            e_low, e_high = extra_bits(w, n, p0), extra_bits(w, n, p0 + half)
-            if two:
-                s2_low, m2_low = scale_and_min(w2, n2, p0)
-                s2_high, m2_high = scale_and_min(w2, n2, p0 + half)
-                e2_low, e2_high = extra_bits(w2, n2, p0), extra_bits(w2, n2, p0 + half)
-            for v in range(VEC):
-                byte = int32(w[0][n, p0 + v])
-                w_low = s_low * float32(_q(byte & 15, e_low, v)) + m_low
-                w_high = s_high * float32(_q(byte >> 4, e_high, v)) + m_high
+    def row_dots_reading(words: bool):
+        """row_dots, reading a step's 4 quant bytes one at a time, or (words: the
+        one-row kernels) as one int32 word, the matrix tuple's WORDS array, with one
+        row of x's step loaded before any sum where one matrix is read (beside a
+        second's loads, that spilled 16-136 bytes)."""
+        @device_function
+        def row_dots(x, w, n, t, acc, w2, n2, acc2):
+            """acc[m] = thread t's share of x[m] . W[n] (as packed_matmul._q4_row_dots): the
+            block's threads walk the K/2 nibble bytes of the row, 4 at a time; byte p gives
+            weights p and p + K/2. acc2: the same of W2[n2] in the same pass where w2 is given."""
+            two = w2 is not None
+            n_rows, width = x.shape
+            half = width // 2
+            xs_low = cuda.local.array(VEC, float32)  # (hoist: one row of x's step, in registers)
+            xs_high = cuda.local.array(VEC, float32)
+            for m in range(len(acc)):
+                acc[m] = float32(0.0)
+                acc2[m] = float32(0.0)
+            for p0 in range(t * VEC, half, GEMV_ROW_THREADS * VEC):
+                s_low, m_low = scale_and_min(w, n, p0)
+                s_high, m_high = scale_and_min(w, n, p0 + half)
+                e_low, e_high = extra_bits(w, n, p0), extra_bits(w, n, p0 + half)
                 if two:
-                    byte2 = int32(w2[0][n2, p0 + v])
-                    w2_low = s2_low * float32(_q(byte2 & 15, e2_low, v)) + m2_low
-                    w2_high = s2_high * float32(_q(byte2 >> 4, e2_high, v)) + m2_high
-                for m in range(len(acc)):
-                    if m < n_rows:
-                        x_low, x_high = x[m, p0 + v], x[m, p0 + v + half]
-                        acc[m] += w_low * x_low + w_high * x_high
-                        if two:
-                            acc2[m] += w2_low * x_low + w2_high * x_high
+                    s2_low, m2_low = scale_and_min(w2, n2, p0)
+                    s2_high, m2_high = scale_and_min(w2, n2, p0 + half)
+                    e2_low, e2_high = extra_bits(w2, n2, p0), extra_bits(w2, n2, p0 + half)
+                word = w[WORDS][n, p0 // VEC] if words else int32(0)  # (bytes p0 .. p0 + 3)
+                word2 = w2[WORDS][n2, p0 // VEC] if words and two else word
+                hoist = words and not two
+                if hoist:  # (one row of x: the step's x loaded with its word, before any sum)
+                    for v in range(VEC):
+                        xs_low[v], xs_high[v] = x[0, p0 + v], x[0, p0 + v + half]
+                for v in range(VEC):
+                    byte = (word >> (8 * v)) & 255 if words else int32(w[0][n, p0 + v])
+                    w_low = s_low * float32(_q(byte & 15, e_low, v)) + m_low
+                    w_high = s_high * float32(_q(byte >> 4, e_high, v)) + m_high
+                    if two:
+                        byte2 = (word2 >> (8 * v)) & 255 if words else int32(w2[0][n2, p0 + v])
+                        w2_low = s2_low * float32(_q(byte2 & 15, e2_low, v)) + m2_low
+                        w2_high = s2_high * float32(_q(byte2 >> 4, e2_high, v)) + m2_high
+                    for m in range(len(acc)):
+                        if m < n_rows:
+                            x_low = xs_low[v] if hoist else x[m, p0 + v]
+                            x_high = xs_high[v] if hoist else x[m, p0 + v + half]
+                            acc[m] += w_low * x_low + w_high * x_high
+                            if two:
+                                acc2[m] += w2_low * x_low + w2_high * x_high
+        return row_dots
 
     @device_function
     def weight(w, n, k, half):
@@ -106,7 +125,7 @@ def _kind_functions(kind: int):
         q = _q(byte & 15 if low else byte >> 4, extra_bits(w, n, k - k % 4), k % 4)
         return s * float32(q) + mn
 
-    return row_dots, weight
+    return row_dots_reading, weight
 
 
 @device_function
@@ -121,16 +140,16 @@ _FUNCTIONS = {code: _kind_functions(code) for code in (Q5_0, Q5_1, Q4_K, Q5_K, Q
 GATE_UP_IN_TWO_PASSES = (Q5_0, Q5_1, Q5_K, Q6_K)
 # (gemv, None, gate_up_silu, paired): q, k and v go as three GEMVs (fused, they spilled
 # registers); paired (lm_head two rows a block) only where gate and up go in one pass
-DECODE_KERNELS = {code: decode_kernel_family(row_dots, fused_qkv=False,
+DECODE_KERNELS = {code: decode_kernel_family(row_dots(words=False), fused_qkv=False,
                                              gate_up_in_one_pass=code not in GATE_UP_IN_TWO_PASSES)
                   for code, (row_dots, _) in _FUNCTIONS.items()}
-# for one row of x (batch 1), the kinds whose two-matrix pass still spilled (24-96 bytes):
-# gate and up in two passes, lm_head a row a block
-ONE_ROW_GATE_UP_IN_TWO_PASSES = (Q5_1, Q5_K, Q6_K)
+# for one row of x (batch 1) a step's quant bytes are read as one word (row_dots(words=True)),
+# and every form fits 64 registers but Q5_K's pair of rows (112 bytes spilled)
+ONE_ROW_WITHOUT_PAIRS = (Q5_K,)
 # (gemv, qkv, gate_up_silu, paired) for one row of x: one row's sums leave room for the
 # three matrices of q|k|v (packed_matmul.decode_kernel_family's max_rows)
-ONE_ROW_KERNELS = {code: decode_kernel_family(row_dots, max_rows=1,
-                                              gate_up_in_one_pass=code not in ONE_ROW_GATE_UP_IN_TWO_PASSES)
+ONE_ROW_KERNELS = {code: decode_kernel_family(row_dots(words=True), max_rows=1,
+                                              pairs=code not in ONE_ROW_WITHOUT_PAIRS)
                    for code, (row_dots, _) in _FUNCTIONS.items()}
 # q, k and v as three tiled products too (fused: Q6_K's went through 80 bytes of local
 # memory), gate and up fused but for Q5_0 (32 bytes spilled)
@@ -142,7 +161,7 @@ def upload(packed) -> tuple:
     """(device arrays, the GEMVs' matrix, the tiled product's) of a Q5_x or K-quant
     PackedWeight: (quants, scales, mins, supers, highs) as they are, float16 bits viewed
     as float16, 1-element placeholders for what the kind lacks; both matrices are the
-    arrays and the kind's code."""
+    arrays and the kind's code, the GEMVs' also the quants as int32 words."""
     k_quant = packed.supers is not None
     scales = packed.scales if k_quant else packed.scales.view(np.float16)
     mins = packed.mins if packed.mins is not None else np.zeros((1, 1), np.uint8)
@@ -150,4 +169,5 @@ def upload(packed) -> tuple:
     supers = packed.supers.view(np.float16) if k_quant else np.zeros((1, 1, 2), np.float16)
     highs = packed.highs if packed.highs is not None else np.zeros((1, 1), np.uint8)
     arrays = tuple(cuda.to_device(np.ascontiguousarray(a)) for a in (packed.quants, scales, mins, supers, highs))
-    return arrays, (*arrays, packed.kind.code), (*arrays, packed.kind.code)
+    words = arrays[0].view(np.int32)  # (the same bytes, 4 a word: WORDS)
+    return arrays, (*arrays, packed.kind.code, words), (*arrays, packed.kind.code)

@@ -1,6 +1,7 @@
 """CUDA products with packed weights, uploaded as the host holds them (formats/packed.py),
 never widened whole. A matrix goes to the kernels as one tuple (device_weights.py):
-    Q8_0, Q4_0, Q4_1   (quants, scales, mins, has_mins) to the GEMVs, (quants, scales,
+    Q8_0, Q4_0, Q4_1   (quants, scales, mins, has_mins) to the GEMVs (Q4_x: and words,
+                       the quants as int32 words, for the one-row kernels), (quants, scales,
                        mins, code) to the tiled product, code the kind's QuantKind.code
         quants  (N, K) int8 (Q8_0, read by the GEMVs as (N, K/4) int32 words);
                 (N, K/2) uint8 (Q4_x: byte p holds weight p in its low nibble,
@@ -32,6 +33,8 @@ from .bounded_jit import jit_bounded
 from .device_function import device_function
 from .matmul import GEMV_BOUNDS, GEMV_MAX_ROWS, GEMV_ROW_THREADS, GEMV_ROW_WARPS, VEC, _store_rows, block_sum_rows
 from .tiled_matmul import tiled_kernels
+
+Q4_WORDS = 4  # Q4_x's GEMV matrix tuple: the quants again as (N, K/8) int32 words (upload)
 
 
 @device_function
@@ -86,33 +89,47 @@ def _q4_scales(w, n, p0, half):
     return s_low, m_low, s_high, m_high
 
 
-@device_function
-def _q4_row_dots(x, w, n, t, acc, w2, n2, acc2):
-    """acc[m] = thread t's share of x[m] . W[n], on Q4_0 (has_mins False) or Q4_1
-    quants: the block's threads walk the K/2 bytes of the row, VEC at a time; byte p
-    gives weights p and p + K/2. acc2: the same of W2[n2] in the same pass where w2 is
-    given (as _q8_0_row_dots)."""
-    two = w2 is not None
-    n_rows, width = x.shape
-    half = width // 2
-    for m in range(len(acc)):
-        acc[m] = float32(0.0)
-        acc2[m] = float32(0.0)
-    for p0 in range(t * VEC, half, GEMV_ROW_THREADS * VEC):
-        s_low, m_low, s_high, m_high = _q4_scales(w, n, p0, half)
-        s2_low, m2_low, s2_high, m2_high = _q4_scales(w2, n2, p0, half) if two else (s_low, m_low, s_high, m_high)
-        for v in range(VEC):
-            byte = int32(w[0][n, p0 + v])
-            byte2 = int32(w2[0][n2, p0 + v]) if two else byte
-            w_low, w_high = s_low * float32(byte & 15) + m_low, s_high * float32(byte >> 4) + m_high
-            w2_low = s2_low * float32(byte2 & 15) + m2_low
-            w2_high = s2_high * float32(byte2 >> 4) + m2_high
-            for m in range(len(acc)):
-                if m < n_rows:
-                    x_low, x_high = x[m, p0 + v], x[m, p0 + v + half]
-                    acc[m] += w_low * x_low + w_high * x_high
-                    if two:
-                        acc2[m] += w2_low * x_low + w2_high * x_high
+def _q4_row_dots(words: bool):
+    """row_dots of Q4_0 (has_mins False) and Q4_1 quants, reading a step's VEC bytes one
+    at a time, or (words: the one-row kernels) as one int32 word, the matrix tuple's
+    Q4_WORDS array, with one row of x's step loaded before any sum where one matrix is
+    read (beside a second's loads that spilled)."""
+    @device_function
+    def row_dots(x, w, n, t, acc, w2, n2, acc2):
+        """acc[m] = thread t's share of x[m] . W[n]: the block's threads walk the K/2 bytes
+        of the row, VEC at a time; byte p gives weights p and p + K/2. acc2: the same of
+        W2[n2] in the same pass where w2 is given (as _q8_0_row_dots)."""
+        two = w2 is not None
+        n_rows, width = x.shape
+        half = width // 2
+        hoist = words and not two
+        xs_low = cuda.local.array(VEC, float32)  # (hoist: one row of x's step, in registers)
+        xs_high = cuda.local.array(VEC, float32)
+        for m in range(len(acc)):
+            acc[m] = float32(0.0)
+            acc2[m] = float32(0.0)
+        for p0 in range(t * VEC, half, GEMV_ROW_THREADS * VEC):
+            s_low, m_low, s_high, m_high = _q4_scales(w, n, p0, half)
+            s2_low, m2_low, s2_high, m2_high = _q4_scales(w2, n2, p0, half) if two else (s_low, m_low, s_high, m_high)
+            word = w[Q4_WORDS][n, p0 // VEC] if words else int32(0)  # (bytes p0 .. p0 + 3)
+            word2 = w2[Q4_WORDS][n2, p0 // VEC] if words and two else word
+            if hoist:
+                for v in range(VEC):
+                    xs_low[v], xs_high[v] = x[0, p0 + v], x[0, p0 + v + half]
+            for v in range(VEC):
+                byte = (word >> (8 * v)) & 255 if words else int32(w[0][n, p0 + v])
+                byte2 = ((word2 >> (8 * v)) & 255 if words else int32(w2[0][n2, p0 + v])) if two else byte
+                w_low, w_high = s_low * float32(byte & 15) + m_low, s_high * float32(byte >> 4) + m_high
+                w2_low = s2_low * float32(byte2 & 15) + m2_low
+                w2_high = s2_high * float32(byte2 >> 4) + m2_high
+                for m in range(len(acc)):
+                    if m < n_rows:
+                        x_low = xs_low[v] if hoist else x[m, p0 + v]
+                        x_high = xs_high[v] if hoist else x[m, p0 + v + half]
+                        acc[m] += w_low * x_low + w_high * x_high
+                        if two:
+                            acc2[m] += w2_low * x_low + w2_high * x_high
+    return row_dots
 
 
 def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: bool = True,
@@ -132,8 +149,9 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: 
     the row, so a row of the packed bytes is a few steps of a thread, each waiting on
     its loads, where a warp a row took four times as many. max_rows: rows of x the
     kernels take (the row_dots loop over len(acc)); at 1 (batch 1) a step's sums hold
-    one row, and its quant, scale and x loads fit in registers together: they go out
-    at once (bench/sass.py), and the fused and paired forms that spilled at 8 fit."""
+    one row, which leaves registers for the fused and paired forms that spilled at 8,
+    and for a row_dots that reads a step's quant bytes as one word with its x (one
+    wait a step, not five: bench/sass.py)."""
 
     @jit_bounded(GEMV_BOUNDS)
     def gemv(x, w, bias, has_bias, out):
@@ -212,24 +230,27 @@ def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: 
 gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu, gemv_q8_0_paired = decode_kernel_family(_q8_0_row_dots)
 # (Q4_x's paired kernel spilled 92 bytes; an output matrix in Q4_x is rare: GGUF files keep
 # it in Q8_0 or Q6_K)
-gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu, _ = decode_kernel_family(_q4_row_dots, pairs=False)
+gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu, _ = decode_kernel_family(_q4_row_dots(words=False), pairs=False)
 TILED_PACKED = tiled_kernels(_weight)  # (Q8_0 and Q4_x: _weight reads both)
 # (gemv, qkv, gate_up_silu, paired) by QuantKind.code, beside kquant_matmul.DECODE_KERNELS
 GEMV_FAMILIES = {Q8_0: (gemv_q8_0, gemv_q8_0_qkv, gemv_q8_0_gate_up_silu, gemv_q8_0_paired),
                  **{code: (gemv_q4, gemv_q4_qkv, gemv_q4_gate_up_silu, None) for code in (Q4_0, Q4_1)}}
 # the same for one row of x (batch 1), paired too
-_Q4_ONE_ROW = decode_kernel_family(_q4_row_dots, max_rows=1)
+_Q4_ONE_ROW = decode_kernel_family(_q4_row_dots(words=True), max_rows=1)
 ONE_ROW_FAMILIES = {Q8_0: decode_kernel_family(_q8_0_row_dots, max_rows=1), Q4_0: _Q4_ONE_ROW, Q4_1: _Q4_ONE_ROW}
 
 
 def upload(packed) -> tuple:
     """(device arrays, the GEMVs' matrix, the tiled product's) of a Q8_0 or Q4_x
-    PackedWeight: quants as they are (Q8_0's GEMVs read them as int32 words), float16
-    bits viewed as float16, a placeholder for the mins Q8_0 and Q4_0 lack."""
+    PackedWeight: quants as they are (Q8_0's GEMVs read them as int32 words; Q4_x's
+    have both, the words last: Q4_WORDS), float16 bits viewed as float16, a placeholder
+    for the mins Q8_0 and Q4_0 lack."""
     code = packed.kind.code
     quants = cuda.to_device(packed.quants)
     scales = cuda.to_device(packed.scales.view(np.float16))
     mins = packed.mins if packed.mins is not None else np.zeros((1, 1), np.uint16)
     mins = cuda.to_device(mins.view(np.float16))
-    words = quants.view(np.int32) if code == Q8_0 else quants
-    return (quants, scales, mins), (words, scales, mins, packed.kind.has_mins), (quants, scales, mins, code)
+    words = quants.view(np.int32)  # (the same bytes, 4 a word)
+    has_mins = packed.kind.has_mins
+    decode = (words, scales, mins, has_mins) if code == Q8_0 else (quants, scales, mins, has_mins, words)
+    return (quants, scales, mins), decode, (quants, scales, mins, code)

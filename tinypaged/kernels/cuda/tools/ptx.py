@@ -35,8 +35,9 @@ def arr(dtype, ndim):
 
 
 def packed_families() -> list[tuple[str, tuple, object]]:
-    """(label, its decode kernels or its kind's code in kquant_matmul, a matrix's tuple
-    type) of each packed family: Q8_0 (int32 words), Q4_x, and kquant_matmul's five kinds."""
+    """(label, its decode kernels or its kind's code in kquant_matmul, the GEMVs' matrix
+    tuple type) of each packed family: Q8_0 (int32 words), Q4_x, and kquant_matmul's
+    five kinds (Q4_x's and theirs with the quants again as int32 words last)."""
     def matrix(*arrays, flag=i64):
         return types.Tuple((*arrays, flag))
     placeholder = arr(u8, 2)  # (mins or highs a kind lacks)
@@ -45,12 +46,13 @@ def packed_families() -> list[tuple[str, tuple, object]]:
                  matrix(arr(i32, 2), arr(f16, 2), arr(f16, 2), flag=types.boolean)),
                 ("q4", (packed_matmul.gemv_q4, packed_matmul.gemv_q4_qkv, packed_matmul.gemv_q4_gate_up_silu,
                         None),
-                 matrix(arr(u8, 2), arr(f16, 2), arr(f16, 2), flag=types.boolean))]
+                 types.Tuple((arr(u8, 2), arr(f16, 2), arr(f16, 2), types.boolean, arr(i32, 2))))]
     for code in kquant_matmul.DECODE_KERNELS:  # (a kind's arrays: formats/packed.py)
         kind = KINDS[code]
         scales = arr({"f16": f16, "k6": u8, "i8": i8}[kind.scales], 2)
-        families.append((kind.name.lower(), code, matrix(arr(u8, 2), scales, scales if kind.has_mins else placeholder,
-                                                         arr(f16, 3), arr(u8, 2) if kind.high_bits else placeholder)))
+        arrays = (arr(u8, 2), scales, scales if kind.has_mins else placeholder, arr(f16, 3),
+                  arr(u8, 2) if kind.high_bits else placeholder)
+        families.append((kind.name.lower(), code, types.Tuple((*arrays, i64, arr(i32, 2)))))
     return families
 
 
@@ -98,8 +100,9 @@ def signatures() -> list[tuple[str, object, tuple]]:
     for qname, qtype in (("q8_0", i8), ("q4", u8)):  # (the tiled product reads Q8_0 as bytes)
         matrix = types.Tuple((arr(qtype, 2), arr(f16, 2), arr(f16, 2), i64))
         sigs += tiled_signatures(f"_packed[{qname}]", packed_matmul.TILED_PACKED, matrix)
-    for qname, kind, matrix in packed_families()[2:]:
-        sigs += tiled_signatures(f"_packed[{qname}]", kquant_matmul.TILED_KERNELS[kind], matrix)
+    for qname, kind, matrix in packed_families()[2:]:  # (the tiled products' tuple: no words)
+        sigs += tiled_signatures(f"_packed[{qname}]", kquant_matmul.TILED_KERNELS[kind],
+                                 types.Tuple(matrix.types[:-1]))
     q = arr(f32, 3)
     q8_layer = types.Tuple((arr(i8, 4), types.Array(f16, 4, "A")))  # kv_rows.py's (rows, scales)
     for kv_name, kv_type, pool in (("", f32, arr(f32, 4)), ("[kv-f16]", f16, arr(f16, 4)),

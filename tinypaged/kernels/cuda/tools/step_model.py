@@ -199,17 +199,19 @@ def _packed_gemv(name, per_step, kind, rows, width, matrices=1, fused=False, one
     kernel (lm_head: half the blocks, both rows' sums). one_row: the kind's one-row
     family's kernel (batch 1: q|k|v fused, gate/up and pairs where they fit)."""
     from ..device_weights import GEMV_PAIRED, PACKED_KERNELS, decode_gemv
-    from ..kquant_matmul import GATE_UP_IN_TWO_PASSES, ONE_ROW_GATE_UP_IN_TWO_PASSES
+    from ..kquant_matmul import GATE_UP_IN_TWO_PASSES
     from ..matmul import GEMV_BOUNDS, GEMV_THREADS, VEC, pairs_rows
     k = KINDS[kind]
     per_step_bytes = 4 * GEMV_THREADS if k.name == "Q8_0" else 2 * VEC * GEMV_THREADS  # weights a step
-    passes = matrices if kind in (ONE_ROW_GATE_UP_IN_TWO_PASSES if one_row else GATE_UP_IN_TWO_PASSES) else 1
+    passes = matrices if kind in GATE_UP_IN_TWO_PASSES and not one_row else 1
     paired = (not fused and matrices == 1 and pairs_rows(rows)
               and decode_gemv(PACKED_KERNELS[kind], GEMV_PAIRED, 1 if one_row else 2) is not None)
     steps = passes * math.ceil(width / per_step_bytes)
-    # (a nibble kind's step waits on each of its VEC quant bytes, at one row of x too;
-    # Q8_0's word is one load: bench/sass.py)
-    waits = 0 if k.name == "Q8_0" else steps * (VEC - 1)
+    # (a nibble kind's 8-row step waits on each of its VEC quant bytes and its x; Q8_0's
+    # word is one load, and so is a one-row step's of one matrix, its x loaded with it;
+    # beside a second matrix's loads its x still waits a value at a time: bench/sass.py)
+    hoisted = one_row and matrices == 1 and not paired
+    waits = 0 if k.name == "Q8_0" or hoisted else steps * (VEC - 1)
     return KernelCost(f"{name}{' (paired)' if paired else ''}", per_step,
                       matrices * rows * width * k.block_bytes // k.block, -(-rows // 2) if paired else rows,
                       GEMV_THREADS, steps, 2 * (2 if paired else matrices), GEMV_BOUNDS[1], l1_waits=waits)
