@@ -25,9 +25,8 @@ from numba import cuda, float32, int32
 
 from ...formats.quant_kind import QK, QK_K, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K
 from .device_function import device_function
-from .matmul import GEMV_ROW_THREADS, VEC
 from .tiled_matmul import tiled_kernels
-from .packed_matmul import decode_kernel_family
+from .packed_matmul import decode_kernel_family, nibble, nibble_row_dots
 
 WORDS = 6  # the GEMVs' matrix tuple's quants as (N, K/8) int32 words (upload)
 
@@ -68,53 +67,9 @@ def _kind_functions(kind: int):
         return (int32(highs[n, c // 8]) >> shift) & 15
 
     def row_dots_reading(words: bool):
-        """row_dots, reading a step's 4 quant bytes one at a time, or (words: the
-        one-row kernels) as one int32 word, the matrix tuple's WORDS array, with one
-        row of x's step loaded before any sum where one matrix is read (beside a
-        second's loads, that spilled 16-136 bytes)."""
-        @device_function
-        def row_dots(x, w, n, t, acc, w2, n2, acc2):
-            """acc[m] = thread t's share of x[m] . W[n] (as packed_matmul._q4_row_dots): the
-            block's threads walk the K/2 nibble bytes of the row, 4 at a time; byte p gives
-            weights p and p + K/2. acc2: the same of W2[n2] in the same pass where w2 is given."""
-            two = w2 is not None
-            n_rows, width = x.shape
-            half = width // 2
-            xs_low = cuda.local.array(VEC, float32)  # (hoist: one row of x's step, in registers)
-            xs_high = cuda.local.array(VEC, float32)
-            for m in range(len(acc)):
-                acc[m] = float32(0.0)
-                acc2[m] = float32(0.0)
-            for p0 in range(t * VEC, half, GEMV_ROW_THREADS * VEC):
-                s_low, m_low = scale_and_min(w, n, p0)
-                s_high, m_high = scale_and_min(w, n, p0 + half)
-                e_low, e_high = extra_bits(w, n, p0), extra_bits(w, n, p0 + half)
-                if two:
-                    s2_low, m2_low = scale_and_min(w2, n2, p0)
-                    s2_high, m2_high = scale_and_min(w2, n2, p0 + half)
-                    e2_low, e2_high = extra_bits(w2, n2, p0), extra_bits(w2, n2, p0 + half)
-                word = w[WORDS][n, p0 // VEC] if words else int32(0)  # (bytes p0 .. p0 + 3)
-                word2 = w2[WORDS][n2, p0 // VEC] if words and two else word
-                hoist = words and not two
-                if hoist:  # (one row of x: the step's x loaded with its word, before any sum)
-                    for v in range(VEC):
-                        xs_low[v], xs_high[v] = x[0, p0 + v], x[0, p0 + v + half]
-                for v in range(VEC):
-                    byte = (word >> (8 * v)) & 255 if words else int32(w[0][n, p0 + v])
-                    w_low = s_low * float32(_q(byte & 15, e_low, v)) + m_low
-                    w_high = s_high * float32(_q(byte >> 4, e_high, v)) + m_high
-                    if two:
-                        byte2 = (word2 >> (8 * v)) & 255 if words else int32(w2[0][n2, p0 + v])
-                        w2_low = s2_low * float32(_q(byte2 & 15, e2_low, v)) + m2_low
-                        w2_high = s2_high * float32(_q(byte2 >> 4, e2_high, v)) + m2_high
-                    for m in range(len(acc)):
-                        if m < n_rows:
-                            x_low = xs_low[v] if hoist else x[m, p0 + v]
-                            x_high = xs_high[v] if hoist else x[m, p0 + v + half]
-                            acc[m] += w_low * x_low + w_high * x_high
-                            if two:
-                                acc2[m] += w2_low * x_low + w2_high * x_high
-        return row_dots
+        """row_dots (packed_matmul.nibble_row_dots), reading a step's quant bytes as one
+        word (the one-row kernels: WORDS) or one at a time."""
+        return nibble_row_dots(scale_and_min, extra_bits, words, WORDS)
 
     @device_function
     def weight(w, n, k, half):
@@ -122,16 +77,10 @@ def _kind_functions(kind: int):
         low = k < half
         byte = int32(w[0][n, k if low else k - half])
         s, mn = scale_and_min(w, n, k)
-        q = _q(byte & 15 if low else byte >> 4, extra_bits(w, n, k - k % 4), k % 4)
+        q = nibble(byte & 15 if low else byte >> 4, extra_bits(w, n, k - k % 4), k % 4)
         return s * float32(q) + mn
 
     return row_dots_reading, weight
-
-
-@device_function
-def _q(nibble, extra, v):
-    """Column v's (of 4) q from its nibble and extra_bits."""
-    return nibble | (((extra >> v) & 1) << 4) | (((extra >> (4 + v)) & 1) << 5)
 
 
 _FUNCTIONS = {code: _kind_functions(code) for code in (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)}

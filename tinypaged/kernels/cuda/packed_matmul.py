@@ -80,20 +80,20 @@ def _q8_0_row_dots(x, w, n, t, acc, w2, n2, acc2):
 
 
 @device_function
-def _q4_scales(w, n, p0, half):
-    """(scale, min) of the blocks of row n holding byte p0's low and high weights."""
-    scales, mins, has_mins = w[1], w[2], w[3]
-    s_low, s_high = float32(scales[n, p0 // QK]), float32(scales[n, (p0 + half) // QK])
-    m_low = float32(mins[n, p0 // QK]) if has_mins else float32(-8.0) * s_low
-    m_high = float32(mins[n, (p0 + half) // QK]) if has_mins else float32(-8.0) * s_high
-    return s_low, m_low, s_high, m_high
+def nibble(byte, extra, v):
+    """Column v's (of VEC) q from its nibble and extra bits (kquant_matmul's extra_bits:
+    bit v is bit 4 of column v's q, bit 4 + v its bit 5; 0 for Q4_x)."""
+    return byte | (((extra >> v) & 1) << 4) | (((extra >> (4 + v)) & 1) << 5)
 
 
-def _q4_row_dots(words: bool):
-    """row_dots of Q4_0 (has_mins False) and Q4_1 quants, reading a step's VEC bytes one
-    at a time, or (words: the one-row kernels) as one int32 word, the matrix tuple's
-    Q4_WORDS array, with one row of x's step loaded before any sum where one matrix is
-    read (beside a second's loads that spilled)."""
+def nibble_row_dots(scale_and_min, extra_bits, words: bool, words_at: int):
+    """row_dots (decode_kernel_family's) of a kind whose bytes hold two nibbles, weights p
+    and p + K/2 of a row (Q4_x, Q5_x, the K-quants), given its scale_and_min(w, n, c)
+    (float32 scale and min of column c's block) and extra_bits(w, n, c) (q's bits
+    above the nibble for columns c .. c + VEC - 1). A step's VEC bytes are read one at a
+    time, or (words: the one-row kernels) as one int32 word, the matrix tuple's array
+    words_at, with one row of x's step loaded before any sum where one matrix is read
+    (beside a second's loads, that spilled 16-136 bytes)."""
     @device_function
     def row_dots(x, w, n, t, acc, w2, n2, acc2):
         """acc[m] = thread t's share of x[m] . W[n]: the block's threads walk the K/2 bytes
@@ -109,19 +109,26 @@ def _q4_row_dots(words: bool):
             acc[m] = float32(0.0)
             acc2[m] = float32(0.0)
         for p0 in range(t * VEC, half, GEMV_ROW_THREADS * VEC):
-            s_low, m_low, s_high, m_high = _q4_scales(w, n, p0, half)
-            s2_low, m2_low, s2_high, m2_high = _q4_scales(w2, n2, p0, half) if two else (s_low, m_low, s_high, m_high)
-            word = w[Q4_WORDS][n, p0 // VEC] if words else int32(0)  # (bytes p0 .. p0 + 3)
-            word2 = w2[Q4_WORDS][n2, p0 // VEC] if words and two else word
+            s_low, m_low = scale_and_min(w, n, p0)
+            s_high, m_high = scale_and_min(w, n, p0 + half)
+            e_low, e_high = extra_bits(w, n, p0), extra_bits(w, n, p0 + half)
+            if two:
+                s2_low, m2_low = scale_and_min(w2, n2, p0)
+                s2_high, m2_high = scale_and_min(w2, n2, p0 + half)
+                e2_low, e2_high = extra_bits(w2, n2, p0), extra_bits(w2, n2, p0 + half)
+            word = w[words_at][n, p0 // VEC] if words else int32(0)  # (bytes p0 .. p0 + 3)
+            word2 = w2[words_at][n2, p0 // VEC] if words and two else word
             if hoist:
                 for v in range(VEC):
                     xs_low[v], xs_high[v] = x[0, p0 + v], x[0, p0 + v + half]
             for v in range(VEC):
                 byte = (word >> (8 * v)) & 255 if words else int32(w[0][n, p0 + v])
-                byte2 = ((word2 >> (8 * v)) & 255 if words else int32(w2[0][n2, p0 + v])) if two else byte
-                w_low, w_high = s_low * float32(byte & 15) + m_low, s_high * float32(byte >> 4) + m_high
-                w2_low = s2_low * float32(byte2 & 15) + m2_low
-                w2_high = s2_high * float32(byte2 >> 4) + m2_high
+                w_low = s_low * float32(nibble(byte & 15, e_low, v)) + m_low
+                w_high = s_high * float32(nibble(byte >> 4, e_high, v)) + m_high
+                if two:
+                    byte2 = (word2 >> (8 * v)) & 255 if words else int32(w2[0][n2, p0 + v])
+                    w2_low = s2_low * float32(nibble(byte2 & 15, e2_low, v)) + m2_low
+                    w2_high = s2_high * float32(nibble(byte2 >> 4, e2_high, v)) + m2_high
                 for m in range(len(acc)):
                     if m < n_rows:
                         x_low = xs_low[v] if hoist else x[m, p0 + v]
@@ -130,6 +137,23 @@ def _q4_row_dots(words: bool):
                         if two:
                             acc2[m] += w2_low * x_low + w2_high * x_high
     return row_dots
+
+
+@device_function
+def _q4_scale_and_min(w, n, c):
+    """(scale, min) of column c's block of row n: Q4_1's min, Q4_0's -8 scale."""
+    scales, mins, has_mins = w[1], w[2], w[3]
+    s = float32(scales[n, c // QK])
+    return s, float32(mins[n, c // QK]) if has_mins else float32(-8.0) * s
+
+
+@device_function
+def _no_extra_bits(w, n, c):
+    return int32(0)
+
+
+def _q4_row_dots(words: bool):
+    return nibble_row_dots(_q4_scale_and_min, _no_extra_bits, words, Q4_WORDS)
 
 
 def decode_kernel_family(row_dots, fused_qkv: bool = True, gate_up_in_one_pass: bool = True,
