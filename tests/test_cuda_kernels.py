@@ -186,11 +186,11 @@ def _one_packed_matrix(rng, type_name: str, rows: int, width: int):
     return PackedWeight.from_bytes(blocks(rng, type_name, rows, width), kind, (rows, width))
 
 
-@pytest.mark.parametrize("type_name, width, x_rows", [("Q8_0", 96, matmul.GEMV_MAX_ROWS),
-                                                     ("Q4_K", 256, matmul.GEMV_MAX_ROWS),
-                                                     ("Q4_K", 256, 1), ("Q6_K", 256, 1), ("Q4_1", 128, 1),
-                                                     ("Q5_0", 128, 1)])
-@pytest.mark.parametrize("rows, blocks", [(45, None), (44, 3)])
+@pytest.mark.parametrize("type_name, width, x_rows, rows, blocks", [
+    *((kind, width, matmul.GEMV_MAX_ROWS, rows, blocks) for kind, width in (("Q8_0", 96), ("Q4_K", 256))
+      for rows, blocks in ((45, None), (44, 3))),
+    # (one row of x: an odd count's middle row and fewer blocks than pairs at once)
+    *((kind, width, 1, 45, 3) for kind, width in (("Q4_K", 256), ("Q6_K", 256), ("Q4_1", 128), ("Q5_0", 128)))])
 def test_packed_paired_gemv_takes_rows_two_a_block(gpu, type_name, width, x_rows, rows, blocks):
     """The packed kinds' paired GEMV (Q8_0: lm_head of the default GGUF and Gemma 3's;
     Q4_K; for one row of x, read as words, Q6_K's (the Q4_K_M files' lm_head), Q4_x's,
