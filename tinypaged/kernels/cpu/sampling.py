@@ -8,11 +8,14 @@ threshold only when they do not reach the k-th token or the nucleus's mass. The
 draw walks those candidates in id order (every kept token is one of them), or the
 whole row where no filter is on.
 """
+import threading
+
 import numpy as np
-from numba import float32, prange
+from numba import float32, prange, typeof, types
 
 from ...jit_cache import cached_njit
 from ..reference import SEQUENTIAL_TERMS, SUM_LANES
+from .address_call import call_entry, compiled_entry
 from .fast_exp import exp32
 
 _LOWEST_EXP = float32(-87.33)  # (below: 0, where exp32 would stop at e^-87.33)
@@ -39,18 +42,55 @@ def row_weights(logits, rows, temperature, best, out, n_chunks=1):
                 w[i] = exp32(x) if x > _LOWEST_EXP else float32(0.0)
 
 
-@cached_njit(parallel=True)
-def sample_rows(weights, top_k, top_p, min_p, u, out, n_chunks=1):
+def sample_rows(weights, top_k, top_p, min_p, u, out, n_chunks=1) -> None:
     """out[r] = the token drawn for row r. weights (R, V) float32: exp(logits / T - max)
     per row; top_k (R,) int64 (0: off); top_p (R,) float64; min_p (R,) float32 (compared
     with float32 weights as the spec does); u (R,) float64. Reads each row
     a few times (3-4 passes of V); sorts only the candidates. Rows are independent:
-    n_chunks work items (numba's thread count) each take every n_chunks-th row, with
-    a candidates buffer of their own."""
+    n_chunks work items (numba's thread count) each take every n_chunks-th row."""
+    args = (weights, weights.view(np.int32), top_k, top_p, min_p, u, out,  # (the bits: _heaviest_first)
+            _id_buffers(n_chunks, weights.shape[1]))
+    if n_chunks == 1:  # (no parallel loop to start: ~10 us)
+        _sample_share(0, 1, *args)
+        return
+    entry = getattr(_scratch, "entry", None)
+    if entry is None or not _sample_rows(*args, n_chunks, entry):
+        entry = _scratch.entry = compiled_entry(_sample_share, (types.int64, types.int64) + tuple(map(typeof, args)))
+        assert _sample_rows(*args, n_chunks, entry), "_sample_share's entry does not take these arguments"
+
+
+_scratch = threading.local()  # this thread's id buffers and _sample_share's entry (address_call.py)
+
+
+def _id_buffers(n_chunks: int, n_vocab: int) -> np.ndarray:
+    """(n_chunks, 2, n_vocab) int64: each work item's candidates and their order, this
+    thread's from its last call where large enough (two fresh arrays a call, freed back
+    to the system, cost ~20 us of a batch-1 draw's ~100)."""
+    kept = getattr(_scratch, "ids", None)
+    if kept is None or kept.shape[0] < n_chunks or kept.shape[2] != n_vocab:
+        kept = _scratch.ids = np.empty((n_chunks, 2, n_vocab), np.int64)
+    return kept
+
+
+@cached_njit(parallel=True)
+def _sample_rows(weights, weight_bits, top_k, top_p, min_p, u, out, ids, n_chunks, share):
+    """The work items on numba's threads, each _sample_share called at its address
+    `share` (address_call.py: the rows' code is compiled once, not again into the
+    parallel loop's libraries). False, with nothing drawn, where share was compiled for
+    other types."""
+    done = np.empty(n_chunks, np.bool_)
     for c in prange(n_chunks):
-        candidates = np.empty(weights.shape[1], dtype=np.int64)
-        for r in range(c, weights.shape[0], n_chunks):
-            out[r] = _sample_row(weights[r], top_k[r], top_p[r], min_p[r], u[r], candidates)
+        done[c] = call_entry(share, (np.int64(c), n_chunks, weights, weight_bits, top_k, top_p, min_p,
+                                     u, out, ids))
+    return done.all()
+
+
+@cached_njit()
+def _sample_share(c, n_chunks, weights, weight_bits, top_k, top_p, min_p, u, out, ids):
+    """Work item c's rows (every n_chunks-th from c), with ids[c] its buffers."""
+    candidates, order = ids[c, 0], ids[c, 1]
+    for r in range(c, weights.shape[0], n_chunks):
+        out[r] = _sample_row(weights[r], weight_bits[r], top_k[r], top_p[r], min_p[r], u[r], candidates, order)
 
 
 @cached_njit(fastmath=True)
@@ -78,25 +118,39 @@ def _collect(w, threshold, candidates) -> int:
 
 
 @cached_njit()
-def _kth_heaviest(w, k, candidates) -> float:
+def _kth_heaviest(w, w_bits, k, candidates, order) -> float:
     threshold = FIRST_THRESHOLD
     while True:
         if threshold < LOWEST_THRESHOLD:
             threshold = -1.0
         n = _collect(w, threshold, candidates)
         if n >= k:
-            heaviest = np.sort(w[candidates[:n]])  # ascending
-            return heaviest[n - k]
+            _heaviest_first(w_bits, candidates, n, order)
+            return w[order[k - 1]]
         threshold *= THRESHOLD_STEP
 
 
 @cached_njit()
-def _sample_row(w, top_k, top_p, min_p, u, candidates) -> int:
+def _heaviest_first(w_bits, ids, n, order) -> None:
+    """order[:n] = ids[:n] heaviest first, ties by lower id (the spec's stable order).
+    w_bits: the weights' float32 bits as int32 (for weights >= 0, ordered as the
+    weights), so one int64 key a token sorts them: its bits, complemented, above its id
+    (one sort of plain integers, where np.argsort's mergesort took another ~1 s to
+    compile and read the weights through the ids)."""
+    for j in range(n):
+        order[j] = (np.int64(0x7FFFFFFF - w_bits[ids[j]]) << 32) | ids[j]
+    order[:n].sort()
+    for j in range(n):
+        order[j] &= 0xFFFFFFFF
+
+
+@cached_njit()
+def _sample_row(w, w_bits, top_k, top_p, min_p, u, candidates, order) -> int:
     n_vocab = w.shape[0]
     kth = np.float32(-1.0)  # keep weights >= kth
     n = 0  # where > 0: candidates[:n] (id order) hold every kept token
     if 0 < top_k < n_vocab:
-        kth = _kth_heaviest(w, top_k, candidates)
+        kth = _kth_heaviest(w, w_bits, top_k, candidates, order)
         n = _collect(w, kth, candidates)
     # nucleus boundary: keep w > edge_w, or w == edge_w with id <= edge_id
     edge_w, edge_id = np.float32(-1.0), n_vocab
@@ -113,7 +167,7 @@ def _sample_row(w, top_k, top_p, min_p, u, candidates) -> int:
             if threshold < LOWEST_THRESHOLD or threshold <= kth:
                 threshold = kth  # every kept token is a candidate: the last pass
             n = _collect(w, max(threshold, kth), candidates)
-            order = candidates[:n][np.argsort(-w[candidates[:n]], kind="mergesort")]
+            _heaviest_first(w_bits, candidates, n, order)
             before, found = 0.0, False
             for j in range(n):
                 if before >= limit:  # order[j] and everything lighter fall outside
