@@ -50,7 +50,18 @@ def main():
         hits += sum(kernel.stats.cache_hits.values())
         misses += sum(kernel.stats.cache_misses.values())
     print(f"first generation: {seconds:.1f} s; kernels loaded from the disk cache: {hits}, "
-          f"compiled: {misses}; text: {out[0].outputs[0].text!r}", flush=True)
+          f"compiled: {misses}; text: {out[0].outputs[0].text!r}; numba's CPU threads: "
+          f"{threading_layer()}", flush=True)
+
+
+def threading_layer() -> str:
+    """numba's threading layer where one started (TBB's keeps C++ threads a process's
+    exit can meet unjoined: a suspect for the "terminate called" seen once at exit)."""
+    import numba
+    try:
+        return numba.threading_layer()
+    except ValueError:
+        return "none started"
 
 
 if __name__ == "__main__":
