@@ -81,12 +81,12 @@ def main() -> None:
         kind = KINDS[ggml_type]
         raw = rng.integers(0, 256, 64 * 512 // kind.block * kind.block_bytes, dtype=np.uint8)
         laid = LanePacked.of(PackedWeight.from_bytes(raw, ggml_type, (64, 512)))
-        fresh = njit(parallel=True)(lanes_product._gemv_lanes.py_func)  # (the cached one shows no assembly)
-        fresh(kind_arg(kind), x, (laid.quants, laid.scales, laid.mins, laid.supers, laid.fifths),
-              np.empty((1, 64), np.float32))
+        fresh = njit(lanes_product._gemv_range.py_func)  # (the cached one shows no assembly)
+        fresh(0, kind_arg(kind), *lanes_product._gemv_x(kind_arg(kind), x),
+              (laid.quants, laid.scales, laid.mins, laid.supers, laid.fifths), np.empty((1, 64), np.float32))
         asm = fresh.overloads[fresh.signatures[-1]].library.get_asm_str()
         ops = collections.Counter(re.findall(r"^\s+(v\w+)", asm, re.M))
-        print(f"_gemv_lanes for {kind.name}:", {op: c for op, c in ops.items()
+        print(f"_gemv_range for {kind.name}:", {op: c for op, c in ops.items()
                                                  if any(w in op for w in wanted + ("vpmulld",))})
 
 

@@ -12,7 +12,9 @@ _spec = importlib.util.spec_from_file_location("code_lines", ROOT / "tools" / "c
 code_lines = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(code_lines)
 
-BUDGETS = {"CPU packed products": 600, "the CUDA backend class": 150, "the engine step": 550}
+# (CPU packed products: 600, then 620 for the parallel loops that call the GEMV's and
+# GEMM's items at their address, which cut a kind's first compile by ~3 s)
+BUDGETS = {"CPU packed products": 620, "the CUDA backend class": 150, "the engine step": 550}
 FAMILY_BUDGET = 80  # a family file, its math with it
 
 

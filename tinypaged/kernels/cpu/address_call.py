@@ -14,13 +14,16 @@ arguments' types, and the loop's code is a call.
 
 The digest names the argument types the address was compiled for; call_entry calls only
 where its own arguments' types have that digest (never into code built for another
-layout), else returns False for the caller to find the right entry.
+layout), else returns False for the caller to find the right entry: run_at_address
+keeps a caller's entries and compiles the one a call lacks. The loops so built: the
+paged attention's items, the packed GEMV's and GEMM's (lanes_product.py), sampling's
+rows.
 """
 import hashlib
 
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import typeof, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -66,3 +69,20 @@ def call_entry(typingctx, entry, args):
             builder.call(builder.inttoptr(address, function.as_pointer()), values)
         return matches
     return types.boolean(entry, args), codegen
+
+
+
+def run_at_address(loop, args: tuple, kernel, entries: dict, key, kernel_types=None):
+    """loop(*args, entry): a parallel loop whose items call `kernel` by call_entry, entry
+    its address; it returns False where entry does not take its arguments (nothing
+    ran), else what this returns. entry: entries[key] where it takes them, else one
+    compiled for kernel_types(args) (the kernel's numba argument types; by default an
+    item's index and args' own) and kept under key."""
+    entry = entries.get(key)
+    done = entry is not None and loop(*args, entry)
+    if done is False:
+        arg_types = kernel_types(args) if kernel_types else (types.int64, *map(typeof, args))
+        entry = entries[key] = compiled_entry(kernel, arg_types)
+        done = loop(*args, entry)
+        assert done is not False, f"{kernel.py_func.__name__}'s entry does not take these arguments"
+    return done

@@ -25,7 +25,7 @@ from numba import float32, get_num_threads, prange, set_num_threads, typeof, typ
 
 from ...jit_cache import cached_njit
 from .attention_items import FEW_ROWS, KEYS, NO_SCORE, attend_few, attend_many
-from .address_call import call_entry, compiled_entry
+from .address_call import call_entry, run_at_address
 from .common import N_CHUNKS
 from .fast_exp import exp32
 from .linear import blas_in_use
@@ -221,12 +221,9 @@ _RUN_CHUNK_ENTRIES: dict = {}  # (the pool's K and V dtypes) -> _run_chunk's ent
 def _attend(args) -> None:
     """_paged_attention(*args) with _run_chunk's entry for args' types: found by the
     pool's dtypes (what differs between models; numba's typeof takes ~6 us an array),
-    or where that entry's types differ (another layout of q, say), by typeof."""
-    key = args[1].dtype.num, args[2].dtype.num
-    entry = _RUN_CHUNK_ENTRIES.get(key)
-    if entry is None or not _paged_attention(*args, entry):
-        entry = _RUN_CHUNK_ENTRIES[key] = compiled_entry(_run_chunk, _run_chunk_types(args))
-        assert _paged_attention(*args, entry), "_run_chunk's entry does not take these arguments"
+    or where that entry's types differ (another layout of q, say), compiled anew."""
+    run_at_address(_paged_attention, args, _run_chunk, _RUN_CHUNK_ENTRIES, (args[1].dtype.num, args[2].dtype.num),
+                   _run_chunk_types)
 
 
 def _run_chunk_types(args) -> tuple:

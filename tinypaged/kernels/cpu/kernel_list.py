@@ -22,7 +22,7 @@ import os
 import pickle
 
 from ...jit_cache import called_signatures, give_back_compiler_pages, preload
-from .lanes_product import _gemm_lanes
+from .lanes_product import _gemm_range
 
 KEPT_LISTS = 32  # lists in numba's cache folder; the oldest go first
 log = logging.getLogger("tinypaged")
@@ -71,4 +71,4 @@ def _save(path: str, known: dict) -> None:
 def _list_path(source) -> str:
     stat = os.stat(source)
     name = f"{os.path.abspath(source)}\0{stat.st_size}\0{stat.st_mtime_ns}"
-    return os.path.join(_gemm_lanes._cache._cache_path, f"kernels-{hashlib.sha256(name.encode()).hexdigest()[:24]}.pkl")
+    return os.path.join(_gemm_range._cache._cache_path, f"kernels-{hashlib.sha256(name.encode()).hexdigest()[:24]}.pkl")

@@ -1,7 +1,7 @@
 """The CPU's packed products: x rounded to int8 blocks (activations.py) times a
 laid-out weight (lanes.py), the same bits for a row whatever the batch (LANES.md).
-The weight's kind is each kernel's first argument (kind_arg.py): one machine code
-per kind, which checks that the arrays it is handed are that kind's.
+The weight's kind is each kernel's argument (kind_arg.py): one machine code per kind,
+which checks that the arrays it is handed are that kind's.
 
 Threads take groups of 16 rows. Decode (M <= PACKED_GEMV_MAX_ROWS rows of x):
 lanes_ir.group_product on each, one row of x at a time. More rows: the GEMM, x padded
@@ -12,13 +12,19 @@ group stays in L1 for the next pass, the next group's bytes are prefetched. On A
 4-bit kinds take each half of a group apart, 12 rows of x a pass. x's rows are rounded and those of a
 pass laid side by side per call, the rows in parallel (_gemm_x); nothing else is
 copied or transposed per call.
+
+The GEMV's and the GEMM's work items (_gemv_range, _gemm_range) are compiled on their
+own and called from the parallel loops at their address (address_call.py): compiled
+into a loop, an item's code went through LLVM three more times (numba's gufunc and its
+two wrappers), ~1.5 s of a kind's first compile each.
 """
 import numpy as np
-from numba import prange, types
+from numba import int64, prange, typeof, types
 from numba.extending import overload
 
 from ...formats.quant_kind import QK
 from ...jit_cache import cached_njit
+from .address_call import call_entry, run_at_address
 from .activations import quantize_activations, quantize_row
 from .cache_hints import hint_parts
 from .common import PACKED_GEMV_MAX_ROWS, PACKED_RANGES
@@ -85,60 +91,87 @@ def _by_groups(w):
     return _by_group(w[0]), _by_group(w[1]), _by_group(w[2]), _by_group(w[3]), _by_group(w[4])
 
 
-@cached_njit(parallel=True)
-def _gemv_lanes(kind, x, w, out):
-    """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W's laid-out arrays w
-    (lanes.py), of the kind `kind` (kind_arg.py). Threads take groups of 16 rows,
-    spread evenly over PACKED_RANGES ranges."""
+@cached_njit()
+def _gemv_x(kind, x):
+    """x (M, K) as the GEMV's items read it: rounded to int8 blocks (values, scales:
+    quantize_activations) and each row's sums (x_row_sums)."""
     xq, dx, qsum = quantize_activations(x, len(x))
     first = x_row_sums(kind, xq[0], qsum[0])
     sums = np.empty((len(x), len(first)), first.dtype)
     for m in range(len(x)):  # (a pass of one row, not sums[m] = ...: numba's shape check cost ~3 s cold)
         _side_by_side(x_row_sums(kind, xq[m], qsum[m]), sums.reshape(-1), m * sums.shape[1], 1, 0, 1)
-    n_groups, n_blocks, n_out, by_group = w[0].shape[0], x.shape[1] // QK, out.shape[1], _by_groups(w)
-    for c in prange(PACKED_RANGES):
-        acc = np.empty(LANES, dtype=np.float32)
-        for g in range(c * n_groups // PACKED_RANGES, (c + 1) * n_groups // PACKED_RANGES):
-            group = _group_views(by_group, g, 0)
-            for m in range(len(x)):
-                group_product(kind, 1, n_blocks, group, (xq[m], dx[m], sums[m]), acc)
-                for j in range(min(LANES, n_out - g * LANES)):
-                    out[m, g * LANES + j] = acc[j]
+    return xq, dx, sums
 
 
 @cached_njit(parallel=True)
-def _gemm_lanes(kind, x_values, x_scales, x_sums, padded_rows, width, w, out, ahead):
-    """out (M, N) for W's laid-out arrays w; x's padded_rows (M rounded up to a multiple
-    of 4, zero rows after M) of `width` values as _gemm_x lays them out. Threads take
-    groups of 16 rows (AVX2's 4-bit kinds: each half apart); each is multiplied by
+def _gemv_lanes(kind, x, w, out, entry):
+    """out (M, N) = round_activations(x) (M, K) @ W.T, small M; W's laid-out arrays w
+    (lanes.py), of the kind `kind` (kind_arg.py): PACKED_RANGES items (_gemv_range, at
+    its address entry: address_call.py) on numba's threads. False where entry does not
+    take these arguments."""
+    xq, dx, sums = _gemv_x(kind, x)
+    done = np.empty(PACKED_RANGES, np.bool_)
+    for c in prange(PACKED_RANGES):
+        done[c] = call_entry(entry, (np.int64(c), kind, xq, dx, sums, w, out))
+    return done.all()
+
+
+@cached_njit()
+def _gemv_range(c, kind, xq, dx, sums, w, out):
+    """Item c of the GEMV: its share of W's groups of 16 rows, each times every row of x."""
+    n_groups, n_blocks, n_out, by_group = w[0].shape[0], xq.shape[1] // QK, out.shape[1], _by_groups(w)
+    acc = np.empty(LANES, dtype=np.float32)
+    for g in range(c * n_groups // PACKED_RANGES, (c + 1) * n_groups // PACKED_RANGES):
+        group = _group_views(by_group, g, 0)
+        for m in range(len(xq)):
+            group_product(kind, 1, n_blocks, group, (xq[m], dx[m], sums[m]), acc)
+            for j in range(min(LANES, n_out - g * LANES)):
+                out[m, g * LANES + j] = acc[j]
+
+
+@cached_njit(parallel=True)
+def _gemm_lanes(kind, x_values, x_scales, x_sums, padded_rows, width, w, out, ahead, entry):
+    """The GEMM's PACKED_RANGES items (_gemm_range, at its address entry) on numba's
+    threads; False where entry does not take these arguments."""
+    done = np.empty(PACKED_RANGES, np.bool_)
+    for c in prange(PACKED_RANGES):
+        done[c] = call_entry(entry, (np.int64(c), kind, x_values, x_scales, x_sums, padded_rows, width, w, out,
+                                     ahead))
+    return done.all()
+
+
+@cached_njit()
+def _gemm_range(c, kind, x_values, x_scales, x_sums, padded_rows, width, w, out, ahead):
+    """Item c of the GEMM: out (M, N) for its share of W's laid-out arrays w; x's
+    padded_rows (M rounded up to a multiple of 4, zero rows after M) of `width` values
+    as _gemm_x lays them out. Items take groups of 16 rows (AVX2's 4-bit kinds: each half apart); each is multiplied by
     widest_pass's rows of x at a time, 8 or 4 where _pass_rows says, while its
     bytes are in L1 (unpacked in registers, chunk by chunk, each pass), the next group's
     prefetched. ahead (flat uint8): bytes the caller reads next, hinted into the caches
-    a share at each pass (memory idles while 32 rows are multiplied)."""
+    a share at each pass (memory idles while 32 rows are multiplied: lanes_ir._pass)."""
     n_out, (halves, widest) = out.shape[1], _pass_form(kind)
     lanes = LANES // halves
     n_groups, n_blocks, out_flat = w[0].shape[0], width // QK, out.reshape(-1)
     sums_a_row, by_group = x_sums.size // padded_rows, _by_groups(w)
-    for c in prange(PACKED_RANGES):  # (the passes hint the bytes ahead: lanes_ir._pass)
-        acc = np.empty(widest * lanes, dtype=np.float32)
-        for g in range(c * n_groups // PACKED_RANGES, (c + 1) * n_groups // PACKED_RANGES):
-            for h in range(halves):
-                lane0 = g * LANES + h * lanes
-                rows = min(lanes, n_out - lane0)
-                group = _group_views(by_group, g, h)
-                m0 = 0
-                while m0 < padded_rows and rows > 0:
-                    tile = _pass_rows(padded_rows - m0, widest)
-                    hint_parts(ahead, (g * halves + h) * padded_rows + m0, tile, n_groups * halves * padded_rows)
-                    x = (x_values[m0 * width:], x_scales[m0 * n_blocks:], x_sums[m0 * sums_a_row:])
-                    group_product(kind, tile, n_blocks, group, x, acc)
-                    for i in range(min(tile, out.shape[0] - m0)):
-                        if rows == LANES:
-                            store_lanes(acc, i * LANES, out_flat, (m0 + i) * n_out + lane0)
-                        else:
-                            for j in range(rows):
-                                out[m0 + i, lane0 + j] = acc[i * lanes + j]
-                    m0 += tile
+    acc = np.empty(widest * lanes, dtype=np.float32)
+    for g in range(c * n_groups // PACKED_RANGES, (c + 1) * n_groups // PACKED_RANGES):
+        for h in range(halves):
+            lane0 = g * LANES + h * lanes
+            rows = min(lanes, n_out - lane0)
+            group = _group_views(by_group, g, h)
+            m0 = 0
+            while m0 < padded_rows and rows > 0:
+                tile = _pass_rows(padded_rows - m0, widest)
+                hint_parts(ahead, (g * halves + h) * padded_rows + m0, tile, n_groups * halves * padded_rows)
+                x = (x_values[m0 * width:], x_scales[m0 * n_blocks:], x_sums[m0 * sums_a_row:])
+                group_product(kind, tile, n_blocks, group, x, acc)
+                for i in range(min(tile, out.shape[0] - m0)):
+                    if rows == LANES:
+                        store_lanes(acc, i * LANES, out_flat, (m0 + i) * n_out + lane0)
+                    else:
+                        for j in range(rows):
+                            out[m0 + i, lane0 + j] = acc[i * lanes + j]
+                m0 += tile
 
 
 @cached_njit()
@@ -202,16 +235,21 @@ def _gemm_x(kind, x, padded_rows):
     return values, scales, sums
 
 
+_ITEM_ENTRIES: dict = {}  # (item kernel, kind code) -> its entry (address_call.py)
+
+
 def lanes_product(x: np.ndarray, weight, ahead: np.ndarray | None = None) -> np.ndarray:
     """round_activations(x) (M, K) @ W.T for a LanePacked W -> (M, N). ahead: as
     reference.linear's (the GEMM hints it; the GEMV, bound by its own bytes, does not)."""
     out = output_array(len(x), weight.shape[0])
     kind, w = kind_arg(weight.kind), (weight.quants, weight.scales, weight.mins, weight.supers, weight.fifths)
-    if len(x) <= PACKED_GEMV_MAX_ROWS:
-        _gemv_lanes(kind, x, w, out)
-    else:
-        padded_rows = -(-len(x) // SHORT_ROWS) * SHORT_ROWS
-        values, scales, sums = _gemm_x(kind, x, padded_rows)
-        _gemm_lanes(kind, values, scales, sums, padded_rows, x.shape[1], w, out,
-                    _NOTHING if ahead is None else ahead)
+    code = weight.kind.code
+    if len(x) <= PACKED_GEMV_MAX_ROWS:  # (its items' arguments are x's rounding: _gemv_x)
+        run_at_address(_gemv_lanes, (kind, x, w, out), _gemv_range, _ITEM_ENTRIES, (_gemv_range, code),
+                       lambda args: (int64, typeof(kind), *map(typeof, _gemv_x(kind, x)), typeof(w), typeof(out)))
+        return out
+    padded_rows = -(-len(x) // SHORT_ROWS) * SHORT_ROWS
+    values, scales, sums = _gemm_x(kind, x, padded_rows)
+    run_at_address(_gemm_lanes, (kind, values, scales, sums, padded_rows, x.shape[1], w, out,
+                                 _NOTHING if ahead is None else ahead), _gemm_range, _ITEM_ENTRIES, (_gemm_range, code))
     return out

@@ -11,11 +11,11 @@ whole row where no filter is on.
 import threading
 
 import numpy as np
-from numba import float32, prange, typeof, types
+from numba import float32, prange
 
 from ...jit_cache import cached_njit
 from ..reference import SEQUENTIAL_TERMS, SUM_LANES
-from .address_call import call_entry, compiled_entry
+from .address_call import call_entry, run_at_address
 from .fast_exp import exp32
 
 _LOWEST_EXP = float32(-87.33)  # (below: 0, where exp32 would stop at e^-87.33)
@@ -48,18 +48,16 @@ def sample_rows(weights, top_k, top_p, min_p, u, out, n_chunks=1) -> None:
     with float32 weights as the spec does); u (R,) float64. Reads each row
     a few times (3-4 passes of V); sorts only the candidates. Rows are independent:
     n_chunks work items (numba's thread count) each take every n_chunks-th row."""
-    args = (weights, weights.view(np.int32), top_k, top_p, min_p, u, out,  # (the bits: _heaviest_first)
+    args = (n_chunks, weights, weights.view(np.int32), top_k, top_p, min_p, u, out,  # (the bits: _heaviest_first)
             _id_buffers(n_chunks, weights.shape[1]))
     if n_chunks == 1:  # (no parallel loop to start: ~10 us)
-        _sample_share(0, 1, *args)
-        return
-    entry = getattr(_scratch, "entry", None)
-    if entry is None or not _sample_rows(*args, n_chunks, entry):
-        entry = _scratch.entry = compiled_entry(_sample_share, (types.int64, types.int64) + tuple(map(typeof, args)))
-        assert _sample_rows(*args, n_chunks, entry), "_sample_share's entry does not take these arguments"
+        _sample_share(0, *args)
+    else:
+        run_at_address(_sample_rows, args, _sample_share, _SHARE_ENTRIES, None)
 
 
-_scratch = threading.local()  # this thread's id buffers and _sample_share's entry (address_call.py)
+_SHARE_ENTRIES: dict = {}  # _sample_share's entry (address_call.py)
+_scratch = threading.local()  # this thread's id buffers
 
 
 def _id_buffers(n_chunks: int, n_vocab: int) -> np.ndarray:
@@ -73,7 +71,7 @@ def _id_buffers(n_chunks: int, n_vocab: int) -> np.ndarray:
 
 
 @cached_njit(parallel=True)
-def _sample_rows(weights, weight_bits, top_k, top_p, min_p, u, out, ids, n_chunks, share):
+def _sample_rows(n_chunks, weights, weight_bits, top_k, top_p, min_p, u, out, ids, share):
     """The work items on numba's threads, each _sample_share called at its address
     `share` (address_call.py: the rows' code is compiled once, not again into the
     parallel loop's libraries). False, with nothing drawn, where share was compiled for
