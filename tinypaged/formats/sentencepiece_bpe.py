@@ -98,7 +98,8 @@ class SentencePieceBPE:
         return self.piece_bytes(token_id).decode("utf-8")
 
     def token_to_id(self, piece: str) -> int | None:
-        data = np.frombuffer(piece.encode("utf-8"), dtype=np.uint8)
+        # (writable, as encode's segments are: lookup compiled once)
+        data = np.frombuffer(bytearray(piece.encode("utf-8")), dtype=np.uint8)
         found = kernels.lookup(self.table, self.blob, self.offsets, data, 0, len(data))
         return None if found == kernels.NO_ID else int(found)
 

@@ -280,7 +280,7 @@ def encode(data, prefix_space, vocab, byte_ids, root, byte, child, sibling, toke
     one put first when prefix_space) and merged on its own."""
     n = len(data)
     out = np.empty(n + 16, np.int32)
-    n_out, i, seg = np.int64(0), 0, 0
+    n_out, i, seg = np.int64(0), np.int64(0), 0
     while i <= n:
         piece, stop = NO_ID, i
         if i < n:

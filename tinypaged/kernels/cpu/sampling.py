@@ -149,7 +149,7 @@ def _sample_row(w, w_bits, top_k, top_p, min_p, u, candidates, order) -> int:
     n = 0  # where > 0: candidates[:n] (id order) hold every kept token
     if 0 < top_k < n_vocab:
         kth = _kth_heaviest(w, w_bits, top_k, candidates, order)
-        n = _collect(w, kth, candidates)
+        n = _collect(w, np.float64(kth), candidates)  # (float64 as its other calls: compiled once)
     # nucleus boundary: keep w > edge_w, or w == edge_w with id <= edge_id
     edge_w, edge_id = np.float32(-1.0), n_vocab
     if top_p < 1.0:
