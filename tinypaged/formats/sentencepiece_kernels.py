@@ -7,8 +7,8 @@ A vocabulary is held as one byte string of all pieces (blob) and their bounds
 `tokenizers` BPE with the 513,511 merges that express the same rule.
 
 Indices passed between the kernels are int64, never a literal 0 or an int32 array's
-element: numba compiles a callee once for each distinct set of argument types, and
-encode's callees had been compiled two to four times each (a cold encode 6.0 -> 3.7 s).
+element, and the bytes looked up are writable: numba compiles a callee once for each
+distinct set of argument types it is called with (each set ~0.2-1 s of a first run).
 """
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ copied or transposed per call.
 
 The GEMV's and the GEMM's work items (_gemv_range, _gemm_range) are compiled on their
 own and called from the parallel loops at their address (address_call.py): compiled
-into a loop, an item's code went through LLVM three more times (numba's gufunc and its
-two wrappers), ~1.5 s of a kind's first compile each.
+into a loop, an item's code would go through LLVM three more times (numba's gufunc and
+its two wrappers: ~1.5 s of a kind's first compile each).
 """
 import numpy as np
 from numba import int64, prange, typeof, types
