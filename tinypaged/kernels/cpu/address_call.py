@@ -71,7 +71,6 @@ def call_entry(typingctx, entry, args):
     return types.boolean(entry, args), codegen
 
 
-
 def run_at_address(loop, args: tuple, kernel, entries: dict, key, kernel_types=None):
     """loop(*args, entry): a parallel loop whose items call `kernel` by call_entry, entry
     its address; it returns False where entry does not take its arguments (nothing

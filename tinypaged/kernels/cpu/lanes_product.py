@@ -144,9 +144,9 @@ def _gemm_lanes(kind, x_values, x_scales, x_sums, padded_rows, width, w, out, ah
 def _gemm_range(c, kind, x_values, x_scales, x_sums, padded_rows, width, w, out, ahead):
     """Item c of the GEMM: out (M, N) for its share of W's laid-out arrays w; x's
     padded_rows (M rounded up to a multiple of 4, zero rows after M) of `width` values
-    as _gemm_x lays them out. Items take groups of 16 rows (AVX2's 4-bit kinds: each half apart); each is multiplied by
-    widest_pass's rows of x at a time, 8 or 4 where _pass_rows says, while its
-    bytes are in L1 (unpacked in registers, chunk by chunk, each pass), the next group's
+    as _gemm_x lays them out. Items take groups of 16 rows (AVX2's 4-bit kinds: each
+    half apart); each is multiplied by widest_pass's rows of x at a time, 8 or 4 where
+    _pass_rows says, while its bytes are in L1 (unpacked in registers, chunk by chunk, each pass), the next group's
     prefetched. ahead (flat uint8): bytes the caller reads next, hinted into the caches
     a share at each pass (memory idles while 32 rows are multiplied: lanes_ir._pass)."""
     n_out, (halves, widest) = out.shape[1], _pass_form(kind)
